@@ -1,0 +1,187 @@
+"""Fold math: pure tensor functions, no graphs.
+
+Every frontend (torch.export, ExecuTorch edge, nn.Module, ONNX) calls these
+functions and none repeats them.  All arithmetic runs in float64; results are
+cast back to the parameter's dtype with overflow and underflow checks.
+
+A per-channel affine is ``y = x * scale + shift`` along one channel axis.
+A batch normalization in eval mode is such an affine with
+``scale = gamma / sqrt(var + eps)`` and ``shift = beta - mean * scale``.
+
+Weight layouts (``kind``):
+
+* ``"conv"``            weight ``[out, in/groups, *k]``
+* ``"conv_transpose"``  weight ``[in, out/groups, *k]``; element ``[i, j]``
+  belongs to output channel ``(i // (in/groups)) * (out/groups) + j``
+* ``"linear"``          weight ``[out, in]``
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+KINDS = ("conv", "conv_transpose", "linear")
+
+
+class FoldError(ValueError):
+    """A fold that cannot be done exactly; the message is the reason."""
+
+
+@dataclass(frozen=True)
+class Affine:
+    """A per-channel affine ``x * scale + shift`` in float64 (1-D tensors)."""
+
+    scale: torch.Tensor
+    shift: torch.Tensor
+
+    @property
+    def channels(self) -> int:
+        return self.scale.numel()
+
+    def then(self, other: "Affine") -> "Affine":
+        """The affine that applies ``self`` first and ``other`` after it."""
+        return Affine(self.scale * other.scale, self.shift * other.scale + other.shift)
+
+
+def _f64(t) -> torch.Tensor:
+    return torch.as_tensor(t).detach().to(torch.float64).reshape(-1)
+
+
+def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
+    """The affine an eval-mode batch norm applies, with validity checks."""
+    mean, var = _f64(mean), _f64(var)
+    if mean.shape != var.shape:
+        raise FoldError(f"running_mean has {mean.numel()} channels but running_var has {var.numel()}")
+    c = mean.numel()
+    gamma = torch.ones(c, dtype=torch.float64) if weight is None else _f64(weight)
+    beta = torch.zeros(c, dtype=torch.float64) if bias is None else _f64(bias)
+    if gamma.numel() != c or beta.numel() != c:
+        raise FoldError(f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}")
+    for name, t in (("running_mean", mean), ("running_var", var), ("weight", gamma), ("bias", beta)):
+        if not torch.isfinite(t).all():
+            raise FoldError(f"{name} holds NaN or inf")
+    eps = float(eps)
+    if not (var + eps > 0).all():
+        raise FoldError(f"running_var + eps <= 0 (eps={eps:g}); the normalization is undefined")
+    scale = gamma / torch.sqrt(var + eps)
+    return Affine(scale, beta - mean * scale)
+
+
+def affine(scale, shift, channels: int) -> Affine:
+    """An affine from scalar or per-channel ``scale``/``shift`` (``None`` = identity)."""
+    s = torch.ones(1, dtype=torch.float64) if scale is None else _f64(scale)
+    t = torch.zeros(1, dtype=torch.float64) if shift is None else _f64(shift)
+    for name, v in (("scale", s), ("shift", t)):
+        if v.numel() not in (1, channels):
+            raise FoldError(f"{name} has {v.numel()} elements, expected 1 or {channels} channels")
+        if not torch.isfinite(v).all():
+            raise FoldError(f"{name} holds NaN or inf")
+    return Affine(s.expand(channels).clone(), t.expand(channels).clone())
+
+
+def out_channels(kind: str, shape, groups: int = 1) -> int:
+    _check_kind(kind, shape, groups)
+    return shape[1] * groups if kind == "conv_transpose" else shape[0]
+
+
+def in_channels(kind: str, shape, groups: int = 1) -> int:
+    _check_kind(kind, shape, groups)
+    if kind == "conv":
+        return shape[1] * groups
+    return shape[0] if kind == "conv_transpose" else shape[1]
+
+
+def channel_index(kind: str, side: str, shape, groups: int = 1) -> torch.Tensor:
+    """For each ``[d0, d1]`` weight slice, the output (``side="out"``) or input
+    (``side="in"``) channel it belongs to, as a ``[shape[0], shape[1]]`` tensor."""
+    _check_kind(kind, shape, groups)
+    d0 = torch.arange(shape[0]).reshape(-1, 1)
+    d1 = torch.arange(shape[1]).reshape(1, -1)
+    if kind == "linear":
+        idx = d0 + 0 * d1 if side == "out" else d1 + 0 * d0
+    elif kind == "conv":
+        if side == "out":
+            idx = d0 + 0 * d1
+        else:  # weight [out, in/g]: row o is in group o // (out/g)
+            idx = (d0 // (shape[0] // groups)) * shape[1] + d1
+    else:  # conv_transpose, weight [in, out/g]
+        if side == "out":
+            idx = (d0 // (shape[0] // groups)) * shape[1] + d1
+        else:
+            idx = d0 + 0 * d1
+    return idx
+
+
+def _check_kind(kind: str, shape, groups: int) -> None:
+    if kind not in KINDS:
+        raise ValueError(f"unknown weight kind {kind!r}; expected one of {KINDS}")
+    if len(shape) < 2:
+        raise FoldError(f"{kind} weight must have rank >= 2, got shape {tuple(shape)}")
+    if kind == "linear" and (len(shape) != 2 or groups != 1):
+        raise FoldError(f"linear weight must be [out, in], got shape {tuple(shape)}")
+    if groups < 1 or shape[0] % groups:
+        raise FoldError(f"weight dim 0 ({shape[0]}) is not divisible by groups={groups}")
+
+
+def _per_slice(values: torch.Tensor, idx: torch.Tensor, rank: int) -> torch.Tensor:
+    return values[idx].reshape(*idx.shape, *([1] * (rank - 2)))
+
+
+def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1):
+    """Fold ``y = producer(x) * scale + shift`` into the producer's weight/bias.
+
+    Returns ``(new_weight, new_bias)`` in float64; ``bias`` may be ``None``.
+    """
+    w = weight.detach().to(torch.float64)
+    n_out = out_channels(kind, w.shape, groups)
+    if aff.channels != n_out:
+        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels")
+    idx = channel_index(kind, "out", w.shape, groups)
+    new_w = w * _per_slice(aff.scale, idx, w.dim())
+    b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
+    if b.numel() != n_out:
+        raise FoldError(f"bias has {b.numel()} elements, expected {n_out}")
+    return new_w, b * aff.scale + aff.shift
+
+
+def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True):
+    """Fold ``y = consumer(x * scale + shift)`` into the consumer's weight/bias.
+
+    The scale always folds.  The shift folds into the bias as
+    ``sum(W * shift)`` over the reduction, which is exact only when every
+    output sees every kernel tap of the shifted input: a consumer with zero
+    padding (``shift_exact=True``).  Transposed convs scatter a variable number
+    of taps into each output, so their shift must be zero.
+    """
+    w = weight.detach().to(torch.float64)
+    n_in = in_channels(kind, w.shape, groups)
+    if aff.channels != n_in:
+        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels")
+    idx = channel_index(kind, "in", w.shape, groups)
+    new_w = w * _per_slice(aff.scale, idx, w.dim())
+    n_out = out_channels(kind, w.shape, groups)
+    has_shift = bool((aff.shift != 0).any())
+    if has_shift and kind == "conv_transpose":
+        raise FoldError("a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)")
+    if has_shift and not shift_exact:
+        raise FoldError("a nonzero shift before a padded conv does not fold exactly (padding would see the shift)")
+    b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
+    if has_shift:
+        contrib = (w * _per_slice(aff.shift, idx, w.dim())).reshape(w.shape[0], -1).sum(1)
+        b = b + contrib  # conv / linear: dim 0 is the output channel
+    return new_w, b
+
+
+def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """Cast a float64 result to ``dtype``; raise FoldError on overflow or underflow."""
+    if not dtype.is_floating_point:
+        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold")
+    out = value.to(dtype)
+    if not torch.isfinite(out).all():
+        raise FoldError(f"folded {what} overflows {dtype} (max |value| {value.abs().max().item():.3g})")
+    lost = (out == 0) & (value != 0)
+    if lost.any():
+        raise FoldError(f"folded {what} underflows to zero in {dtype} ({int(lost.sum())} element(s))")
+    return out
