@@ -1,0 +1,67 @@
+"""Precision profiles: the rounding rules the emulator applies.
+
+* ``fp32``      plain float32.
+* ``fp16``      every op computes in float32 from fp16-rounded inputs and its
+                output is rounded to fp16 (round to nearest, ties to even;
+                magnitudes that round past 65504 become inf, as on hardware).
+* ``htp``       ``fp16`` plus a standalone BatchNorm evaluated the way NPU
+                runtimes do: the host precomputes ``scale = gamma/sqrt(var+eps)``
+                and ``bias' = beta - mean*scale`` and stores both in fp16; the
+                device computes ``round(round(x*scale) + bias')``.
+* ``fp16-acc``  ``fp16`` plus conv / linear / matmul accumulating in fp16: the
+                reduction is summed in float32 over chunks of ``acc_chunk``
+                input channels (features), each partial sum is rounded to fp16
+                and the partials are added one by one in fp16.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FP16_MAX = 65504.0
+PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc")
+
+
+def round_fp16(t: torch.Tensor) -> torch.Tensor:
+    """Round a float32/float64 tensor to the nearest fp16 value (ties to even), as float32.
+
+    float64 input is first cast to float32, which can double-round in rare
+    ties; the emulator only ever rounds float32 values.
+    """
+    return t.to(torch.float16).to(torch.float32)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """How the emulated run computes.  Use :func:`get_profile` to build one."""
+
+    name: str
+    fp16_storage: bool  # inputs, weights and every op output rounded to fp16
+    htp_batch_norm: bool  # standalone BatchNorm as host-precomputed fp16 scale/bias
+    fp16_accumulate: bool  # conv / linear / matmul accumulate in fp16 over chunks
+    acc_chunk: int = 16
+
+    def round(self, t: torch.Tensor) -> torch.Tensor:
+        """The storage rounding of this profile applied to a float tensor."""
+        if not self.fp16_storage:
+            return t.to(torch.float32)
+        return round_fp16(t)
+
+
+def get_profile(profile: "str | Profile", acc_chunk: int = 16) -> Profile:
+    """The :class:`Profile` called ``profile`` (``fp32``, ``fp16``, ``htp``, ``fp16-acc``)."""
+    if isinstance(profile, Profile):
+        return profile
+    if acc_chunk < 1:
+        raise ValueError(f"acc_chunk must be >= 1, got {acc_chunk}")
+    if profile == "fp32":
+        return Profile("fp32", False, False, False, acc_chunk)
+    if profile == "fp16":
+        return Profile("fp16", True, False, False, acc_chunk)
+    if profile == "htp":
+        return Profile("htp", True, True, False, acc_chunk)
+    if profile == "fp16-acc":
+        return Profile("fp16-acc", True, False, True, acc_chunk)
+    raise ValueError(f"unknown precision profile {profile!r}; choose from {', '.join(PROFILE_NAMES)}")

@@ -1,0 +1,213 @@
+"""Editing an ExportedProgram's tensors and signature without touching the input.
+
+``ProgramEditor`` works on a copy of the graph module, state_dict and constants.
+Tensors the rules read or write are graph nodes: a lifted placeholder
+(parameter, buffer or constant, resolved through the graph signature) or a
+``get_attr`` node (how ExecuTorch passes register tensors).  New tensors keep
+the kind of the tensor they replace, and are named the way ``torch.export``
+names them (``p_``/``b_``/``c_`` + state_dict key), so ``save``/``load``,
+``run_decompositions()``, ``.module()`` and ExecuTorch's lowering find them.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from typing import Any
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+from torch.fx import Node
+
+_PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
+TENSOR_KINDS = tuple(_PREFIX)
+
+
+class ProgramEditor:
+    def __init__(self, ep: ExportedProgram):
+        self.ep = ep
+        self.gm = copy.deepcopy(ep.graph_module)
+        self.graph = self.gm.graph
+        self.state_dict = dict(ep.state_dict)
+        self.constants = dict(ep.constants)
+        self.input_specs: list[InputSpec] = list(ep.graph_signature.input_specs)
+        self._spec_by_name = {s.arg.name: s for s in self.input_specs if isinstance(s.arg, TensorArgument)}
+        self._targets = {s.target for s in self.input_specs if s.target} | set(self.state_dict) | set(self.constants)
+        # How many nodes used each tensor in the input program (sharing is judged on the input).
+        self.original_users = {n.name: len(n.users) for n in self.graph.nodes if n.op in ("placeholder", "get_attr")}
+        self._fake_mode = next((n.meta["val"].fake_mode for n in self.graph.nodes
+                                if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")), None)
+
+    # ------------------------------------------------------------------ reading
+
+    def spec(self, node: Any) -> InputSpec | None:
+        if isinstance(node, Node) and node.op == "placeholder":
+            return self._spec_by_name.get(node.name)
+        return None
+
+    def tensor(self, node: Any) -> torch.Tensor | None:
+        """The constant tensor behind ``node``, or None if it is not a constant of the program."""
+        if not isinstance(node, Node):
+            return None
+        if node.op == "get_attr":
+            value = _getattr_path(self.gm, node.target)
+            return value if isinstance(value, torch.Tensor) else None
+        spec = self.spec(node)
+        if spec is None or spec.kind not in TENSOR_KINDS:
+            return None
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            return self.state_dict.get(spec.target)
+        return self.constants.get(spec.target)
+
+    def target(self, node: Node) -> str:
+        """The state_dict / constants key of a tensor node (get_attr: its attribute path)."""
+        spec = self.spec(node)
+        return spec.target if spec is not None else str(node.target)
+
+    def describe(self, node: Any) -> str:
+        if not isinstance(node, Node):
+            return f"the value {node!r}"
+        spec = self.spec(node)
+        if spec is not None and spec.kind == InputKind.USER_INPUT:
+            return f"user input '{node.name}'"
+        if node.op == "call_function":
+            return f"'{node.name}' ({getattr(node.target, '__name__', node.target)})"
+        return f"'{node.name}'"
+
+    # ------------------------------------------------------------------ writing
+
+    def replace_tensor(self, node: Node, value: torch.Tensor) -> None:
+        """Give ``node`` a new value in place: same name, same kind."""
+        if node.op == "get_attr":
+            old = _getattr_path(self.gm, node.target)
+            _setattr_path(self.gm, node.target, _like(old, value))
+        else:
+            spec = self.spec(node)
+            store = self._store(spec)
+            store[spec.target] = _like(store[spec.target], value)
+        self._set_val(node, value)
+
+    def add_tensor(self, like: Node, target: str, value: torch.Tensor) -> Node:
+        """A new tensor node of the same kind as ``like``, placed right after it."""
+        target = self.unique_target(target)
+        self._targets.add(target)
+        if like.op == "get_attr":
+            path = target.replace(".", "_")
+            old = _getattr_path(self.gm, like.target)
+            if isinstance(old, torch.nn.Parameter):
+                self.gm.register_parameter(path, _like(old, value))
+            else:
+                self.gm.register_buffer(path, value)
+            with self.graph.inserting_after(like):
+                node = self.graph.get_attr(path)
+        else:
+            spec = self.spec(like)
+            with self.graph.inserting_after(like):
+                node = self.graph.placeholder(self._free_name(_PREFIX[spec.kind] + target.replace(".", "_")))
+            new_spec = InputSpec(spec.kind, TensorArgument(node.name), target,
+                                 spec.persistent if spec.kind == InputKind.BUFFER else None)
+            self.input_specs.insert(self.input_specs.index(spec) + 1, new_spec)
+            self._spec_by_name[node.name] = new_spec
+            store = self._store(new_spec)
+            store[target] = _like(store.get(spec.target), value)
+        self._set_val(node, value)
+        return node
+
+    def unique_target(self, target: str) -> str:
+        if target not in self._targets:
+            return target
+        i = 1
+        while f"{target}_{i}" in self._targets:
+            i += 1
+        return f"{target}_{i}"
+
+    def drop_if_unused(self, node: Any) -> None:
+        """Remove a tensor node that no longer has users, with its state."""
+        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+            return
+        if node.op == "get_attr":
+            self.graph.erase_node(node)
+            return
+        spec = self.spec(node)
+        if spec is None or spec.kind not in TENSOR_KINDS:
+            return
+        self.graph.erase_node(node)
+        self.input_specs.remove(spec)
+        del self._spec_by_name[node.name]
+        self._store(spec).pop(spec.target, None)
+
+    def placeholder_for_target(self, target: str) -> Node | None:
+        for spec in self.input_specs:
+            if spec.target == target and isinstance(spec.arg, TensorArgument):
+                return next((n for n in self.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name), None)
+        return None
+
+    def build(self) -> ExportedProgram:
+        self.graph.lint()
+        self.gm.recompile()
+        output = next(n for n in reversed(self.graph.nodes) if n.op == "output")
+        outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
+        output_specs = []
+        for spec, value in zip(self.ep.graph_signature.output_specs, outs):
+            spec = copy.copy(spec)
+            if isinstance(spec.arg, TensorArgument) and isinstance(value, Node):
+                spec.arg = TensorArgument(value.name)
+            output_specs.append(spec)
+        signature = ExportGraphSignature(input_specs=list(self.input_specs), output_specs=output_specs)
+        ep = ExportedProgram(
+            root=self.gm,
+            graph=self.graph,
+            graph_signature=signature,
+            state_dict=self.state_dict,
+            range_constraints=copy.copy(self.ep.range_constraints),
+            module_call_graph=copy.deepcopy(self.ep.module_call_graph),
+            example_inputs=self.ep.example_inputs,
+            constants=self.constants,
+            verifiers=list(self.ep.verifiers),
+        )
+        ep.graph_module.meta.update(self.gm.meta)
+        return ep
+
+    # ------------------------------------------------------------------ helpers
+
+    def _store(self, spec: InputSpec) -> dict:
+        if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
+            return self.state_dict
+        return self.constants
+
+    def _free_name(self, name: str) -> str:
+        name = re.sub(r"\W", "_", name)
+        taken = {n.name for n in self.graph.nodes}
+        if name not in taken:
+            return name
+        i = 1
+        while f"{name}_{i}" in taken:
+            i += 1
+        return f"{name}_{i}"
+
+    def _set_val(self, node: Node, value: torch.Tensor) -> None:
+        if self._fake_mode is not None:
+            node.meta["val"] = self._fake_mode.from_tensor(value, static_shapes=True)
+        else:
+            node.meta["val"] = value
+        node.meta.pop("tensor_meta", None)
+
+
+def _like(old: Any, value: torch.Tensor) -> torch.Tensor:
+    if isinstance(old, torch.nn.Parameter):
+        return torch.nn.Parameter(value, requires_grad=old.requires_grad)
+    return value
+
+
+def _getattr_path(root: Any, path: str) -> Any:
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def _setattr_path(root: Any, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        root = getattr(root, part)
+    setattr(root, last, value)
