@@ -217,7 +217,9 @@ def _is_shared(editor: ProgramEditor, node: Node) -> bool:
 
 
 def _derived_target(target: str, role: str, label: str | None) -> str:
-    base = target[: -len("weight")] if target == "weight" or target.endswith(".weight") else target + "_"
+    """``conv.weight`` -> ``conv.bias`` / ``conv.weight_folded_bn1``; other names get a suffix."""
+    module, _, leaf = target.rpartition(".")
+    base = (module + "." if module else "") if leaf in ("weight", "bias") else target + "_"
     name = base + role
     return f"{name}_folded_{label}" if label else name
 
@@ -266,13 +268,9 @@ def _write(editor: ProgramEditor, p: Producer, new_w, new_b, label: str) -> int:
 
 def _set_bias(editor: ProgramEditor, p: Producer, bias: Node) -> None:
     node = p.node
-    if p.bias_slot is None:  # mm(x, w.T) -> addmm(bias, x, w.T)
-        with editor.graph.inserting_after(node):
-            addmm = editor.graph.call_function(addmm_like(node.target), (bias, *node.args), dict(node.kwargs))
-        addmm.meta = dict(node.meta)
-        node.replace_all_uses_with(addmm)
-        editor.graph.erase_node(node)
-        p.node = addmm
+    if p.bias_slot is None:  # mm(x, w.T) becomes addmm(bias, x, w.T), keeping the node
+        node.target = addmm_like(node.target)
+        node.args = (bias, *node.args)
         return
     if "bias" in node.kwargs:
         node.kwargs = {**node.kwargs, "bias": bias}

@@ -1,0 +1,432 @@
+"""The ``bnfold`` command line: ``fold``, ``check``, ``audit``, ``demo``.
+
+``main(argv=None) -> int`` returns the exit status: 0 ok, 1 ``check`` found
+normalizations left, 2 bad input (unreadable, wrong-format or unsafe file,
+bad arguments), 3 an internal error.  Errors are one line on stderr
+(``bnfold: error: ...``); ``--debug`` adds the traceback.  torch, onnx and the
+numerics are imported inside the commands, so ``--help`` does not load them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+from typing import Any, Sequence
+
+from . import __version__
+from .api import PRODUCER_KINDS
+from .errors import BnfoldError
+
+EXIT_OK = 0
+EXIT_SURVIVORS = 1
+EXIT_ERROR = 2
+EXIT_INTERNAL = 3
+
+PROFILES = ("fp16", "htp", "fp16-acc", "fp32")
+DEFAULT_RANDOM_BATCHES = 8
+FOLDABLE = "foldable: run bnfold fold"
+
+TRUST_HELP = (
+    "load a .pt2 even when the inspection finds pickled data, compiled code or "
+    "expressions torch would evaluate. RISK: torch.export.load then unpickles "
+    "with weights_only=False and evaluates strings from the file, so a crafted "
+    "file runs arbitrary code as you. Only for files whose author you trust."
+)
+
+MAIN_EPILOG = """\
+examples:
+  bnfold fold model.pt2 -o model_folded.pt2 --report report.json
+  bnfold fold model.onnx -o model_folded.onnx --only conv,linear
+  bnfold check model_folded.pt2        # CI gate: exit 1 while a normalization is left
+  bnfold audit model.pt2 --profile htp --random 16 --plot sqnr.png
+  bnfold audit model.pt2 --inputs batches.npz --json > audit.json
+  bnfold demo --out out
+
+exit status: 0 ok, 1 `check` found normalizations left, 2 bad input (missing,
+corrupted, wrong-format or unsafe file; bad arguments), 3 internal error.
+
+untrusted .pt2 files: torch.export.load can run code hidden in a .pt2 (pickled
+weights or sample inputs, symbolic-shape strings it evaluates, guard code,
+AOTInductor libraries). bnfold inspects the archive first and refuses such
+files; --trust skips that inspection (see `bnfold fold --help`).
+"""
+
+FOLD_EPILOG = """\
+examples:
+  bnfold fold model.pt2 -o folded.pt2
+  bnfold fold model.onnx -o folded.onnx --report report.json --only conv
+  bnfold fold model.pt2 --in-place --json
+
+The output is written to a temporary file next to OUT and renamed over it, so
+an error never leaves a partial file. The input is never overwritten without
+--in-place, and an existing OUT is replaced only with --force. ONNX models
+with external data are written with external data. A model whose
+normalizations cannot be folded is written unchanged, with the reasons listed.
+"""
+
+CHECK_EPILOG = """\
+exit status: 0 when no normalization is left, 1 when some are (each listed
+with why it is still there: "foldable: run bnfold fold" or the reason bnfold
+cannot fold it), 2 when the file cannot be read.
+"""
+
+AUDIT_EPILOG = f"""\
+examples:
+  bnfold audit model.pt2                      # {DEFAULT_RANDOM_BATCHES} random batches, fp16 profile
+  bnfold audit model.pt2 --profile htp --bn-eps 1e-3 --random 32 --plot sqnr.png
+  bnfold audit model.pt2 --inputs batches.npz --json
+
+--inputs FILE.npz holds one array per program input, named arr_0, arr_1, ... or
+by input name, batch axis first: [N, *example_shape] is N batches, and
+[N*B, ...] is split into batches of the example batch size B. It is read with
+allow_pickle=False. --random N draws N batches shaped like the program's
+example inputs from a fixed seed (--seed). Only .pt2 programs can be audited.
+"""
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in PRODUCER_KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown layer kind(s) {', '.join(unknown) or repr(text)}; choose from {','.join(PRODUCER_KINDS)}"
+        )
+    return kinds
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive finite number, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    raw = argparse.RawDescriptionHelpFormatter
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--json", action="store_true", default=argparse.SUPPRESS, help="print machine-readable JSON on stdout"
+    )
+    common.add_argument(
+        "--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks and library warnings"
+    )
+    loading = argparse.ArgumentParser(add_help=False)
+    loading.add_argument("--trust", action="store_true", default=argparse.SUPPRESS, help=TRUST_HELP)
+
+    parser = argparse.ArgumentParser(
+        prog="bnfold",
+        description="Fold BatchNorm into the conv / transposed conv / linear next to it in "
+        "torch.export programs (.pt2) and ONNX models, and check the numerics.",
+        epilog=MAIN_EPILOG,
+        formatter_class=raw,
+    )
+    parser.add_argument("--version", action="version", version=f"bnfold {__version__}")
+    parser.add_argument("--json", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    p = sub.add_parser(
+        "fold",
+        parents=[common, loading],
+        help="fold normalizations and write the folded model",
+        description="Fold normalizations of IN into their conv / transposed conv / linear and write OUT "
+        "(.pt2 -> .pt2, .onnx -> .onnx); prints what was folded and what was skipped.",
+        epilog=FOLD_EPILOG,
+        formatter_class=raw,
+    )
+    p.add_argument("input", metavar="IN", help="a .pt2 (torch.export.save) or .onnx model")
+    p.add_argument("-o", "--output", metavar="OUT", help="where to write the folded model (same format as IN)")
+    p.add_argument("--report", metavar="FILE", help="also write the fold report as JSON to FILE")
+    p.add_argument(
+        "--only",
+        metavar="KINDS",
+        type=_kinds,
+        help=f"fold only into these layer kinds, comma-separated: {','.join(PRODUCER_KINDS)}",
+    )
+    p.add_argument("--force", action="store_true", help="replace OUT if it exists")
+    p.add_argument("--in-place", action="store_true", help="overwrite IN with the folded model (OUT defaults to IN)")
+    p.set_defaults(func=cmd_fold)
+
+    p = sub.add_parser(
+        "check",
+        parents=[common, loading],
+        help="CI gate: fail while normalizations are left",
+        description="Exit 0 when IN has no normalization left, 1 listing the ones still there and why.",
+        epilog=CHECK_EPILOG,
+        formatter_class=raw,
+    )
+    p.add_argument("input", metavar="IN", help="a .pt2 or .onnx model")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser(
+        "audit",
+        parents=[common, loading],
+        help="measure the fp16 / HTP numerics of a program before and after folding",
+        description="Run IN under a precision profile next to a float64 reference, unfolded and folded, "
+        "and summarize the error per layer.",
+        epilog=AUDIT_EPILOG,
+        formatter_class=raw,
+    )
+    p.add_argument("input", metavar="IN", help="a .pt2 program (ONNX is not supported yet)")
+    p.add_argument("--profile", choices=PROFILES, default="fp16", help="precision profile (default: fp16)")
+    p.add_argument("--bn-eps", type=_positive_float, metavar="E", help="use eps E in every batch norm of the emulated runs")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--inputs", metavar="FILE.npz", help="input batches from an .npz file")
+    src.add_argument(
+        "--random",
+        type=_positive_int,
+        metavar="N",
+        help=f"N random batches shaped like the example inputs (default: {DEFAULT_RANDOM_BATCHES})",
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed for --random (default: 0)")
+    p.add_argument("--plot", metavar="FILE.png", help="write the per-layer SQNR chart to FILE.png")
+    p.set_defaults(func=cmd_audit)
+
+    p = sub.add_parser(
+        "demo",
+        parents=[common],
+        help="fold and audit the bundled demo network",
+        description="Fold the bundled demo network, audit it under fp16 and write the results to DIR.",
+        formatter_class=raw,
+    )
+    p.add_argument("--out", metavar="DIR", default=".", help="folder for the demo's files (default: .)")
+    p.add_argument("--quick", action="store_true", help="a smaller, faster run")
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def _opt(args: argparse.Namespace, name: str) -> Any:
+    return getattr(args, name, False)
+
+
+def _print_json(payload: Any) -> None:
+    print(json.dumps(payload, indent=2, default=str, allow_nan=False))
+
+
+def _fold(model: Any, only, debug: bool):
+    from . import fold
+    from .model_io import quiet
+
+    with quiet(not debug):
+        return fold(model, only=only)
+
+
+def _report_payload(input_path: str, output: str | None, report) -> dict[str, Any]:
+    payload: dict[str, Any] = {"bnfold_version": __version__, "input": input_path}
+    if output is not None:
+        payload["output"] = output
+    payload.update(report.to_dict())
+    return payload
+
+
+def cmd_fold(args: argparse.Namespace) -> int:
+    from . import model_io
+
+    debug = _opt(args, "debug")
+    model_io.model_kind(args.input)
+    plan = model_io.plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
+    if args.report:
+        model_io.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report")
+    loaded = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
+    result = _fold(loaded.model, args.only, debug)
+    payload = _report_payload(args.input, plan.path, result.report)
+    with contextlib.ExitStack() as stack:
+        if args.report:
+            tmp = stack.enter_context(model_io.atomic_path(args.report))
+            with open(tmp, "w", encoding="utf-8") as f:
+                json.dump(payload, f, indent=2, default=str)
+                f.write("\n")
+        model_io.save_model(result.model, plan, debug=debug)
+    if _opt(args, "json"):
+        _print_json(payload)
+    else:
+        print(result.report.table())
+        extra = f" (report: {args.report})" if args.report else ""
+        print(f"wrote {plan.path}{extra}")
+    return EXIT_OK
+
+
+def survivors(report) -> list[dict[str, Any]]:
+    """Normalizations still in a model, from a fold report of it: foldable ones and skipped ones."""
+    out: list[dict[str, Any]] = []
+    for f in report.folded:
+        out.append(
+            {"norm": f.norm, "node": f.node, "status": "foldable", "reason": FOLDABLE, "into": f.into, "pattern": f.pattern}
+        )
+    for s in report.skipped:
+        out.append({"norm": s.norm, "node": s.node, "status": "skipped", "reason": s.reason, "producer": s.producer})
+    return out
+
+
+def cmd_check(args: argparse.Namespace) -> int:
+    from . import model_io
+
+    debug = _opt(args, "debug")
+    loaded = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
+    left = survivors(_fold(loaded.model, None, debug).report)
+    if _opt(args, "json"):
+        _print_json({"bnfold_version": __version__, "input": args.input, "ok": not left, "survivors": left})
+    elif not left:
+        print(f"{args.input}: ok, no normalization left")
+    else:
+        n = len(left)
+        print(f"{args.input}: {n} normalization{'s' if n != 1 else ''} left")
+        width = max(len(s["norm"]) for s in left)
+        for s in left:
+            print(f"  {s['norm']:<{width}}  {s['reason']}")
+    return EXIT_SURVIVORS if left else EXIT_OK
+
+
+class _Progress:
+    """``progress(done, total)`` for ``bnfold.audit``: a tqdm bar on stderr (or a plain counter)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.bar = None
+        self.plain = False
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.enabled:
+            return
+        if self.bar is None and not self.plain:
+            try:
+                from tqdm import tqdm
+
+                self.bar = tqdm(total=total, desc="audit", unit="batch", file=sys.stderr, leave=False)
+            except ImportError:
+                self.plain = True
+        if self.bar is not None:
+            self.bar.total = total
+            self.bar.update(done - self.bar.n)
+        else:
+            end = "\n" if done >= total else ""
+            print(f"\raudit: {done}/{total} batches", end=end, file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+
+
+def cmd_audit(args: argparse.Namespace) -> int:
+    from . import cli_inputs, model_io
+
+    debug = _opt(args, "debug")
+    if model_io.model_kind(args.input) == model_io.ONNX:
+        raise BnfoldError(
+            f"{args.input}: auditing ONNX models is not supported yet; audit the torch.export program (.pt2)"
+        )
+    if args.plot:
+        model_io.check_side_file(args.plot, not_same_as=[args.input], what="plot")
+    ep = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug).model
+    if args.inputs:
+        batches = cli_inputs.npz_batches(ep, args.inputs)
+    else:
+        batches = cli_inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+
+    from .numerics import audit
+
+    progress = _Progress(enabled=sys.stderr.isatty())
+    try:
+        with model_io.quiet(not debug):
+            report = audit(ep, batches, profile=args.profile, bn_eps=args.bn_eps, progress=progress)
+    finally:
+        progress.close()
+    if args.plot:
+        with model_io.atomic_path(args.plot, suffix=".png") as tmp, model_io.quiet(not debug):
+            report.plot(tmp)
+    if _opt(args, "json"):
+        payload = {"bnfold_version": __version__, "input": args.input}
+        if args.plot:
+            payload["plot"] = args.plot
+        payload.update(report.to_dict())
+        _print_json(payload)
+    else:
+        print(report.table())
+        if args.plot:
+            print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    try:
+        from .demo import run_demo
+    except ImportError as e:
+        raise BnfoldError(f"the demo is not available in this installation ({e})") from None
+    if os.path.exists(args.out) and not os.path.isdir(args.out):
+        raise BnfoldError(f"{args.out}: not a folder")
+    os.makedirs(args.out, exist_ok=True)
+    if _opt(args, "json"):
+        with contextlib.redirect_stdout(sys.stderr):
+            result = run_demo(out_dir=args.out, quick=args.quick)
+        _print_json({"bnfold_version": __version__, **(result or {})})
+    else:
+        run_demo(out_dir=args.out, quick=args.quick)
+    return EXIT_OK
+
+
+# ----------------------------------------------------------------------------- entry point
+
+
+def _one_line(text: str) -> str:
+    return " ".join(str(text).split()) or "unknown error"
+
+
+def _fail(message: str, args: argparse.Namespace | None, code: int) -> int:
+    message = _one_line(message)
+    if args is not None and _opt(args, "json"):
+        _print_json({"error": message, "exit_code": code})
+    print(f"bnfold: error: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # --help, --version, usage errors
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+    debug = _opt(args, "debug")
+    try:
+        return args.func(args)
+    except BnfoldError as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        return _fail(str(e), args, EXIT_ERROR)
+    except KeyboardInterrupt:
+        print("bnfold: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        if debug:
+            import traceback
+
+            traceback.print_exc()
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return _fail(
+            f"internal error: {type(e).__name__}: {first[:300]} (rerun with --debug for the traceback)",
+            args,
+            EXIT_INTERNAL,
+        )

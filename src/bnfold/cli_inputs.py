@@ -1,0 +1,144 @@
+"""Input batches for ``bnfold audit``: random ones shaped like the program's example inputs, or an ``.npz`` file."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from .errors import BnfoldError, ModelFileError
+
+
+@dataclass
+class InputSpec:
+    """One positional user input: its name and an example value (a tensor, or a Python scalar)."""
+
+    name: str
+    example: Any
+
+
+def user_input_names(ep) -> list[str]:
+    from torch.export.graph_signature import InputKind
+
+    return [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+
+
+def input_specs(ep) -> list[InputSpec]:
+    """The program's positional inputs with an example of each (``ep.example_inputs``, else placeholder metadata)."""
+    import torch
+
+    names = user_input_names(ep)
+    example = getattr(ep, "example_inputs", None)
+    if example:
+        args, kwargs = example
+        if kwargs:
+            raise BnfoldError(
+                f"the program takes keyword inputs ({', '.join(kwargs)}); bnfold audit feeds positional inputs only"
+            )
+        flat = list(args)
+        if any(isinstance(a, (list, tuple, dict)) for a in flat):
+            raise BnfoldError("the program takes nested inputs (lists/tuples/dicts); bnfold audit feeds flat tensors only")
+        if len(names) != len(flat):
+            names = [f"arg{i}" for i in range(len(flat))]
+        return [InputSpec(n, a) for n, a in zip(names, flat)]
+    placeholders = {n.name: n for n in ep.graph.nodes if n.op == "placeholder"}
+    specs = []
+    for name in names:
+        val = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(val, torch.Tensor):
+            raise BnfoldError(f"the program has no example for input {name}; pass --inputs FILE.npz")
+        try:
+            shape = tuple(int(s) for s in val.shape)
+        except Exception:
+            raise BnfoldError(f"input {name} has a symbolic shape and no example; pass --inputs FILE.npz") from None
+        specs.append(InputSpec(name, torch.zeros(shape, dtype=val.dtype)))
+    return specs
+
+
+def random_batches(ep, n: int, seed: int = 0) -> list[tuple]:
+    """``n`` batches shaped like the program's example inputs, from a fixed seed."""
+    import torch
+
+    if n < 1:
+        raise BnfoldError("--random needs at least 1 batch")
+    specs = input_specs(ep)
+    g = torch.Generator().manual_seed(seed)
+    batches = []
+    for _ in range(n):
+        batch = []
+        for spec in specs:
+            x = spec.example
+            if not isinstance(x, torch.Tensor):
+                batch.append(x)
+            elif x.dtype.is_complex:
+                batch.append(torch.randn(x.shape, generator=g, dtype=x.dtype))
+            elif x.dtype.is_floating_point:
+                batch.append(torch.randn(x.shape, generator=g, dtype=torch.float32).to(x.dtype))
+            elif x.dtype == torch.bool:
+                batch.append(torch.randint(0, 2, x.shape, generator=g).bool())
+            else:
+                lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 0)
+                batch.append(torch.randint(lo, hi + 1, x.shape, generator=g, dtype=torch.int64).to(x.dtype))
+        batches.append(tuple(batch))
+    return batches
+
+
+def npz_batches(ep, path: str) -> list[tuple]:
+    """Batches from an ``.npz``: one array per input, named ``arr_0``.. or by input name, batch axis first.
+
+    An array shaped ``[N, *example.shape]`` is N batches; one shaped like the
+    example except for the first axis is split into batches of the example's
+    batch size.
+    """
+    import numpy as np
+    import torch
+
+    if not os.path.exists(path):
+        raise ModelFileError(f"{path}: no such file")
+    specs = input_specs(ep)
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except Exception as e:
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({msg})") from None
+    if not arrays:
+        raise ModelFileError(f"{path}: the .npz file holds no arrays")
+    by_name = [s.name for s in specs]
+    by_pos = [f"arr_{i}" for i in range(len(specs))]
+    if set(arrays) == set(by_name):
+        keys = by_name
+    elif set(arrays) == set(by_pos):
+        keys = by_pos
+    else:
+        raise ModelFileError(
+            f"{path}: expected arrays named {', '.join(by_name)} (or {', '.join(by_pos)}), found {', '.join(sorted(arrays))}"
+        )
+    columns = []
+    for key, spec in zip(keys, specs):
+        arr = arrays[key]
+        ex = spec.example
+        if not isinstance(ex, torch.Tensor):
+            raise BnfoldError(f"input {spec.name} is not a tensor; it cannot come from an .npz file")
+        t = torch.from_numpy(np.ascontiguousarray(arr)).to(ex.dtype)
+        shape = tuple(ex.shape)
+        if tuple(t.shape[1:]) == shape:
+            columns.append(list(t.unbind(0)))
+        elif t.dim() == len(shape) and len(shape) > 0 and tuple(t.shape[1:]) == shape[1:]:
+            b = shape[0]
+            if b == 0 or t.shape[0] % b:
+                raise ModelFileError(
+                    f"{path}: array {key} has {t.shape[0]} rows, not a multiple of the batch size {b}"
+                )
+            columns.append(list(t.split(b, 0)))
+        else:
+            raise ModelFileError(
+                f"{path}: array {key} has shape {tuple(arr.shape)}; input {spec.name} needs [N, *{list(shape)}] "
+                f"or [N*{shape[0] if shape else 1}, *{list(shape[1:])}]"
+            )
+    counts = {len(c) for c in columns}
+    if len(counts) != 1:
+        raise ModelFileError(f"{path}: the arrays hold different numbers of batches ({sorted(counts)})")
+    if counts == {0}:
+        raise ModelFileError(f"{path}: the arrays hold no batches")
+    return [tuple(col[i] for col in columns) for i in range(counts.pop())]

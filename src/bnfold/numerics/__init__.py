@@ -1,0 +1,26 @@
+"""fp16 numerics: emulate a program under a precision profile and audit its normalizations.
+
+``emulate`` runs an ExportedProgram node by node under ``fp32`` / ``fp16`` /
+``htp`` / ``fp16-acc`` next to a float64 reference; ``audit`` puts that
+together with the fold report into an :class:`AuditReport`.
+"""
+
+from .audit import AuditReport, audit
+from .emulator import BatchResult, EmulationResult, Emulator, emulate
+from .errors import TensorError
+from .profiles import FP16_MAX, PROFILE_NAMES, Profile, get_profile, round_fp16
+
+__all__ = [
+    "audit",
+    "AuditReport",
+    "emulate",
+    "Emulator",
+    "EmulationResult",
+    "BatchResult",
+    "TensorError",
+    "Profile",
+    "get_profile",
+    "round_fp16",
+    "FP16_MAX",
+    "PROFILE_NAMES",
+]

@@ -1,0 +1,71 @@
+"""The ``fp16-acc`` profile's layers: conv / linear / matmul accumulating in fp16.
+
+The reduction is cut into chunks of ``chunk`` input channels (conv) or
+features (linear, matmul); each chunk is summed in float32 and rounded to
+fp16, and the chunk sums are added one at a time in fp16.  The bias is added
+last, in fp16.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator
+
+import torch
+
+from .graph import CONV_TRANSPOSE_OPS
+from .profiles import round_fp16
+
+
+def _accumulate(partials: Iterator[torch.Tensor]) -> torch.Tensor:
+    acc = None
+    for p in partials:
+        p = round_fp16(p)
+        acc = p if acc is None else round_fp16(acc + p)
+    return acc
+
+
+def _chunks(n: int, chunk: int) -> list[slice]:
+    return [slice(i, min(i + chunk, n)) for i in range(0, n, chunk)]
+
+
+def conv(op: Callable, name: str, kw: dict[str, Any], chunk: int) -> torch.Tensor:
+    """A conv (``kw`` holds its arguments by schema name) with fp16 accumulation."""
+    x, w, bias = kw["input"], kw["weight"], kw.get("bias")
+    transposed = name in CONV_TRANSPOSE_OPS or bool(kw.get("transposed", False))
+    groups = int(kw.get("groups", 1))
+    cin_g = w.shape[0] // groups if transposed else w.shape[1]
+    call = dict(kw, bias=None)
+
+    def partials():
+        for s in _chunks(cin_g, chunk):
+            idx = torch.cat([torch.arange(g * cin_g + s.start, g * cin_g + s.stop) for g in range(groups)])
+            call["input"] = x.index_select(1, idx)
+            call["weight"] = w.index_select(0, idx) if transposed else w[:, s]
+            yield op(**call)
+
+    out = _accumulate(partials())
+    if bias is not None:
+        out = round_fp16(out + bias.reshape(1, -1, *([1] * (out.dim() - 2))))
+    return out
+
+
+def linear(name: str, kw: dict[str, Any], chunk: int) -> torch.Tensor:
+    """linear / addmm / mm / bmm / baddbmm / matmul with fp16 accumulation."""
+    bias, alpha, beta = None, 1, 1
+    if name == "linear":
+        a, b, bias = kw["input"], kw["weight"].t(), kw.get("bias")
+    elif name in ("addmm", "baddbmm"):
+        bias, alpha, beta = kw["self"], kw.get("alpha", 1), kw.get("beta", 1)
+        a, b = (kw["mat1"], kw["mat2"]) if name == "addmm" else (kw["batch1"], kw["batch2"])
+    elif name == "matmul":
+        a, b = kw["self"], kw["other"]
+    else:  # mm, bmm
+        a, b = kw["self"], kw["mat2"]
+    k = a.shape[-1]
+    vec = b.dim() == 1
+    out = _accumulate(torch.matmul(a[..., s], b[s] if vec else b[..., s, :]) for s in _chunks(k, chunk))
+    if alpha != 1:
+        out = round_fp16(out * alpha)
+    if bias is not None:
+        out = round_fp16(out + (bias * beta if beta != 1 else bias))
+    return out

@@ -1,0 +1,250 @@
+"""Run an ExportedProgram node by node under a precision profile, next to a float64 reference.
+
+Both runs walk the same graph in lockstep: the placeholders are fed from the
+program's state_dict / constants by its graph signature (rounded to fp16 for
+the emulated run, cast to float64 for the reference), every op runs twice,
+and each floating-point intermediate is compared with its reference as soon
+as it exists; values are dropped after their last use.
+
+Floating dtypes named inside the graph (``_to_copy``, ``full``, ...) become
+float32 in the emulated run and float64 in the reference.  Python scalars
+(op attributes such as ``eps`` or a ``mul.Scalar`` factor) are used as they
+are.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import torch
+from torch.export.graph_signature import OutputKind
+from torch.fx.node import map_arg
+from torch.utils._pytree import tree_flatten, tree_map
+
+from . import accumulate
+from .errors import TensorError, measure
+from .graph import CONV_OPS, CONV_TRANSPOSE_OPS, LINEAR_OPS, batch_norm_args, op_name, placeholder_values, tensor_of
+from .profiles import Profile, get_profile, round_fp16
+
+# Ops whose output holds only values of their (already fp16) inputs: no rounding needed.
+_EXACT_OPS = frozenset(
+    "view _unsafe_view reshape permute t transpose expand squeeze unsqueeze flatten clone contiguous alias "
+    "detach lift_fresh slice select cat stack split split_with_sizes chunk unbind getitem narrow "
+    "index_select max_pool1d max_pool2d max_pool3d max_pool2d_with_indices relu neg abs".split()
+)
+# Of those, the ones whose error statistics equal their input's (same elements, rearranged).
+_SAME_ERROR_OPS = frozenset(
+    "view _unsafe_view reshape permute t transpose squeeze unsqueeze flatten clone contiguous alias detach lift_fresh".split()
+)
+
+
+def _base_name(name: str) -> str:
+    """Edge dialect ``view_copy`` etc. behave like ``view``."""
+    return name[: -len("_copy")] if name.endswith("_copy") and name != "_to_copy" else name
+
+
+def _is_float(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def _has_dtype(args: Any) -> bool:
+    return any(isinstance(a, torch.dtype) for a in tree_flatten(args)[0])
+
+
+def _map_dtype(args: Any, dtype: torch.dtype) -> Any:
+    return tree_map(lambda a: dtype if isinstance(a, torch.dtype) and a.is_floating_point else a, args)
+
+
+@dataclass
+class BatchResult:
+    """One batch: emulated outputs (float32), reference outputs (float64), per-tensor errors by node name."""
+
+    outputs: list
+    reference: list
+    errors: dict[str, TensorError]
+
+
+@dataclass
+class EmulationResult:
+    """All batches: per-tensor errors merged over batches, outputs kept per batch."""
+
+    profile: str
+    errors: dict[str, TensorError] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    reference: list = field(default_factory=list)
+
+    def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
+        for name, err in batch.errors.items():
+            if name in self.errors:
+                self.errors[name].merge(err)
+            else:
+                self.errors[name] = err
+        if keep_outputs:
+            self.outputs.append(batch.outputs)
+            self.reference.append(batch.reference)
+
+
+class Emulator:
+    """Runs ``ep`` under ``profile`` (see :mod:`bnfold.numerics.profiles`).
+
+    ``bn_eps`` replaces the eps of every standalone BatchNorm in the emulated
+    run (the reference keeps the model's eps): a runtime that ignores it.
+    """
+
+    def __init__(self, ep: torch.export.ExportedProgram, profile: "str | Profile" = "fp16", bn_eps: float | None = None):
+        self.ep = ep
+        self.profile = get_profile(profile)
+        self.bn_eps = None if bn_eps is None else float(bn_eps)
+        self.lifted, self.user_inputs = placeholder_values(ep)
+        rnd = self.profile.round
+        self._const_e = {k: rnd(v.detach()) if _is_float(v) else v for k, v in self.lifted.items()}
+        self._const_r = {k: v.detach().to(torch.float64) if _is_float(v) else v for k, v in self.lifted.items()}
+        self.nodes = list(ep.graph_module.graph.nodes)
+        for node in self.nodes:
+            if node.op not in ("placeholder", "call_function", "output"):
+                raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
+        self._names = {n: _base_name(op_name(n.target)) for n in self.nodes if n.op == "call_function"}
+        self._dtype_args = {n for n in self._names if _has_dtype((n.args, n.kwargs))}
+        self._bn = {n: bn for n in self._names if (bn := batch_norm_args(n)) is not None}
+        self._htp_cache: dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]] = {}
+        last_use = {}
+        for node in self.nodes:
+            for inp in node.all_input_nodes:
+                last_use[inp] = node
+        self._free_after: dict[torch.fx.Node, list] = {}
+        for value, user in last_use.items():
+            self._free_after.setdefault(user, []).append(value)
+        out_node = self.nodes[-1]
+        kinds = [spec.kind for spec in ep.graph_signature.output_specs]
+        self._user_outputs = [i for i, k in enumerate(kinds) if k == OutputKind.USER_OUTPUT]
+        self._out_node = out_node
+
+    # -- the two runs --------------------------------------------------------------------------
+
+    def run(self, *args: Any) -> BatchResult:
+        """Run one batch: ``args`` as the program's forward takes them."""
+        flat = tree_flatten(args)[0]
+        if len(flat) != len(self.user_inputs):
+            raise ValueError(f"the program takes {len(self.user_inputs)} input(s), got {len(flat)}")
+        user = dict(zip(self.user_inputs, flat))
+        env_e: dict[torch.fx.Node, Any] = {}
+        env_r: dict[torch.fx.Node, Any] = {}
+        errors: dict[str, TensorError] = {}
+        exact_diff = not self.profile.fp16_storage
+        outputs: tuple = ((), ())
+        for node in self.nodes:
+            if node.op == "placeholder":
+                if node.name in self._const_e:
+                    env_e[node], env_r[node] = self._const_e[node.name], self._const_r[node.name]
+                else:
+                    v = user[node.name]
+                    if _is_float(v):
+                        env_e[node], env_r[node] = self.profile.round(v.detach()), v.detach().to(torch.float64)
+                        errors[node.name] = measure(node.name, "input", env_e[node], env_r[node], exact_diff)
+                    else:
+                        env_e[node] = env_r[node] = v
+            elif node.op == "call_function":
+                name = self._names[node]
+                args_e, kwargs_e = map_arg((node.args, node.kwargs), env_e.__getitem__)
+                args_r, kwargs_r = map_arg((node.args, node.kwargs), env_r.__getitem__)
+                if node in self._dtype_args:
+                    args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
+                    args_r, kwargs_r = _map_dtype((args_r, kwargs_r), torch.float64)
+                r = node.target(*args_r, **kwargs_r)
+                e = self._call(node, name, args_e, kwargs_e, env_e)
+                env_e[node], env_r[node] = e, r
+                if _is_float(r) and _is_float(e):
+                    src = node.all_input_nodes[0] if node.all_input_nodes else None
+                    if name in _SAME_ERROR_OPS and src is not None and src.name in errors:
+                        s = errors[src.name]
+                        errors[node.name] = TensorError(node.name, name, tuple(r.shape), s.count, s.signal, s.noise,
+                                                        s.max_abs_ref, s.max_abs_err, s.nan, s.inf)
+                    else:
+                        errors[node.name] = measure(node.name, name, e, r, exact_diff)
+            else:  # output
+                outs_e, outs_r = map_arg(node.args[0], env_e.__getitem__), map_arg(node.args[0], env_r.__getitem__)
+                outputs = ([outs_e[i] for i in self._user_outputs], [outs_r[i] for i in self._user_outputs])
+            for dead in self._free_after.get(node, ()):
+                env_e.pop(dead, None)
+                env_r.pop(dead, None)
+        return BatchResult(outputs[0], outputs[1], errors)
+
+    def _call(self, node: torch.fx.Node, name: str, args: tuple, kwargs: dict, env: dict) -> Any:
+        prof = self.profile
+        bn = self._bn.get(node)
+        if bn is not None and self.bn_eps is not None and not prof.htp_batch_norm:
+            args, kwargs = _with_eps(node, args, kwargs, self.bn_eps)
+        if not prof.fp16_storage:
+            return node.target(*args, **kwargs)
+        if bn is not None and prof.htp_batch_norm:
+            return self._htp_batch_norm(node, name, bn, env)
+        if prof.fp16_accumulate and name in LINEAR_OPS:
+            out = accumulate.linear(name, _by_name(node, args, kwargs), prof.acc_chunk)
+        elif prof.fp16_accumulate and name in CONV_OPS | CONV_TRANSPOSE_OPS:
+            out = accumulate.conv(node.target, name, _by_name(node, args, kwargs), prof.acc_chunk)
+        else:
+            out = node.target(*args, **kwargs)
+        if name in _EXACT_OPS:
+            return out
+        return tree_map(lambda t: round_fp16(t) if _is_float(t) else t, out)
+
+    def _htp_batch_norm(self, node: torch.fx.Node, name: str, bn, env: dict) -> Any:
+        """``round(round(x * scale) + shift)`` with ``scale``, ``shift`` computed on the host in
+        float32 from the model's (unrounded) parameters and stored in fp16."""
+        x = env[bn.input]
+        if node not in self._htp_cache:
+            def host(arg, fill):
+                if arg is None:
+                    return torch.full((x.shape[1],), fill, dtype=torch.float32)
+                t = tensor_of(arg, self.lifted)
+                return (t if t is not None else env[arg]).to(torch.float32)
+
+            gamma, beta, mean, var = host(bn.weight, 1.0), host(bn.bias, 0.0), host(bn.mean, 0.0), host(bn.var, 1.0)
+            eps = bn.eps if self.bn_eps is None else self.bn_eps
+            scale = gamma / torch.sqrt(var + eps)
+            shift = beta - mean * scale
+            shape = (1, -1) + (1,) * (x.dim() - 2)
+            pair = round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape)
+            if all(a is None or tensor_of(a, self.lifted) is not None for a in (bn.weight, bn.bias, bn.mean, bn.var)):
+                self._htp_cache[node] = pair
+        else:
+            pair = self._htp_cache[node]
+        y = round_fp16(round_fp16(x * pair[0]) + pair[1])
+        if name == "batch_norm":
+            return y
+        return (y, x.new_empty(0), x.new_empty(0))
+
+
+def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:
+    schema = node.target._schema
+    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
+    out.update({a.name: v for a, v in zip(schema.arguments, args)})
+    out.update(kwargs)
+    return out
+
+
+def _with_eps(node: torch.fx.Node, args: tuple, kwargs: dict, eps: float) -> tuple[tuple, dict]:
+    """``args``/``kwargs`` with the batch norm's ``eps`` argument replaced."""
+    i = [a.name for a in node.target._schema.arguments].index("eps")
+    if i < len(args):
+        return args[:i] + (eps,) + args[i + 1 :], kwargs
+    return args, dict(kwargs, eps=eps)
+
+
+def emulate(
+    ep: torch.export.ExportedProgram,
+    inputs: Sequence[tuple],
+    profile: "str | Profile" = "fp16",
+    bn_eps: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    keep_outputs: bool = True,
+) -> EmulationResult:
+    """Run every batch in ``inputs`` (a list of argument tuples) under ``profile``."""
+    emu = Emulator(ep, profile, bn_eps)
+    result = EmulationResult(emu.profile.name)
+    for i, batch in enumerate(inputs):
+        result.add(emu.run(*batch), keep_outputs)
+        if progress is not None:
+            progress(i + 1, len(inputs))
+    return result

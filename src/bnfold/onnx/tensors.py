@@ -1,0 +1,109 @@
+"""TensorProto <-> numpy <-> torch, and the dtype of a stored parameter.
+
+The fold math (``bnfold.fold_math``) takes torch tensors; ONNX stores
+TensorProtos.  These helpers only convert, they compute nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import torch
+from onnx import TensorProto, numpy_helper
+
+from ..fold_math import FoldError
+
+# ONNX element types whose parameters the fold can write back.
+_TORCH_DTYPE = {
+    TensorProto.FLOAT: torch.float32,
+    TensorProto.FLOAT16: torch.float16,
+    TensorProto.DOUBLE: torch.float64,
+    TensorProto.BFLOAT16: torch.bfloat16,
+}
+
+
+def type_name(elem_type: int) -> str:
+    return TensorProto.DataType.Name(elem_type)
+
+
+def torch_dtype(elem_type: int, what: str) -> torch.dtype:
+    """The torch dtype a folded parameter is cast back to (``cast_checked`` checks range)."""
+    if elem_type in _TORCH_DTYPE:
+        return _TORCH_DTYPE[elem_type]
+    raise FoldError(f"{what} has dtype {type_name(elem_type)}; only float16/bfloat16/float32/float64 parameters fold")
+
+
+def is_external(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL
+
+
+def to_numpy(t: TensorProto) -> np.ndarray:
+    """The value of an in-memory tensor (never reads files: external data must be loaded first)."""
+    if is_external(t):
+        raise FoldError(
+            f"tensor {t.name!r} keeps its data in an external file that was not loaded; "
+            "pass the model path (or use bnfold.onnx.load_onnx) so the data is read safely"
+        )
+    return numpy_helper.to_array(t)
+
+
+def to_torch(a: np.ndarray) -> torch.Tensor:
+    """A torch view of a numpy array (bfloat16 via its bit pattern)."""
+    a = np.ascontiguousarray(a)
+    if a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    if a.dtype == np.bool_ or a.dtype.kind not in "fiu":
+        raise FoldError(f"cannot read a {a.dtype} tensor as a number")
+    return torch.from_numpy(a)
+
+
+def from_torch(t: torch.Tensor, name: str, elem_type: int, shape=None) -> TensorProto:
+    """A TensorProto named ``name`` holding ``t`` (already cast to ``elem_type``'s dtype)."""
+    t = t.detach().contiguous()
+    if shape is not None:
+        t = t.reshape(tuple(shape))
+    if elem_type == TensorProto.BFLOAT16:
+        raw = t.view(torch.int16).numpy().tobytes()
+        out = TensorProto()
+        out.name = name
+        out.data_type = elem_type
+        out.dims.extend(t.shape)
+        out.raw_data = raw
+        return out
+    if _TORCH_DTYPE.get(elem_type) != t.dtype:
+        raise AssertionError(f"internal: {name} is {t.dtype}, expected {type_name(elem_type)}")
+    return numpy_helper.from_array(t.numpy(), name)
+
+
+def nbytes(t: TensorProto) -> int:
+    n = int(np.prod(t.dims)) if len(t.dims) else 1
+    return n * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+
+
+def constant_attr_tensor(node: onnx.NodeProto) -> TensorProto | None:
+    """The tensor a ``Constant`` node produces, or None when it is not numeric.
+
+    Handles ``value``, ``value_float``, ``value_floats``, ``value_int`` and
+    ``value_ints``; ``sparse_value``, strings and attribute references are
+    not constants the fold reads.
+    """
+    if len(node.attribute) != 1:
+        return None
+    a = node.attribute[0]
+    if a.ref_attr_name:
+        return None
+    name = node.output[0] if node.output else ""
+    if a.name == "value":
+        out = TensorProto()
+        out.CopyFrom(a.t)
+        out.name = name
+        return out
+    if a.name == "value_float":
+        return numpy_helper.from_array(np.array(a.f, dtype=np.float32), name)
+    if a.name == "value_floats":
+        return numpy_helper.from_array(np.array(list(a.floats), dtype=np.float32), name)
+    if a.name == "value_int":
+        return numpy_helper.from_array(np.array(a.i, dtype=np.int64), name)
+    if a.name == "value_ints":
+        return numpy_helper.from_array(np.array(list(a.ints), dtype=np.int64), name)
+    return None

@@ -1,0 +1,646 @@
+"""Inspect a ``.pt2`` archive before ``torch.export.load`` sees it.
+
+``torch.export.load`` (torch 2.13) runs code from the file in these places; each
+is checked here, on the archive's bytes, before any of them is unpickled:
+
+1. **Pickled weights and constants.**  ``data/weights/<m>_weights_config.json``
+   and ``data/constants/<m>_constants_config.json`` mark an entry with
+   ``"use_pickle": true``; ``_load_state_dict`` / ``_load_constants`` then call
+   ``torch.load(..., weights_only=False)`` on it.  Constants named
+   ``custom_obj_*`` go through ``torch._C._pickle_load_obj`` (TorchScript /
+   torchbind unpickler) and ``opaque_obj_*`` through plain ``pickle.loads``.
+   All three are refused.
+2. **Sample inputs and legacy weight files.**  ``data/sample_inputs/<m>.pt``
+   (and the legacy ``data/weights/<m>.pt`` / ``data/constants/<m>.pt``) go
+   through ``deserialize_torch_artifact``, which tries ``weights_only=True``
+   and on *any* error retries with ``weights_only=False``.  These payloads are
+   accepted only when a static scan of every pickle in them finds nothing but
+   globals on torch's own ``weights_only`` allowlist, so that even the
+   fallback can only rebuild tensors and containers.  TorchScript archives
+   (``torch.load`` hands those to ``torch.jit.load``) and pre-1.6 non-zip
+   ``torch.save`` pickles are refused.
+3. **Symbolic shapes.**  Every ``expr_str`` in ``models/<m>.json`` is passed to
+   ``sympy.sympify``, which is ``eval``; each must be a plain arithmetic
+   expression over shape symbols and known sympy/torch functions.
+4. **Guards.**  ``guards_code`` strings in ``models/<m>.json`` are ``exec``-ed
+   by ``ExportedProgram.module()``; each must be a shape comparison (checked
+   on its Python AST against an allowlist of names and attributes).
+5. **AOTInductor.**  Entries under ``data/aotinductor/`` make
+   ``torch.export.load`` load a compiled shared library; refused.
+6. **The legacy fallback.**  When ``load_pt2`` raises ``RuntimeError``,
+   ``torch.export.load`` re-reads the file as a pre-2.7 zip
+   (``version``, ``serialized_state_dict.pt`` ...) and unpickles with the
+   same ``weights_only=False`` fallback.  Only a well-formed pt2 archive (one
+   root folder, no duplicate names, Python's ``zipfile`` and torch's reader
+   agreeing on the entries) is accepted, so that path never finds its files.
+
+Graph node targets are also required to be operators (``torch.ops.*``,
+``_operator.*``, ``math.*`` and the few torch functions export emits), as a
+second line behind torch's own verifier.
+
+The caller reads the file once and passes the same bytes to the inspection
+and to ``torch.export.load`` (see ``bnfold.model_io``), so the file cannot
+change in between.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import json
+import pickletools
+import re
+import zipfile
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from .errors import ModelFileError, UnsafeModelError
+
+ZIP_MAGIC = b"PK\x03\x04"
+
+# torch/export/pt2_archive/constants.py (torch 2.13); read from torch at run time
+# when available so that a renamed layout is noticed rather than silently missed.
+_LAYOUT_DEFAULTS = {
+    "AOTINDUCTOR_DIR": "data/aotinductor/",
+    "ARCHIVE_FORMAT_PATH": "archive_format",
+    "ARCHIVE_FORMAT_VALUE": "pt2",
+    "ARCHIVE_VERSION_PATH": "archive_version",
+    "ARCHIVE_VERSION_VALUE": "0",
+    "CONSTANTS_CONFIG_FILENAME_FORMAT": "data/constants/{}_constants_config.json",
+    "CONSTANTS_DIR": "data/constants/",
+    "CUSTOM_OBJ_FILENAME_PREFIX": "custom_obj_",
+    "MODELS_DIR": "models/",
+    "MODELS_FILENAME_FORMAT": "models/{}.json",
+    "OPAQUE_OBJ_FILENAME_PREFIX": "opaque_obj_",
+    "SAMPLE_INPUTS_FILENAME_FORMAT": "data/sample_inputs/{}.pt",
+    "TENSOR_CONSTANT_FILENAME_PREFIX": "tensor_",
+    "WEIGHTS_CONFIG_FILENAME_FORMAT": "data/weights/{}_weights_config.json",
+    "WEIGHTS_DIR": "data/weights/",
+}
+
+
+def _layout() -> dict[str, str]:
+    try:
+        from torch.export.pt2_archive import constants as c
+    except Exception:  # pragma: no cover - older or newer torch without the module
+        return dict(_LAYOUT_DEFAULTS)
+    return {k: getattr(c, k, v) for k, v in _LAYOUT_DEFAULTS.items()}
+
+
+# ----------------------------------------------------------------------------- result
+
+
+@dataclass
+class Pt2Inspection:
+    """What the inspection found.  ``unsafe`` lists one line per risky entry."""
+
+    models: list[str] = field(default_factory=list)
+    unsafe: list[str] = field(default_factory=list)
+
+    @property
+    def safe(self) -> bool:
+        return not self.unsafe
+
+
+TRUST_HINT = "pass --trust only if you trust whoever made this file"
+
+
+def check_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
+    """Raise ``ModelFileError`` for a malformed archive, ``UnsafeModelError`` for a risky one."""
+    result = inspect_pt2_bytes(data, source)
+    if result.unsafe:
+        more = f" (and {len(result.unsafe) - 1} more)" if len(result.unsafe) > 1 else ""
+        err = UnsafeModelError(
+            f"{source}: refusing to load: {result.unsafe[0]}{more}; loading it could run code from the file; {TRUST_HINT}"
+        )
+        err.findings = list(result.unsafe)  # type: ignore[attr-defined]
+        raise err
+    return result
+
+
+def inspect_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
+    """Inspect an archive's bytes; raises ``ModelFileError`` if it is not a loadable pt2 archive."""
+    L = _layout()
+    result = Pt2Inspection()
+    records = _Archive(data, source, result)
+
+    fmt = records.get(L["ARCHIVE_FORMAT_PATH"])
+    if fmt is None or fmt.strip() != L["ARCHIVE_FORMAT_VALUE"].encode():
+        raise ModelFileError(f"{source}: {records.describe_foreign()}")
+    version = records.get(L["ARCHIVE_VERSION_PATH"])
+    if version is None or version.decode("utf-8", "replace") != L["ARCHIVE_VERSION_VALUE"]:
+        shown = "missing" if version is None else repr(version.decode("utf-8", "replace")[:20])
+        raise ModelFileError(
+            f"{source}: pt2 archive version {shown} is not supported by this torch (expects {L['ARCHIVE_VERSION_VALUE']!r})"
+        )
+
+    for name in records.names:
+        if name.startswith(L["AOTINDUCTOR_DIR"]):
+            result.unsafe.append(
+                f"{name} is AOTInductor compiled code, which torch.export.load loads as a native library"
+            )
+            break
+
+    models_dir = L["MODELS_DIR"]
+    model_files = [n for n in records.names if n.startswith(models_dir)]
+    if not model_files:
+        raise ModelFileError(f"{source}: the archive holds no exported program (no {models_dir}*.json entry)")
+    for entry in model_files:
+        if not entry.endswith(".json"):
+            raise ModelFileError(f"{source}: unexpected entry {entry} in {models_dir}")
+        model = entry[len(models_dir) : -len(".json")]
+        result.models.append(model)
+        _check_model(records, model, entry, L, result)
+    if "model" not in result.models:
+        raise ModelFileError(
+            f"{source}: the archive holds no program named 'model' (found {', '.join(result.models)})"
+        )
+    return result
+
+
+# ----------------------------------------------------------------------------- archive views
+
+
+class _Archive:
+    """One pt2 zip seen through both zip readers torch.export.load may use."""
+
+    def __init__(self, data: bytes, source: str, result: Pt2Inspection):
+        self.source = source
+        if len(data) == 0:
+            raise ModelFileError(f"{source}: the file is empty")
+        if data[:4] != ZIP_MAGIC:
+            raise ModelFileError(f"{source}: not a .pt2 archive (not a zip file; {_sniff(data)})")
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                infos = zf.infolist()
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise ModelFileError(f"{source}: truncated or corrupted zip archive ({_one_line(e)})") from None
+        names = [i.filename for i in infos if not i.filename.endswith("/")]
+        if len(set(names)) != len(names):
+            dup = next(n for n in names if names.count(n) > 1)
+            result.unsafe.append(f"entry {dup} appears twice, and zip readers disagree about which one counts")
+        roots = {n.split("/", 1)[0] if "/" in n else None for n in names}
+        if not names:
+            raise ModelFileError(f"{source}: the zip archive is empty")
+        self.zip_names = names
+        if None in roots or len(roots) != 1:
+            # torch's reader needs one root folder; without it torch.export.load
+            # falls back to its legacy zip reader, which unpickles unsafely.
+            top = sorted(n for n in names if "/" not in n)[:3]
+            self.names = []
+            self.reader = None
+            self._foreign_top = top
+            raise ModelFileError(f"{source}: {self.describe_foreign()}")
+        root = roots.pop()
+        try:
+            import torch
+
+            self.reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+            torch_names = list(self.reader.get_all_records())
+        except Exception as e:
+            raise ModelFileError(f"{source}: not a readable torch archive ({_one_line(e)})") from None
+        ours = {n[len(root) + 1 :] for n in names}
+        if set(torch_names) != ours:
+            result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
+        self.names = sorted(set(torch_names))
+        self._foreign_top = []
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def get(self, name: str) -> bytes | None:
+        if name not in self.names:
+            return None
+        try:
+            return bytes(self.reader.get_record(name))
+        except Exception as e:
+            raise ModelFileError(f"{self.source}: entry {name} is corrupted ({_one_line(e)})") from None
+
+    def need(self, name: str) -> bytes:
+        data = self.get(name)
+        if data is None:
+            raise ModelFileError(f"{self.source}: the archive lacks {name}")
+        return data
+
+    def describe_foreign(self) -> str:
+        names = set(self.names)
+        top = set(self._foreign_top)
+        if "data.pkl" in names:
+            return "a torch.save checkpoint, not a torch.export program (save one with torch.export.save)"
+        if "constants.pkl" in names or any(n.startswith("code/") for n in names):
+            return "a TorchScript archive, not a torch.export program (save one with torch.export.save)"
+        if "version" in top or "serialized_exported_program.json" in top:
+            return "a pre-2.7 torch.export archive or a foreign zip layout; re-save it with torch.export.save"
+        return "not a torch.export .pt2 archive (no archive_format 'pt2' entry)"
+
+
+def _check_model(records: _Archive, model: str, entry: str, L: dict[str, str], result: Pt2Inspection) -> None:
+    src = records.source
+    raw = records.need(entry)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{src}: {entry} is not valid JSON ({_one_line(e)})") from None
+    if not isinstance(doc, dict):
+        raise ModelFileError(f"{src}: {entry} is not a serialized exported program")
+    result.unsafe.extend(check_program_json(doc, entry))
+
+    sample = L["SAMPLE_INPUTS_FILENAME_FORMAT"].format(model)
+    result.unsafe.extend(check_torch_save_payload(records.need(sample), sample))
+
+    legacy_weights = f"{L['WEIGHTS_DIR']}{model}.pt"
+    if records.has(legacy_weights):
+        result.unsafe.extend(check_torch_save_payload(records.need(legacy_weights), legacy_weights))
+    else:
+        cfg_name = L["WEIGHTS_CONFIG_FILENAME_FORMAT"].format(model)
+        for fqn, meta in _payload_config(records, cfg_name).items():
+            if meta.get("use_pickle", False):
+                path = L["WEIGHTS_DIR"] + str(meta.get("path_name", "?"))
+                result.unsafe.append(f"weight {fqn} ({path}) is pickled and would be loaded with weights_only=False")
+
+    legacy_constants = f"{L['CONSTANTS_DIR']}{model}.pt"
+    if records.has(legacy_constants):
+        result.unsafe.extend(check_torch_save_payload(records.need(legacy_constants), legacy_constants))
+    else:
+        cfg_name = L["CONSTANTS_CONFIG_FILENAME_FORMAT"].format(model)
+        for fqn, meta in _payload_config(records, cfg_name).items():
+            path_name = meta.get("path_name")
+            if not isinstance(path_name, str):
+                raise ModelFileError(f"{src}: {cfg_name}: constant {fqn} has no path_name")
+            path = L["CONSTANTS_DIR"] + path_name
+            if path_name.startswith(L["TENSOR_CONSTANT_FILENAME_PREFIX"]):
+                if meta.get("use_pickle", False):
+                    result.unsafe.append(
+                        f"constant {fqn} ({path}) is pickled and would be loaded with weights_only=False"
+                    )
+            elif path_name.startswith(L["CUSTOM_OBJ_FILENAME_PREFIX"]):
+                result.unsafe.append(f"constant {fqn} ({path}) is a TorchScript object that would be unpickled")
+            elif path_name.startswith(L["OPAQUE_OBJ_FILENAME_PREFIX"]):
+                result.unsafe.append(f"constant {fqn} ({path}) is an opaque object loaded with pickle.loads")
+            else:
+                raise ModelFileError(f"{src}: {cfg_name}: constant {fqn} has an unknown kind ({path_name})")
+
+
+def _payload_config(records: _Archive, name: str) -> dict[str, dict[str, Any]]:
+    raw = records.need(name)
+    try:
+        doc = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise ModelFileError(f"{records.source}: {name} is not valid JSON ({_one_line(e)})") from None
+    config = doc.get("config") if isinstance(doc, dict) else None
+    if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
+        raise ModelFileError(f"{records.source}: {name} is not a payload config")
+    return config
+
+
+# ----------------------------------------------------------------------------- torch.save payloads
+
+
+def allowed_pickle_globals() -> frozenset[str]:
+    """torch's own ``weights_only`` allowlist (without user-added safe globals)."""
+    try:
+        from torch._weights_only_unpickler import _get_allowed_globals
+
+        return frozenset(_get_allowed_globals())
+    except Exception:  # pragma: no cover - torch moved it; fall back to the tensor essentials
+        import torch
+
+        names = {
+            "collections.OrderedDict",
+            "torch._utils._rebuild_tensor_v2",
+            "torch._utils._rebuild_parameter",
+            "torch.Size",
+            "torch.device",
+        }
+        names.update(f"torch.{t.__name__}" for t in torch._storage_classes)
+        names.update(str(t) for t in torch.storage._dtype_to_storage_type_map())
+        return frozenset(names)
+
+
+def check_torch_save_payload(blob: bytes, entry: str) -> list[str]:
+    """Problems with a ``torch.save`` payload that torch may unpickle with ``weights_only=False``."""
+    if len(blob) == 0:
+        return []  # torch treats an empty payload as {}
+    if blob[:4] != ZIP_MAGIC:
+        return [f"{entry} is a legacy (non-zip) pickle that torch would unpickle"]
+    try:
+        import torch
+
+        inner = torch._C.PyTorchFileReader(io.BytesIO(blob))
+        names = list(inner.get_all_records())
+    except Exception:
+        return [f"{entry} is not a readable torch.save payload"]
+    if "constants.pkl" in names or any(n.startswith("code/") for n in names):
+        return [f"{entry} is a TorchScript archive, which torch.load hands to torch.jit.load"]
+    pickles = [n for n in names if n.endswith(".pkl")]
+    if "data.pkl" not in pickles:
+        return [f"{entry} has no data.pkl"]
+    allowed = allowed_pickle_globals()
+    problems = []
+    for name in pickles:
+        try:
+            found = pickle_globals(bytes(inner.get_record(name)))
+        except _Unresolvable as e:
+            problems.append(f"{entry} has a pickle that cannot be checked ({e})")
+            continue
+        bad = sorted({g for g in found if g not in allowed})
+        if bad:
+            problems.append(f"{entry} is a pickle that would import {', '.join(bad[:3])}")
+    return problems
+
+
+class _Unresolvable(Exception):
+    pass
+
+
+_STRING_OPS = {
+    "STRING",
+    "BINSTRING",
+    "SHORT_BINSTRING",
+    "UNICODE",
+    "BINUNICODE",
+    "SHORT_BINUNICODE",
+    "BINUNICODE8",
+}
+_GET_OPS = {"GET", "BINGET", "LONG_BINGET"}
+_PUT_OPS = {"PUT", "BINPUT", "LONG_BINPUT"}
+_MARK = object()
+
+
+def pickle_globals(data: bytes) -> list[str]:
+    """Every global (``module.name``) a pickle would import, found without unpickling it.
+
+    Simulates the unpickler's stack so that ``STACK_GLOBAL`` operands pushed
+    directly or fetched from the memo are resolved; anything it cannot resolve
+    (``EXT*`` codes, computed names, a malformed stream) raises ``_Unresolvable``.
+    """
+    stack: list[Any] = []
+    memo: dict[Any, Any] = {}
+    found: list[str] = []
+
+    def pop(n: int = 1) -> list[Any]:
+        if len(stack) < n:
+            raise _Unresolvable("stack underflow")
+        out = stack[len(stack) - n :]
+        del stack[len(stack) - n :]
+        return out
+
+    try:
+        for op, arg, _pos in pickletools.genops(data):
+            name = op.name
+            if name in ("GLOBAL", "INST"):
+                module, _, qual = str(arg).partition(" ")
+                found.append(f"{module}.{qual}")
+            elif name == "STACK_GLOBAL":
+                module, qual = pop(2)
+                if not isinstance(module, str) or not isinstance(qual, str):
+                    raise _Unresolvable("a global whose name is computed")
+                found.append(f"{module}.{qual}")
+                stack.append(None)
+                continue
+            elif name in ("EXT1", "EXT2", "EXT4"):
+                raise _Unresolvable("an extension-registry global")
+            if name == "MARK":
+                stack.append(_MARK)
+                continue
+            if name in _PUT_OPS:
+                if not stack:
+                    raise _Unresolvable("stack underflow")
+                memo[arg] = stack[-1]
+                continue
+            if name == "MEMOIZE":
+                if not stack:
+                    raise _Unresolvable("stack underflow")
+                memo[len(memo)] = stack[-1]
+                continue
+            if name in _GET_OPS:
+                stack.append(memo.get(arg))
+                continue
+            before = op.stack_before
+            if pickletools.markobject in before:
+                while stack and stack[-1] is not _MARK:
+                    stack.pop()
+                if not stack:
+                    raise _Unresolvable("no mark")
+                stack.pop()
+                pop(before.index(pickletools.markobject))
+            else:
+                pop(len(before))
+            if name in _STRING_OPS:
+                stack.append(arg if isinstance(arg, str) else None)
+            else:
+                stack.extend([None] * len(op.stack_after))
+    except _Unresolvable:
+        raise
+    except Exception as e:  # malformed pickle stream
+        raise _Unresolvable(_one_line(e)) from None
+    return found
+
+
+# ----------------------------------------------------------------------------- program JSON
+
+
+# Names sympify may meet in an exported program's shape expressions.
+_SYMPY_NAMES = frozenset(
+    """
+    FloorDiv ModularIndexing Where PythonMod Mod CleanDiv CeilToInt FloorToInt CeilDiv
+    LShift RShift PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
+    TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat Identity
+    Max Min Abs Eq Ne Lt Le Gt Ge And Or Not Xor Piecewise ITE floor ceiling sqrt exp log sign
+    Integer Rational Float Pow Mul Add oo zoo nan int_oo True False
+    BitwiseFn_bitwise_and BitwiseFn_bitwise_or BitwiseFn_bitwise_xor
+    OpaqueUnaryFn_sqrt OpaqueUnaryFn_exp OpaqueUnaryFn_log OpaqueUnaryFn_cos OpaqueUnaryFn_sin
+    OpaqueUnaryFn_tan OpaqueUnaryFn_cosh OpaqueUnaryFn_sinh OpaqueUnaryFn_tanh OpaqueUnaryFn_acos
+    OpaqueUnaryFn_asin OpaqueUnaryFn_atan OpaqueUnaryFn_log2
+    """.split()
+)
+_SYMBOL_NAME = re.compile(r"[a-z]{1,6}[0-9]+\Z")
+_SYM_TOKENS = re.compile(
+    r"\s*(?:(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
+    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
+    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%(),<>&|~]))"
+)
+_MAX_EXPR = 20_000
+
+
+def sym_expr_is_safe(expr: Any) -> bool:
+    """True when ``expr`` is arithmetic over shape symbols and known functions (no strings, attributes, calls to builtins)."""
+    if not isinstance(expr, str) or len(expr) > _MAX_EXPR:
+        return False
+    pos = 0
+    text = expr.rstrip()
+    while pos < len(text):
+        m = _SYM_TOKENS.match(text, pos)
+        if m is None or m.end() == pos:
+            return False
+        name = m.group("name")
+        if name is not None and name not in _SYMPY_NAMES and not _SYMBOL_NAME.match(name):
+            return False
+        pos = m.end()
+    return True
+
+
+_GUARD_NAMES = frozenset(
+    {"L", "args", "inf", "int", "float", "bool", "abs", "min", "max", "round",
+     "IsNonOverlappingAndDenseIndicator", "cast_symbool_to_symint_guardless"}
+)
+_GUARD_MODULE_ATTRS = {
+    "math": frozenset(
+        {"floor", "ceil", "trunc", "isnan", "isinf", "isfinite", "sqrt", "inf", "nan", "pi", "e",
+         "log", "log2", "exp", "pow", "fabs", "copysign", "gcd", "cos", "sin", "tan", "cosh", "sinh",
+         "tanh", "acos", "asin", "atan"}
+    ),
+    "torch": frozenset(
+        {"sym_max", "sym_min", "sym_sqrt", "sym_int", "sym_float", "sym_not", "sym_ite", "sym_sum"}
+    ),
+}
+_GUARD_VALUE_ATTRS = frozenset({"size", "stride", "storage_offset", "dim", "numel", "shape"})
+_GUARD_STR = re.compile(r"[A-Za-z0-9_.]*\Z")
+_GUARD_NODES = (
+    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Slice,
+    ast.Tuple, ast.Load, ast.boolop, ast.operator, ast.unaryop, ast.cmpop, ast.IfExp,
+)
+
+
+def guard_is_safe(code: Any) -> bool:
+    """True when a ``guards_code`` entry is a shape comparison ``ExportedProgram.module()`` may exec."""
+    if not isinstance(code, str) or len(code) > _MAX_EXPR or "\n" in code or "\r" in code or "\\" in code:
+        return False
+    try:
+        tree = ast.parse(code, mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    module_names: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            if node.attr.startswith("_"):
+                return False
+            base = node.value
+            if isinstance(base, ast.Name) and base.id in _GUARD_MODULE_ATTRS:
+                if node.attr not in _GUARD_MODULE_ATTRS[base.id]:
+                    return False
+                module_names.add(id(base))
+            elif node.attr not in _GUARD_VALUE_ATTRS:
+                return False
+        elif isinstance(node, ast.Name):
+            if node.id in _GUARD_MODULE_ATTRS:
+                if id(node) not in module_names:
+                    return False
+            elif node.id not in _GUARD_NAMES:
+                return False
+        elif isinstance(node, ast.Call):
+            if node.keywords or not isinstance(node.func, (ast.Name, ast.Attribute)):
+                return False
+        elif isinstance(node, ast.Constant):
+            if isinstance(node.value, str):
+                if not _GUARD_STR.match(node.value):
+                    return False
+            elif not isinstance(node.value, (int, float, bool, type(None))):
+                return False
+        elif not isinstance(node, _GUARD_NODES):
+            return False
+    return True
+
+
+_OPERATOR_TARGET = re.compile(r"(?:torch\.ops|_operator|math)(?:\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+_TORCH_FUNCTION_TARGETS = (
+    "torch.sym_",
+    "torch._C._set_grad_enabled",
+    "torch.autograd.grad_mode.set_grad_enabled",
+    "torch.amp.autocast_mode._enter_autocast",
+    "torch.amp.autocast_mode._exit_autocast",
+    "torch.fx.experimental.symbolic_shapes.cast_symbool_to_symint_guardless",
+    "torch._functorch.predispatch.",
+    "torch.export.custom_ops._call_custom_autograd_function_in_pre_dispatch",
+)
+
+
+def node_target_is_safe(target: Any) -> bool:
+    """True for operator targets; the deserializer resolves others by ``getattr`` on torch."""
+    if not isinstance(target, str):
+        return False
+    if target.startswith("#"):
+        return True  # an extension namespace: resolved by a registered handler, not getattr
+    if any(part.startswith("__") for part in target.split(".")):
+        return False
+    if _OPERATOR_TARGET.match(target):
+        return True
+    return any(target.startswith(p) for p in _TORCH_FUNCTION_TARGETS) and re.match(
+        r"[A-Za-z0-9_.]+\Z", target
+    ) is not None
+
+
+def check_program_json(doc: dict[str, Any], entry: str) -> list[str]:
+    """Problems in a serialized program that ``torch.export.load`` or ``.module()`` would eval."""
+    problems: list[str] = []
+    for expr in _values_for_key(doc, "expr_str"):
+        if not sym_expr_is_safe(expr):
+            problems.append(f"{entry} has a symbolic shape that is not a plain expression: {_short(expr)}")
+            break
+    guards = doc.get("guards_code") or []
+    if not isinstance(guards, list):
+        problems.append(f"{entry} has a malformed guards_code field")
+    else:
+        for g in guards:
+            if not guard_is_safe(g):
+                problems.append(f"{entry} has a guard that is not a shape check: {_short(g)}")
+                break
+    for node in _nodes(doc):
+        target = node.get("target")
+        if not node_target_is_safe(target):
+            problems.append(f"{entry} has a graph node calling {_short(target)}, which is not an operator")
+            break
+    return problems
+
+
+def _values_for_key(obj: Any, key: str) -> Iterator[Any]:
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            for k, v in cur.items():
+                if k == key:
+                    yield v
+                elif isinstance(v, (dict, list)):
+                    stack.append(v)
+        elif isinstance(cur, list):
+            stack.extend(v for v in cur if isinstance(v, (dict, list)))
+
+
+def _nodes(obj: Any) -> Iterator[dict[str, Any]]:
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            if "target" in cur and "inputs" in cur and "outputs" in cur:
+                yield cur
+            stack.extend(v for v in cur.values() if isinstance(v, (dict, list)))
+        elif isinstance(cur, list):
+            stack.extend(v for v in cur if isinstance(v, (dict, list)))
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def _short(value: Any, n: int = 60) -> str:
+    text = " ".join(repr(value).split())
+    return text if len(text) <= n else text[: n - 3] + "..."
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    first = text[0] if text else type(e).__name__
+    return first if len(first) <= 200 else first[:197] + "..."
+
+
+def _sniff(data: bytes) -> str:
+    head = data[:64]
+    if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
+        return "looks like a raw pickle"
+    if head.startswith(b"\x08") or head[:1] in (b"\x0a", b"\x12", b"\x1a", b"\x3a", b"\x42"):
+        return "looks like a protobuf (an .onnx model?)"
+    try:
+        head.decode("utf-8")
+        return "looks like a text file"
+    except UnicodeDecodeError:
+        return "unrecognized binary data"

@@ -1,0 +1,80 @@
+"""Shared helpers for the test suite: model builders, float64 references, graph checks."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+import torch.nn as nn
+
+BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+
+
+def randomize_bn(module: nn.Module, seed: int = 0, mean=1.0, var=(0.5, 2.0), gamma=2.0, beta=1.0) -> nn.Module:
+    """Give every batch norm distinct per-channel statistics, so a wrong channel mapping shows."""
+    g = torch.Generator().manual_seed(seed)
+    for m in module.modules():
+        if isinstance(m, BN_TYPES) and m.running_mean is not None:
+            c = m.num_features
+            m.running_mean.copy_((torch.rand(c, generator=g) * 2 - 1) * mean)
+            m.running_var.copy_(torch.rand(c, generator=g) * (var[1] - var[0]) + var[0])
+            if m.affine:
+                m.weight.data.copy_((torch.rand(c, generator=g) * 2 - 1) * gamma)
+                m.bias.data.copy_((torch.rand(c, generator=g) * 2 - 1) * beta)
+    return module
+
+
+def reference(module: nn.Module, *inputs: torch.Tensor) -> torch.Tensor:
+    """The module's output computed in float64."""
+    m64 = copy.deepcopy(module).double()
+    with torch.no_grad():
+        return m64(*(x.double() for x in inputs))
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """max |out - ref| / max |ref|: the error scaled to the output magnitude."""
+    scale = ref.abs().max().item()
+    return (out.double() - ref).abs().max().item() / max(scale, 1e-30)
+
+
+def assert_matches(out: torch.Tensor, ref: torch.Tensor, rel: float = 2e-5) -> float:
+    """``out`` equals the float64 reference within ``rel`` times the output magnitude."""
+    assert out.shape == ref.shape, (out.shape, ref.shape)
+    assert torch.isfinite(out).all()
+    err = relative_error(out, ref)
+    assert err <= rel, f"max error {err:.3g} of the output magnitude exceeds {rel:g}"
+    return err
+
+
+def norm_nodes(ep) -> list:
+    """Every batch-norm node of a program's graph (any IR, edge included)."""
+    return [n for n in ep.graph.nodes if n.op == "call_function" and "batch_norm" in str(n.target)]
+
+
+def export(module: nn.Module, inputs: tuple, ir: str = "default"):
+    """Export ``module`` to the IR a user meets: ``default``, ``decomposed`` or ``edge``."""
+    ep = torch.export.export(module, inputs)
+    if ir == "decomposed":
+        return ep.run_decompositions()
+    if ir == "edge":
+        from executorch.exir import to_edge
+
+        return to_edge(ep).exported_program()
+    return ep
+
+
+def run(ep, *inputs: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return ep.module()(*inputs)
+
+
+#: Measurements tests record for the end-of-run summary (see conftest.py).
+STATS: dict[str, float] = {}
+
+
+def record_max(key: str, value: float) -> None:
+    STATS[key] = max(STATS.get(key, float("-inf")), value)
+
+
+def record_count(key: str, n: int = 1) -> None:
+    STATS[key] = STATS.get(key, 0) + n
