@@ -153,13 +153,28 @@ def load_onnx_file(path: str, *, debug: bool = False):
     mod = _onnx_module()
     try:
         with quiet(not debug):
-            return mod.load_onnx(path)
+            model = mod.load_onnx(path)
     except BnfoldError as e:
         raise _naming(e, path) from None
     except Exception as e:
         if debug:
             raise
         raise ModelFileError(f"{path}: cannot load the ONNX model ({_one_line(e)})") from None
+    check_onnx_opset(model, path)
+    return model
+
+
+def check_onnx_opset(model: Any, path: str) -> None:
+    """Refuse a default-domain opset this onnx does not know: its operators' meaning is unknown."""
+    import onnx
+
+    newest = onnx.defs.onnx_opset_version()
+    for imp in model.opset_import:
+        if imp.domain in ("", "ai.onnx") and not 1 <= imp.version <= newest:
+            raise ModelFileError(
+                f"{path}: uses ONNX opset {imp.version}, which is not supported "
+                f"(onnx {onnx.__version__} knows opsets 1 to {newest})"
+            )
 
 
 # ----------------------------------------------------------------------------- writing
@@ -209,7 +224,58 @@ def plan_output(
         raise BnfoldError(f"{output}: already exists; pass --force to replace it")
     if not os.access(parent, os.W_OK):
         raise ModelFileError(f"{output}: cannot write to {parent} (permission denied)")
+    if kind == ONNX and not same:
+        _check_onnx_data_file(input_path, output, force)
     return OutputPlan(output, kind, same)
+
+
+def onnx_data_path(output: str) -> str:
+    """Where ``bnfold.onnx.save_onnx`` puts the external data of ``output``."""
+    return output + ".data"
+
+
+def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
+    """OUT.data belongs to OUT: replace it only with --force, and never when the input reads it."""
+    data = onnx_data_path(output)
+    if not os.path.lexists(data):
+        return
+    if not force:
+        raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
+    if os.path.realpath(data) in _onnx_external_files(input_path):
+        raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
+
+
+def _onnx_external_files(path: str) -> set[str]:
+    """Real paths of the external data files an ONNX model refers to (empty if it cannot be read)."""
+    try:
+        import onnx
+
+        model = onnx.load(path, load_external_data=False)
+    except Exception:
+        return set()
+    base = os.path.dirname(os.path.abspath(path))
+    found = set()
+    for t in _onnx_tensors(model):
+        if t.data_location == 1:  # TensorProto.EXTERNAL
+            loc = {e.key: e.value for e in t.external_data}.get("location")
+            if loc:
+                found.add(os.path.realpath(os.path.join(base, loc)))
+    return found
+
+
+def _onnx_tensors(model: Any) -> Iterator[Any]:
+    graphs = [model.graph]
+    while graphs:
+        g = graphs.pop()
+        yield from g.initializer
+        for node in g.node:
+            for a in node.attribute:
+                if a.HasField("t"):
+                    yield a.t
+                yield from a.tensors
+                if a.HasField("g"):
+                    graphs.append(a.g)
+                graphs.extend(a.graphs)
 
 
 def same_file(a: str, b: str) -> bool:

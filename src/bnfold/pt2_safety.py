@@ -440,43 +440,68 @@ def pickle_globals(data: bytes) -> list[str]:
 # ----------------------------------------------------------------------------- program JSON
 
 
-# Names sympify may meet in an exported program's shape expressions.
-_SYMPY_NAMES = frozenset(
+# Names sympify may meet in an exported program's shape expressions (torch 2.13
+# writes them with sympy's srepr: ``Add(Symbol('s0', positive=True, integer=True), Integer(1))``).
+_SYMPY_FUNCTIONS = frozenset(
     """
+    Symbol Dummy Integer Rational Float Add Mul Pow Abs floor ceiling sqrt exp log sign
+    Equality Unequality StrictLessThan LessThan StrictGreaterThan GreaterThan Eq Ne Lt Le Gt Ge
+    And Or Not Xor Piecewise ExprCondPair ITE Tuple
     FloorDiv ModularIndexing Where PythonMod Mod CleanDiv CeilToInt FloorToInt CeilDiv
-    LShift RShift PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
+    LShift RShift Max Min PowByNatural FloatPow FloatTrueDiv IntTrueDiv IsNonOverlappingAndDenseIndicator
     TruncToFloat TruncToInt RoundToInt RoundDecimal ToFloat Identity
-    Max Min Abs Eq Ne Lt Le Gt Ge And Or Not Xor Piecewise ITE floor ceiling sqrt exp log sign
-    Integer Rational Float Pow Mul Add oo zoo nan int_oo True False
+    OpaqueUnaryFn_sqrt OpaqueUnaryFn_cos OpaqueUnaryFn_cosh OpaqueUnaryFn_sin OpaqueUnaryFn_sinh
+    OpaqueUnaryFn_tan OpaqueUnaryFn_tanh OpaqueUnaryFn_asin OpaqueUnaryFn_acos OpaqueUnaryFn_atan
+    OpaqueUnaryFn_exp OpaqueUnaryFn_log OpaqueUnaryFn_asinh OpaqueUnaryFn_log2
     BitwiseFn_bitwise_and BitwiseFn_bitwise_or BitwiseFn_bitwise_xor
-    OpaqueUnaryFn_sqrt OpaqueUnaryFn_exp OpaqueUnaryFn_log OpaqueUnaryFn_cos OpaqueUnaryFn_sin
-    OpaqueUnaryFn_tan OpaqueUnaryFn_cosh OpaqueUnaryFn_sinh OpaqueUnaryFn_tanh OpaqueUnaryFn_acos
-    OpaqueUnaryFn_asin OpaqueUnaryFn_atan OpaqueUnaryFn_log2
     """.split()
 )
+_SYMPY_CONSTANTS = frozenset("true false True False oo zoo nan int_oo pi E".split())
 _SYMBOL_NAME = re.compile(r"[a-z]{1,6}[0-9]+\Z")
-_SYM_TOKENS = re.compile(
-    r"\s*(?:(?P<num>[0-9]+(?:\.[0-9]*)?(?:[eE][-+]?[0-9]+)?)"
-    r"|(?P<name>[A-Za-z_][A-Za-z0-9_]*)"
-    r"|(?P<op>\*\*|//|<=|>=|==|!=|[-+*/%(),<>&|~]))"
-)
+_PLAIN_STR = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\Z")
 _MAX_EXPR = 20_000
+_EXPR_NODES = (
+    ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.Load,
+    ast.operator, ast.unaryop, ast.cmpop, ast.boolop,
+)
 
 
 def sym_expr_is_safe(expr: Any) -> bool:
-    """True when ``expr`` is arithmetic over shape symbols and known functions (no strings, attributes, calls to builtins)."""
-    if not isinstance(expr, str) or len(expr) > _MAX_EXPR:
+    """True when ``expr`` only builds a sympy expression: known functions, symbols, numbers.
+
+    ``sympy.sympify`` evaluates the string as Python, so anything else (attribute
+    access, builtins such as ``__import__`` or ``eval``, subscripts, lambdas,
+    strings with quotes or backslashes) is refused.
+    """
+    if not isinstance(expr, str) or len(expr) > _MAX_EXPR or "\\" in expr:
         return False
-    pos = 0
-    text = expr.rstrip()
-    while pos < len(text):
-        m = _SYM_TOKENS.match(text, pos)
-        if m is None or m.end() == pos:
+    try:
+        tree = ast.parse(expr.strip(), mode="eval")
+    except (SyntaxError, ValueError):
+        return False
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if not (isinstance(node.func, ast.Name) and node.func.id in _SYMPY_FUNCTIONS):
+                return False
+            for kw in node.keywords:
+                if kw.arg is None or not re.match(r"[a-z_]+\Z", kw.arg):
+                    return False
+        elif isinstance(node, ast.keyword):
+            if not isinstance(node.value, ast.Constant):
+                return False
+        elif isinstance(node, ast.Name):
+            ok = node.id in _SYMPY_FUNCTIONS or node.id in _SYMPY_CONSTANTS or _SYMBOL_NAME.match(node.id)
+            if not ok:
+                return False
+        elif isinstance(node, ast.Constant):
+            v = node.value
+            if isinstance(v, str):
+                if not _PLAIN_STR.match(v):
+                    return False
+            elif not isinstance(v, (int, float, bool, type(None))):
+                return False
+        elif not isinstance(node, _EXPR_NODES):
             return False
-        name = m.group("name")
-        if name is not None and name not in _SYMPY_NAMES and not _SYMBOL_NAME.match(name):
-            return False
-        pos = m.end()
     return True
 
 

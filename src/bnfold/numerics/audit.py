@@ -53,10 +53,12 @@ class LayerAudit:
     norm: str | None
     unfolded: TensorError
     folded: TensorError | None
+    label: str = ""  # module path, when the graph records one
 
     def to_dict(self) -> dict:
         return {
             "name": self.name,
+            "label": self.label,
             "kind": self.kind,
             "norm": self.norm,
             "unfolded": self.unfolded.to_dict(),
@@ -165,7 +167,7 @@ def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.Expor
         module.train(was_training)
 
 
-def _norm_name(node: torch.fx.Node) -> str:
+def _module_path(node: torch.fx.Node) -> str:
     stack = node.meta.get("nn_module_stack")
     if stack:
         path = list(stack.values())[-1][0]
@@ -203,7 +205,7 @@ def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit
             runtime = float((gamma / torch.sqrt(var + bn_eps)).abs().max())
         out.append(NormAudit(
             node=node.name,
-            name=label or _norm_name(node),
+            name=label or _module_path(node),
             channels=mean.numel(),
             eps=bn.eps,
             scale_min=float(scale.min()),
@@ -219,8 +221,8 @@ def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit
     return out
 
 
-def _layer_outputs(ep) -> list[tuple[str, str, str | None, str]]:
-    """``(name, kind, norm node name, output node name)`` for each layer, in graph order."""
+def _layer_outputs(ep) -> list[tuple[str, str, str | None, str, str]]:
+    """``(name, kind, norm node name, output node name, label)`` for each layer, in graph order."""
     rows, used_norms = [], set()
     nodes = list(ep.graph_module.graph.nodes)
     for node in nodes:
@@ -231,12 +233,12 @@ def _layer_outputs(ep) -> list[tuple[str, str, str | None, str]]:
         norm = users[0] if len(users) == 1 and batch_norm_args(users[0]) is not None else None
         if norm is not None and batch_norm_args(norm).input is node:
             used_norms.add(norm)
-            rows.append((node.name, kind, norm.name, batch_norm_output(norm).name))
+            rows.append((node.name, kind, norm.name, batch_norm_output(norm).name, _module_path(node)))
         else:
-            rows.append((node.name, kind, None, node.name))
+            rows.append((node.name, kind, None, node.name, _module_path(node)))
     for node in nodes:
         if batch_norm_args(node) is not None and node not in used_norms:
-            rows.append((node.name, "batch_norm", node.name, batch_norm_output(node).name))
+            rows.append((node.name, "batch_norm", node.name, batch_norm_output(node).name, _module_path(node)))
     order = {n.name: i for i, n in enumerate(nodes)}
     return sorted(rows, key=lambda r: order[r[0]])
 
@@ -254,11 +256,11 @@ def _layers(ep, fep, unfolded: EmulationResult, folded: EmulationResult | None) 
         match = {u[0]: f for u, f in zip(lay_u, lay_f)}
     by_name = {r[0]: r for r in rows_f}
     out = []
-    for name, kind, norm, out_node in rows_u:
+    for name, kind, norm, out_node, label in rows_u:
         f = match.get(name) if kind != "batch_norm" else None
         f = f or by_name.get(name)
         fe = folded.errors.get(f[3]) if (f is not None and folded is not None) else None
-        out.append(LayerAudit(name, kind, norm, unfolded.errors[out_node], fe))
+        out.append(LayerAudit(name, kind, norm, unfolded.errors[out_node], fe, label))
     return out
 
 

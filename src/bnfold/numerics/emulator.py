@@ -122,8 +122,12 @@ class Emulator:
 
     # -- the two runs --------------------------------------------------------------------------
 
-    def run(self, *args: Any) -> BatchResult:
-        """Run one batch: ``args`` as the program's forward takes them."""
+    def run(self, *args: Any, reference: bool = True) -> BatchResult:
+        """Run one batch (``args`` as the program's forward takes them).
+
+        With ``reference=False`` only the emulated run happens: the result
+        holds the emulated outputs and no reference or errors.
+        """
         flat = tree_flatten(args)[0]
         if len(flat) != len(self.user_inputs):
             raise ValueError(f"the program takes {len(self.user_inputs)} input(s), got {len(flat)}")
@@ -132,39 +136,45 @@ class Emulator:
         env_r: dict[torch.fx.Node, Any] = {}
         errors: dict[str, TensorError] = {}
         exact_diff = not self.profile.fp16_storage
-        outputs: tuple = ((), ())
+        outputs: tuple = ([], [])
         for node in self.nodes:
-            if node.op == "placeholder":
+            op = node.op
+            if op == "call_function":
+                name = self._names[node]
+                args_e, kwargs_e = map_arg((node.args, node.kwargs), env_e.__getitem__)
+                if node in self._dtype_args:
+                    args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
+                e = env_e[node] = self._call(node, name, args_e, kwargs_e, env_e)
+                if reference:
+                    args_r, kwargs_r = map_arg((node.args, node.kwargs), env_r.__getitem__)
+                    if node in self._dtype_args:
+                        args_r, kwargs_r = _map_dtype((args_r, kwargs_r), torch.float64)
+                    r = env_r[node] = node.target(*args_r, **kwargs_r)
+                    if isinstance(r, torch.Tensor) and r.is_floating_point() and _is_float(e):
+                        src = errors.get(node.args[0].name) if name in _SAME_ERROR_OPS and node.args else None
+                        if src is not None:
+                            errors[node.name] = TensorError(node.name, name, tuple(r.shape), src.count, src.signal,
+                                                            src.noise, src.max_abs_ref, src.max_abs_err, src.nan, src.inf)
+                        else:
+                            errors[node.name] = measure(node.name, name, e, r, exact_diff)
+            elif op == "placeholder":
                 if node.name in self._const_e:
                     env_e[node], env_r[node] = self._const_e[node.name], self._const_r[node.name]
                 else:
                     v = user[node.name]
                     if _is_float(v):
-                        env_e[node], env_r[node] = self.profile.round(v.detach()), v.detach().to(torch.float64)
-                        errors[node.name] = measure(node.name, "input", env_e[node], env_r[node], exact_diff)
+                        env_e[node] = self.profile.round(v.detach())
+                        if reference:
+                            env_r[node] = v.detach().to(torch.float64)
+                            errors[node.name] = measure(node.name, "input", env_e[node], env_r[node], exact_diff)
                     else:
                         env_e[node] = env_r[node] = v
-            elif node.op == "call_function":
-                name = self._names[node]
-                args_e, kwargs_e = map_arg((node.args, node.kwargs), env_e.__getitem__)
-                args_r, kwargs_r = map_arg((node.args, node.kwargs), env_r.__getitem__)
-                if node in self._dtype_args:
-                    args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
-                    args_r, kwargs_r = _map_dtype((args_r, kwargs_r), torch.float64)
-                r = node.target(*args_r, **kwargs_r)
-                e = self._call(node, name, args_e, kwargs_e, env_e)
-                env_e[node], env_r[node] = e, r
-                if _is_float(r) and _is_float(e):
-                    src = node.all_input_nodes[0] if node.all_input_nodes else None
-                    if name in _SAME_ERROR_OPS and src is not None and src.name in errors:
-                        s = errors[src.name]
-                        errors[node.name] = TensorError(node.name, name, tuple(r.shape), s.count, s.signal, s.noise,
-                                                        s.max_abs_ref, s.max_abs_err, s.nan, s.inf)
-                    else:
-                        errors[node.name] = measure(node.name, name, e, r, exact_diff)
             else:  # output
-                outs_e, outs_r = map_arg(node.args[0], env_e.__getitem__), map_arg(node.args[0], env_r.__getitem__)
-                outputs = ([outs_e[i] for i in self._user_outputs], [outs_r[i] for i in self._user_outputs])
+                outs_e = map_arg(node.args[0], env_e.__getitem__)
+                outputs[0].extend(outs_e[i] for i in self._user_outputs)
+                if reference:
+                    outs_r = map_arg(node.args[0], env_r.__getitem__)
+                    outputs[1].extend(outs_r[i] for i in self._user_outputs)
             for dead in self._free_after.get(node, ()):
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
@@ -187,6 +197,8 @@ class Emulator:
             out = node.target(*args, **kwargs)
         if name in _EXACT_OPS:
             return out
+        if isinstance(out, torch.Tensor):
+            return round_fp16(out) if out.is_floating_point() else out
         return tree_map(lambda t: round_fp16(t) if _is_float(t) else t, out)
 
     def _htp_batch_norm(self, node: torch.fx.Node, name: str, bn, env: dict) -> Any:

@@ -87,15 +87,20 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     err = TensorError(node, op, tuple(ref.shape), ref.numel())
     if ref.numel() == 0:
         return err
-    err.max_abs_ref = _abs_max(ref)
     if exact_diff:
+        err.max_abs_ref = _abs_max(ref)
         diff = emulated.to(torch.float64) - ref
+        noise = float(torch.linalg.vector_norm(diff)) ** 2
+        signal_ref = ref
     else:
-        diff = emulated - ref.to(torch.float32)
-    noise = float(torch.linalg.vector_norm(diff, dtype=torch.float64)) ** 2
+        ref32 = ref.to(torch.float32)
+        err.max_abs_ref = _abs_max(ref32)
+        diff = emulated - ref32
+        noise = float(torch.linalg.vector_norm(diff)) ** 2
+        signal_ref = ref32
     if math.isfinite(noise):
         err.noise = noise
-        err.signal = float(torch.linalg.vector_norm(ref)) ** 2
+        err.signal = float(torch.linalg.vector_norm(signal_ref)) ** 2
         err.max_abs_err = _abs_max(diff)
         return err
     finite = torch.isfinite(emulated) & torch.isfinite(ref)
@@ -103,6 +108,6 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     err.inf = int(torch.isinf(emulated).sum())
     err.signal = float(torch.linalg.vector_norm(ref[finite])) ** 2
     d = diff[finite]
-    err.noise = float(torch.linalg.vector_norm(d, dtype=torch.float64)) ** 2
+    err.noise = float(torch.linalg.vector_norm(d)) ** 2
     err.max_abs_err = _abs_max(d)
     return err

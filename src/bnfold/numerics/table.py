@@ -64,6 +64,6 @@ def audit_table(report) -> str:
         fn = f"{r.folded.nan}/{r.folded.inf}" if r.folded else "-"
         un = f"{r.unfolded.nan}/{r.unfolded.inf}"
         kind = r.kind + ("+bn" if r.norm and r.kind != "batch_norm" else "")
-        lines.append(f"  {_short(r.name, 28):<28} {kind:<14} {db(r.unfolded.sqnr_db):>9} {fd:>9} "
+        lines.append(f"  {_short(r.label or r.name, 28):<28} {kind:<14} {db(r.unfolded.sqnr_db):>9} {fd:>9} "
                      f"{un:>10} {fn:>10}")
     return "\n".join(lines)

@@ -50,6 +50,8 @@ def to_numpy(t: TensorProto) -> np.ndarray:
 def to_torch(a: np.ndarray) -> torch.Tensor:
     """A torch view of a numpy array (bfloat16 via its bit pattern)."""
     a = np.ascontiguousarray(a)
+    if not a.flags.writeable:
+        a = a.copy()
     if a.dtype.name == "bfloat16":
         return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
     if a.dtype == np.bool_ or a.dtype.kind not in "fiu":

@@ -89,7 +89,7 @@ def _constant(editor: ProgramEditor, value: Any) -> torch.Tensor | None:
         return None
     if isinstance(value, Number):
         return torch.tensor(float(value), dtype=torch.float64)
-    return editor.tensor(value)
+    return editor.constant_value(value)
 
 
 def _per_channel(const: torch.Tensor, out_shape: tuple, axis: int, channels: int) -> torch.Tensor | None:

@@ -36,6 +36,7 @@ class ProgramEditor:
         self._targets = {s.target for s in self.input_specs if s.target} | set(self.state_dict) | set(self.constants)
         # How many nodes used each tensor in the input program (sharing is judged on the input).
         self.original_users = {n.name: len(n.users) for n in self.graph.nodes if n.op in ("placeholder", "get_attr")}
+        self._computed: dict[str, torch.Tensor | None] = {}
         self._fake_mode = next((n.meta["val"].fake_mode for n in self.graph.nodes
                                 if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")), None)
 
@@ -59,6 +60,53 @@ class ProgramEditor:
         if spec.kind == InputKind.PARAMETER or (spec.kind == InputKind.BUFFER and spec.persistent):
             return self.state_dict.get(spec.target)
         return self.constants.get(spec.target)
+
+    def constant_value(self, node: Any, _depth: int = 0) -> torch.Tensor | None:
+        """Like ``tensor``, but also evaluates (in float64) a pure subgraph computed
+        only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``."""
+        value = self.tensor(node)
+        if value is not None or not isinstance(node, Node) or node.op != "call_function" or _depth > 16:
+            return value
+        if node.name in self._computed:
+            return self._computed[node.name]
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
+            return None
+
+        def resolve(arg):
+            if isinstance(arg, Node):
+                v = self.constant_value(arg, _depth + 1)
+                if v is None:
+                    raise LookupError
+                return v.double() if v.is_floating_point() else v
+            return arg
+
+        try:
+            args = torch.fx.node.map_aggregate(node.args, resolve)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
+            value = node.target(*args, **kwargs)
+        except LookupError:
+            value = None
+        except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
+            value = None
+        value = value if isinstance(value, torch.Tensor) else None
+        self._computed[node.name] = value
+        return value
+
+    def erase_dead(self, node: Any) -> None:
+        """Erase ``node`` if nothing uses it any more, then its inputs in turn."""
+        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+            return
+        if node.op in ("placeholder", "get_attr"):
+            self.drop_if_unused(node)
+            return
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or schema.is_mutable:
+            return
+        inputs = list(node.all_input_nodes)
+        self.graph.erase_node(node)
+        for arg in inputs:
+            self.erase_dead(arg)
 
     def target(self, node: Node) -> str:
         """The state_dict / constants key of a tensor node (get_attr: its attribute path)."""

@@ -177,7 +177,7 @@ def _step_ending_at(editor: ProgramEditor, value: Node, axis: int, channels: int
     if norm is not None:
         return norm_step(editor, norm, axis, channels)
     if node_key(value) in AFFINE_OPS:
-        x = next((a for a in value.args[:2] if isinstance(a, Node) and editor.tensor(a) is None), None)
+        x = next((a for a in value.args[:2] if isinstance(a, Node) and editor.constant_value(a) is None), None)
         if x is None:
             return None
         try:
@@ -283,11 +283,15 @@ def _set_bias(editor: ProgramEditor, p: Producer, bias: Node) -> None:
 
 
 def _remove_steps(editor: ProgramEditor, steps: list[Step]) -> None:
-    operands = []
+    operands, replaced = [], {}
     for step in steps:
         if step.affine is None:
             continue
-        step.out.replace_all_uses_with(step.input)
+        source = step.input
+        while source in replaced:  # the step read the output of a step already removed
+            source = replaced[source]
+        replaced[step.out] = source
+        step.out.replace_all_uses_with(source)
         if step.norm is not None:
             for user in list(step.node.users):
                 editor.graph.erase_node(user)
@@ -301,7 +305,7 @@ def _remove_steps(editor: ProgramEditor, steps: list[Step]) -> None:
             operands.extend(step.operands)
         editor.graph.erase_node(step.node)
     for node in operands:
-        editor.drop_if_unused(node)
+        editor.erase_dead(node)
 
 
 def _entries(editor: ProgramEditor, p: Producer, steps: list[Step], side: str, extra: int) -> list[Folded]:
@@ -312,7 +316,9 @@ def _entries(editor: ProgramEditor, p: Producer, steps: list[Step], side: str, e
         entries = [Folded(norm_label(editor, s), p.name, pattern, side, 0, s.node.name) for s in norms]
     else:
         affine = [s for s in steps if s.affine is not None]
-        label = "affine " + "+".join(s.node.name for s in affine)
+        names = "+".join(s.node.name for s in affine)
+        path = norm_label(editor, affine[0])
+        label = f"{path} ({names})" if path != affine[0].node.name else f"affine {names}"
         entries = [Folded(label, p.name, pattern, side, 0, affine[0].node.name)]
     entries[0].extra_bytes = extra
     return entries

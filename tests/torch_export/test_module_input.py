@@ -1,0 +1,69 @@
+"""bnfold.fold(nn.Module, example_inputs): export, fold, hand back a module."""
+
+import copy
+
+import torch
+import torch.nn as nn
+
+import bnfold
+from bnfold_testutil import assert_matches, randomize_bn, reference
+
+
+class SharedConv(nn.Module):
+    """One conv module on two paths with different BNs: torch.fx's fuse() folds the first BN
+    into the shared conv module in place, and the second path then sees a corrupted conv."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn_a, self.bn_b = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn_a(self.conv(x)) + self.bn_b(self.conv(x))
+
+
+def test_module_is_folded_and_input_untouched():
+    model = randomize_bn(SharedConv()).eval()
+    before = copy.deepcopy(model.state_dict())
+    x = torch.randn(2, 3, 8, 8)
+    result = bnfold.fold(model, (x,))
+    assert isinstance(result.model, nn.Module)
+    assert not any(isinstance(m, nn.BatchNorm2d) for m in result.model.modules())
+    assert "batch_norm" not in result.model.code
+    assert len(result.report.folded) == 2 and result.report.skipped == []
+    assert_matches(result.model(x), reference(model, x))
+    # Other inputs of the same shape: the module computes the same function.
+    x2 = torch.randn(2, 3, 8, 8) * 10
+    assert_matches(result.model(x2), reference(model, x2))
+    after = model.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+    assert model.training is False and isinstance(model.bn_a, nn.BatchNorm2d)
+
+
+def test_shared_conv_regression_against_fx_fuse_bug():
+    model = randomize_bn(SharedConv(), seed=7).eval()
+    x = torch.randn(1, 3, 6, 6)
+    folded = bnfold.fold(model, (x,)).model
+    assert_matches(folded(x), reference(model, x))
+    names = set(folded.state_dict())
+    assert {"conv.weight_folded_bn_a", "conv.weight_folded_bn_b"} <= names
+
+
+def test_module_in_training_mode_is_reported_not_folded():
+    model = randomize_bn(SharedConv()).train()
+    result = bnfold.fold(model, (torch.randn(2, 3, 8, 8),))
+    assert result.report.folded == []
+    assert all("training mode" in s.reason for s in result.report.skipped)
+    assert model.training  # the caller's mode is left alone
+
+
+def test_single_tensor_example_input_and_bad_calls():
+    model = randomize_bn(SharedConv()).eval()
+    x = torch.randn(1, 3, 5, 5)
+    assert_matches(bnfold.fold(model, x).model(x), reference(model, x))
+    import pytest
+
+    with pytest.raises(TypeError, match="example inputs"):
+        bnfold.fold(model)
+    with pytest.raises(TypeError, match="cannot fold"):
+        bnfold.fold(42)
