@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import sys
 from typing import Any, Sequence
@@ -221,8 +222,23 @@ def _opt(args: argparse.Namespace, name: str) -> Any:
     return getattr(args, name, False)
 
 
+def _finite(obj: Any) -> Any:
+    """Strict JSON: non-finite floats become "inf" / "-inf" / "nan" (the numerics' convention)."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return str(obj)
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj
+
+
+def _json_text(payload: Any) -> str:
+    return json.dumps(_finite(payload), indent=2, default=str, allow_nan=False)
+
+
 def _print_json(payload: Any) -> None:
-    print(json.dumps(payload, indent=2, default=str, allow_nan=False))
+    print(_json_text(payload))
 
 
 def _fold(model: Any, only, debug: bool):
@@ -256,8 +272,7 @@ def cmd_fold(args: argparse.Namespace) -> int:
         if args.report:
             tmp = stack.enter_context(model_io.atomic_path(args.report))
             with open(tmp, "w", encoding="utf-8") as f:
-                json.dump(payload, f, indent=2, default=str)
-                f.write("\n")
+                f.write(_json_text(payload) + "\n")
         model_io.save_model(result.model, plan, debug=debug)
     if _opt(args, "json"):
         _print_json(payload)
@@ -314,7 +329,7 @@ class _Progress:
             try:
                 from tqdm import tqdm
 
-                self.bar = tqdm(total=total, desc="audit", unit="batch", file=sys.stderr, leave=False)
+                self.bar = tqdm(total=total, desc="audit", unit="batch", file=sys.stderr, leave=True)
             except ImportError:
                 self.plain = True
         if self.bar is not None:

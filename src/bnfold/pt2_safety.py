@@ -192,14 +192,17 @@ class _Archive:
             self._foreign_top = top
             raise ModelFileError(f"{source}: {self.describe_foreign()}")
         root = roots.pop()
+        ours = {n[len(root) + 1 :] for n in names}
         try:
             import torch
 
             self.reader = torch._C.PyTorchFileReader(io.BytesIO(data))
             torch_names = list(self.reader.get_all_records())
         except Exception as e:
+            self.names, self._foreign_top = sorted(ours), []
+            if "archive_format" not in ours:
+                raise ModelFileError(f"{source}: {self.describe_foreign()}") from None
             raise ModelFileError(f"{source}: not a readable torch archive ({_one_line(e)})") from None
-        ours = {n[len(root) + 1 :] for n in names}
         if set(torch_names) != ours:
             result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
         self.names = sorted(set(torch_names))
@@ -615,7 +618,69 @@ def check_program_json(doc: dict[str, Any], entry: str) -> list[str]:
         if not node_target_is_safe(target):
             problems.append(f"{entry} has a graph node calling {_short(target)}, which is not an operator")
             break
+    bad_name = _bad_name(doc)
+    if bad_name is not None:
+        problems.append(f"{entry} has a name that is not an identifier, which torch.fx would paste into code: {bad_name}")
+    bad_input = _bad_constant_input(doc)
+    if bad_input is not None:
+        problems.append(f"{entry} has a constant input that torch would paste into guard code: {bad_input}")
     return problems
+
+
+_DOTTED = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?\Z")
+_VALUE_TABLES = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
+_PLAIN_CONSTANT = re.compile(r"[^'\"\\\n\r]*\Z")
+
+
+def _bad_name(doc: dict[str, Any]) -> str | None:
+    """torch.fx generates Python source from node, argument and attribute names; each must be a plain name.
+
+    ``name`` fields (nodes, values, keyword arguments) must be identifiers,
+    ``*_name`` / ``fqn`` fields (parameter, buffer, module paths) dotted names,
+    and ``forward_arg_names`` identifiers.
+    """
+    stack: list[Any] = [doc]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, list):
+            stack.extend(v for v in cur if isinstance(v, (dict, list)))
+            continue
+        if not isinstance(cur, dict):
+            continue
+        for key, value in cur.items():
+            if key == "name" and isinstance(value, str):
+                if value and not value.isidentifier():
+                    return _short(value)
+            elif (key.endswith("_name") or key == "fqn") and isinstance(value, str):
+                if not _DOTTED.match(value):
+                    return _short(value)
+            elif key == "forward_arg_names" and isinstance(value, list):
+                for v in value:
+                    if not (isinstance(v, str) and v.isidentifier()):
+                        return _short(v)
+            elif key in _VALUE_TABLES and isinstance(value, dict):
+                for k in value:
+                    if not k.isidentifier():
+                        return _short(k)
+            if isinstance(value, (dict, list)):
+                stack.append(value)
+    return None
+
+
+def _bad_constant_input(doc: dict[str, Any]) -> str | None:
+    """Constant user inputs become guards like ``L['mode'] == '<value>'`` that ``.module()`` execs."""
+    graph = doc.get("graph_module", {}).get("graph", {}) if isinstance(doc.get("graph_module"), dict) else {}
+    for inp in graph.get("inputs", []) if isinstance(graph, dict) else []:
+        if not isinstance(inp, dict):
+            continue
+        for kind, value in inp.items():
+            if kind == "as_string" and not (isinstance(value, str) and _PLAIN_CONSTANT.match(value)):
+                return _short(value)
+            if kind == "as_int" and (type(value) is not int):
+                return _short(value)
+            if kind == "as_bool" and type(value) is not bool:
+                return _short(value)
+    return None
 
 
 def _values_for_key(obj: Any, key: str) -> Iterator[Any]:

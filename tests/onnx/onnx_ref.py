@@ -179,6 +179,22 @@ def _if(node, ins, a, env):
     return _graph(branch, env, {})
 
 
+def _loop(node, ins, a, env):
+    """Loop with loop-carried values only (no scan outputs)."""
+    body = a["body"]
+    trips = int(ins[0].reshape(-1)[0]) if ins[0] is not None else 2**31
+    cond = bool(ins[1].reshape(-1)[0]) if len(ins) > 1 and ins[1] is not None else True
+    state = list(ins[2:])
+    i = 0
+    while i < trips and cond:
+        feeds = {body.input[0].name: torch.tensor(i), body.input[1].name: torch.tensor(cond)}
+        feeds.update({v.name: s for v, s in zip(body.input[2:], state)})
+        out = _graph(body, env, feeds)
+        cond, state = bool(out[0]), out[1:]
+        i += 1
+    return state
+
+
 def _dropout(node, ins, a, env):
     return [ins[0], torch.ones_like(ins[0], dtype=torch.bool)]
 
@@ -218,6 +234,7 @@ _OPS = {
     "Constant": _constant,
     "Cast": lambda n, i, a, e: i[0],
     "If": _if,
+    "Loop": _loop,
     "Shape": lambda n, i, a, e: torch.tensor(i[0].shape, dtype=torch.int64),
     "Concat": lambda n, i, a, e: torch.cat(i, dim=a["axis"]),
 }

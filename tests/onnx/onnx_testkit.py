@@ -69,7 +69,14 @@ class G:
         m = h.make_model(graph, opset_imports=[h.make_opsetid("", opset)])
         if ir_version is not None:
             m.ir_version = ir_version
-        return typed_outputs(m, value_info)
+        m = typed_outputs(m, value_info)
+        untyped = [o for o in m.graph.output if not o.type.tensor_type.HasField("shape")]
+        if untyped:  # shape inference could not tell: take the shapes of a reference run
+            values = dict(zip(self.outputs, onnx_ref.run(m, self.feeds)))
+            for o in untyped:
+                o.type.tensor_type.elem_type = o.type.tensor_type.elem_type or TP.FLOAT
+                o.type.tensor_type.shape.CopyFrom(h.make_tensor_type_proto(1, list(values[o.name].shape)).tensor_type.shape)
+        return m
 
 
 def typed_outputs(m: onnx.ModelProto, value_info: bool = False) -> onnx.ModelProto:

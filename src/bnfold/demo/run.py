@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import textwrap
 import time
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         lines.append(f"  worst layers under {prof} (SQNR against float64):")
         lines.extend(_worst_layers(reports[prof]))
     lines.append("")
-    lines.extend(verdict)
+    for v in verdict:
+        lines.extend(textwrap.wrap(v.strip(), 100, initial_indent="" if v[0] != " " else "  ", subsequent_indent="    "))
     json_path, png_path = out_dir / "report.json", out_dir / "report_sqnr.png"
     plot_reports([reports["fp16"], reports["htp"]], png_path,
                  titles=[f"DigitNet, profile {p}: per-layer SQNR vs float64" for p in ("fp16", "htp")])

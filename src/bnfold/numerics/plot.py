@@ -37,7 +37,7 @@ def plot_reports(reports, path, titles=None) -> Path:
         if bad:
             ax.plot(bad, [bottom] * len(bad), "rx", ms=8, label="NaN/inf in output")
         ax.set_xticks(xs)
-        ax.set_xticklabels([r.name for r in rep.layers], rotation=70, fontsize=6)
+        ax.set_xticklabels([r.label or r.name for r in rep.layers], rotation=70, fontsize=6)
         ax.set_ylabel("SQNR vs float64 (dB)")
         eps = "" if rep.bn_eps is None else f", bn_eps={rep.bn_eps:g}"
         title = titles[i] if titles else f"profile {rep.profile}{eps}"

@@ -119,9 +119,12 @@ class _Folder:
             return True
         reasons = [s.reason for s in (out, inp) if s.relevant]
         if not reasons:
-            users = [label(u.node) for u in self.index.visible_uses(gi, node.output[0]) if u.node is not None]
-            reasons = [f"no layer to fold into: its input comes from {out.producer or 'a graph input'}"
-                       f" and its output goes to {', '.join(users) or 'no node'}; it needs {LAYERS_TEXT} next to it"]
+            p = self.index.producer(gi, node.input[0])
+            src = f"{p.op_type} '{label(p)}'" if p is not None else "a graph input"
+            users = [f"{u.node.op_type} '{label(u.node)}'" if u.node is not None else "a graph output"
+                     for u in self.index.visible_uses(gi, node.output[0])]
+            reasons = [f"no layer to fold into: its input comes from {src} and its output goes to "
+                       f"{', '.join(users) or 'nothing'}; it needs {LAYERS_TEXT} next to it"]
         self.skipped.append(Skipped(name, "; ".join(reasons), out.producer, name))
         return False
 
@@ -151,6 +154,7 @@ class _Folder:
             if nxt is None or nxt.data_name != run[-1].node.output[0]:
                 break
             run.append(nxt)
+        unit = [a.node for a in run]
 
         def make_aff(chan: Chan, where: str):
             affs = []
@@ -161,11 +165,10 @@ class _Folder:
                         return r
                     break
                 affs.append(r)
-            del run[len(affs):]
+            del unit[len(affs):]
             return compose(affs)
 
-        side = self._output_side(gi, op.node, op.data, run, make_aff, None, None, quiet_multi_use=True)
-        return side
+        return self._output_side(gi, op.node, op.data, unit, make_aff, None, None, quiet_multi_use=True)
 
     def _affine_input(self, gi: GraphInfo, op: AffineOp) -> _Side:
         """``op`` feeds a layer: fold the run of affines that ends in it (the longest part that folds)."""
@@ -237,7 +240,7 @@ class _Folder:
         for n in unit:
             index.remove_node(gi, n)
         if pending_bias is not None:
-            add_bias_node(index, gi, unit[-1], feed, y, pending_bias, params.bias_type, chan, "+".join(names))
+            add_bias_node(index, gi, unit[-1], feed, y, pending_bias, params.bias_type, chan, lay.label)
         else:
             pnode, pidx = gi.producer[feed]
             index.rename_output(gi, pnode, pidx, y)

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import GraphProto, NodeProto, TensorProto
 
+from ..fold_math import FoldError
 from . import tensors
 
 
@@ -169,9 +170,9 @@ class ModelIndex:
         """The one node of ``gi`` that uses ``name``, or None and why not."""
         uses = self.visible_uses(gi, name)
         if any(u.node is None for u in uses):
-            return None, f"'{name}' is a graph output"
+            return None, f"'{name}' is a graph output, which the fold would change"
         if len(uses) != 1:
-            return None, f"'{name}' has {len(uses)} users"
+            return None, f"'{name}' has {len(uses)} users, and the fold would change what the others see"
         u = uses[0]
         if u.gi is not gi:
             return None, f"'{name}' is used inside a subgraph"
@@ -189,14 +190,13 @@ class ModelIndex:
             if name in g.inits:
                 if name in g.inputs and self.ir_version >= 4:
                     return f"{what} '{name}' is also a graph input, so a caller can override it"
-                t = g.inits[name]
-                return Const(tensors.to_numpy(t), t.data_type, g, None)
+                return _const(g.inits[name], g, None)
             if name in g.producer:
                 node = g.producer[name][0]
                 if is_onnx_op(node, "Constant"):
                     t = tensors.constant_attr_tensor(node)
                     if t is not None:
-                        return Const(tensors.to_numpy(t), t.data_type, g, node)
+                        return _const(t, g, node)
                 return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
             if name in g.inputs:
                 return f"{what} '{name}' is a graph input, not a constant"
@@ -277,10 +277,14 @@ class ModelIndex:
         changed_shape = list(old.dims) != list(t.dims)
         old.CopyFrom(t)
         if changed_shape:
-            _drop_value_info(gi.graph, t.name)
+            self.forget_shape(gi, t.name)
             for v in gi.graph.input:
                 if v.name == t.name:
                     v.CopyFrom(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+
+    def forget_shape(self, gi: GraphInfo, name: str) -> None:
+        """Drop the recorded shape of ``name`` (its value changed shape)."""
+        _drop_value_info(gi.graph, name)
 
     # --------------------------------------------------------------- finishing
     def compact(self) -> None:
@@ -301,6 +305,13 @@ class ModelIndex:
                 kept.extend(self.inserts.get(id(n), []))
             gi.graph.ClearField("node")
             gi.graph.node.extend(kept)
+
+
+def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str:
+    try:
+        return Const(tensors.to_numpy(t), t.data_type, gi, node)
+    except FoldError as e:
+        return str(e)
 
 
 def _drop_value_info(graph: GraphProto, name: str) -> None:

@@ -87,6 +87,8 @@ def set_param(index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value
             else:
                 index.remove_node(gi, c.node)
                 index.add_initializer(gi, t)
+                if tuple(c.value.shape) != tuple(t.dims):
+                    index.forget_shape(gi, old)
             index.tracker.touched.discard(old)
             return 0
         new = index.unique(f"{_safe(old)}_folded_{_safe(label(node))}")
@@ -125,5 +127,5 @@ def add_bias_node(index: ModelIndex, gi: GraphInfo, anchor: NodeProto, src: str,
         shape += [1] * (chan.rank - 1 - chan.axis)
     name = index.unique(f"{_safe(base)}_bias")
     index.add_initializer(gi, from_torch(bias.reshape(shape), name, elem_type))
-    node = onnx.helper.make_node("Add", [src, name], [dst], name=index.unique_node_name(f"{_safe(base)}_bias"))
+    node = onnx.helper.make_node("Add", [src, name], [dst], name=index.unique_node_name(f"{_safe(base)}_bias_add"))
     index.insert_after(gi, anchor, node)

@@ -69,46 +69,46 @@ def layer(index: ModelIndex, gi: GraphInfo, node: NodeProto, only) -> Layer | st
     if only is not None and kind not in only:
         return f"{name} is a {kind} layer, excluded by only={sorted(only)}"
     if len(node.input) < 2:
-        return f"{name} has no weight input"
-    w = index.constant(gi, node.input[1], f"the weight of {name}")
+        return f"cannot fold into {name}: it has no weight input"
+    w = index.constant(gi, node.input[1], "weight")
     if isinstance(w, str):
-        return w
+        return f"cannot fold into {name}: {w}"
     if node.op_type in ("Conv", "ConvTranspose"):
         b = None
         if len(node.input) > 2 and node.input[2]:
-            b = index.constant(gi, node.input[2], f"the bias of {name}")
+            b = index.constant(gi, node.input[2], "bias")
             if isinstance(b, str):
-                return b
+                return f"cannot fold into {name}: {b}"
         lay = Layer(node, kind, int(attr(node, "group", 1)), w, w.value, False, b, node, 2, node.output[0])
     elif node.op_type == "Gemm":
         if index.opset < 7:
-            return f"{name}: Gemm before opset 7 (with the broadcast attribute) is not supported"
+            return f"cannot fold into {name}: Gemm before opset 7 (with the broadcast attribute) is not supported"
         if w.value.ndim != 2:
-            return f"{name} has a weight of rank {w.value.ndim}"
+            return f"cannot fold into {name}: its weight has rank {w.value.ndim}"
         trans_b = int(attr(node, "transB", 0))
         w_math = w.value if trans_b else w.value.T
         b = None
         if len(node.input) > 2 and node.input[2]:
-            b = index.constant(gi, node.input[2], f"C of {name}")
+            b = index.constant(gi, node.input[2], "C")
             if isinstance(b, str):
-                return b
+                return f"cannot fold into {name}: {b}"
             shape = b.value.shape
             if b.value.ndim > 2 or (b.value.ndim == 2 and shape[0] != 1) or b.value.size not in (1, w_math.shape[0]):
-                return f"C of {name} has shape {list(shape)}, not a per-output-channel bias"
+                return f"cannot fold into {name}: its C has shape {list(shape)}, not a per-output-channel bias"
         lay = Layer(node, kind, 1, w, w_math, not trans_b, b, node, 2, node.output[0])
         try:
             c = None if b is None else to_torch(b.value).double().reshape(-1) * float(attr(node, "beta", 1.0))
             lay.pre = affine(float(attr(node, "alpha", 1.0)), c, w_math.shape[0])
         except FoldError as e:
-            return f"{name}: {e}"
+            return f"cannot fold into {name}: {e}"
     else:  # MatMul
         if w.value.ndim != 2:
-            return f"{name} has a weight of rank {w.value.ndim}; only a 2-D constant weight folds"
+            return f"cannot fold into {name}: its weight has rank {w.value.ndim}; only a 2-D constant weight folds"
         lay = Layer(node, kind, 1, w, w.value.T, True, None, None, 1, node.output[0])
     try:
         lay.n_out  # noqa: B018 - validates groups against the weight shape
     except FoldError as e:
-        return f"{name}: {e}"
+        return f"cannot fold into {name}: {e}"
     return lay
 
 

@@ -19,6 +19,7 @@ import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
 from torch.fx import Node
+from torch.fx.graph_module import _copy_attr
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 TENSOR_KINDS = tuple(_PREFIX)
@@ -27,16 +28,31 @@ TENSOR_KINDS = tuple(_PREFIX)
 class ProgramEditor:
     def __init__(self, ep: ExportedProgram):
         self.ep = ep
-        self.gm = copy.deepcopy(ep.graph_module)
-        self.graph = self.gm.graph
+        # A new graph (nodes copied, meta dicts shallow-copied) over the same attributes: tensors
+        # are replaced, never written into, so the input program cannot change.  The module is
+        # only a holder for get_attr tensors; its code is generated once, by ExportedProgram.
+        self.graph = copy.deepcopy(ep.graph)
+        self.gm = torch.fx.GraphModule(ep.graph_module, torch.fx.Graph())
+        for node in self.graph.nodes:
+            if node.op == "get_attr":
+                _copy_attr(ep.graph_module, self.gm, node.target)
+        self.gm._graph, self.graph.owning_module = self.graph, self.gm
+        self.gm.meta.update(ep.graph_module.meta)
+        for old, new in zip(ep.graph.nodes, self.graph.nodes):
+            if new.name != old.name:  # copying renames nodes fx would not pick (e.g. "input"); the
+                new.name = old.name   # graph signature refers to the exported names, so keep them
         self.state_dict = dict(ep.state_dict)
         self.constants = dict(ep.constants)
         self.input_specs: list[InputSpec] = list(ep.graph_signature.input_specs)
+        self._inserted_after: dict[str, list[InputSpec]] = {}  # new specs, by the spec they follow
+        self._removed: set[str] = set()
         self._spec_by_name = {s.arg.name: s for s in self.input_specs if isinstance(s.arg, TensorArgument)}
         self._targets = {s.target for s in self.input_specs if s.target} | set(self.state_dict) | set(self.constants)
         # How many nodes used each tensor in the input program (sharing is judged on the input).
         self.original_users = {n.name: len(n.users) for n in self.graph.nodes if n.op in ("placeholder", "get_attr")}
         self._computed: dict[str, torch.Tensor | None] = {}
+        self._placeholders: dict[str, Node] | None = None
+        self._spec_by_target = {s.target: s for s in self.input_specs if isinstance(s.arg, TensorArgument) and s.target}
         self._fake_mode = next((n.meta["val"].fake_mode for n in self.graph.nodes
                                 if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")), None)
 
@@ -134,7 +150,9 @@ class ProgramEditor:
             spec = self.spec(node)
             store = self._store(spec)
             store[spec.target] = _like(store[spec.target], value)
-        self._set_val(node, value)
+        old_val = node.meta.get("val")
+        if getattr(old_val, "shape", None) != value.shape or getattr(old_val, "dtype", None) != value.dtype:
+            self._set_val(node, value)
 
     def add_tensor(self, like: Node, target: str, value: torch.Tensor) -> Node:
         """A new tensor node of the same kind as ``like``, placed right after it."""
@@ -155,8 +173,12 @@ class ProgramEditor:
                 node = self.graph.placeholder(self._free_name(_PREFIX[spec.kind] + target.replace(".", "_")))
             new_spec = InputSpec(spec.kind, TensorArgument(node.name), target,
                                  spec.persistent if spec.kind == InputKind.BUFFER else None)
-            self.input_specs.insert(self.input_specs.index(spec) + 1, new_spec)
+            # inserting_after(like) puts the newest node first, right after ``like``
+            self._inserted_after.setdefault(spec.arg.name, []).insert(0, new_spec)
             self._spec_by_name[node.name] = new_spec
+            self._spec_by_target[target] = new_spec
+            if self._placeholders is not None:
+                self._placeholders[node.name] = node
             store = self._store(new_spec)
             store[target] = _like(store.get(spec.target), value)
         self._set_val(node, value)
@@ -181,19 +203,35 @@ class ProgramEditor:
         if spec is None or spec.kind not in TENSOR_KINDS:
             return
         self.graph.erase_node(node)
-        self.input_specs.remove(spec)
+        self._removed.add(spec.arg.name)
         del self._spec_by_name[node.name]
+        self._spec_by_target.pop(spec.target, None)
         self._store(spec).pop(spec.target, None)
 
     def placeholder_for_target(self, target: str) -> Node | None:
+        if self._placeholders is None:
+            self._placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        spec = self._spec_by_target.get(target)
+        node = self._placeholders.get(spec.arg.name) if spec is not None else None
+        return node if node is not None and not getattr(node, "_erased", False) else None
+
+    def current_input_specs(self) -> list[InputSpec]:
+        """The input specs in placeholder order: new tensors follow the tensor they derive from."""
+        specs: list[InputSpec] = []
+
+        def emit(spec: InputSpec) -> None:
+            name = spec.arg.name if isinstance(spec.arg, TensorArgument) else None
+            if name not in self._removed:
+                specs.append(spec)
+            for new_spec in self._inserted_after.get(name, []):
+                emit(new_spec)
+
         for spec in self.input_specs:
-            if spec.target == target and isinstance(spec.arg, TensorArgument):
-                return next((n for n in self.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name), None)
-        return None
+            emit(spec)
+        return specs
 
     def build(self) -> ExportedProgram:
-        self.graph.lint()
-        self.gm.recompile()
+        self.graph.lint()  # ExportedProgram compiles the graph module itself
         output = next(n for n in reversed(self.graph.nodes) if n.op == "output")
         outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
         output_specs = []
@@ -202,7 +240,7 @@ class ProgramEditor:
             if isinstance(spec.arg, TensorArgument) and isinstance(value, Node):
                 spec.arg = TensorArgument(value.name)
             output_specs.append(spec)
-        signature = ExportGraphSignature(input_specs=list(self.input_specs), output_specs=output_specs)
+        signature = ExportGraphSignature(input_specs=self.current_input_specs(), output_specs=output_specs)
         ep = ExportedProgram(
             root=self.gm,
             graph=self.graph,
@@ -224,19 +262,16 @@ class ProgramEditor:
             return self.state_dict
         return self.constants
 
-    def _free_name(self, name: str) -> str:
-        name = re.sub(r"\W", "_", name)
-        taken = {n.name for n in self.graph.nodes}
-        if name not in taken:
-            return name
-        i = 1
-        while f"{name}_{i}" in taken:
-            i += 1
-        return f"{name}_{i}"
+    @staticmethod
+    def _free_name(name: str) -> str:
+        # fx makes the name unique in the graph (adding a suffix) when it is taken.
+        return re.sub(r"\W", "_", name)
 
     def _set_val(self, node: Node, value: torch.Tensor) -> None:
         if self._fake_mode is not None:
-            node.meta["val"] = self._fake_mode.from_tensor(value, static_shapes=True)
+            with self._fake_mode:
+                node.meta["val"] = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
+                                                       device=value.device)
         else:
             node.meta["val"] = value
         node.meta.pop("tensor_meta", None)

@@ -1,0 +1,43 @@
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import cli_helpers as h  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    """Tiny exported programs, built once: conv+bn (foldable), bn only (skipped), conv only, dynamic shapes."""
+    import torch
+
+    d = tmp_path_factory.mktemp("models")
+    batch, side = torch.export.Dim("batch", min=1, max=64), torch.export.Dim("side", min=8, max=256)
+    return {
+        "conv_bn": h.export_to(d / "conv_bn.pt2", h.ConvBN()),
+        "bn_only": h.export_to(d / "bn_only.pt2", h.BNOnly()),
+        "conv": h.export_to(d / "conv.pt2", h.ConvReLU()),
+        "dynamic": h.export_to(
+            d / "dynamic.pt2",
+            h.Dynamic(),
+            torch.randn(4, 3, 16, 16),
+            dynamic_shapes=({0: batch, 2: side, 3: side},),
+        ),
+    }
+
+
+@pytest.fixture
+def run(capsys):
+    """``run(*argv) -> (exit code, stdout, stderr)`` through ``bnfold.cli.main`` in this process."""
+    from bnfold.cli import main
+
+    def _run(*argv):
+        code = main([str(a) for a in argv])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return _run

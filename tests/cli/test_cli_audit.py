@@ -1,0 +1,98 @@
+"""bnfold audit: input batches (--random, --inputs .npz), JSON, the plot, progress."""
+
+from __future__ import annotations
+
+import json
+
+import cli_helpers as h
+import numpy as np
+import pytest
+import torch
+
+from bnfold import cli, cli_inputs
+
+
+@pytest.fixture(scope="module")
+def ep(models):
+    return torch.export.load(str(models["conv_bn"]))
+
+
+def test_random_batches_follow_the_example_inputs_and_the_seed(ep):
+    a = cli_inputs.random_batches(ep, 3, seed=0)
+    b = cli_inputs.random_batches(ep, 3, seed=0)
+    c = cli_inputs.random_batches(ep, 3, seed=1)
+    assert len(a) == 3 and all(len(batch) == 1 for batch in a)
+    assert all(batch[0].shape == h.EXAMPLE_SHAPE and batch[0].dtype == torch.float32 for batch in a)
+    assert all(torch.equal(x[0], y[0]) for x, y in zip(a, b))
+    assert not torch.equal(a[0][0], c[0][0])
+    assert not torch.equal(a[0][0], a[1][0])
+
+
+def test_npz_batches_by_position_and_by_name(ep, tmp_path):
+    stacked = np.random.default_rng(0).standard_normal((3, *h.EXAMPLE_SHAPE)).astype(np.float64)
+    np.savez(tmp_path / "pos.npz", stacked)  # arr_0, [N, *example_shape] -> N batches
+    batches = cli_inputs.npz_batches(ep, str(tmp_path / "pos.npz"))
+    assert len(batches) == 3
+    assert batches[1][0].dtype == torch.float32
+    np.testing.assert_allclose(batches[1][0].numpy(), stacked[1].astype(np.float32))
+
+    name = cli_inputs.user_input_names(ep)[0]
+    rows = stacked.reshape(-1, *h.EXAMPLE_SHAPE[1:])  # [N*B, ...] -> batches of the example batch size
+    np.savez(tmp_path / "named.npz", **{name: rows})
+    batches = cli_inputs.npz_batches(ep, str(tmp_path / "named.npz"))
+    assert len(batches) == 3 and batches[0][0].shape == h.EXAMPLE_SHAPE
+
+
+@pytest.mark.parametrize(
+    "arrays, problem",
+    [
+        ({"arr_0": np.zeros((3, 3, 3))}, "has shape"),
+        ({"arr_0": np.zeros((5, 3, 8, 8))}, "not a multiple of the batch size"),
+        ({"images": np.zeros((2, 3, 8, 8))}, "expected arrays named"),
+        ({"arr_0": np.array([object(), object()], dtype=object)}, "cannot read the inputs"),
+    ],
+)
+def test_bad_npz_is_one_line_exit_2(run, models, tmp_path, arrays, problem):
+    path = tmp_path / "inputs.npz"
+    np.savez(path, **arrays)
+    code, _, err = run("audit", models["conv_bn"], "--inputs", path)
+    assert code == 2
+    h.one_error_line(err, "inputs.npz", problem)
+
+
+def test_random_and_inputs_are_exclusive(run, models, tmp_path):
+    code, _, err = run("audit", models["conv_bn"], "--random", "2", "--inputs", tmp_path / "x.npz")
+    assert code == 2 and "not allowed with" in err
+
+
+def test_audit_json_and_plot(run, models, tmp_path):
+    pytest.importorskip("matplotlib")
+    plot = tmp_path / "sqnr.png"
+    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--profile", "htp", "--json", "--plot", plot)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["profile"] == "htp" and data["batches"] == 2 and data["plot"] == str(plot)
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert h.listing(tmp_path) == {"sqnr.png"}
+
+
+def test_audit_table_with_npz_and_bn_eps(run, models, tmp_path):
+    np.savez(tmp_path / "in.npz", np.random.default_rng(0).standard_normal((2, *h.EXAMPLE_SHAPE)).astype(np.float32))
+    code, stdout, err = run("audit", models["conv_bn"], "--inputs", tmp_path / "in.npz", "--bn-eps", "1e-3")
+    assert code == 0, err
+    assert stdout.strip()
+    code, _, err = run("audit", models["conv_bn"], "--bn-eps", "-1")
+    assert code == 2 and "positive" in err
+
+
+def test_progress_callback_drives_a_bar(capsys):
+    progress = cli._Progress(enabled=True)
+    for done in range(1, 5):
+        progress(done, 4)
+    progress.close()
+    err = capsys.readouterr().err
+    assert "4/4" in err
+    quiet = cli._Progress(enabled=False)
+    quiet(1, 4)
+    quiet.close()
+    assert capsys.readouterr().err == ""

@@ -1,0 +1,214 @@
+"""BatchNorm folding in the Qualcomm (QNN) to_edge pipeline, without the QNN SDK.
+
+The models go through what ``to_edge_transform_and_lower_to_qnn`` does up to
+partitioning: QNN's export pipeline, the edge program generated for a
+``QnnPartitioner`` (its ops kept from decomposition), then the pass manager's
+to_edge transform passes.  Assertions look at that transformed graph, before
+any partitioner runs.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import pytest
+import torch
+
+pytest.importorskip("executorch.exir")
+try:
+    from executorch.backends.qualcomm._passes import FoldQDQ, LayoutTransform
+    from executorch.backends.qualcomm._passes.qnn_pass_manager import get_qnn_pass_manager_cls
+    from executorch.backends.qualcomm.partition.qnn_partitioner import QnnPartitioner
+    from executorch.backends.qualcomm.utils.constants import QCOM_AXIS_ORDER, QCOM_PASS_ACTIVATE_KEY
+    from executorch.backends.qualcomm.utils.utils import (
+        generate_htp_compiler_spec,
+        generate_qnn_executorch_compiler_spec,
+        get_soc_to_chipset_map,
+        qnn_edge_config,
+    )
+except ImportError as err:  # pragma: no cover - depends on the executorch build
+    pytest.skip(f"the QNN backend's python passes are not importable: {err}", allow_module_level=True)
+
+from executorch.backends.qualcomm._passes import CanonicalizeConv, DecomposeAddmm, RemoveRedundancy
+from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
+
+from bnfold.executorch import FoldBatchNormGraphPass, QnnCanonicalizeConv, qnn_pass_manager
+from bnfold.torch_export.ops import node_key
+from bnfold_testutil import assert_matches, norm_nodes, record_max, reference, relative_error
+from et_models import build
+
+COMPILER_SPECS = generate_qnn_executorch_compiler_spec(
+    soc_model=get_soc_to_chipset_map()["SM8650"], backend_options=generate_htp_compiler_spec(use_fp16=True)
+)
+
+QNN_MODELS = [
+    "dw_conv1d_2048_k15_bias",
+    "dw_conv1d_2048_k15_nobias",
+    "conv2d_bn_hardtanh_mean",
+    "conv_transpose2d_8_8",
+    "conv_transpose2d_4_8_g2",
+    "conv_transpose1d_dilated",
+    "shared_bn_residual",
+]
+
+
+def qnn_to_edge(model, x, pm, passes_job=None, dep_table=None):
+    """QNN's lowering up to (not including) partitioning; returns the transformed edge program and its passes."""
+    ep = torch.export.export(model, x, strict=True)
+    ep = pm.transform_for_export_pipeline(ep)
+    passes = pm.get_to_edge_transform_passes(ep, passes_job=passes_job, dep_table=dep_table,
+                                             compiler_specs=COMPILER_SPECS)
+    manager = _gen_edge_manager_for_partitioners(
+        {"forward": [QnnPartitioner(COMPILER_SPECS)]}, {"forward": ep}, qnn_edge_config(), None)
+    manager = manager.transform(passes)
+    lift_constant_tensor_pass(manager.exported_program())
+    return manager.exported_program(), passes
+
+
+def axis_order_mismatches(ep) -> list[str]:
+    """Nodes whose QCOM_AXIS_ORDER has another rank than their value (what op_squeeze trips on)."""
+    bad = []
+    for n in ep.graph.nodes:
+        order, val = n.meta.get(QCOM_AXIS_ORDER), n.meta.get("val")
+        if order is not None and isinstance(val, torch.Tensor) and len(order) != val.dim():
+            bad.append(f"{n.name}: axis order {tuple(order)} on a {val.dim()}-D tensor")
+    return bad
+
+
+def _names(passes):
+    return [type(p).__name__ for p in passes]
+
+
+@pytest.mark.parametrize("name", QNN_MODELS)
+def test_qnn_to_edge_folds(name):
+    model, x = build(name)
+    expected = len(norm_nodes(torch.export.export(model, x)))
+    ep, passes = qnn_to_edge(model, x, qnn_pass_manager())
+
+    (fold,) = [p for p in passes if isinstance(p, FoldBatchNormGraphPass)]
+    assert len(fold.report.folded) == expected and not fold.report.skipped, fold.report
+    assert norm_nodes(ep) == []
+    assert axis_order_mismatches(ep) == []
+    if name.startswith("dw_conv1d"):  # CanonicalizeConv rewrote the conv1d around the folded get_attr weight
+        ops = [node_key(n) for n in ep.graph.nodes if n.op == "call_function"]
+        assert ops == ["aten::unsqueeze_copy.default", "aten::convolution.default", "aten::squeeze_copy.dims"]
+        (conv,) = [n for n in ep.graph.nodes if node_key(n) == "aten::convolution.default"]
+        assert conv.args[2] is not None, "the folded bias should be wired into the conv"
+    ref = reference(model, *x)
+    with torch.no_grad():
+        out = ep.module()(*x)
+    assert_matches(out, ref)
+    record_max("qnn to_edge max relative error", relative_error(out, ref))
+
+
+def test_stock_qnn_pipeline_keeps_batch_norm():
+    """The control for the assertions above: without the fold the transformed graph keeps its batch norm."""
+    model, x = build("dw_conv1d_2048_k15_bias")
+    ep, passes = qnn_to_edge(model, x, get_qnn_pass_manager_cls()())
+    assert not any(isinstance(p, FoldBatchNormGraphPass) for p in passes)
+    assert len(norm_nodes(ep)) == 1
+
+
+def test_qnn_edge_pipeline_entry_point():
+    """``transform_for_to_edge_pipeline`` builds the passes with the edge program itself."""
+    from executorch.exir import to_edge
+
+    model, x = build("conv_transpose1d_dilated")
+    pm = qnn_pass_manager()
+    edge = to_edge(pm.transform_for_export_pipeline(torch.export.export(model, x, strict=True)),
+                   compile_config=qnn_edge_config())
+    ep = pm.transform_for_to_edge_pipeline(edge.exported_program())
+    assert norm_nodes(ep) == []
+    with torch.no_grad():
+        assert_matches(ep.module()(*x), reference(model, *x))
+
+
+# --------------------------------------------------------------------------- ordering
+
+
+def test_dependency_edges_are_explicit():
+    deps = qnn_pass_manager().get_passes_dependency_for_capture_program()
+    assert CanonicalizeConv not in deps and not any(CanonicalizeConv in v for v in deps.values())
+    assert FoldBatchNormGraphPass in deps[QnnCanonicalizeConv]
+    assert FoldQDQ in deps[QnnCanonicalizeConv]
+    assert QnnCanonicalizeConv in deps[LayoutTransform]
+    assert FoldBatchNormGraphPass in deps[FoldQDQ]
+    assert FoldBatchNormGraphPass in deps[DecomposeAddmm]
+    assert deps[FoldBatchNormGraphPass] == [RemoveRedundancy]
+    # The stock table is extended, not replaced.
+    stock = get_qnn_pass_manager_cls().get_passes_dependency_for_capture_program()
+    for that, these in stock.items():
+        that = QnnCanonicalizeConv if that is CanonicalizeConv else that
+        assert all((QnnCanonicalizeConv if p is CanonicalizeConv else p) in deps[that] for p in these)
+
+
+ORDERED = ("FoldBatchNormGraphPass", "QnnCanonicalizeConv", "LayoutTransform", "FoldQDQ", "DecomposeAddmm")
+
+
+def _orders(pm, deps):
+    """The solved pass order for every position of the fold in the passes job.
+
+    Only the passes the checks look at are instantiated (plus ResolveDebugHandle, which QNN
+    requires last); the order is solved over all of them all the same."""
+    job = pm.get_capture_program_passes()
+    for p, entry in job.items():
+        job[p] = {**entry, QCOM_PASS_ACTIVATE_KEY: p.__name__ in ORDERED + ("ResolveDebugHandle",)}
+    keys = [k for k in job if k is not FoldBatchNormGraphPass]
+    ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
+    for pos in range(len(keys) + 1):
+        order = keys[:pos] + [FoldBatchNormGraphPass] + keys[pos:]
+        passes = pm.get_to_edge_transform_passes(ep, passes_job=OrderedDict((k, job[k]) for k in order),
+                                                 dep_table={k: list(v) for k, v in deps.items()})
+        yield _names(passes)
+
+
+def _well_ordered(names):
+    fold, canon, layout = (names.index(n) for n in ("FoldBatchNormGraphPass", "QnnCanonicalizeConv",
+                                                    "LayoutTransform"))
+    return fold < canon < layout and fold < names.index("FoldQDQ") and fold < names.index("DecomposeAddmm")
+
+
+def test_order_holds_wherever_the_fold_is_listed():
+    pm = qnn_pass_manager()
+    default = _names(pm.get_to_edge_transform_passes(torch.export.export(torch.nn.Linear(2, 2),
+                                                                         (torch.randn(1, 2),))))
+    assert _well_ordered(default)
+    assert default[-1] == "ResolveDebugHandle"
+    assert all(_well_ordered(names) for names in _orders(pm, pm.get_passes_dependency_for_capture_program()))
+
+
+def test_layout_edge_is_what_keeps_canonicalize_before_layout_transform():
+    """With the fold after FoldQDQ (as upstream first had it) and no CanonicalizeConv -> LayoutTransform
+    edge, some list positions solve CanonicalizeConv after LayoutTransform; the edge fixes all of them."""
+    pm = qnn_pass_manager()
+
+    def upstream_like(with_layout_edge):
+        deps = pm.get_passes_dependency_for_capture_program()
+        deps[FoldQDQ].remove(FoldBatchNormGraphPass)
+        deps[FoldBatchNormGraphPass] = [FoldQDQ]
+        if not with_layout_edge:
+            deps[LayoutTransform].remove(QnnCanonicalizeConv)
+        return deps
+
+    def canon_before_layout(names):
+        return names.index("QnnCanonicalizeConv") < names.index("LayoutTransform")
+
+    assert not all(canon_before_layout(n) for n in _orders(pm, upstream_like(False)))
+    assert all(canon_before_layout(n) for n in _orders(pm, upstream_like(True)))
+
+
+def test_canonicalize_after_layout_transform_breaks_conv1d():
+    """What the wrong order does to conv1d + BN: the conv2d / squeeze CanonicalizeConv creates inherit the
+    rank-3 axis order LayoutTransform already wrote (op_squeeze then fails at lowering)."""
+    pm = qnn_pass_manager()
+    job = pm.get_capture_program_passes()
+    keys = [k for k in job if k is not FoldBatchNormGraphPass] + [FoldBatchNormGraphPass]
+    deps = pm.get_passes_dependency_for_capture_program()
+    deps[FoldQDQ].remove(FoldBatchNormGraphPass)
+    deps[FoldBatchNormGraphPass] = [FoldQDQ]
+    deps[LayoutTransform].remove(QnnCanonicalizeConv)
+    model, x = build("dw_conv1d_2048_k15_bias")
+    ep, passes = qnn_to_edge(model, x, pm, passes_job=OrderedDict((k, job[k]) for k in keys), dep_table=deps)
+    names = _names(passes)
+    assert names.index("QnnCanonicalizeConv") > names.index("LayoutTransform")
+    assert axis_order_mismatches(ep), "expected the wrong order to leave a rank-3 axis order on a 4-D tensor"

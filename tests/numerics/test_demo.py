@@ -1,0 +1,64 @@
+"""The demo end to end (quick subset), its checkpoint, and the training script."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+from bnfold.demo import run_demo
+from bnfold.demo.data import load_split
+from bnfold.demo.run import CHECKPOINT, QUICK_SAMPLES, load_model
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_checkpoint_is_small_and_loads_safely():
+    assert CHECKPOINT.stat().st_size < 300 * 1024
+    model, meta = load_model()  # torch.load(weights_only=True)
+    assert meta["test_samples"] == len(load_split()[3])
+    assert sum(p.numel() for p in model.parameters()) < 60_000
+
+
+def test_demo_quick_end_to_end(tmp_path):
+    result = run_demo(out_dir=tmp_path, quick=True, verbose=False)
+    rows = {r["model"]: r for r in result["rows"]}
+    assert list(rows) == ["fp32", "fp16 unfolded", "fp16 folded", "htp unfolded", "htp folded"]
+
+    # the fp32 row is the eager model's accuracy on the same samples, computed here independently
+    model, _ = load_model()
+    _, _, x, y = load_split()
+    with torch.no_grad():
+        pred = model(x[:QUICK_SAMPLES]).argmax(1)
+    assert rows["fp32"]["accuracy"] == (pred == y[:QUICK_SAMPLES]).double().mean().item()
+    assert rows["fp32"]["agreement_with_fp32"] == 1.0
+    assert rows["fp32"]["output_sqnr_db"] > 100
+
+    for name, r in rows.items():
+        assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["agreement_with_fp32"] <= 1.0
+        assert r["worst_layer"] and r["worst_layer_sqnr_db"] <= r["output_sqnr_db"] + 20
+    # the verdict follows the measured rows
+    unfolded = [rows["fp16 unfolded"], rows["htp unfolded"]]
+    clean = all(r["agreement_with_fp32"] == 1.0 and r["nan"] == 0 and r["inf"] == 0 for r in unfolded) and all(
+        r["accuracy"] >= rows["fp32"]["accuracy"] for r in unfolded
+    )
+    assert result["problem"] == (not clean)
+    assert ("no fp16 problem" in result["verdict"][0]) == clean
+    assert "kappa" in result["text"] and "headroom" in result["text"]
+
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert doc["samples"] == QUICK_SAMPLES and set(doc["audits"]) == {"fp32", "fp16", "htp"}
+    assert [r["model"] for r in doc["rows"]] == list(rows)
+    assert (tmp_path / "report_sqnr.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_training_script_runs(tmp_path):
+    out = tmp_path / "net.pt"
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--epochs", "1", "--out", str(out)],
+        capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    ckpt = torch.load(out, weights_only=True)
+    assert ckpt["meta"]["epochs"] == 1 and 0.0 <= ckpt["meta"]["test_accuracy"] <= 1.0
