@@ -27,7 +27,14 @@ is checked here, on the archive's bytes, before any of them is unpickled:
    on its Python AST against an allowlist of names and attributes).
 5. **AOTInductor.**  Entries under ``data/aotinductor/`` make
    ``torch.export.load`` load a compiled shared library; refused.
-6. **The legacy fallback.**  When ``load_pt2`` raises ``RuntimeError``,
+6. **Generated code.**  torch.fx writes the graph module's Python source from
+   names in ``models/<m>.json`` and execs it during the load: a placeholder
+   named ``x=__import__('os').system(...)`` becomes a default argument.  Node,
+   value and keyword names must be identifiers, parameter / buffer / module
+   paths dotted names.  Constant user inputs (``as_string`` ...) are pasted
+   into guard source by ``.module()``; strings with quotes, backslashes or
+   newlines and ints / bools of the wrong type are refused.
+7. **The legacy fallback.**  When ``load_pt2`` raises ``RuntimeError``,
    ``torch.export.load`` re-reads the file as a pre-2.7 zip
    (``version``, ``serialized_state_dict.pt`` ...) and unpickles with the
    same ``weights_only=False`` fallback.  Only a well-formed pt2 archive (one

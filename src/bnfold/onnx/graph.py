@@ -197,6 +197,11 @@ class ModelIndex:
                     t = tensors.constant_attr_tensor(node)
                     if t is not None:
                         return _const(t, g, node)
+                elif is_onnx_op(node, "Identity") and node.input and node.input[0] != name:
+                    # exporters alias deduplicated weights with Identity nodes
+                    inner = self.constant(g, node.input[0], what)
+                    if not isinstance(inner, str):
+                        return Const(inner.value, inner.elem_type, g, node)
                 return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
             if name in g.inputs:
                 return f"{what} '{name}' is a graph input, not a constant"
@@ -321,23 +326,32 @@ def _drop_value_info(graph: GraphProto, name: str) -> None:
 
 
 def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
-    """Remove initializers and Constant nodes the fold left without users, and
-    value_info entries of values that no longer exist."""
-    index = ModelIndex(model, tracker)
-    for gi in index.graphs:
-        for name in sorted(tracker.touched):
-            if index.visible_uses(gi, name):
-                continue
-            if name in gi.inits and name not in gi.inputs:
-                for i in range(len(gi.graph.initializer) - 1, -1, -1):
-                    if gi.graph.initializer[i].name == name:
-                        del gi.graph.initializer[i]
-                _drop_value_info(gi.graph, name)
-            elif name in gi.producer:
-                node = gi.producer[name][0]
-                if is_onnx_op(node, "Constant"):
-                    index.remove_node(gi, node)
-    index.compact()
+    """Remove initializers, Constant nodes (and Identity aliases of constants) the
+    fold left without users, and value_info entries of values that no longer exist."""
+    while True:
+        index = ModelIndex(model, tracker)
+        removed = False
+        for gi in index.graphs:
+            for name in sorted(tracker.touched):
+                if index.visible_uses(gi, name):
+                    continue
+                if name in gi.inits and name not in gi.inputs:
+                    for i in range(len(gi.graph.initializer) - 1, -1, -1):
+                        if gi.graph.initializer[i].name == name:
+                            del gi.graph.initializer[i]
+                    _drop_value_info(gi.graph, name)
+                    tracker.touched.discard(name)
+                    removed = True
+                elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
+                    if is_onnx_op(node, "Constant") or (
+                        is_onnx_op(node, "Identity") and not isinstance(index.constant(gi, name, "x"), str)
+                    ):
+                        index.remove_node(gi, node)
+                        tracker.touched.discard(name)
+                        removed = True
+        index.compact()
+        if not removed:
+            break
     index = ModelIndex(model, Tracker())
     for gi in index.graphs:
         defined: set[str] = set()

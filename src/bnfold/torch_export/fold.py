@@ -9,7 +9,6 @@ from ..report import FoldReport, FoldResult, Skipped
 from .ops import parse_norm, parse_producer
 from .program import ProgramEditor
 from .rules import Outcome, fold_after, fold_before, norm_label
-from .chain import Step
 
 #: A chain folds at least one node per round, so this bound is never reached in practice.
 _MAX_ROUNDS = 64
@@ -43,7 +42,7 @@ def fold_program(ep: ExportedProgram, only=None) -> FoldResult:
         norm = parse_norm(node)
         if norm is None:
             continue
-        label = norm_label(editor, Step(node, node, norm.input, None, norm))
+        label = norm_label(editor, node, norm)
         reason = norm.problem or reasons.get(node.name) or _no_neighbour(editor, node, norm.input)
         report.skipped.append(Skipped(label, reason, _producer_name(norm.input), node.name))
     return FoldResult(editor.build(), report)

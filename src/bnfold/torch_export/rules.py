@@ -20,7 +20,7 @@ from .. import fold_math
 from ..fold_math import Affine, FoldError
 from ..report import Folded
 from .chain import Step, Stop, affine_step, next_step, norm_step, shape_of
-from .ops import AFFINE_OPS, Producer, addmm_like, node_key, parse_norm
+from .ops import AFFINE_OPS, Norm, Producer, addmm_like, node_key, parse_norm
 from .program import ProgramEditor
 
 
@@ -34,18 +34,18 @@ def op_name(node: Node) -> str:
     return node_key(node).split("::")[-1].split(".")[0]
 
 
-def norm_label(editor: ProgramEditor, step: Step) -> str:
+def norm_label(editor: ProgramEditor, node: Node, norm: Norm | None = None) -> str:
     """A normalization's readable name: its module path when it has one."""
-    if step.norm is not None and isinstance(step.norm.mean, Node):
-        target = editor.target(step.norm.mean)
+    if norm is not None and isinstance(norm.mean, Node):
+        target = editor.target(norm.mean)
         if target.endswith(".running_mean"):
             return target[: -len(".running_mean")]
-    stack = step.node.meta.get("nn_module_stack")
+    stack = node.meta.get("nn_module_stack")
     if stack:
         path = list(stack.values())[-1][0]
         if path:
             return path
-    return step.node.name
+    return node.name
 
 
 def check_producer(editor: ProgramEditor, p: Producer, only) -> None:
@@ -209,7 +209,7 @@ def _cast(editor: ProgramEditor, p: Producer, new_w, new_b):
 
 def _label(editor: ProgramEditor, steps: list[Step]) -> str:
     first = next(s for s in steps if s.affine is not None)
-    return norm_label(editor, first).replace(".", "_")
+    return norm_label(editor, first.node, first.norm).replace(".", "_")
 
 
 def _is_shared(editor: ProgramEditor, node: Node) -> bool:
@@ -313,11 +313,11 @@ def _entries(editor: ProgramEditor, p: Producer, steps: list[Step], side: str, e
     pattern = "+".join([op_name(p.node)] + names) if side == "output" else "+".join(names + [op_name(p.node)])
     norms = [s for s in steps if s.norm is not None]
     if norms:
-        entries = [Folded(norm_label(editor, s), p.name, pattern, side, 0, s.node.name) for s in norms]
+        entries = [Folded(norm_label(editor, s.node, s.norm), p.name, pattern, side, 0, s.node.name) for s in norms]
     else:
         affine = [s for s in steps if s.affine is not None]
         names = "+".join(s.node.name for s in affine)
-        path = norm_label(editor, affine[0])
+        path = norm_label(editor, affine[0].node)
         label = f"{path} ({names})" if path != affine[0].node.name else f"affine {names}"
         entries = [Folded(label, p.name, pattern, side, 0, affine[0].node.name)]
     entries[0].extra_bytes = extra
