@@ -1,7 +1,7 @@
 """bnfold: fold BatchNorm and per-channel affines into neighbouring layers."""
 
 from .api import PRODUCER_KINDS, fold
-from .fold_math import FoldError
+from .errors import FoldError
 from .report import Folded, FoldReport, FoldResult, Skipped
 
 __version__ = "0.1.0"

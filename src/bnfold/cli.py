@@ -51,8 +51,9 @@ corrupted, wrong-format or unsafe file; bad arguments), 3 internal error.
 
 untrusted .pt2 files: torch.export.load can run code hidden in a .pt2 (pickled
 weights or sample inputs, symbolic-shape strings it evaluates, guard code,
-AOTInductor libraries). bnfold inspects the archive first and refuses such
-files; --trust skips that inspection (see `bnfold fold --help`).
+names pasted into generated source, AOTInductor libraries). bnfold inspects
+the archive first and refuses such files; --trust skips that inspection
+(see `bnfold fold --help`).
 """
 
 FOLD_EPILOG = """\
@@ -135,7 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser = argparse.ArgumentParser(
         prog="bnfold",
-        description="Fold BatchNorm into the conv / transposed conv / linear next to it in "
+        description="Fold BatchNorm into the conv / transposed conv / linear next to it in\n"
         "torch.export programs (.pt2) and ONNX models, and check the numerics.",
         epilog=MAIN_EPILOG,
         formatter_class=raw,
@@ -149,8 +150,8 @@ def build_parser() -> argparse.ArgumentParser:
         "fold",
         parents=[common, loading],
         help="fold normalizations and write the folded model",
-        description="Fold normalizations of IN into their conv / transposed conv / linear and write OUT "
-        "(.pt2 -> .pt2, .onnx -> .onnx); prints what was folded and what was skipped.",
+        description="Fold the normalizations of IN into their conv / transposed conv / linear and\n"
+        "write OUT (.pt2 -> .pt2, .onnx -> .onnx); prints what was folded and skipped.",
         epilog=FOLD_EPILOG,
         formatter_class=raw,
     )
@@ -182,8 +183,8 @@ def build_parser() -> argparse.ArgumentParser:
         "audit",
         parents=[common, loading],
         help="measure the fp16 / HTP numerics of a program before and after folding",
-        description="Run IN under a precision profile next to a float64 reference, unfolded and folded, "
-        "and summarize the error per layer.",
+        description="Run IN under a precision profile next to a float64 reference, unfolded and\n"
+        "folded, and summarize the error per layer.",
         epilog=AUDIT_EPILOG,
         formatter_class=raw,
     )

@@ -11,3 +11,7 @@ class ModelFileError(BnfoldError):
 
 class UnsafeModelError(ModelFileError):
     """A model file would run code on load (pickle) and ``trust`` was not given."""
+
+
+class FoldError(ValueError):
+    """A fold that cannot be done exactly; the message is the reason (it ends up in the report)."""

@@ -22,11 +22,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .errors import FoldError
+
 KINDS = ("conv", "conv_transpose", "linear")
-
-
-class FoldError(ValueError):
-    """A fold that cannot be done exactly; the message is the reason."""
 
 
 @dataclass(frozen=True)

@@ -47,7 +47,8 @@ second line behind torch's own verifier.
 
 The caller reads the file once and passes the same bytes to the inspection
 and to ``torch.export.load`` (see ``bnfold.model_io``), so the file cannot
-change in between.
+change in between.  The list above is what torch 2.13's loader does; a newer
+torch may add ways to run code that this module does not know about.
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ import json
 import pickletools
 import re
 import zipfile
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -183,13 +185,13 @@ class _Archive:
         except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
             raise ModelFileError(f"{source}: truncated or corrupted zip archive ({_one_line(e)})") from None
         names = [i.filename for i in infos if not i.filename.endswith("/")]
-        if len(set(names)) != len(names):
-            dup = next(n for n in names if names.count(n) > 1)
-            result.unsafe.append(f"entry {dup} appears twice, and zip readers disagree about which one counts")
-        roots = {n.split("/", 1)[0] if "/" in n else None for n in names}
         if not names:
             raise ModelFileError(f"{source}: the zip archive is empty")
-        self.zip_names = names
+        counts = Counter(names)
+        dup = next((n for n, c in counts.items() if c > 1), None)
+        if dup is not None:
+            result.unsafe.append(f"entry {dup} appears twice, and zip readers disagree about which one counts")
+        roots = {n.split("/", 1)[0] if "/" in n else None for n in names}
         if None in roots or len(roots) != 1:
             # torch's reader needs one root folder; without it torch.export.load
             # falls back to its legacy zip reader, which unpickles unsafely.
@@ -207,7 +209,7 @@ class _Archive:
             torch_names = list(self.reader.get_all_records())
         except Exception as e:
             self.names, self._foreign_top = sorted(ours), []
-            if "archive_format" not in ours:
+            if _layout()["ARCHIVE_FORMAT_PATH"] not in ours:
                 raise ModelFileError(f"{source}: {self.describe_foreign()}") from None
             raise ModelFileError(f"{source}: not a readable torch archive ({_one_line(e)})") from None
         if set(torch_names) != ours:
@@ -577,7 +579,10 @@ def guard_is_safe(code: Any) -> bool:
     return True
 
 
-_OPERATOR_TARGET = re.compile(r"(?:torch\.ops|_operator|math)(?:\.[A-Za-z_][A-Za-z0-9_]*)+\Z")
+# torch.ops.<namespace>.<op>[.<overload>] (one component would reach _Ops methods such as load_library)
+_OPERATOR_TARGET = re.compile(
+    r"(?:torch\.ops(?:\.[A-Za-z_][A-Za-z0-9_]*){2,3}|(?:_operator|math)\.[A-Za-z_][A-Za-z0-9_]*)\Z"
+)
 _TORCH_FUNCTION_TARGETS = (
     "torch.sym_",
     "torch._C._set_grad_enabled",

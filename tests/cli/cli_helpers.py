@@ -364,3 +364,40 @@ def one_error_line(stderr: str, *must_contain: str) -> str:
 
 def mode_of(path: Path) -> int:
     return os.stat(path).st_mode & 0o777
+
+
+class StrInput(nn.Module):
+    """A program with constant (int, str) user inputs."""
+
+    def forward(self, x, n: int, mode: str):
+        return x * n if mode == "mul" else x + n
+
+
+def export_str_input(path: Path) -> Path:
+    ep = torch.export.export(StrInput(), (torch.randn(EXAMPLE_SHAPE), 3, "mul"))
+    torch.export.save(ep, str(path))
+    return path
+
+
+def hostile_string_input(src: Path, dst: Path, marker: Path) -> Path:
+    """A constant string input that ExportedProgram.module() pastes into guard code: L['mode'] == '<value>'."""
+
+    def edit(e, root):
+        def change(d):
+            for inp in d["graph_module"]["graph"]["inputs"]:
+                if "as_string" in inp:
+                    inp["as_string"] = f"' or {touch_code(marker)} or '"
+
+        _edit_json(e, f"{root}/models/model.json", change)
+
+    return rewrite(src, dst, edit)
+
+
+def hostile_name(src: Path, dst: Path, marker: Path) -> Path:
+    """Rename the input ``x`` so that torch.fx's generated ``def forward(..., x=<code>)`` runs code on load."""
+
+    def edit(e, root):
+        name = f"{root}/models/model.json"
+        e[name] = e[name].replace(b'"x"', json.dumps(f"x={touch_code(marker)}").encode())
+
+    return rewrite(src, dst, edit)

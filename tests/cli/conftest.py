@@ -27,6 +27,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
             torch.randn(4, 3, 16, 16),
             dynamic_shapes=({0: batch, 2: side, 3: side},),
         ),
+        "str_input": h.export_str_input(d / "str_input.pt2"),
     }
 
 

@@ -186,3 +186,11 @@ def test_demo_wiring(run, tmp_path, monkeypatch):
     assert "demo table" in err
     code, stdout, _ = run("demo", "--out", out_dir)
     assert code == 0 and "demo table" in stdout and calls[-1] == (str(out_dir), False)
+
+
+def test_json_output_is_strict_json():
+    from bnfold.cli import _json_text
+
+    text = _json_text({"sqnr": float("inf"), "err": [float("nan"), 1.5], "pair": (1, 2)})
+    assert json.loads(text) == {"sqnr": "inf", "err": ["nan", 1.5], "pair": [1, 2]}
+    assert "NaN" not in text and "Infinity" not in text

@@ -26,6 +26,7 @@ HOSTILE = {
     "AOTInductor library": (lambda s, d, m: h.hostile_aoti(s, d), False, "AOTInductor"),
     "bare pickle sample inputs": (h.hostile_legacy_pickle, True, "non-zip"),
     "duplicate entry": (lambda s, d, m: h.hostile_duplicate(s, d), False, "twice"),
+    "name pasted into code": (h.hostile_name, True, "not an identifier"),
 }
 
 
@@ -42,6 +43,16 @@ def test_hostile_archive_is_refused_and_runs_nothing(run, models, tmp_path, case
         assert "could run code" in line
     assert not marker.exists()
     assert not out.exists()
+
+
+def test_string_input_pasted_into_guards_is_refused(run, models, tmp_path):
+    marker = tmp_path / "PWNED"
+    bad = h.hostile_string_input(models["str_input"], tmp_path / "bad.pt2", marker)
+    code, _, err = run("check", bad)
+    assert code == 2
+    h.one_error_line(err, "bad.pt2", "refusing to load", "constant input")
+    assert not marker.exists()
+    assert run("check", models["str_input"])[0] == 0  # the untampered program is fine
 
 
 def test_legacy_layout_is_refused(run, models, tmp_path):
@@ -62,11 +73,14 @@ def test_the_crafted_archives_do_run_code_in_plain_torch(models, tmp_path):
         "sym": h.hostile_sym_expr,
         "guard": h.hostile_guard,
         "legacy": h.legacy_layout,
+        "name": h.hostile_name,
+        "string input": h.hostile_string_input,
     }
     files = {}
     for name, build in cases.items():
         marker = tmp_path / f"marker_{name}"
-        files[name] = (str(build(models["conv_bn"], tmp_path / f"{name}.pt2", marker)), str(marker))
+        src = models["str_input" if name == "string input" else "conv_bn"]
+        files[name] = (str(build(src, tmp_path / f"{name}.pt2", marker)), str(marker))
     script = textwrap.dedent(
         f"""
         import json, os, sys, torch
@@ -75,7 +89,7 @@ def test_the_crafted_archives_do_run_code_in_plain_torch(models, tmp_path):
         for name, (path, marker) in files.items():
             try:
                 ep = torch.export.load(path)
-                ep.module()(torch.randn{h.EXAMPLE_SHAPE})
+                ep.module()(*ep.example_inputs[0])
             except Exception:
                 pass
             hit[name] = os.path.exists(marker)
@@ -112,7 +126,7 @@ def test_trust_does_not_skip_file_errors(run, tmp_path):
 
 
 def test_real_archives_pass(models):
-    for name in ("conv_bn", "bn_only", "conv", "dynamic"):
+    for name in ("conv_bn", "bn_only", "conv", "dynamic", "str_input"):
         result = pt2_safety.check_pt2_bytes(models[name].read_bytes(), name)
         assert result.safe and result.models == ["model"]
 
@@ -185,3 +199,21 @@ def test_sym_expr_check(expr, safe):
 )
 def test_guard_check(guard, safe):
     assert pt2_safety.guard_is_safe(guard) is safe
+
+
+@pytest.mark.parametrize(
+    "target, safe",
+    [
+        ("torch.ops.aten.conv2d.default", True),
+        ("torch.ops.higher_order.cond", True),
+        ("_operator.getitem", True),
+        ("torch.sym_max", True),
+        ("torch.ops.load_library", False),
+        ("torch.ops.import_module", False),
+        ("torch.serialization.os.system", False),
+        ("torch.ops.aten.add.Tensor.__call__", False),
+        ("builtins.eval", False),
+    ],
+)
+def test_node_target_check(target, safe):
+    assert pt2_safety.node_target_is_safe(target) is safe

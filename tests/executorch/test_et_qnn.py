@@ -212,3 +212,19 @@ def test_canonicalize_after_layout_transform_breaks_conv1d():
     names = _names(passes)
     assert names.index("QnnCanonicalizeConv") > names.index("LayoutTransform")
     assert axis_order_mismatches(ep), "expected the wrong order to leave a rank-3 axis order on a 4-D tensor"
+
+
+def test_stock_canonicalize_conv_rejects_the_get_attr_weight():
+    """Why QnnCanonicalizeConv exists: the stock pass, run after the fold, cannot read a get_attr conv1d weight."""
+    pm = qnn_pass_manager()
+    job = OrderedDict((CanonicalizeConv if p is QnnCanonicalizeConv else p, v)
+                      for p, v in pm.get_capture_program_passes().items())
+    deps = {(CanonicalizeConv if k is QnnCanonicalizeConv else k):
+            [CanonicalizeConv if p is QnnCanonicalizeConv else p for p in v]
+            for k, v in pm.get_passes_dependency_for_capture_program().items()}
+    model, x = build("dw_conv1d_2048_k15_nobias")
+    with pytest.raises(Exception) as info:
+        qnn_to_edge(model, x, pm, passes_job=job, dep_table=deps)
+    chain = [info.value] + [e for e in (info.value.__cause__, getattr(info.value.__cause__, "__cause__", None)) if e]
+    assert any(isinstance(e, IndexError) for e in chain), repr(info.value)
+    assert "CanonicalizeConv" in str(info.value)

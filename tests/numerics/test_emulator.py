@@ -17,8 +17,8 @@ def run(ep, profile, *args, **kw):
 
 
 def test_each_op_output_is_rounded_to_fp16():
-    ep = export(Fn(lambda x, y: x + y), torch.tensor([2048.0]), torch.tensor([1.0]))
     args = torch.tensor([2048.0, 1.0]), torch.tensor([1.0, 2**-11])
+    ep = export(Fn(lambda x, y: x + y), *args)
     assert run(ep, "fp32", *args).outputs[0].tolist() == [2049.0, 1 + 2**-11]
     # computed in float32 (2049, 1+2^-11), then rounded: both are ties, both go to even
     assert run(ep, "fp16", *args).outputs[0].tolist() == [2048.0, 1.0]
@@ -34,8 +34,8 @@ def test_inputs_are_rounded_before_the_op():
 
 
 def test_overflow_becomes_inf_and_is_counted():
-    ep = export(Fn(lambda x: x * 2), torch.tensor([1.0]))
     x = torch.tensor([40000.0, 1.0, -40000.0])
+    ep = export(Fn(lambda x: x * 2), x)
     emu = Emulator(ep, "fp16")
     r16 = emu.run(x)
     assert r16.outputs[0].tolist() == [math.inf, 2.0, -math.inf]
@@ -142,6 +142,37 @@ def test_fp16_accumulation_linear_against_numpy():
     assert run(ep, "fp16", x).outputs[0].item() == 32768.0  # float32 accumulation, rounded once
 
 
+def _oracle_matmul(a, b, chunk):
+    """fp16 accumulation over chunks of the last dim of ``a`` (float64 partials of small integers are exact)."""
+    k = a.shape[-1]
+    acc = None
+    for s in range(0, k, chunk):
+        p = round_fp16(torch.matmul(a[..., s : s + chunk].double(), b[..., s : s + chunk, :].double()).float())
+        acc = p if acc is None else round_fp16(acc + p)
+    return acc
+
+
+@pytest.mark.parametrize("kind", ["linear3d", "bmm", "addmm"])
+def test_fp16_accumulation_matmuls_against_a_loop(kind):
+    torch.manual_seed(2)
+    k = 37  # not a multiple of the chunk
+    ints = lambda *shape: torch.randint(-40, 40, shape).float()  # noqa: E731
+    if kind == "linear3d":
+        a, w, bias = ints(2, 3, k), ints(5, k), ints(5) / 8
+        fn, args, expected = (lambda a: torch.nn.functional.linear(a, w, bias)), (a,), None
+        expected = round_fp16(_oracle_matmul(a, w.t(), 16) + bias)
+    elif kind == "bmm":
+        a, b = ints(2, 3, k), ints(2, k, 4)
+        fn, args = torch.bmm, (a, b)
+        expected = _oracle_matmul(a, b, 16)
+    else:
+        bias, a, b = ints(4) / 8, ints(3, k), ints(k, 4)
+        fn, args = (lambda a, b: torch.addmm(bias, a, b)), (a, b)
+        expected = round_fp16(_oracle_matmul(a, b, 16) + bias)
+    ep = export(Fn(fn), *args, ir="decomposed" if kind == "addmm" else "default")
+    assert torch.equal(run(ep, "fp16-acc", *args).outputs[0], expected)
+
+
 @pytest.mark.parametrize("transposed", [False, True])
 def test_fp16_accumulation_grouped_1x1_conv_against_a_loop(transposed):
     torch.manual_seed(1)
@@ -185,3 +216,17 @@ def test_emulate_merges_batches():
     name = next(iter(a.errors))
     assert res.errors[name].noise == pytest.approx(a.errors[name].noise + b.errors[name].noise)
     assert res.errors[name].count == a.errors[name].count + b.errors[name].count
+
+
+def test_a_batch_of_another_shape_is_refused_clearly():
+    net = small_net()
+    ep = export(net, torch.randn(4, 3, 8, 8))
+    with pytest.raises(ValueError, match="exported for \\[4, 3, 8, 8\\].*dynamic batch"):
+        Emulator(ep, "fp16").run(torch.randn(3, 3, 8, 8))
+
+
+def test_bnfold_exposes_audit():
+    import bnfold
+    import bnfold.numerics
+
+    assert bnfold.audit is bnfold.numerics.audit

@@ -195,6 +195,26 @@ def _loop(node, ins, a, env):
     return state
 
 
+def _reduce_mean(node, ins, a, env):
+    x = ins[0]
+    axes = _axes(ins, a)
+    axes = tuple(range(x.dim())) if not axes else tuple(ax % x.dim() for ax in axes)
+    return x.mean(dim=axes, keepdim=bool(a.get("keepdims", 1)))
+
+
+def _slice(node, ins, a, env):
+    x = ins[0]
+    starts, ends = ins[1].tolist(), ins[2].tolist()
+    axes = ins[3].tolist() if len(ins) > 3 and ins[3] is not None else list(range(len(starts)))
+    steps = ins[4].tolist() if len(ins) > 4 and ins[4] is not None else [1] * len(starts)
+    idx = [slice(None)] * x.dim()
+    for s, e, ax, st in zip(starts, ends, axes, steps):
+        n = x.shape[ax]
+        s, e = max(-n, min(n, s)), max(-n - 1, min(n, e))
+        idx[ax] = slice(s, e, st)
+    return x[tuple(idx)]
+
+
 def _dropout(node, ins, a, env):
     return [ins[0], torch.ones_like(ins[0], dtype=torch.bool)]
 
@@ -235,6 +255,10 @@ _OPS = {
     "Cast": lambda n, i, a, e: i[0],
     "If": _if,
     "Loop": _loop,
-    "Shape": lambda n, i, a, e: torch.tensor(i[0].shape, dtype=torch.int64),
+    "ReduceMean": _reduce_mean,
+    "Slice": _slice,
+    "Expand": lambda n, i, a, e: i[0].expand(torch.broadcast_shapes(i[0].shape, tuple(i[1].tolist()))),
+    "CastLike": lambda n, i, a, e: i[0].to(i[1].dtype),
+    "Shape": lambda n, i, a, e: torch.tensor(i[0].shape[a.get("start", 0):a.get("end", None)], dtype=torch.int64),
     "Concat": lambda n, i, a, e: torch.cat(i, dim=a["axis"]),
 }

@@ -81,6 +81,23 @@ def test_shared_weight_last_user_reuses_the_original():
     assert sorted(t.name for t in res.model.graph.initializer) == ["W", "W_folded_conv_a", "conv_a_bias", "conv_b_bias"]
 
 
+def test_exporter_aliases_of_one_constant():
+    """TorchScript exports alias equal tensors with Identity nodes: the Conv's bias and
+    the BN's mean share one zeros initializer.  The fold keeps no dead alias and
+    reports no private copy."""
+    g = G()
+    x = g.input("x", [2, 3, 5, 5])
+    zeros = g.init("zeros", np.zeros(4))
+    y = g.node("Conv", [x, g.randn("W", 4, 3, 3, 3), zeros], "c", name="conv")
+    mean = g.node("Identity", [zeros], "bn.running_mean", name="alias")
+    s, b, v = (g.init(n, g.rng.uniform(0.5, 2, 4)) for n in ("bn_scale", "bn_bias", "bn_var"))
+    g.output(g.node("BatchNormalization", [y, s, b, mean, v], "y", name="bn"))
+    res = check_fold(g.model(), g.feeds, folded=1)
+    assert res.report.folded[0].extra_bytes == 0
+    assert ops(res.model) == ["Conv"] and list(res.model.graph.node[0].input) == ["x", "W", "zeros"]
+    assert sorted(t.name for t in res.model.graph.initializer) == ["W", "zeros"]
+
+
 def _branch(name: str, c: int, seed: int, outer_w: str | None = None):
     """A subgraph Conv -> BN reading the outer ``x`` (and maybe an outer weight)."""
     g = G(seed=seed)

@@ -46,6 +46,7 @@ from ..api import _check_only
 from ..report import FoldReport
 from ..torch_export import fold_program
 
+from executorch.exir._program_utils import _get_updated_range_constraints
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult, ExportPass, PassResult
 
 _TENSOR_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
@@ -154,7 +155,7 @@ def program_view(program: ExportedProgram, graph_module: GraphModule) -> Exporte
         graph=graph,
         graph_signature=ExportGraphSignature(input_specs=input_specs, output_specs=output_specs),
         state_dict={k: v for k, v in program.state_dict.items() if k in targets},
-        range_constraints=copy.copy(program.range_constraints),
+        range_constraints=_get_updated_range_constraints(view_gm),
         module_call_graph=copy.deepcopy(program.module_call_graph),
         example_inputs=None,
         constants={k: v for k, v in program.constants.items() if k in targets},
@@ -219,7 +220,7 @@ def _transplant(gm: GraphModule, view: ExportedProgram, folded: ExportedProgram)
                 current = _getattr_path(gm, node.target)
             except AttributeError:
                 current = None
-            if False and isinstance(value, torch.Tensor) and not (
+            if isinstance(value, torch.Tensor) and not (
                 isinstance(current, torch.Tensor) and current.dtype == value.dtype
                 and current.shape == value.shape and torch.equal(current, value)
             ):

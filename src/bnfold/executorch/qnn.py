@@ -9,9 +9,12 @@ default) extended so that its to_edge transform passes fold BatchNorm:
 * ``CanonicalizeConv`` is replaced by ``QnnCanonicalizeConv``, which also
   accepts a conv weight held by a ``get_attr`` node;
 * the ordering is stated as dependency edges: the fold after
-  ``RemoveRedundancy`` and before ``FoldQDQ`` (so a quantized weight, still
-  behind its dequantize, is never folded into), ``DecomposeAddmm`` (a fold
-  into ``mm`` produces ``addmm``), ``AnnotateGetAttr``,
+  ``RemoveRedundancy`` and before ``FoldQDQ`` (in a quantized graph a weight
+  is then still behind its dequantize node, which the fold does not treat as
+  a constant, so it never folds into a quantized weight whose encodings
+  ``FoldQDQ`` is about to record; PTQ's ``prepare_pt2e`` folds those pairs
+  itself), ``DecomposeAddmm`` (a fold into ``mm`` produces ``addmm``),
+  ``AnnotateGetAttr`` (the fold creates ``get_attr`` nodes),
   ``ConvertLinearToConv2d`` and ``CanonicalizeConv``; and ``CanonicalizeConv``
   before ``LayoutTransform``.  The last edge is what the stock table gets
   right only by list order: once ``CanonicalizeConv`` has one more dependency

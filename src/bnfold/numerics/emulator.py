@@ -115,10 +115,24 @@ class Emulator:
         self._free_after: dict[torch.fx.Node, list] = {}
         for value, user in last_use.items():
             self._free_after.setdefault(user, []).append(value)
-        out_node = self.nodes[-1]
         kinds = [spec.kind for spec in ep.graph_signature.output_specs]
         self._user_outputs = [i for i, k in enumerate(kinds) if k == OutputKind.USER_OUTPUT]
-        self._out_node = out_node
+        # static input shapes (None for a dynamic dim): a batch of another shape would fail mid-graph
+        self._shapes = {}
+        for node in self.nodes:
+            val = node.meta.get("val") if node.op == "placeholder" else None
+            if node.name in self.user_inputs and isinstance(val, torch.Tensor):
+                self._shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
+
+    def _check_shape(self, name: str, value: Any) -> None:
+        want = self._shapes.get(name)
+        if want is None or not isinstance(value, torch.Tensor):
+            return
+        got = list(value.shape)
+        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+            shown = ["*" if w is None else w for w in want]
+            raise ValueError(f"input {name!r} has shape {got} but the program was exported for {shown}; "
+                             "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes")
 
     # -- the two runs --------------------------------------------------------------------------
 
@@ -162,6 +176,7 @@ class Emulator:
                     env_e[node], env_r[node] = self._const_e[node.name], self._const_r[node.name]
                 else:
                     v = user[node.name]
+                    self._check_shape(node.name, v)
                     if _is_float(v):
                         env_e[node] = self.profile.round(v.detach())
                         if reference:

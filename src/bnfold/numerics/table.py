@@ -55,7 +55,7 @@ def audit_table(report) -> str:
         if n.runtime_scale_max is not None:
             extra = f" [scale max {sci(n.runtime_scale_max)} with bn_eps]"
         lines.append(f"  {_short(n.name, 28):<28} {n.channels:>4} {rng:>19} {sci(n.kappa):>8} {sci(n.headroom):>9}  "
-                     f"{_short(n.fold, 60)}{extra}")
+                     f"{_short(n.fold, 90)}{extra}")
     lines.append("")
     lines.append(f"  layers ({len(report.layers)}): SQNR (dB) against float64, NaN/inf")
     lines.append(f"  {'layer':<28} {'kind':<14} {'unfolded':>9} {'folded':>9} {'NaN/inf u':>10} {'NaN/inf f':>10}")

@@ -120,7 +120,8 @@ class _Folder:
         reasons = [s.reason for s in (out, inp) if s.relevant]
         if not reasons:
             p = self.index.producer(gi, node.input[0])
-            src = f"{p.op_type} '{label(p)}'" if p is not None else "a graph input"
+            src = (f"{p.op_type} '{label(p)}'" if p is not None
+                   else "a graph input" if node.input[0] in gi.inputs else "the enclosing graph")
             users = [f"{u.node.op_type} '{label(u.node)}'" if u.node is not None else "a graph output"
                      for u in self.index.visible_uses(gi, node.output[0])]
             reasons = [f"no layer to fold into: its input comes from {src} and its output goes to "
@@ -168,7 +169,7 @@ class _Folder:
             del unit[len(affs):]
             return compose(affs)
 
-        return self._output_side(gi, op.node, op.data, unit, make_aff, None, None, quiet_multi_use=True)
+        return self._output_side(gi, op.node, op.data, unit, make_aff, None, None, affine=True)
 
     def _affine_input(self, gi: GraphInfo, op: AffineOp) -> _Side:
         """``op`` feeds a layer: fold the run of affines that ends in it (the longest part that folds)."""
@@ -182,11 +183,11 @@ class _Folder:
                 break
             run.insert(0, prev)
         return self._input_side(gi, [(a.node, a.data, lambda chan, where, a=a: op_affine(a, chan)) for a in run],
-                                None, None, quiet_multi_use=True)
+                                None, None, affine=True)
 
     # ---------------------------------------------------------- the two sides
     def _output_side(self, gi, first: NodeProto, data_idx: int, unit: list, make_aff, norm_name, node_name,
-                     quiet_multi_use=False) -> _Side:
+                     affine=False) -> _Side:
         """Fold ``unit`` (nodes starting at ``first``) into the layer that computes ``first.input[data_idx]``."""
         index = self.index
         hops: list[NodeProto] = []
@@ -202,8 +203,8 @@ class _Folder:
                        and is_onnx_op(index.producer(gi, n), "MatMul")), None)
             if mm is not None and is_matmul_bias(index, gi, p, self.shapes):
                 lay = layer(index, gi, mm, self.only)
-        if lay is None:
-            return _Side(producer=label(p))
+        if lay is None or (affine and isinstance(lay, str) and _matmul_of_values(index, gi, p)):
+            return _Side(producer=label(p))  # an affine after x @ y (attention) is no normalization
         into = f"{p.op_type} '{label(p)}'" if isinstance(lay, str) else f"{lay.op} '{lay.label}'"
         if isinstance(lay, str):
             return _Side(reason=lay, relevant=True, producer=label(p))
@@ -214,7 +215,7 @@ class _Folder:
         for value, nxt in zip(chain, hops + [first]):
             user, why = index.sole_user(gi, value)
             if user is not nxt:
-                if quiet_multi_use:
+                if affine:
                     return _Side(producer=lay.label)
                 side.reason = f"cannot fold into {into}: {why or 'its output feeds another node'}"
                 return side
@@ -233,12 +234,12 @@ class _Folder:
         except FoldError as e:
             side.reason = f"cannot fold into {into}: {e}"
             return side
-        extra, pending_bias = write_params(index, gi, lay, params)
         feed = unit[0].input[data_idx]
         y = unit[-1].output[0]
         names = [label(n) for n in unit]
-        for n in unit:
+        for n in unit:  # first, so that their parameters no longer count as shared
             index.remove_node(gi, n)
+        extra, pending_bias = write_params(index, gi, lay, params)
         if pending_bias is not None:
             add_bias_node(index, gi, unit[-1], feed, y, pending_bias, params.bias_type, chan, lay.label)
         else:
@@ -250,20 +251,21 @@ class _Folder:
         self.folded.append(side.folded)
         return side
 
-    def _input_side(self, gi, run: list, norm_name, node_name, quiet_multi_use=False) -> _Side:
+    def _input_side(self, gi, run: list, norm_name, node_name, affine=False) -> _Side:
         """Fold the run ``[(node, data_idx, make_aff), ...]`` into the layer its last node feeds."""
         index = self.index
         last = run[-1][0]
-        user, _ = index.sole_user(gi, last.output[0])
+        user, why = index.sole_user(gi, last.output[0])
         if user is None or not user.input or user.input[0] != last.output[0]:
-            if user is None and not quiet_multi_use:
+            if user is None and not affine:
                 cons = [u.node for u in index.visible_uses(gi, last.output[0]) if u.node is not None]
-                if any(layer(index, gi, c, self.only) is not None for c in cons):
-                    return _Side(reason=f"its output '{last.output[0]}' has other users besides the next layer",
+                nxt = next((c for c in cons if layer(index, gi, c, self.only) is not None), None)
+                if nxt is not None:
+                    return _Side(reason=f"cannot fold into the following {nxt.op_type} '{label(nxt)}': {why}",
                                  relevant=True)
             return _Side()
         lay = layer(index, gi, user, self.only)
-        if lay is None:
+        if lay is None or (affine and isinstance(lay, str) and _matmul_of_values(index, gi, user)):
             return _Side()
         into = f"the following {user.op_type} '{label(user)}'"
         if isinstance(lay, str):
@@ -291,12 +293,12 @@ class _Folder:
 
     def _apply_input(self, gi, lay: Layer, part: list, params, chan: Chan, norm_name, node_name) -> _Side:
         index = self.index
-        extra, pending_bias = write_params(index, gi, lay, params)
         x = part[0][0].input[part[0][1]]
         names = [label(n) for n, _, _ in part]
         for n, _, _ in part:
             index.remove_node(gi, n)
         index.set_input(gi, lay.node, 0, x)
+        extra, pending_bias = write_params(index, gi, lay, params)
         if pending_bias is not None:  # a MatMul gains a bias Add after it
             m = lay.node.output[0]
             pre = index.unique(f"{m}_unbiased")
@@ -313,6 +315,11 @@ class _Folder:
     def _producer_label(self, gi: GraphInfo, name: str) -> str:
         p = self.index.producer(gi, name)
         return label(p) if p is not None else ""
+
+
+def _matmul_of_values(index: ModelIndex, gi: GraphInfo, node: NodeProto) -> bool:
+    """A MatMul whose second operand is not a constant (e.g. attention scores)."""
+    return is_onnx_op(node, "MatMul") and (len(node.input) < 2 or isinstance(index.constant(gi, node.input[1], "w"), str))
 
 
 def _all_nodes(graph: onnx.GraphProto):

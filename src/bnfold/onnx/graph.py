@@ -18,38 +18,8 @@ from onnx import GraphProto, NodeProto, TensorProto
 
 from ..fold_math import FoldError
 from . import tensors
-
-
-def label(node: NodeProto) -> str:
-    """A readable node name: its own, or ``Op(first output)`` when it has none."""
-    return node.name or f"{node.op_type}({node.output[0] if node.output else ''})"
-
-
-def attr(node: NodeProto, name: str, default=None):
-    for a in node.attribute:
-        if a.name == name:
-            return onnx.helper.get_attribute_value(a)
-    return default
-
-
-def remove_attr(node: NodeProto, name: str) -> None:
-    for i, a in enumerate(node.attribute):
-        if a.name == name:
-            del node.attribute[i]
-            return
-
-
-def is_onnx_op(node: NodeProto, *op_types: str) -> bool:
-    return node.domain in ("", "ai.onnx") and node.op_type in op_types
-
-
-def subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
-    for a in node.attribute:
-        if a.type == onnx.AttributeProto.GRAPH:
-            yield a.name, a.g
-        elif a.type == onnx.AttributeProto.GRAPHS:
-            for i, g in enumerate(a.graphs):
-                yield f"{a.name}[{i}]", g
+from .consts import CONST_OPS, evaluate, inputs_needed
+from .nodes import attr, is_onnx_op, label, remove_attr, subgraphs  # noqa: F401 - re-exported
 
 
 @dataclass(eq=False)
@@ -166,6 +136,17 @@ class ModelIndex:
         """Uses of ``name`` as defined in ``gi``: in ``gi`` and in its subgraphs."""
         return [u for u in self.uses.get(name, []) if any(g is gi for g in u.gi.chain())]
 
+    def live_uses(self, gi: GraphInfo, name: str) -> list[Use]:
+        """Visible uses, less those by constant-computing nodes whose results nobody
+        uses any more (the clean-up removes those)."""
+        return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
+
+    def _dead_const(self, u: Use) -> bool:
+        n = u.node
+        if n is None or not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
+            return False
+        return not any(self.live_uses(u.gi, o) for o in n.output if o)
+
     def sole_user(self, gi: GraphInfo, name: str) -> tuple[NodeProto | None, str]:
         """The one node of ``gi`` that uses ``name``, or None and why not."""
         uses = self.visible_uses(gi, name)
@@ -197,15 +178,46 @@ class ModelIndex:
                     t = tensors.constant_attr_tensor(node)
                     if t is not None:
                         return _const(t, g, node)
-                elif is_onnx_op(node, "Identity") and node.input and node.input[0] != name:
-                    # exporters alias deduplicated weights with Identity nodes
-                    inner = self.constant(g, node.input[0], what)
-                    if not isinstance(inner, str):
-                        return Const(inner.value, inner.elem_type, g, node)
+                elif is_onnx_op(node, *CONST_OPS) and node.output[0] == name:
+                    value = self._evaluate(g, node)
+                    if value is not None:
+                        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
                 return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
             if name in g.inputs:
                 return f"{what} '{name}' is a graph input, not a constant"
         return f"{what} '{name}' is not defined in scope"
+
+    def _evaluate(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
+        values: list[np.ndarray | None] = []
+        needed = inputs_needed(node)
+        for i, name in enumerate(node.input):
+            if i in needed:
+                c = self.constant(gi, name, "input")
+                if isinstance(c, str):
+                    return None
+                values.append(c.value)
+            elif node.op_type == "CastLike" and i == 1:
+                dtype = self.declared_dtype(gi, name)
+                if dtype is None:
+                    return None
+                values.append(np.empty(0, dtype=dtype))
+            else:
+                values.append(None)
+        try:
+            return evaluate(node, values)
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+
+    def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:
+        """The numpy dtype a value is declared with (graph input, value_info or output), if any."""
+        for g in gi.chain():
+            for v in list(g.graph.input) + list(g.graph.value_info) + list(g.graph.output):
+                if v.name == name and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                    return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+            if name in g.inits:
+                return onnx.helper.tensor_dtype_to_np_dtype(g.inits[name].data_type)
+        return None
 
     def unique(self, base: str) -> str:
         name, k = base, 0
@@ -326,8 +338,9 @@ def _drop_value_info(graph: GraphProto, name: str) -> None:
 
 
 def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
-    """Remove initializers, Constant nodes (and Identity aliases of constants) the
-    fold left without users, and value_info entries of values that no longer exist."""
+    """Remove initializers and Constant nodes the fold left without users (and the
+    nodes that computed a constant from them, see ``consts``), and value_info
+    entries of values that no longer exist."""
     while True:
         index = ModelIndex(model, tracker)
         removed = False
@@ -344,7 +357,8 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
                     removed = True
                 elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
                     if is_onnx_op(node, "Constant") or (
-                        is_onnx_op(node, "Identity") and not isinstance(index.constant(gi, name, "x"), str)
+                        is_onnx_op(node, *CONST_OPS) and not isinstance(index.constant(gi, name, "x"), str)
+                        and not any(index.visible_uses(gi, o) for o in node.output if o)
                     ):
                         index.remove_node(gi, node)
                         tracker.touched.discard(name)

@@ -78,7 +78,7 @@ def set_param(index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value
     if old:
         c = index.constant(gi, old, "parameter")
         assert not isinstance(c, str), c
-        uses = index.visible_uses(c.gi, old)
+        uses = index.live_uses(c.gi, old)
         others = [u for u in uses if not (u.node is node and u.idx == idx)]
         if not others and c.gi is gi:
             t = from_torch(value, old, elem_type)

@@ -1,5 +1,5 @@
 """Where the channels are: the channel axis of a value, followed through the
-shape-only hops (Identity, Dropout, Unsqueeze, Squeeze, Reshape).
+shape-only hops (Identity, Dropout, Unsqueeze, Squeeze, Reshape, Transpose).
 
 Static shapes come from ONNX shape inference, run once and only when a hop
 needs them, on a copy of the original model whose large weights are left out.
@@ -16,7 +16,7 @@ from onnx import NodeProto
 
 from .graph import GraphInfo, ModelIndex, attr, is_onnx_op, label, subgraphs
 
-HOPS = ("Identity", "Dropout", "Unsqueeze", "Squeeze", "Reshape")
+HOPS = ("Identity", "Dropout", "Unsqueeze", "Squeeze", "Reshape", "Transpose")
 
 
 @dataclass(frozen=True)
@@ -154,6 +154,12 @@ def hop_forward(index: ModelIndex, gi: GraphInfo, node: NodeProto, chan: Chan, s
         if axis in removed:
             return f"{what} removes the channel axis"
         return Chan(rank - len(removed), axis - sum(1 for a in removed if a < axis), chan.channels)
+    if is_onnx_op(node, "Transpose"):
+        perm = attr(node, "perm")
+        perm = list(range(rank - 1, -1, -1)) if perm is None else [int(p) % rank for p in perm]
+        if sorted(perm) != list(range(rank)):
+            return f"{what} has a perm that does not match the rank {rank}"
+        return Chan(rank, perm.index(axis), chan.channels)
     if is_onnx_op(node, "Reshape"):
         return _reshape(index, gi, node, Chan(rank, axis, chan.channels), shapes, what)
     return f"{what} is not a shape-only hop"

@@ -1,0 +1,266 @@
+"""A. Fold speed and scaling on a chain of N conv-BN-ReLU blocks (alternating plain and depthwise 3x3 convs).
+
+    .venv/bin/python benchmarks/fold_speed.py [--sizes 50,200,800] [--rounds 5] [--quick] [--profile]
+
+Per size N, measured side by side in one process, round robin (one call of
+each per round, median over rounds; set-up such as copying the input is not
+timed):
+
+* ``torch.export``   ``torch.export.export(model, x)`` (the reference cost);
+* ``bnfold``         ``bnfold.fold(ep)`` on that ATen program;
+* ``bnfold (edge)``  ``bnfold.fold(edge.exported_program())`` on the edge program
+                     (what ``bnfold.executorch.FoldBatchNormPass`` runs);
+* ``ET pass``        ExecuTorch's ``FuseBatchNormWithConvPass(edge_program)(graph_module)``
+                     on a fresh deep copy of the same edge program (only the pass is timed,
+                     not ``to_edge`` nor the copy);
+* ``fx fuse``        ``torch.fx.experimental.optimization.fuse(module, inplace=True)`` on a
+                     fresh deep copy of the module.
+
+``to_edge`` runs once per size (timed once, shown for context).  Scaling is
+``time(N) / time(N/4)``: 4.0 is linear.  The target for bnfold is linear
+scaling and under 5% of the ``torch.export`` time at the largest N.  When a
+target is missed (or with ``--profile``) the bnfold fold at the largest N runs
+once under cProfile and the top entries are written next to the results.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import cProfile
+import io
+import os
+import pstats
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from common import (RESULTS, fmt_pct, fmt_s, fmt_x, load_now, log, machine, median, paired_ratio, quiet,  # noqa: E402
+                    round_robin, table, timed, write_json, write_text)
+
+FULL_SIZES = (50, 200, 800)
+QUICK_SIZES = (4, 16)
+COLUMNS = ("export", "bnfold", "bnfold_edge", "et_pass", "fx_fuse")
+LABELS = {"export": "torch.export", "bnfold": "bnfold", "bnfold_edge": "bnfold (edge)", "et_pass": "ET pass",
+          "fx_fuse": "fx fuse"}
+
+
+def _count_bn_nodes(gm) -> int:
+    return sum("batch_norm" in str(n.target) for n in gm.graph.nodes)
+
+
+def _count_bn_modules(module) -> int:
+    import torch
+
+    return sum(isinstance(m, torch.nn.modules.batchnorm._BatchNorm) for m in module.modules())
+
+
+def _to_edge(ep, validate: bool):
+    from executorch.exir import EdgeCompileConfig, to_edge
+
+    return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=validate))
+
+
+def measure(n: int, rounds: int, validate_edge: bool, budget_s: float | None) -> dict:
+    import torch
+    from executorch.backends.transforms.fuse_batch_norm_with_conv import FuseBatchNormWithConvPass
+    from torch.fx.experimental.optimization import fuse
+
+    import bnfold
+    from models import chain
+
+    model, x = chain(n)
+    ep = torch.export.export(model, x)
+    t_edge, edge = timed(lambda: _to_edge(ep, validate_edge))
+    eep = edge.exported_program()
+    checks = {}
+
+    def t_export():
+        return timed(lambda: torch.export.export(model, x))[0]
+
+    def t_bnfold():
+        t, res = timed(lambda: bnfold.fold(ep))
+        checks["bnfold_folded"] = len(res.report.folded)
+        checks["bnfold_left"] = _count_bn_nodes(res.model.graph_module)
+        return t
+
+    def t_bnfold_edge():
+        t, res = timed(lambda: bnfold.fold(eep))
+        checks["bnfold_edge_folded"] = len(res.report.folded)
+        checks["bnfold_edge_left"] = _count_bn_nodes(res.model.graph_module)
+        return t
+
+    def t_et():
+        prog = copy.deepcopy(eep)
+        t, res = timed(lambda: FuseBatchNormWithConvPass(prog)(prog.graph_module))
+        checks["et_pass_left"] = _count_bn_nodes(res.graph_module)
+        return t
+
+    def t_fx():
+        m = copy.deepcopy(model)
+        t, fused = timed(lambda: fuse(m, inplace=True))
+        checks["fx_fuse_left"] = _count_bn_modules(fused)
+        return t
+
+    fns = {"export": t_export, "bnfold": t_bnfold, "bnfold_edge": t_bnfold_edge, "et_pass": t_et, "fx_fuse": t_fx}
+    t0 = time.perf_counter()
+    times = round_robin(fns, rounds, budget_s=budget_s, min_rounds=min(3, rounds))
+    med = {k: median(v) for k, v in times.items()}
+    log(f"  N={n}: " + ", ".join(f"{LABELS[k]} {med[k]:.3f}s" for k in COLUMNS)
+        + f"; to_edge {t_edge:.1f}s; {len(times['export'])} rounds in {time.perf_counter() - t0:.0f}s; load {load_now()}")
+    return {"blocks": n, "batchnorms": n, "nodes_aten": len(ep.graph.nodes), "nodes_edge": len(eep.graph.nodes),
+            "to_edge_s": t_edge, "to_edge_validated": validate_edge, "rounds": len(times["export"]),
+            "times_s": times, "median_s": med,
+            "bnfold_over_export": paired_ratio(times["bnfold"], times["export"]),
+            "bnfold_over_et_pass": paired_ratio(times["bnfold"], times["et_pass"]),
+            "bnfold_edge_over_et_pass": paired_ratio(times["bnfold_edge"], times["et_pass"]),
+            "checks": checks}
+
+
+def profile_fold(n: int, edge: bool, validate_edge: bool, top: int = 30) -> str:
+    import torch
+
+    import bnfold
+    from models import chain
+
+    model, x = chain(n)
+    ep = torch.export.export(model, x)
+    if edge:
+        ep = _to_edge(ep, validate_edge).exported_program()
+    bnfold.fold(ep)  # warm
+    pr = cProfile.Profile()
+    pr.enable()
+    bnfold.fold(ep)
+    pr.disable()
+    out = io.StringIO()
+    st = pstats.Stats(pr, stream=out)
+    st.sort_stats("cumulative").print_stats(top)
+    st.sort_stats("tottime").print_stats(top)
+    return out.getvalue()
+
+
+def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = False, profile: bool = False,
+        validate_edge: bool = False, out_dir=None, budget_s: float | None = None) -> dict:
+    quiet()
+    import torch
+
+    torch.set_num_threads(1)
+    import bnfold  # noqa: F401
+    from models import chain
+
+    # warm up export / fold / to_edge / the ET pass once on a tiny chain, so the first size pays no import cost
+    log("A. fold speed: warm-up")
+    model, x = chain(2)
+    ep = torch.export.export(model, x)
+    bnfold.fold(ep)
+    eep = _to_edge(ep, validate_edge).exported_program()
+    bnfold.fold(eep)
+    from executorch.backends.transforms.fuse_batch_norm_with_conv import FuseBatchNormWithConvPass
+
+    FuseBatchNormWithConvPass(eep)(eep.graph_module)
+
+    rows = {}
+    for n in sizes:
+        r = big_rounds if n >= 800 else rounds
+        rows[n] = measure(n, r, validate_edge, budget_s)
+    for n, row in rows.items():
+        base = rows.get(n // 4) if n % 4 == 0 else None
+        row["scaling"] = {k: (row["median_s"][k] / base["median_s"][k]) if base else None for k in COLUMNS}
+        row["scaling"]["to_edge"] = row["to_edge_s"] / base["to_edge_s"] if base else None
+    largest = rows[max(rows)]
+    scale = largest["scaling"]["bnfold"]
+    verdict = {
+        "largest_n": largest["blocks"],
+        "bnfold_over_export": largest["bnfold_over_export"],
+        "bnfold_over_export_target": 0.05,
+        "bnfold_scaling": scale,
+        "bnfold_edge_scaling": largest["scaling"]["bnfold_edge"],
+        "et_pass_scaling": largest["scaling"]["et_pass"],
+        "et_pass_over_bnfold_edge": 1 / largest["bnfold_edge_over_et_pass"],
+        "et_pass_over_bnfold": 1 / largest["bnfold_over_et_pass"],
+    }
+    # "linear" read generously on a noisy machine: a 4x larger chain costs at most 5x
+    missed = (largest["bnfold_over_export"] >= 0.05 or (scale is not None and scale > 5.0)
+              or (largest["scaling"]["bnfold_edge"] or 0) > 5.0)
+    verdict["target_met"] = not missed
+    doc = {"benchmark": "fold_speed", "quick": quick, "machine": machine(), "rows": list(rows.values()),
+           "verdict": verdict, "load_end": load_now()}
+    text = render(doc)
+    if missed or profile:
+        log(f"  profiling bnfold.fold at N={largest['blocks']} (ATen and edge programs)")
+        prof = ("## bnfold.fold on the ATen program\n\n" + profile_fold(largest["blocks"], False, validate_edge)
+                + "\n## bnfold.fold on the edge program\n\n" + profile_fold(largest["blocks"], True, validate_edge))
+        p = (RESULTS if out_dir is None else out_dir)
+        os.makedirs(p, exist_ok=True)
+        path = os.path.join(p, f"fold_profile{'_quick' if quick else ''}.txt")
+        with open(path, "w") as f:
+            f.write(prof)
+        doc["profile_file"] = path
+    suffix = "_quick" if quick else ""
+    doc["json"] = str(write_json("fold_speed" + suffix, doc, out_dir))
+    write_text("fold_speed" + suffix, text, out_dir)
+    print(text, flush=True)
+    return doc
+
+
+def render(doc: dict) -> str:
+    rows = doc["rows"]
+    head = ["N blocks", "torch.export s", "bnfold s", "bnfold (edge) s", "ET pass s", "fx fuse s", "to_edge s (1x)",
+            "bnfold / export", "ET pass / bnfold (edge)"]
+    body = []
+    for r in rows:
+        m = r["median_s"]
+        body.append([r["blocks"], fmt_s(m["export"]), fmt_s(m["bnfold"]), fmt_s(m["bnfold_edge"]), fmt_s(m["et_pass"]),
+                     fmt_s(m["fx_fuse"]), fmt_s(r["to_edge_s"]), fmt_pct(r["bnfold_over_export"]),
+                     fmt_x(1 / r["bnfold_edge_over_et_pass"], 1)])
+    t1 = table(head, body)
+    head2 = ["N / (N/4)", "torch.export", "bnfold", "bnfold (edge)", "ET pass", "fx fuse", "to_edge"]
+    body2 = []
+    for r in rows:
+        s = r["scaling"]
+        if s["export"] is None:
+            continue
+        body2.append([f"{r['blocks']} / {r['blocks'] // 4}", *(fmt_x(s[k], 2) for k in (*COLUMNS, "to_edge"))])
+    t2 = table(head2, body2) if body2 else "(no N/4 pair among the sizes)"
+    rounds = ", ".join(f"N={r['blocks']}: {r['rounds']}" for r in rows)
+    checks = "; ".join(f"N={r['blocks']}: " + ", ".join(f"{k}={v}" for k, v in r["checks"].items()) for r in rows)
+    v = doc["verdict"]
+    lines = [
+        "### A. Fold speed (seconds, median of rounds; round-robin in one process, 1 torch thread)",
+        "",
+        t1,
+        "",
+        "Scaling time(N) / time(N/4) (4.00x = linear):",
+        "",
+        t2,
+        "",
+        f"Rounds: {rounds}. Every tool folded every BatchNorm (BatchNorm nodes/modules left after each: {checks}).",
+        f"At N={v['largest_n']}: bnfold = {fmt_pct(v['bnfold_over_export'])} of torch.export (target < 5%), "
+        f"scaling {fmt_x(v['bnfold_scaling'])} (ATen) / {fmt_x(v['bnfold_edge_scaling'])} (edge); "
+        f"ExecuTorch's pass takes {fmt_x(v['et_pass_over_bnfold_edge'], 1)} the bnfold time on the same edge program "
+        f"(scaling {fmt_x(v['et_pass_scaling'])}). Target {'met' if v['target_met'] else 'MISSED'}.",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default=None, help="comma-separated chain lengths (default 50,200,800)")
+    ap.add_argument("--rounds", type=int, default=5, help="rounds for N < 800")
+    ap.add_argument("--big-rounds", type=int, default=3, help="rounds for N >= 800")
+    ap.add_argument("--quick", action="store_true", help=f"tiny sizes {QUICK_SIZES}, 3 rounds")
+    ap.add_argument("--profile", action="store_true", help="always write the cProfile of bnfold.fold at the largest N")
+    ap.add_argument("--validate-edge", action="store_true",
+                    help="to_edge with IR validity checks (slower; the edge program is the same)")
+    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
+    args = ap.parse_args(argv)
+    sizes = QUICK_SIZES if args.quick else FULL_SIZES
+    if args.sizes:
+        sizes = tuple(int(s) for s in args.sizes.split(","))
+    rounds = 3 if args.quick else args.rounds
+    run(sizes, rounds, args.big_rounds, args.quick, args.profile, args.validate_edge, args.out)
+
+
+if __name__ == "__main__":
+    main()
