@@ -10,8 +10,11 @@ For each model and precision profile it times (best of ``--repeats``):
                   the error statistics of every intermediate tensor (what ``bnfold.audit`` uses);
 * ``f64 fwd``     a float64 copy of the module: the floor under ``+ref+errors``.
 
-Ratios are against ``fp32 fwd``.  The variants of one model are timed round-robin,
-so that load from other processes hits them alike.  Prints a table; asserts nothing.
+Ratios are against ``fp32 fwd``.  Times are CPU time of this process
+(``time.process_time``), which other processes on a shared machine disturb far
+less than wall time; with ``--threads 1`` (the default) CPU time is the work
+done.  The variants of one model are timed round-robin.  Prints a table;
+asserts nothing.
 """
 
 from __future__ import annotations
@@ -54,9 +57,9 @@ def best_of(fns: dict, repeats: int) -> dict:
     times = {k: float("inf") for k in fns}
     for _ in range(repeats):
         for k, fn in fns.items():
-            t = time.perf_counter()
+            t = time.process_time()
             fn()
-            times[k] = min(times[k], time.perf_counter() - t)
+            times[k] = min(times[k], time.process_time() - t)
     return times
 
 
@@ -76,7 +79,7 @@ def main() -> None:
     ap.add_argument("--profiles", default="fp16,htp,fp16-acc")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    print(f"torch {torch.__version__}, {args.threads} thread(s), best of {args.repeats}; times in ms, ratio to fp32 fwd")
+    print(f"torch {torch.__version__}, {args.threads} thread(s), best of {args.repeats}; CPU ms, ratio to fp32 fwd")
     head = f"{'model':<24} {'profile':<9} {'fp32 fwd':>9} {'emulated':>15} {'+ref+errors':>15} {'f64 fwd':>15}"
     print(head)
     print("-" * len(head))

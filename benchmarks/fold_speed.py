@@ -4,7 +4,7 @@
 
 Per size N, measured side by side in one process, round robin (one call of
 each per round, median over rounds; set-up such as copying the input is not
-timed):
+timed, and a full ``gc.collect()`` runs untimed before every timed call):
 
 * ``torch.export``   ``torch.export.export(model, x)`` (the reference cost);
 * ``bnfold``         ``bnfold.fold(ep)`` on that ATen program;
@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import copy
 import cProfile
+import gc
 import io
 import os
 import pstats
@@ -37,7 +38,15 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (RESULTS, fmt_pct, fmt_s, fmt_x, load_now, log, machine, median, paired_ratio, quiet,  # noqa: E402
-                    round_robin, table, timed, write_json, write_text)
+                    round_robin, table, write_json, write_text)
+from common import timed as _timed  # noqa: E402
+
+
+def timed(fn):
+    """``common.timed`` after an untimed full garbage collection: a gen-2 collection triggered by the
+    previous call's garbage would otherwise land at random inside the next measurement."""
+    gc.collect()
+    return _timed(fn)
 
 FULL_SIZES = (50, 200, 800)
 QUICK_SIZES = (4, 16)
@@ -135,9 +144,42 @@ def profile_fold(n: int, edge: bool, validate_edge: bool, top: int = 30) -> str:
     pr.disable()
     out = io.StringIO()
     st = pstats.Stats(pr, stream=out)
+    out.write(breakdown(st) + "\n\n")
     st.sort_stats("cumulative").print_stats(top)
     st.sort_stats("tottime").print_stats(top)
     return out.getvalue()
+
+
+#: (label, file suffix, function name): where bnfold.fold spends its time (cumulative, under cProfile)
+BREAKDOWN = (
+    ("copy the input graph (ProgramEditor.__init__: deepcopy of the fx graph)", "torch_export/program.py", "__init__"),
+    ("build the output ExportedProgram (ProgramEditor.build: GraphModule codegen + verifier)",
+     "torch_export/program.py", "build"),
+    ("rules: fold_after (whole output-side rule; the indented rows are inside it)", "torch_export/rules.py", "fold_after"),
+    ("  walk the chain after each producer (chain.next_step, incl. BN -> affine)", "torch_export/chain.py",
+     "next_step"),
+    ("  fold arithmetic (fold_math.fold_output_affine)", "bnfold/fold_math.py", "fold_output_affine"),
+    ("  cast + overflow/underflow checks (rules._cast -> fold_math.cast_checked)", "torch_export/rules.py", "_cast"),
+    ("  write tensors (rules._write; includes the next row)", "torch_export/rules.py", "_write"),
+    ("    fake-tensor meta of new tensors (ProgramEditor._set_val, FakeTensorMode dispatch)",
+     "torch_export/program.py", "_set_val"),
+    ("  erase folded nodes (rules._remove_steps)", "torch_export/rules.py", "_remove_steps"),
+    ("rules: fold_before (input-side rule, tried on every producer)", "torch_export/rules.py", "fold_before"),
+    ("parse_producer over all nodes, every round (ops.parse_producer)", "torch_export/ops.py", "parse_producer"),
+    ("skip report: parse_norm over all nodes (ops.parse_norm)", "torch_export/ops.py", "parse_norm"),
+)
+
+
+def breakdown(st: pstats.Stats) -> str:
+    total = max((v[3] for k, v in st.stats.items() if k[2] == "fold_program"), default=None)
+    if not total:
+        return "(fold_program not found in the profile)"
+    lines = [f"breakdown of bnfold.fold ({total:.3f} s under cProfile; cumulative time per function, % of fold_program):"]
+    for label, suffix, func in BREAKDOWN:
+        ct = sum(v[3] for k, v in st.stats.items() if k[0].replace("\\", "/").endswith(suffix) and k[2] == func)
+        calls = sum(v[1] for k, v in st.stats.items() if k[0].replace("\\", "/").endswith(suffix) and k[2] == func)
+        lines.append(f"  {label:<92} {ct:7.3f} s {100 * ct / total:5.1f}%  ({calls} calls)")
+    return "\n".join(lines)
 
 
 def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = False, profile: bool = False,

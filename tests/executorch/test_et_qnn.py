@@ -47,7 +47,6 @@ QNN_MODELS = [
     "conv2d_bn_hardtanh_mean",
     "conv_transpose2d_8_8",
     "conv_transpose2d_4_8_g2",
-    "conv_transpose1d_dilated",
     "shared_bn_residual",
 ]
 
@@ -101,16 +100,28 @@ def test_qnn_to_edge_folds(name):
     record_max("qnn to_edge max relative error", relative_error(out, ref))
 
 
-def test_stock_qnn_pipeline_keeps_batch_norm():
-    """The control for the assertions above: without the fold the transformed graph keeps its batch norm."""
+def test_stock_qnn_pipeline_keeps_batch_norm_and_takes_the_fold_tables():
+    """The control for the assertions above: QNN's own pass manager keeps the batch norm.  Handed
+    qnn_pass_manager()'s tables (what to_edge_transform_and_lower_to_qnn(passes_job=..., dep_table=...)
+    does with them), the same stock manager folds it."""
     model, x = build("dw_conv1d_2048_k15_bias")
-    ep, passes = qnn_to_edge(model, x, get_qnn_pass_manager_cls()())
+    stock = get_qnn_pass_manager_cls()()
+    ep, passes = qnn_to_edge(model, x, stock)
     assert not any(isinstance(p, FoldBatchNormGraphPass) for p in passes)
     assert len(norm_nodes(ep)) == 1
 
+    ours = qnn_pass_manager()
+    ep, passes = qnn_to_edge(model, x, stock, passes_job=ours.get_capture_program_passes(),
+                             dep_table=ours.get_passes_dependency_for_capture_program())
+    assert any(isinstance(p, FoldBatchNormGraphPass) for p in passes)
+    assert norm_nodes(ep) == []
+    with torch.no_grad():
+        assert_matches(ep.module()(*x), reference(model, *x))
+
 
 def test_qnn_edge_pipeline_entry_point():
-    """``transform_for_to_edge_pipeline`` builds the passes with the edge program itself."""
+    """``transform_for_to_edge_pipeline`` builds the passes with the edge program itself.  The model, a
+    dilated grouped ConvTranspose1d + BN, also takes both of QnnCanonicalizeConv's rewrites (dilation, 1-D)."""
     from executorch.exir import to_edge
 
     model, x = build("conv_transpose1d_dilated")
@@ -119,6 +130,9 @@ def test_qnn_edge_pipeline_entry_point():
                    compile_config=qnn_edge_config())
     ep = pm.transform_for_to_edge_pipeline(edge.exported_program())
     assert norm_nodes(ep) == []
+    assert axis_order_mismatches(ep) == []
+    (conv,) = [n for n in ep.graph.nodes if node_key(n) == "aten::convolution.default"]
+    assert conv.args[5] == [1, 1] and len(conv.args[3]) == 2, "expected an undilated conv2d"
     with torch.no_grad():
         assert_matches(ep.module()(*x), reference(model, *x))
 

@@ -215,6 +215,16 @@ def _slice(node, ins, a, env):
     return x[tuple(idx)]
 
 
+def _avgpool(node, ins, a, env):
+    x = ins[0]
+    nd = x.dim() - 2
+    pads = a.get("pads", [0] * (2 * nd))
+    assert pads[:nd] == pads[nd:], "symmetric pads only"
+    fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1]
+    return fn(x, a["kernel_shape"], a.get("strides", [1] * nd), pads[:nd], bool(a.get("ceil_mode", 0)),
+              not a.get("count_include_pad", 0) == 0)
+
+
 def _dropout(node, ins, a, env):
     return [ins[0], torch.ones_like(ins[0], dtype=torch.bool)]
 
@@ -256,9 +266,14 @@ _OPS = {
     "If": _if,
     "Loop": _loop,
     "ReduceMean": _reduce_mean,
+    "AveragePool": _avgpool,
+    "Sum": lambda n, i, a, e: sum(i[1:], i[0]),
+    "Softmax": lambda n, i, a, e: torch.softmax(i[0], dim=a.get("axis", -1)),
     "Slice": _slice,
     "Expand": lambda n, i, a, e: i[0].expand(torch.broadcast_shapes(i[0].shape, tuple(i[1].tolist()))),
     "CastLike": lambda n, i, a, e: i[0].to(i[1].dtype),
+    "ConstantOfShape": lambda n, i, a, e: torch.full(i[0].tolist(), float(numpy_helper.to_array(a["value"]).reshape(-1)[0]),
+                                                     dtype=torch.float64),
     "Shape": lambda n, i, a, e: torch.tensor(i[0].shape[a.get("start", 0):a.get("end", None)], dtype=torch.int64),
     "Concat": lambda n, i, a, e: torch.cat(i, dim=a["axis"]),
 }

@@ -182,3 +182,26 @@ def test_only_filters_layers():
     r = fold_onnx(m, only={"linear"})
     assert not r.report.folded and "excluded" in r.report.skipped[0].reason
     assert len(fold_onnx(m, only={"conv"}).report.folded) == 1
+
+
+def test_hop_transpose_bn1d_over_tokens():
+    """Linear -> transpose -> BatchNorm1d -> transpose, as PyTorch models normalize tokens."""
+    g = G()
+    x = g.input("x", [2, 5, 4])
+    y = g.node("MatMul", [x, g.randn("Wm", 4, 6)], "mm", name="fc")
+    y = g.node("Add", [y, g.randn("b", 6)], "fc_out", name="fc_bias")
+    y = g.node("Transpose", [y], "t", name="t1", perm=[0, 2, 1])  # [2, 6, 5]: channels on axis 1
+    y = g.bn(y, 6, "bn")
+    g.output(g.node("Transpose", [y], "y", name="t2", perm=[0, 2, 1]))
+    r = check_fold(g.model(), g.feeds, folded=1)
+    assert r.report.folded[0].pattern == "MatMul+Transpose+BatchNormalization"
+    assert ops(r.model) == ["MatMul", "Add", "Transpose", "Transpose"]
+
+
+def test_affine_after_attention_scores_is_not_reported():
+    g = G()
+    q, k = g.input("q", [2, 3, 4]), g.input("k", [2, 4, 3])
+    s = g.node("MatMul", [q, k], "s", name="scores")
+    g.output(g.node("Mul", [s, g.init("scale", np.float32(0.5))], "y", name="scale_mul"))
+    r = fold_onnx(g.model())
+    assert not r.report.folded and not r.report.skipped

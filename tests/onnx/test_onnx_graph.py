@@ -98,6 +98,28 @@ def test_exporter_aliases_of_one_constant():
     assert sorted(t.name for t in res.model.graph.initializer) == ["W", "zeros"]
 
 
+def test_weights_computed_from_constants():
+    """Exporters compute some parameters: a transposed Linear weight, a zero bias from
+    Shape/Expand/CastLike (dynamo, optimize=False), a ConstantOfShape fill.  They fold,
+    and the nodes that computed them go."""
+    g = G(seed=4)
+    x = g.input("x", [3, 5])
+    wt = g.node("Transpose", [g.randn("fc.weight", 6, 5)], "wt", name="wt", perm=[1, 0])
+    y = g.node("MatMul", [x, wt], "mm", name="fc")
+    shape = g.node("Shape", ["fc.weight"], "shp", name="shape", start=0, end=1)
+    zero = g.node("CastLike", [_const(g, "zero", 0.0, "value_float"), x], "zero_t", name="castlike")
+    bias = g.node("Expand", [zero, shape], "bias", name="expand")
+    y = g.node("Add", [y, bias], "fc_out", name="fc_bias")
+    filled = g.node("ConstantOfShape", [g.init("c6", np.array([6]), np.int64)], "gamma", name="fill",
+                    value=onnx.numpy_helper.from_array(np.array([1.5], np.float32)))
+    s, v = g.init("bn_s", g.rng.uniform(-2, 2, 6)), g.init("bn_v", g.rng.uniform(0.5, 2, 6))
+    y = g.node("Mul", [y, filled], "scaled", name="mul")
+    g.output(g.node("BatchNormalization", [y, s, g.randn("bn_b", 6), g.randn("bn_m", 6), v], "y", name="bn"))
+    res = check_fold(g.model(), g.feeds, folded=2, gone=("BatchNormalization", "Mul"))
+    assert ops(res.model) == ["MatMul", "Add"]
+    assert sorted(t.name for t in res.model.graph.initializer) == ["bias", "wt"]
+
+
 def _branch(name: str, c: int, seed: int, outer_w: str | None = None):
     """A subgraph Conv -> BN reading the outer ``x`` (and maybe an outer weight)."""
     g = G(seed=seed)

@@ -181,3 +181,12 @@ def test_symlink_inside_folder_is_fine(tmp_path):
     p = _with_location(tmp_path, "alias.bin")
     os.symlink("weights.bin", p.parent / "alias.bin")
     assert len(fold_onnx(p).report.folded) == 2
+
+
+def test_save_refuses_unloaded_external_references(tmp_path):
+    m, _ = _model()
+    _save_external(m, tmp_path / "m.onnx")
+    lazy = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    with pytest.raises(ModelFileError, match="never loaded"):
+        save_onnx(lazy, tmp_path / "elsewhere.onnx")
+    assert not os.path.exists(tmp_path / "elsewhere.onnx")

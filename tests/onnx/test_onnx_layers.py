@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from onnx_testkit import G, check_fold, ops
 
 
@@ -120,3 +122,30 @@ def test_matmul(bias, rank):
         gone = ("Mul",)
     r = check_fold(g.model(), g.feeds, folded=1, gone=gone)
     assert ops(r.model).count("Add") == 1  # exactly one bias Add: the original or a new one
+
+
+@st.composite
+def _conv_attrs(draw):
+    op = draw(st.sampled_from(["Conv", "ConvTranspose"]))
+    groups = draw(st.sampled_from([1, 2, 3]))
+    c_in = groups * draw(st.integers(1, 2))
+    per_group_out = draw(st.integers(1, 3))
+    k = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
+    strides = draw(st.lists(st.integers(1, 3), min_size=2, max_size=2))
+    dil = draw(st.lists(st.integers(1, 2), min_size=2, max_size=2))
+    pads = draw(st.lists(st.integers(0, 1), min_size=4, max_size=4))
+    attrs = dict(group=groups, strides=strides, dilations=dil, pads=pads)
+    if op == "ConvTranspose":
+        attrs["output_padding"] = [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(strides, dil)]
+        w_shape = [c_in, per_group_out] + k
+    else:
+        w_shape = [groups * per_group_out, c_in // groups] + k
+    return op, c_in, groups * per_group_out, w_shape, attrs, draw(st.booleans())
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_conv_attrs())
+def test_random_conv_attributes(case):
+    op, c_in, c_out, w_shape, attrs, bias = case
+    g = _conv_bn(op, [2, c_in, 7, 6], w_shape, c_out, bias=bias, **attrs)
+    check_fold(g.model(), g.feeds, folded=1)

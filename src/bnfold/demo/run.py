@@ -99,23 +99,24 @@ def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
     else:
         lines.append("verdict: no fp16 problem on this network: fp16 and htp keep every held-out prediction of the "
                      "fp32 model, with no NaN/inf, unfolded or folded.")
-    lines.append(f"  folding changes the output SQNR by {gain['fp16']:+.1f} dB under fp16 and {gain['htp']:+.1f} dB "
+    lines.append(f"folding changes the output SQNR by {gain['fp16']:+.1f} dB under fp16 and {gain['htp']:+.1f} dB "
                  "under htp.")
     norms = rep.norms
     if norms:
         k = max(norms, key=lambda n: n.kappa)
         h = min(norms, key=lambda n: n.headroom if not math.isnan(n.headroom) else math.inf)
-        lines.append(f"  where it would break: the largest kappa is {k.kappa:.3g} (at {k.name}, channel "
+        lines.append(f"where it would break: the largest kappa is {k.kappa:.3g} (at {k.name}, channel "
                      f"{k.kappa_channel}); an unfolded BN multiplies the fp16 rounding error of its input by about "
-                     f"kappa, so its output is pure rounding noise once kappa nears 1/u = {1 / U_FP16:.0f}, "
-                     f"{1 / (U_FP16 * k.kappa):.3g}x beyond this network.")
-        lines.append(f"  the smallest overflow headroom is {sci(h.headroom)}x (input of {h.name}, max |x| "
+                     f"kappa, so its output is pure rounding noise once kappa nears 1/u = {1 / U_FP16:.0f} "
+                     f"({1 / (U_FP16 * k.kappa):.3g} times this network's largest).")
+        lines.append(f"the smallest overflow headroom is {sci(h.headroom)}x (input of {h.name}, max |x| "
                      f"{h.input_max_abs:.3g}): activations that much larger overflow fp16 (65504) to inf there.")
     return problem, lines
 
 
 def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
-    """Run the demo, print its table, write ``report.json`` and ``report_sqnr.png``; return the numbers.
+    """Run the demo, print its table, write ``report.json`` and ``report_sqnr.png``; return the numbers
+    (plain data: the table's rows, the verdict, the file paths).
 
     ``quick`` audits the first 64 held-out samples instead of all 450 (for tests).
     Runs single-threaded (restored afterwards): the ops are small, and threads only contend.
@@ -158,8 +159,8 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         lines.append(f"  worst layers under {prof} (SQNR against float64):")
         lines.extend(_worst_layers(reports[prof]))
     lines.append("")
-    for v in verdict:
-        lines.extend(textwrap.wrap(v.strip(), 100, initial_indent="" if v[0] != " " else "  ", subsequent_indent="    "))
+    for i, v in enumerate(verdict):
+        lines.extend(textwrap.wrap(v, 100, initial_indent="  " if i else "", subsequent_indent="    "))
     json_path, png_path = out_dir / "report.json", out_dir / "report_sqnr.png"
     plot_reports([reports["fp16"], reports["htp"]], png_path,
                  titles=[f"DigitNet, profile {p}: per-layer SQNR vs float64" for p in ("fp16", "htp")])
@@ -180,6 +181,4 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
     lines.append(f"  wrote {json_path} and {png_path} ({time.perf_counter() - t0:.0f} s)")
     if verbose:
         print("\n".join(lines))
-    result["audits"] = reports
-    result["text"] = "\n".join(lines)
     return result

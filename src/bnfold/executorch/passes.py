@@ -58,6 +58,11 @@ class FoldBatchNormPass(ExportedProgramPassBase):
 
     ``only`` restricts the layer kinds folded into (``{"conv", "linear"}``...).
     After each run ``self.report`` holds that run's ``FoldReport``.
+
+    Not for the Qualcomm pipeline: QNN's passes read weights from the program
+    they were constructed with (the ATen program), by placeholder name, so a
+    conv1d folded here would be canonicalized from its pre-fold weight.  Use
+    ``bnfold.executorch.qnn_pass_manager()`` there.
     """
 
     def __init__(self, only: Iterable[str] | None = None):

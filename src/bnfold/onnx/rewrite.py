@@ -105,18 +105,24 @@ def set_param(index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value
 
 def write_params(index: ModelIndex, gi: GraphInfo, lay: Layer, p: NewParams) -> tuple[int, torch.Tensor | None]:
     """Store the folded weight and bias.  Returns the extra bytes and, for a
-    MatMul without a bias Add, the bias still to be added (None if not needed)."""
-    extra = set_param(index, gi, lay.node, 1, p.weight, lay.w.elem_type)
+    MatMul without a bias Add, the bias still to be added (None if not needed).
+
+    The bias goes first: an exporter may compute a zero bias from the weight's
+    shape, and once that bias is replaced the weight is no longer shared.
+    """
+    extra, pending = 0, None
     if lay.op == "Gemm":
         remove_attr(lay.node, "alpha")
         remove_attr(lay.node, "beta")
-    if p.bias is None:
-        return extra, None
-    if lay.b_node is None:  # MatMul without a bias Add
-        return extra, p.bias
-    shape = lay.b.value.shape if lay.b is not None and lay.b.value.size == p.bias.numel() else (p.bias.numel(),)
-    extra += set_param(index, gi, lay.b_node, lay.b_idx, p.bias.reshape(shape), p.bias_type)
-    return extra, None
+    if p.bias is not None:
+        if lay.b_node is None:  # MatMul without a bias Add
+            pending = p.bias
+        else:
+            keep = lay.b is not None and lay.b.value.size == p.bias.numel()
+            shape = lay.b.value.shape if keep else (p.bias.numel(),)
+            extra += set_param(index, gi, lay.b_node, lay.b_idx, p.bias.reshape(shape), p.bias_type)
+    extra += set_param(index, gi, lay.node, 1, p.weight, lay.w.elem_type)
+    return extra, pending
 
 
 def add_bias_node(index: ModelIndex, gi: GraphInfo, anchor: NodeProto, src: str, dst: str, bias: torch.Tensor,

@@ -33,6 +33,12 @@ def save_onnx(model: onnx.ModelProto, path, external_data: bool | None = None) -
     folder = os.path.dirname(p)
     if not os.path.isdir(folder):
         raise ModelFileError(f"{p}: the folder {folder} does not exist")
+    for t in external.all_tensors(model):
+        if t.data_location == TensorProto.EXTERNAL:
+            raise ModelFileError(
+                f"{p}: tensor {t.name!r} still refers to external data that was never loaded; "
+                "read the model with bnfold.onnx.load_onnx before saving it"
+            )
     mark = external.recall(model)
     if external_data is None:
         external_data = mark is not None or model.ByteSize() > _PROTO_LIMIT

@@ -122,7 +122,7 @@ def hop_forward(index: ModelIndex, gi: GraphInfo, node: NodeProto, chan: Chan, s
     if is_onnx_op(node, "Identity"):
         return chan
     if is_onnx_op(node, "Dropout"):
-        if attr(node, "is_test", 1) == 0:
+        if attr(node, "is_test", 0 if index.opset < 7 else 1) == 0:  # opset < 7 defaults to training
             return f"{what} has is_test=0 (training mode)"
         if len(node.input) > 2 and node.input[2]:
             c = index.constant(gi, node.input[2], f"{what} training_mode")
