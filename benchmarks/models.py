@@ -131,7 +131,7 @@ class BasicBlock(nn.Module):
 class ResNetish(nn.Module):
     """ResNet-18-like at reduced width: 3x3 stem, four stages of two basic blocks, global pool, linear."""
 
-    def __init__(self, bn=True, classes=100, width=32):
+    def __init__(self, bn=True, classes=100, width=16):
         super().__init__()
         self.stem = ConvBN(3, width, 3, 1, act=nn.ReLU, bn=bn)
         chans = [width, width * 2, width * 4, width * 8]
@@ -147,52 +147,61 @@ class ResNetish(nn.Module):
 
 
 class ConvBN1d(nn.Sequential):
-    def __init__(self, cin, cout, k, stride=1, groups=1, bn=True, act=True):
-        layers = [nn.Conv1d(cin, cout, k, stride, k // 2, groups=groups, bias=False), _norm("1d", cout, bn)]
+    def __init__(self, cin, cout, k, stride=1, groups=1, dilation=1, bn=True, act=True):
+        pad = dilation * (k // 2)
+        layers = [nn.Conv1d(cin, cout, k, stride, pad, dilation=dilation, groups=groups, bias=False),
+                  _norm("1d", cout, bn)]
         if act:
             layers.append(nn.ReLU())
         super().__init__(*layers)
 
 
-class AudioNet(nn.Module):
-    """A keyword-spotting-style 1-D conv net on 40 log-mel channels: time-channel separable blocks
-    (depthwise conv1d + pointwise conv1d, each with BatchNorm1d), MatchboxNet-like, residual per block."""
+class Separable1d(nn.Sequential):
+    """Time-channel separable conv: depthwise Conv1d + BN1d, pointwise Conv1d + BN1d (+ ReLU)."""
 
-    def __init__(self, bn=True, classes=35, mels=40, width=128, blocks=6):
+    def __init__(self, cin, cout, k, stride=1, dilation=1, bn=True, act=True):
+        super().__init__(ConvBN1d(cin, cin, k, stride, groups=cin, dilation=dilation, bn=bn, act=False),
+                         ConvBN1d(cin, cout, 1, bn=bn, act=act))
+
+
+class AudioNet(nn.Module):
+    """A MatchboxNet-like keyword-spotting net on 40 log-mel channels: separable prologue (k=11,
+    stride 2), residual blocks of time-channel separable convs (depthwise + pointwise Conv1d, each
+    followed by BatchNorm1d; 1x1 conv + BN1d on the residual path), separable epilogue (k=29,
+    dilation 2), 1x1 convs to the classes, mean over time."""
+
+    def __init__(self, bn=True, classes=35, mels=40, width=64, blocks=3, sub_blocks=2):
         super().__init__()
-        self.stem = ConvBN1d(mels, width, 11, 2, bn=bn)
+        self.stem = Separable1d(mels, width, 11, stride=2, bn=bn)
         body = []
         for i in range(blocks):
             k = (13, 15, 17, 19, 21, 23)[i % 6]
-            body.append(nn.ModuleDict({
-                "dw": ConvBN1d(width, width, k, groups=width, bn=bn, act=False),
-                "pw": ConvBN1d(width, width, 1, bn=bn),
-                "res": ConvBN1d(width, width, 1, bn=bn, act=False),
-            }))
+            subs = [Separable1d(width, width, k, bn=bn, act=j < sub_blocks - 1) for j in range(sub_blocks)]
+            body.append(nn.ModuleDict({"main": nn.Sequential(*subs), "res": ConvBN1d(width, width, 1, bn=bn, act=False)}))
         self.body = nn.ModuleList(body)
-        self.head = ConvBN1d(width, width * 2, 29, bn=bn)
-        self.out = nn.Conv1d(width * 2, classes, 1)
+        self.head = nn.Sequential(Separable1d(width, width, 29, dilation=2, bn=bn), ConvBN1d(width, 2 * width, 1, bn=bn))
+        self.out = nn.Conv1d(2 * width, classes, 1)
 
     def forward(self, x):
         x = self.stem(x)
         for b in self.body:
-            x = torch.relu(b["pw"](b["dw"](x)) + b["res"](x))
+            x = torch.relu(b["main"](x) + b["res"](x))
         return self.out(self.head(x)).mean(2)
 
 
 # name -> (constructor, input shape for benchmarks)
 ARCHS = {
-    "efficientnet": (EfficientNetish, (1, 3, 128, 128)),
-    "resnet": (ResNetish, (1, 3, 64, 64)),
+    "efficientnet": (EfficientNetish, (1, 3, 112, 112)),
+    "resnet": (ResNetish, (1, 3, 32, 32)),
     "audio": (AudioNet, (1, 40, 200)),
 }
-QUICK_SHAPES = {"efficientnet": (1, 3, 32, 32), "resnet": (1, 3, 16, 16), "audio": (1, 40, 40)}
+QUICK_SHAPES = {"efficientnet": (1, 3, 32, 32), "resnet": (1, 3, 16, 16), "audio": (1, 40, 48)}
 DESCRIPTIONS = {
     "efficientnet": "EfficientNet-B0-like (stem, 8 MBConv blocks: 1x1 expand, depthwise 3x3, SE, 1x1 project; head), "
                     "SiLU, 100 classes",
-    "resnet": "ResNet-18-like at width 32 (3x3 stem, 8 basic blocks with 1x1 downsample), ReLU, 100 classes",
-    "audio": "MatchboxNet-like 1-D net on 40 log-mel channels (stem k=11, 6 depthwise+pointwise Conv1d blocks "
-             "with BatchNorm1d and residual, head k=29), 35 classes",
+    "resnet": "ResNet-18-like at width 16 (3x3 stem, 8 basic blocks, 1x1 conv+BN downsample), ReLU, 100 classes",
+    "audio": "MatchboxNet-3x2-like 1-D net on 40 log-mel channels x 200 frames (separable Conv1d+BatchNorm1d "
+             "prologue k=11/2, 3 residual blocks of 2 separable sub-blocks, epilogue k=29 dil. 2), 35 classes",
 }
 
 
@@ -266,6 +275,7 @@ def build(arch: str, shape: tuple | None = None, calib_batches: int = 8, seed: i
             "parameters": params}
 
 
+@torch.no_grad()
 def bn_stats_summary(model: nn.Module) -> dict:
     """How far the calibrated statistics are from the 0/1 defaults (reported next to the results)."""
     kappas, scales = [], []

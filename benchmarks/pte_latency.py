@@ -7,7 +7,7 @@ the 10th / 90th percentiles of the per-call wall time, and the median CPU time
 of the calling thread (the portable kernels run on it), which other processes
 on a busy machine disturb far less than the wall time.
 
-    .venv/bin/python benchmarks/pte_latency.py [--channels 32] [--size 56] [--repeats 60]
+    .venv/bin/python benchmarks/pte_latency.py [--channels 32] [--size 28] [--repeats 100]
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--channels", type=int, default=32)
     ap.add_argument("--expand", type=int, default=4)
-    ap.add_argument("--size", type=int, default=56, help="input height and width")
-    ap.add_argument("--repeats", type=int, default=60)
+    ap.add_argument("--size", type=int, default=28, help="input height and width")
+    ap.add_argument("--repeats", type=int, default=100)
     ap.add_argument("--warmup", type=int, default=5)
     args = ap.parse_args(argv)
 

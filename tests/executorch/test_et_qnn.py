@@ -100,6 +100,23 @@ def test_qnn_to_edge_folds(name):
     record_max("qnn to_edge max relative error", relative_error(out, ref))
 
 
+def test_qnn_linear_bn1d_through_convert_linear_to_conv2d():
+    """linear + BN1d with QNN's ConvertLinearToConv2d on: it reads the folded get_attr weight."""
+    from executorch.backends.qualcomm._passes import ConvertLinearToConv2d
+
+    model, x = build("linear_bn1d")
+    pm = qnn_pass_manager()
+    job = pm.get_capture_program_passes()
+    job[ConvertLinearToConv2d][QCOM_PASS_ACTIVATE_KEY] = True
+    ep, passes = qnn_to_edge(model, x, pm, passes_job=job)
+    (fold,) = [p for p in passes if isinstance(p, FoldBatchNormGraphPass)]
+    assert [f.norm for f in fold.report.folded] == ["bn"]
+    assert norm_nodes(ep) == []
+    assert "aten::convolution.default" in [node_key(n) for n in ep.graph.nodes]
+    with torch.no_grad():
+        assert_matches(ep.module()(*x), reference(model, *x))
+
+
 def test_stock_qnn_pipeline_keeps_batch_norm_and_takes_the_fold_tables():
     """The control for the assertions above: QNN's own pass manager keeps the batch norm.  Handed
     qnn_pass_manager()'s tables (what to_edge_transform_and_lower_to_qnn(passes_job=..., dep_table=...)
@@ -242,3 +259,16 @@ def test_stock_canonicalize_conv_rejects_the_get_attr_weight():
     chain = [info.value] + [e for e in (info.value.__cause__, getattr(info.value.__cause__, "__cause__", None)) if e]
     assert any(isinstance(e, IndexError) for e in chain), repr(info.value)
     assert "CanonicalizeConv" in str(info.value)
+
+
+@pytest.mark.parametrize("backend", ["kHtpBackend", "kGpuBackend", "kLpaiBackend"])
+def test_every_backend_pass_manager_gets_the_fold(backend):
+    from executorch.backends.qualcomm.serialization.qc_schema import QnnExecuTorchBackendType
+
+    backend_type = getattr(QnnExecuTorchBackendType, backend)
+    pm = qnn_pass_manager(backend_type)
+    assert isinstance(pm, get_qnn_pass_manager_cls(backend_type))
+    passes = pm.get_to_edge_transform_passes(torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),)))
+    names = _names(passes)
+    assert "CanonicalizeConv" not in names
+    assert _well_ordered(names), names

@@ -272,8 +272,9 @@ _OPS = {
     "Slice": _slice,
     "Expand": lambda n, i, a, e: i[0].expand(torch.broadcast_shapes(i[0].shape, tuple(i[1].tolist()))),
     "CastLike": lambda n, i, a, e: i[0].to(i[1].dtype),
-    "ConstantOfShape": lambda n, i, a, e: torch.full(i[0].tolist(), float(numpy_helper.to_array(a["value"]).reshape(-1)[0]),
-                                                     dtype=torch.float64),
+    "ConstantOfShape": lambda n, i, a, e: torch.full(
+        i[0].tolist(), float(numpy_helper.to_array(a["value"]).reshape(-1)[0]), dtype=torch.float64
+    ),
     "Shape": lambda n, i, a, e: torch.tensor(i[0].shape[a.get("start", 0):a.get("end", None)], dtype=torch.int64),
     "Concat": lambda n, i, a, e: torch.cat(i, dim=a["axis"]),
 }

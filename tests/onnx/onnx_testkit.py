@@ -54,11 +54,13 @@ class G:
 
     def node(self, op: str, inputs, outputs, name: str | None = None, **attrs):
         outputs = [outputs] if isinstance(outputs, str) else list(outputs)
-        self.nodes.append(h.make_node(op, list(inputs), outputs, name=name or f"{op.lower()}_{len(self.nodes)}", **attrs))
+        name = name or f"{op.lower()}_{len(self.nodes)}"
+        self.nodes.append(h.make_node(op, list(inputs), outputs, name=name, **attrs))
         return outputs[0]
 
     def bn(self, x: str, c: int, name: str, out: str | None = None, dtype=np.float32, **attrs):
-        return self.node("BatchNormalization", [x, *self.bn_stats(name, c, dtype)], out or f"{name}_out", name=name, **attrs)
+        stats = self.bn_stats(name, c, dtype)
+        return self.node("BatchNormalization", [x, *stats], out or f"{name}_out", name=name, **attrs)
 
     def output(self, *names: str):
         self.outputs.extend(names)
@@ -78,7 +80,8 @@ class G:
                 return m
             for o in untyped:
                 o.type.tensor_type.elem_type = o.type.tensor_type.elem_type or TP.FLOAT
-                o.type.tensor_type.shape.CopyFrom(h.make_tensor_type_proto(1, list(values[o.name].shape)).tensor_type.shape)
+                shape = h.make_tensor_type_proto(1, list(values[o.name].shape)).tensor_type.shape
+                o.type.tensor_type.shape.CopyFrom(shape)
         return m
 
 

@@ -129,4 +129,5 @@ def test_bn_output_with_another_user_is_skipped():
     g.output(g.node("Conv", [y, g.randn("W", 6, 4, 1, 1)], "y", name="conv"), g.node("Relu", [y], "r", name="relu"))
     r = fold_onnx(g.model())
     (s,) = r.report.skipped
-    assert s.reason == "cannot fold into the following Conv 'conv': 'bn_out' has 2 users, and the fold would change what the others see"
+    assert s.reason == ("cannot fold into the following Conv 'conv': "
+                        "'bn_out' has 2 users, and the fold would change what the others see")

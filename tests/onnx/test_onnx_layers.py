@@ -136,14 +136,14 @@ def _conv_attrs(draw):
     pads = draw(st.lists(st.integers(0, 1), min_size=4, max_size=4))
     attrs = dict(group=groups, strides=strides, dilations=dil, pads=pads)
     if op == "ConvTranspose":
-        attrs["output_padding"] = [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(strides, dil)]
+        attrs["output_padding"] = [draw(st.integers(0, s - 1)) for s in strides]  # ORT wants < stride
         w_shape = [c_in, per_group_out] + k
     else:
         w_shape = [groups * per_group_out, c_in // groups] + k
     return op, c_in, groups * per_group_out, w_shape, attrs, draw(st.booleans())
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(_conv_attrs())
 def test_random_conv_attributes(case):
     op, c_in, c_out, w_shape, attrs, bias = case

@@ -99,6 +99,7 @@ def test_torchscript_default_export_leaves_some_bn():
 
 
 def test_dynamo_export_without_optimizer():
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (not in bnfold's extras)")
     net = _net(2)
     m = _export(net, dynamo=True, optimize=False)
     r = _check(m, net, 5)

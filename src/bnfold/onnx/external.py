@@ -81,6 +81,10 @@ def remember(model: onnx.ModelProto, mark: Mark) -> None:
         _MARKS.popitem(last=False)
 
 
+def forget(model: onnx.ModelProto) -> None:
+    _MARKS.pop(id(model), None)
+
+
 def recall(model: onnx.ModelProto) -> Mark | None:
     mark = _MARKS.get(id(model))
     if mark is None:

@@ -18,7 +18,8 @@ from onnx import NodeProto
 from ..fold_math import FoldError
 from ..report import Folded, FoldReport, FoldResult, Skipped
 from . import external
-from .graph import GraphInfo, ModelIndex, Tracker, clean_up, is_onnx_op, label
+from .graph import GraphInfo, ModelIndex, Tracker, clean_up
+from .nodes import is_onnx_op, label
 from .rewrite import add_bias_node, input_params, output_params, write_params
 from .rules import (
     LAYERS_TEXT,
@@ -46,7 +47,8 @@ def fold_onnx(model_or_path, only=None) -> FoldResult:
     the layer kinds folded into (``"conv"``, ``"conv_transpose"``, ``"linear"``).
     The result's ``model`` is a new ModelProto.
     """
-    if isinstance(model_or_path, (str, os.PathLike)):
+    loaded_here = isinstance(model_or_path, (str, os.PathLike))
+    if loaded_here:
         from .load import load_onnx
 
         original = load_onnx(model_or_path)
@@ -59,6 +61,8 @@ def fold_onnx(model_or_path, only=None) -> FoldResult:
     model.CopyFrom(original)
     report = _Folder(model, original, only).run()
     external.inherit(original, model)
+    if loaded_here:
+        external.forget(original)  # nobody else holds it; its id may be reused
     return FoldResult(model, report)
 
 
@@ -319,7 +323,9 @@ class _Folder:
 
 def _matmul_of_values(index: ModelIndex, gi: GraphInfo, node: NodeProto) -> bool:
     """A MatMul whose second operand is not a constant (e.g. attention scores)."""
-    return is_onnx_op(node, "MatMul") and (len(node.input) < 2 or isinstance(index.constant(gi, node.input[1], "w"), str))
+    if not is_onnx_op(node, "MatMul"):
+        return False
+    return len(node.input) < 2 or isinstance(index.constant(gi, node.input[1], "w"), str)
 
 
 def _all_nodes(graph: onnx.GraphProto):

@@ -19,7 +19,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 from ..fold_math import FoldError
 from . import tensors
 from .consts import CONST_OPS, evaluate, inputs_needed
-from .nodes import attr, is_onnx_op, label, remove_attr, subgraphs  # noqa: F401 - re-exported
+from .nodes import is_onnx_op, label, subgraphs
 
 
 @dataclass(eq=False)

@@ -16,7 +16,8 @@ import torch
 from onnx import NodeProto
 
 from ..fold_math import Affine, affine, cast_checked, fold_input_affine, fold_output_affine
-from .graph import GraphInfo, ModelIndex, label, remove_attr
+from .graph import GraphInfo, ModelIndex
+from .nodes import label, remove_attr
 from .rules import Layer, zero_padding
 from .shapes import Chan
 from .tensors import from_torch, nbytes, to_torch, torch_dtype

@@ -14,7 +14,8 @@ import torch
 from onnx import NodeProto
 
 from ..fold_math import Affine, FoldError, affine, batch_norm_affine, in_channels, out_channels
-from .graph import Const, GraphInfo, ModelIndex, attr, is_onnx_op, label
+from .graph import Const, GraphInfo, ModelIndex
+from .nodes import attr, is_onnx_op, label
 from .shapes import Chan, Shapes
 from .tensors import to_torch
 
@@ -203,7 +204,8 @@ def per_channel(shape, chan: Chan, what: str) -> str | None:
             if d not in (1, chan.channels):
                 return f"{what} has {d} elements along the channel axis, expected 1 or {chan.channels}"
         elif d != 1:
-            return f"{what} has shape {list(shape)}, which does not broadcast along the channel axis ({chan.axis}) alone"
+            return (f"{what} has shape {list(shape)}, which does not broadcast along "
+                    f"the channel axis ({chan.axis}) alone")
     return None
 
 

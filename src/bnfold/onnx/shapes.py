@@ -14,7 +14,8 @@ import numpy as np
 import onnx
 from onnx import NodeProto
 
-from .graph import GraphInfo, ModelIndex, attr, is_onnx_op, label, subgraphs
+from .graph import GraphInfo, ModelIndex
+from .nodes import attr, is_onnx_op, label, subgraphs
 
 HOPS = ("Identity", "Dropout", "Unsqueeze", "Squeeze", "Reshape", "Transpose")
 
