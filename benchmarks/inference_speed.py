@@ -11,7 +11,11 @@ mode on structured random inputs, then eval):
 * ``folded``    ``bnfold.fold`` of that program;
 * ``ideal``     the same network with every BatchNorm replaced by ``nn.Identity``
                 (same conv / linear weights; bias-free convs stay bias-free), exported
-                the same way: the cost a perfect fold reaches.
+                the same way: the cost a perfect fold reaches;
+* ``ideal+bias``  a control: the BatchNorm-free network where every conv the fold gave a
+                bias has one, loaded with the folded tensors and exported directly.  It is
+                what the folded program should be; folded vs ideal+bias isolates anything
+                the fold adds beyond the bias, ideal+bias vs ideal is the price of the bias.
 
 Runtimes (1 thread everywhere: ``torch.set_num_threads(1)``, and ExecuTorch's
 threadpool reset to 1 thread):
@@ -42,7 +46,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import (fmt_x, load_now, log, machine, median, paired_ratio, percentile, quiet, table,  # noqa: E402
                     write_json, write_text)
 
-VARIANTS = ("unfolded", "folded", "ideal")
+VARIANTS = ("unfolded", "folded", "ideal", "ideal_bias")
 RUNTIMES = ("eager", "portable", "xnnpack")
 SAMPLE_S = 0.02
 
@@ -101,6 +105,8 @@ def _summary(times: dict[str, list[float]]) -> dict:
     out["speedup"] = paired_ratio(times["unfolded"], times["folded"])
     out["folded_over_ideal"] = paired_ratio(times["folded"], times["ideal"])
     out["unfolded_over_ideal"] = paired_ratio(times["unfolded"], times["ideal"])
+    out["folded_over_ideal_bias"] = paired_ratio(times["folded"], times["ideal_bias"])
+    out["ideal_bias_over_ideal"] = paired_ratio(times["ideal_bias"], times["ideal"])
     return out
 
 
@@ -129,14 +135,16 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
     import torch
 
     import bnfold
-    from models import DESCRIPTIONS, QUICK_SHAPES, bn_stats_summary, build
+    from models import DESCRIPTIONS, QUICK_SHAPES, bn_stats_summary, build, ideal_with_bias
 
     t0 = time.perf_counter()
     b = build(arch, QUICK_SHAPES[arch] if quick else None, calib_batches=2 if quick else 8)
     x = b["example"]
     ep = torch.export.export(b["model"], x)
     fold = bnfold.fold(ep)
-    eps = {"unfolded": ep, "folded": fold.model, "ideal": torch.export.export(b["ideal"], x)}
+    ideal_bias = ideal_with_bias(arch, dict(fold.model.state_dict))
+    eps = {"unfolded": ep, "folded": fold.model, "ideal": torch.export.export(b["ideal"], x),
+           "ideal_bias": torch.export.export(ideal_bias, x)}
     with torch.no_grad():
         ref = eps["unfolded"].module()(*x)
     res = {"arch": arch, "description": DESCRIPTIONS[arch], "input_shape": list(b["shape"]),
@@ -195,8 +203,9 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
 
 def _line(r: dict) -> str:
     m = r["median_ms"]
-    return (f"unfolded {m['unfolded']:.3f} ms, folded {m['folded']:.3f} ms, ideal {m['ideal']:.3f} ms; "
-            f"speedup {r['speedup']:.3f}x, folded/ideal {r['folded_over_ideal']:.3f} "
+    return (f"unfolded {m['unfolded']:.3f} ms, folded {m['folded']:.3f} ms, ideal {m['ideal']:.3f} ms, "
+            f"ideal+bias {m['ideal_bias']:.3f} ms; speedup {r['speedup']:.3f}x, folded/ideal "
+            f"{r['folded_over_ideal']:.3f}, folded/(ideal+bias) {r['folded_over_ideal_bias']:.3f} "
             f"({r['rounds']} rounds x {r['calls_per_sample']} calls; load {load_now()})")
 
 
@@ -235,13 +244,15 @@ def summary(rows) -> dict:
             out[rt] = {"worst_folded_over_ideal": max(v["folded_over_ideal"] for v in vals),
                        "median_folded_over_ideal": median([v["folded_over_ideal"] for v in vals]),
                        "median_speedup": median([v["speedup"] for v in vals]),
+                       "worst_folded_over_ideal_bias": max(v["folded_over_ideal_bias"] for v in vals),
+                       "median_ideal_bias_over_ideal": median([v["ideal_bias_over_ideal"] for v in vals]),
                        "within_target": all(v["folded_over_ideal"] <= 1.02 for v in vals)}
     return out
 
 
 def render(doc: dict) -> str:
-    head = ["model", "runtime", "unfolded ms", "folded ms", "ideal ms", "speedup unf/fold", "folded/ideal",
-            "unfolded/ideal", "rounds x calls", "max rel. err folded"]
+    head = ["model", "runtime", "unfolded ms", "folded ms", "ideal ms", "ideal+bias ms", "speedup unf/fold",
+            "folded/ideal", "unfolded/ideal", "folded/(ideal+bias)", "rounds x calls", "max rel. err folded"]
     body = []
     for r in doc["rows"]:
         for rt in RUNTIMES:
@@ -249,11 +260,12 @@ def render(doc: dict) -> str:
             if v is None:
                 continue
             if "error" in v:
-                body.append([r["arch"], rt, "failed: " + v["error"][:60], "", "", "", "", "", "", ""])
+                body.append([r["arch"], rt, "failed: " + v["error"][:60], *([""] * 9)])
                 continue
             m = v["median_ms"]
             body.append([r["arch"], rt, f"{m['unfolded']:.3f}", f"{m['folded']:.3f}", f"{m['ideal']:.3f}",
-                         fmt_x(v["speedup"], 3), f"{v['folded_over_ideal']:.3f}", f"{v['unfolded_over_ideal']:.3f}",
+                         f"{m['ideal_bias']:.3f}", fmt_x(v["speedup"], 3), f"{v['folded_over_ideal']:.3f}",
+                         f"{v['unfolded_over_ideal']:.3f}", f"{v['folded_over_ideal_bias']:.3f}",
                          f"{v['rounds']} x {v['calls_per_sample']}", f"{v['rel_err_vs_unfolded']['folded']:.1e}"])
     models = "\n".join(f"- **{r['arch']}**: {r['description']}; input {'x'.join(map(str, r['input_shape']))}; "
                        f"{r['batchnorms']} BatchNorms ({r['folded']} folded, {len(r['skipped'])} skipped), "
@@ -272,7 +284,7 @@ def render(doc: dict) -> str:
     lines = [
         "### B. Inference latency (ms per call, batch 1, median; variants interleaved, 1 thread)",
         "",
-        table(head, body, "ll" + "r" * 8),
+        table(head, body, "ll" + "r" * 10),
         "",
         models,
         "",
@@ -281,8 +293,10 @@ def render(doc: dict) -> str:
     if xnn:
         lines += ["XNNPACK partitioning: " + "; ".join(xnn) + "."]
     for rt, v in s.items():
-        lines.append(f"{rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f}, median speedup "
-                     f"{v['median_speedup']:.3f}x, {'all within' if v['within_target'] else 'NOT all within'} 1.02.")
+        lines.append(f"- {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} "
+                     f"({'all within' if v['within_target'] else 'NOT all within'} 1.02), median speedup "
+                     f"{v['median_speedup']:.3f}x; folded/(ideal+bias) worst {v['worst_folded_over_ideal_bias']:.3f}; "
+                     f"price of the conv biases (ideal+bias)/ideal, median {v['median_ideal_bias_over_ideal']:.3f}.")
     return "\n".join(lines)
 
 

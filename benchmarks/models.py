@@ -200,7 +200,7 @@ DESCRIPTIONS = {
     "efficientnet": "EfficientNet-B0-like (stem, 8 MBConv blocks: 1x1 expand, depthwise 3x3, SE, 1x1 project; head), "
                     "SiLU, 100 classes",
     "resnet": "ResNet-18-like at width 16 (3x3 stem, 8 basic blocks, 1x1 conv+BN downsample), ReLU, 100 classes",
-    "audio": "MatchboxNet-3x2-like 1-D net on 40 log-mel channels x 200 frames (separable Conv1d+BatchNorm1d "
+    "audio": "MatchboxNet-3x2-like 1-D net on 40 log-mel channels (separable Conv1d+BatchNorm1d "
              "prologue k=11/2, 3 residual blocks of 2 separable sub-blocks, epilogue k=29 dil. 2), 35 classes",
 }
 
@@ -291,3 +291,17 @@ def bn_stats_summary(model: nn.Module) -> dict:
 
 def clone(model: nn.Module) -> nn.Module:
     return copy.deepcopy(model)
+
+
+def ideal_with_bias(arch: str, folded_state: dict) -> nn.Module:
+    """The BatchNorm-free network with a bias on every conv / linear that the fold gave one, loaded with the
+    folded program's tensors: structurally what a fold produces, built directly (a control for part B)."""
+    ctor, _ = ARCHS[arch]
+    net = ctor(bn=False)
+    for name, m in net.named_modules():
+        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear)) and m.bias is None and f"{name}.bias" in folded_state:
+            m.bias = nn.Parameter(torch.zeros(m.weight.shape[0]))
+    own = net.state_dict()
+    missing = net.load_state_dict({k: v for k, v in folded_state.items() if k in own}, strict=False)
+    assert not missing.missing_keys, missing.missing_keys
+    return net.eval()

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from .errors import BnfoldError, ModelFileError
+from .files import file_mode, read_model_bytes
 
 PT2 = "pt2"
 ONNX = "onnx"
@@ -73,22 +74,6 @@ def quiet(enabled: bool = True) -> Iterator[None]:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_input_bytes(path: str) -> bytes:
-    """The file's bytes, or a one-line error for missing / unreadable / empty files."""
-    if not os.path.lexists(path):
-        raise ModelFileError(f"{path}: no such file")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a directory, not a model file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read ({e.strerror or e})") from None
-    if not data:
-        raise ModelFileError(f"{path}: the file is empty")
-    return data
-
-
 def check_input_file(path: str) -> None:
     """Existence checks only (for formats whose loader reads the file itself)."""
     if not os.path.lexists(path):
@@ -113,7 +98,7 @@ def load_pt2(path: str, *, trust: bool = False, debug: bool = False):
     """Load a ``torch.export.save`` archive, refusing ones that would run code unless ``trust``."""
     from . import pt2_safety
 
-    data = read_input_bytes(path)
+    data = read_model_bytes(path)
     if trust:
         if data[:4] != pt2_safety.ZIP_MAGIC:
             raise ModelFileError(f"{path}: not a .pt2 archive (not a zip file; {pt2_safety._sniff(data)})")
@@ -299,15 +284,6 @@ def check_side_file(path: str, *, not_same_as: list[str], what: str) -> None:
         raise ModelFileError(f"{path}: the folder {parent} does not exist")
 
 
-def _final_mode(path: str) -> int:
-    try:
-        return os.stat(path).st_mode & 0o7777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
-
-
 @contextlib.contextmanager
 def atomic_path(path: str, suffix: str = ".tmp") -> Iterator[str]:
     """Yield a temporary path in ``path``'s folder; on success it replaces ``path``, on error it is removed."""
@@ -317,7 +293,7 @@ def atomic_path(path: str, suffix: str = ".tmp") -> Iterator[str]:
     os.close(fd)
     try:
         yield tmp
-        os.chmod(tmp, _final_mode(path))
+        os.chmod(tmp, file_mode(path))
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -17,23 +17,14 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto
 
 from ..errors import ModelFileError
+from ..files import read_model_bytes
 from . import external
 
 
 def load_onnx(path) -> onnx.ModelProto:
     """The model at ``path`` with its external data read in (none left on disk references)."""
     p = os.fspath(path)
-    if not os.path.exists(p):
-        raise ModelFileError(f"{p}: no such file; check the path to the .onnx model")
-    if not os.path.isfile(p):
-        raise ModelFileError(f"{p}: not a regular file; pass the path of a .onnx model")
-    try:
-        with open(p, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ModelFileError(f"{p}: cannot read the file ({e.strerror or e})") from None
-    if not data:
-        raise ModelFileError(f"{p}: the file is empty, not an ONNX model")
+    data = read_model_bytes(p)
     model = onnx.ModelProto()
     try:
         model.ParseFromString(data)

@@ -15,6 +15,7 @@ import onnx
 from onnx import TensorProto
 
 from ..errors import ModelFileError
+from ..files import file_mode
 from . import external
 
 _PROTO_LIMIT = 2**31 - 1  # protobuf's serialization limit
@@ -44,7 +45,7 @@ def save_onnx(model: onnx.ModelProto, path, external_data: bool | None = None) -
         external_data = mark is not None or model.ByteSize() > _PROTO_LIMIT
     threshold = mark.threshold if mark is not None else external.DEFAULT_THRESHOLD
     names = mark.names if mark is not None else frozenset()
-    mode = _file_mode(p)
+    mode = file_mode(p)
     tmp_files: list[str] = []
     try:
         if external_data:
@@ -132,11 +133,3 @@ def _write_temp(folder: str, name: str, blob: bytes, tmp_files: list[str]) -> st
     return tmp
 
 
-def _file_mode(p: str) -> int:
-    """Keep an existing file's permissions; a new file gets the usual 0o666 less the umask."""
-    try:
-        return os.stat(p).st_mode & 0o777
-    except OSError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
