@@ -128,7 +128,7 @@ def test_missing_empty_truncated_and_foreign_files(tmp_path):
     (tmp_path / "text.onnx").write_text("this is not a model\n" * 10)
     _refused(tmp_path / "text.onnx", "not an ONNX model")
     (tmp_path / "dir.onnx").mkdir()
-    _refused(tmp_path / "dir.onnx", "not a regular file")
+    _refused(tmp_path / "dir.onnx", "is a directory")
     with pytest.raises(ModelFileError):
         bnfold.fold(str(tmp_path / "missing.onnx"))
 
