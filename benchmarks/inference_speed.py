@@ -131,7 +131,7 @@ def _lower_xnnpack(ep):
                                           "batch_norm_outside": _bn_nodes(edge.exported_program())}
 
 
-def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: int) -> dict:
+def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: int, et_archs=None) -> dict:
     import torch
 
     import bnfold
@@ -171,7 +171,7 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
 
     rt = Runtime.get()
     for name, lower, n_rounds in (("portable", _lower_portable, portable_rounds), ("xnnpack", _lower_xnnpack, rounds)):
-        if name not in runtimes:
+        if name not in runtimes or (et_archs is not None and arch not in et_archs):
             continue
         try:
             methods, info, lower_s, sizes = {}, {}, {}, {}
@@ -210,7 +210,7 @@ def _line(r: dict) -> str:
 
 
 def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=False, rounds=15, portable_rounds=7,
-        out_dir=None) -> dict:
+        out_dir=None, et_archs=None) -> dict:
     quiet()
     import torch
 
@@ -224,7 +224,7 @@ def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=Fals
     except Exception as e:  # pragma: no cover
         et_threads = f"default (could not reset: {e})"
     log("B. inference speed")
-    rows = [bench_arch(a, quick, runtimes, rounds, portable_rounds) for a in archs]
+    rows = [bench_arch(a, quick, runtimes, rounds, portable_rounds, et_archs) for a in archs]
     doc = {"benchmark": "inference_speed", "quick": quick, "machine": machine(), "torch_threads": 1,
            "executorch_threads": et_threads, "rows": rows, "load_end": load_now()}
     doc["summary"] = summary(rows)
@@ -306,11 +306,16 @@ def main(argv=None):
     ap.add_argument("--runtimes", default=",".join(RUNTIMES))
     ap.add_argument("--rounds", type=int, default=15, help="rounds for eager and xnnpack")
     ap.add_argument("--portable-rounds", type=int, default=7)
+    ap.add_argument("--et-archs", default=None,
+                    help="architectures that also run on ExecuTorch (default: all; --quick: audio only, since "
+                         "lowering 4 programs x 2 runtimes dominates a smoke run)")
     ap.add_argument("--quick", action="store_true", help="tiny inputs, 5 rounds (3 portable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rounds, prounds = (5, 3) if args.quick else (args.rounds, args.portable_rounds)
-    run(tuple(args.archs.split(",")), tuple(args.runtimes.split(",")), args.quick, rounds, prounds, args.out)
+    et_archs = args.et_archs or ("audio" if args.quick else None)
+    run(tuple(args.archs.split(",")), tuple(args.runtimes.split(",")), args.quick, rounds, prounds, args.out,
+        tuple(et_archs.split(",")) if et_archs else None)
 
 
 if __name__ == "__main__":
