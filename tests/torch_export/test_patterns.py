@@ -268,17 +268,21 @@ def test_batch_norm_before_conv_with_another_user_is_skipped():
 # ---------------------------------------------------------------- 5. variants, 6. fixed point
 
 
-@pytest.mark.parametrize("bn", [nn.BatchNorm1d(4, affine=False), nn.BatchNorm1d(4)])
-def test_batch_norm_1d_variants(bn):
+@pytest.mark.parametrize("dims", [1, 2, 3])
+@pytest.mark.parametrize("affine", [True, False])
+def test_batch_norm_variants(dims, affine):
+    conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims](2, 4, 3)
+    bn = {1: nn.BatchNorm1d, 2: nn.BatchNorm2d, 3: nn.BatchNorm3d}[dims](4, affine=affine)
+
     class M(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv, self.bn = nn.Conv1d(2, 4, 3), bn
+            self.conv, self.bn = conv, bn
 
         def forward(self, x):
             return self.bn(self.conv(x))
 
-    _check(randomize_bn(M()).eval(), (torch.randn(3, 2, 9),), folded=1)
+    _check(randomize_bn(M()).eval(), (torch.randn(2, 2, *([6] * dims)),), folded=1)
 
 
 @pytest.mark.parametrize("ir", IRS)
