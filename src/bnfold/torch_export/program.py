@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import ExportGraphSignature, InputKind, InputSpec, TensorArgument
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 from torch.fx.graph_module import _copy_attr
 
@@ -169,8 +170,12 @@ class ProgramEditor:
                 node = self.graph.get_attr(path)
         else:
             spec = self.spec(like)
+            name = self._free_name(_PREFIX[spec.kind] + target.replace(".", "_"))
             with self.graph.inserting_after(like):
-                node = self.graph.placeholder(self._free_name(_PREFIX[spec.kind] + target.replace(".", "_")))
+                # create_node with an explicit name: fx makes it unique (without the slow name
+                # derivation graph.placeholder does), and a placeholder's target is its name.
+                node = self.graph.create_node("placeholder", name, name=name)
+            node.target = node.name
             new_spec = InputSpec(spec.kind, TensorArgument(node.name), target,
                                  spec.persistent if spec.kind == InputKind.BUFFER else None)
             # inserting_after(like) puts the newest node first, right after ``like``
@@ -268,10 +273,9 @@ class ProgramEditor:
         return re.sub(r"\W", "_", name)
 
     def _set_val(self, node: Node, value: torch.Tensor) -> None:
-        if self._fake_mode is not None:
-            with self._fake_mode:
-                node.meta["val"] = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype,
-                                                       device=value.device)
+        if self._fake_mode is not None:  # a fake tensor with the value's metadata, in the program's fake mode
+            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            node.meta["val"] = FakeTensor(self._fake_mode, meta, value.device)
         else:
             node.meta["val"] = value
         node.meta.pop("tensor_meta", None)
