@@ -50,7 +50,12 @@ class ProgramEditor:
         self._spec_by_name = {s.arg.name: s for s in self.input_specs if isinstance(s.arg, TensorArgument)}
         self._targets = {s.target for s in self.input_specs if s.target} | set(self.state_dict) | set(self.constants)
         # How many nodes used each tensor in the input program (sharing is judged on the input).
-        self.original_users = {n.name: len(n.users) for n in self.graph.nodes if n.op in ("placeholder", "get_attr")}
+        # Several get_attr nodes may read one attribute, so those are counted by target.
+        self._original_users: dict[str, int] = {}
+        for n in self.graph.nodes:
+            if n.op in ("placeholder", "get_attr"):
+                key = f"attr:{n.target}" if n.op == "get_attr" else n.name
+                self._original_users[key] = self._original_users.get(key, 0) + len(n.users)
         self._computed: dict[str, torch.Tensor | None] = {}
         self._placeholders: dict[str, Node] | None = None
         self._spec_by_target = {s.target: s for s in self.input_specs if isinstance(s.arg, TensorArgument) and s.target}
@@ -139,6 +144,13 @@ class ProgramEditor:
         if node.op == "call_function":
             return f"'{node.name}' ({getattr(node.target, '__name__', node.target)})"
         return f"'{node.name}'"
+
+    def is_shared(self, node: Node) -> bool:
+        """Whether the tensor behind ``node`` has (or had, in the input) more than one user."""
+        if node.op == "get_attr":
+            now = sum(len(n.users) for n in self.graph.nodes if n.op == "get_attr" and n.target == node.target)
+            return max(now, self._original_users.get(f"attr:{node.target}", 1)) > 1
+        return max(len(node.users), self._original_users.get(node.name, 1)) > 1
 
     # ------------------------------------------------------------------ writing
 

@@ -212,10 +212,6 @@ def _label(editor: ProgramEditor, steps: list[Step]) -> str:
     return norm_label(editor, first.node, first.norm).replace(".", "_")
 
 
-def _is_shared(editor: ProgramEditor, node: Node) -> bool:
-    return editor.original_users.get(node.name, 1) > 1 or len(node.users) > 1
-
-
 def _derived_target(target: str, role: str, label: str | None) -> str:
     """``conv.weight`` -> ``conv.bias`` / ``conv.weight_folded_bn1``; other names get a suffix."""
     module, _, leaf = target.rpartition(".")
@@ -229,7 +225,7 @@ def _write(editor: ProgramEditor, p: Producer, new_w, new_b, label: str) -> int:
     extra = 0
     weight_target = editor.target(p.weight)
     weight_holder = p.weight_view if p.weight_view is not None else p.weight
-    if _is_shared(editor, p.weight) or (p.weight_view is not None and len(p.weight_view.users) > 1):
+    if editor.is_shared(p.weight) or (p.weight_view is not None and len(p.weight_view.users) > 1):
         new_node = editor.add_tensor(p.weight, _derived_target(weight_target, "weight", label), new_w)
         extra += new_w.numel() * new_w.element_size()
         if p.weight_view is not None:
@@ -247,7 +243,7 @@ def _write(editor: ProgramEditor, p: Producer, new_w, new_b, label: str) -> int:
         editor.replace_tensor(p.weight, new_w)
     if new_b is None:
         return extra
-    if p.bias is not None and not _is_shared(editor, p.bias):
+    if p.bias is not None and not editor.is_shared(p.bias):
         editor.replace_tensor(p.bias, new_b)
         return extra
     if p.bias is not None:
@@ -258,7 +254,7 @@ def _write(editor: ProgramEditor, p: Producer, new_w, new_b, label: str) -> int:
             extra -= editor.tensor(p.bias).numel() * editor.tensor(p.bias).element_size()
             editor.drop_if_unused(p.bias)
         return extra
-    shared = _is_shared(editor, p.weight)
+    shared = editor.is_shared(p.weight)
     bias_node = editor.add_tensor(p.weight, _derived_target(weight_target, "bias", label if shared else None), new_b)
     if shared:
         extra += new_b.numel() * new_b.element_size()
