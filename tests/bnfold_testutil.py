@@ -10,6 +10,29 @@ import torch.nn as nn
 BN_TYPES = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 
 
+class Pair(nn.Module):
+    """A layer followed by a normalization."""
+
+    def __init__(self, layer, bn):
+        super().__init__()
+        self.layer, self.bn = layer, bn
+
+    def forward(self, x):
+        return self.bn(self.layer(x))
+
+
+class TwoPaths(nn.Module):
+    """One conv module on two paths, each with its own BatchNorm (a shared weight)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn1, self.bn2 = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn1(self.conv(x)), self.bn2(self.conv(x.flip(-1)))
+
+
 def randomize_bn(module: nn.Module, seed: int = 0, mean=1.0, var=(0.5, 2.0), gamma=2.0, beta=1.0) -> nn.Module:
     """Give every batch norm distinct per-channel statistics, so a wrong channel mapping shows."""
     g = torch.Generator().manual_seed(seed)

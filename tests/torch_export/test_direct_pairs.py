@@ -5,18 +5,9 @@ import torch
 import torch.nn as nn
 
 import bnfold
-from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run
+from bnfold_testutil import Pair, assert_matches, export, norm_nodes, randomize_bn, reference, run
 
 IRS = ["default", "decomposed"]
-
-
-class Pair(nn.Module):
-    def __init__(self, layer, bn):
-        super().__init__()
-        self.layer, self.bn = layer, bn
-
-    def forward(self, x):
-        return self.bn(self.layer(x))
 
 
 def _case(name):

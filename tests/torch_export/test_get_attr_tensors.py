@@ -1,21 +1,10 @@
 """Tensors held as get_attr attributes (how ExecuTorch passes register them)."""
 
 import torch
-import torch.nn as nn
 
 import bnfold
 from bnfold.torch_export.program import ProgramEditor
-from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run
-
-
-class TwoPaths(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn1, self.bn2 = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn1(self.conv(x)), self.bn2(self.conv(x.flip(-1)))
+from bnfold_testutil import TwoPaths, assert_matches, export, norm_nodes, randomize_bn, reference, run
 
 
 def _weight_as_get_attr_per_user(ep):

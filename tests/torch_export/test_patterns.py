@@ -4,7 +4,6 @@ BatchNorm variants and chains that fold to a fixed point."""
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import bnfold
 from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run

@@ -9,21 +9,9 @@ import torch.nn.functional as F
 
 import bnfold
 from bnfold import fold_math
-from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run
+from bnfold_testutil import TwoPaths, assert_matches, export, norm_nodes, randomize_bn, reference, run
 
 X = (torch.randn(2, 3, 8, 8),)
-
-
-class TwoPaths(nn.Module):
-    """One conv module on two paths, each with its own BatchNorm."""
-
-    def __init__(self):
-        super().__init__()
-        self.conv = nn.Conv2d(3, 4, 3)
-        self.bn1, self.bn2 = nn.BatchNorm2d(4), nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn1(self.conv(x)), self.bn2(self.conv(x.flip(-1)))
 
 
 class ConvBn(nn.Module):

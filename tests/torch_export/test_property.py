@@ -9,7 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import bnfold
-from bnfold_testutil import assert_matches, export, norm_nodes, record_count, record_max, reference, run
+from bnfold_testutil import Pair, assert_matches, export, norm_nodes, record_count, record_max, reference, run
 
 LAYERS = {
     ("conv", 1): (nn.Conv1d, nn.BatchNorm1d), ("conv", 2): (nn.Conv2d, nn.BatchNorm2d),
@@ -57,15 +57,6 @@ def bn_stats(draw, channels):
     beta = vec(st.floats(-10, 10))
     eps = draw(_log_uniform(1e-9, 1e-1))
     return mean, var, gamma, beta, eps
-
-
-class Pair(nn.Module):
-    def __init__(self, layer, bn):
-        super().__init__()
-        self.layer, self.bn = layer, bn
-
-    def forward(self, x):
-        return self.bn(self.layer(x))
 
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

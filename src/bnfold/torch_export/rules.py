@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
 from torch.fx import Node
 
 from .. import fold_math
