@@ -314,3 +314,17 @@ def test_residual_block_reusing_one_batch_norm_module():
 
     ep, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 4, 6, 6),), folded=2)
     assert not any(k.startswith("bn.") for k in result.model.state_dict)
+
+
+def test_random_tensor_computed_from_a_constant_is_not_a_constant():
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3)
+            self.register_buffer("k", torch.ones(1, 4, 1, 1))
+
+        def forward(self, x):
+            return self.conv(x) * torch.randn_like(self.k)
+
+    result = bnfold.fold(export(M().eval(), (torch.randn(1, 3, 5, 5),)))
+    assert result.report.folded == [] and len(_affine_nodes(result.model)) == 1

@@ -94,6 +94,8 @@ class ProgramEditor:
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
             return None
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()) or "empty" in schema.name:
+            return None  # random or uninitialized: not a constant, whatever its inputs
 
         def resolve(arg):
             if isinstance(arg, Node):
