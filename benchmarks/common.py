@@ -113,8 +113,13 @@ def machine() -> dict:
         info["lscpu"] = rows
     except Exception:
         info["lscpu"] = {}
+    try:  # read-only: which commit the numbers belong to (the working tree may differ)
+        out = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10, cwd=HERE)
+        info["git_head"] = out.stdout.strip() or None
+    except Exception:
+        info["git_head"] = None
     try:
-        info["loadavg_start"] = list(os.getloadavg())
+        info["loadavg_start"] = [round(x, 2) for x in os.getloadavg()]
     except OSError:
         pass
     return info

@@ -159,7 +159,10 @@ def summary(results) -> dict:
                   and r["program"] == w] for w in ("unfolded", "folded")}
         nan = {w: sum(r["nan"] + r["inf"] for m in results for r in m["rows"] if r["profile"] == prof
                       and r["program"] == w) for w in ("unfolded", "folded")}
+        per_model = {m["model"]: {r["program"]: r["top1_agreement"] for r in m["rows"] if r["profile"] == prof}
+                     for m in results}
         out[prof] = {"min_agreement": {w: min(v) if v else None for w, v in agree.items()},
+                     "agreement_per_model": per_model,
                      "median_sqnr_db": {w: median(v) for w, v in sq.items()},
                      "sqnr_gain_db": [f - u for f, u in zip(sq["folded"], sq["unfolded"])],
                      "nonfinite": nan}

@@ -2,7 +2,7 @@
 portable runtime and ExecuTorch + XNNPACK.
 
     .venv/bin/python benchmarks/inference_speed.py [--archs efficientnet,resnet,audio] [--quick]
-        [--runtimes eager,portable,xnnpack] [--rounds 15] [--portable-rounds 7]
+        [--runtimes eager,portable,xnnpack] [--rounds 30] [--portable-rounds 15]
 
 Per architecture (see ``models.py``; BatchNorm statistics calibrated in train
 mode on structured random inputs, then eval):
@@ -56,8 +56,6 @@ def _bn_nodes(ep) -> int:
 
 
 def _rel_err(out, ref) -> float:
-    import torch
-
     out = out[0] if isinstance(out, (list, tuple)) else out
     ref = ref[0] if isinstance(ref, (list, tuple)) else ref
     return float((out.double() - ref.double()).abs().max() / ref.double().abs().max().clamp_min(1e-30))
@@ -125,9 +123,10 @@ def _lower_xnnpack(ep):
     edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
     gm = edge.exported_program().graph_module
     delegated = sum(1 for n in gm.graph.nodes if n.op == "call_function" and "executorch_call_delegate" in str(n.target))
-    left = sum(1 for n in gm.graph.nodes if n.op == "call_function" and "executorch_call_delegate" not in str(n.target)
-               and "getitem" not in str(n.target))
-    return edge.to_executorch().buffer, {"delegate_calls": delegated, "ops_outside_delegate": left,
+    left = [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"
+            and "executorch_call_delegate" not in str(n.target) and "getitem" not in str(n.target)]
+    return edge.to_executorch().buffer, {"delegate_calls": delegated, "ops_outside_delegate": len(left),
+                                          "outside": sorted(set(left)),
                                           "batch_norm_outside": _bn_nodes(edge.exported_program())}
 
 
@@ -209,7 +208,7 @@ def _line(r: dict) -> str:
             f"({r['rounds']} rounds x {r['calls_per_sample']} calls; load {load_now()})")
 
 
-def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=False, rounds=15, portable_rounds=7,
+def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=False, rounds=30, portable_rounds=15,
         out_dir=None, et_archs=None) -> dict:
     quiet()
     import torch
@@ -278,8 +277,8 @@ def render(doc: dict) -> str:
         if v and "lowered" in v:
             lw = v["lowered"]
             xnn.append(f"{r['arch']}: " + ", ".join(
-                f"{k} {lw[k]['delegate_calls']} delegate call(s) + {lw[k]['ops_outside_delegate']} op(s) outside"
-                for k in VARIANTS))
+                f"{k} {lw[k]['delegate_calls']} delegate call(s) + {lw[k]['ops_outside_delegate']} op(s) outside "
+                f"({', '.join(lw[k]['outside']) or '-'})" for k in VARIANTS))
     s = doc["summary"]
     lines = [
         "### B. Inference latency (ms per call, batch 1, median; variants interleaved, 1 thread)",
@@ -304,8 +303,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--archs", default="efficientnet,resnet,audio")
     ap.add_argument("--runtimes", default=",".join(RUNTIMES))
-    ap.add_argument("--rounds", type=int, default=15, help="rounds for eager and xnnpack")
-    ap.add_argument("--portable-rounds", type=int, default=7)
+    ap.add_argument("--rounds", type=int, default=30, help="rounds for eager and xnnpack")
+    ap.add_argument("--portable-rounds", type=int, default=15)
     ap.add_argument("--et-archs", default=None,
                     help="architectures that also run on ExecuTorch (default: all; --quick: audio only, since "
                          "lowering 4 programs x 2 runtimes dominates a smoke run)")

@@ -75,8 +75,12 @@ def headline(quick: bool, out: Path | None) -> dict:
                   "et_pass_over_bnfold_edge": v["et_pass_over_bnfold_edge"],
                   "et_pass_over_bnfold": v["et_pass_over_bnfold"],
                   "bnfold_over_export": v["bnfold_over_export"],
+                  "bnfold_back_to_back_over_export": v.get("bnfold_back_to_back_over_export"),
                   "bnfold_scaling": v["bnfold_scaling"], "bnfold_edge_scaling": v["bnfold_edge_scaling"],
-                  "et_pass_scaling": v["et_pass_scaling"], "target_met": v["target_met"]}
+                  "bnfold_back_to_back_scaling": v.get("bnfold_back_to_back_scaling"),
+                  "bnfold_calls_scaling": v.get("bnfold_calls_scaling"),
+                  "et_pass_scaling": v["et_pass_scaling"], "target_met": v["target_met"],
+                  "linear": v.get("linear"), "under_5pct": v.get("under_5pct")}
     b = _load("inference_speed", quick, out)
     if b:
         h["B"] = {rt: {"worst_folded_over_ideal": s["worst_folded_over_ideal"],
@@ -87,6 +91,7 @@ def headline(quick: bool, out: Path | None) -> dict:
     if c:
         h["C"] = {p: {"min_agreement_unfolded": s["min_agreement"]["unfolded"],
                       "min_agreement_folded": s["min_agreement"]["folded"],
+                      "agreement_per_model": s.get("agreement_per_model", {}),
                       "sqnr_gain_db": s["sqnr_gain_db"], "nonfinite": s["nonfinite"]}
                   for p, s in c["summary"].items()}
     return h
@@ -99,9 +104,13 @@ def render_headline(h: dict) -> str:
         lines.append(f"- A, N={a['largest_n']} blocks: ExecuTorch FuseBatchNormWithConvPass takes "
                      f"{fmt_x(a['et_pass_over_bnfold_edge'], 1)} the bnfold fold time on the same edge program "
                      f"({fmt_x(a['et_pass_over_bnfold'], 1)} bnfold on the ATen program); bnfold = "
-                     f"{fmt_pct(a['bnfold_over_export'])} of torch.export (target < 5%); scaling N/(N/4): bnfold "
-                     f"{fmt_x(a['bnfold_scaling'])} (ATen), {fmt_x(a['bnfold_edge_scaling'])} (edge), ET pass "
-                     f"{fmt_x(a['et_pass_scaling'])}. Target {'met' if a['target_met'] else 'missed'}.")
+                     f"{fmt_pct(a['bnfold_over_export'])} of torch.export ("
+                     f"{fmt_pct(a['bnfold_back_to_back_over_export'])} back-to-back; target < 5%); scaling N/(N/4): bnfold "
+                     f"{fmt_x(a['bnfold_scaling'])} (ATen, round-robin median), {fmt_x(a['bnfold_edge_scaling'])} (edge), "
+                     f"{fmt_x(a['bnfold_back_to_back_scaling'])} (back-to-back min), "
+                     f"{fmt_x(a['bnfold_calls_scaling'])} (Python calls), ET pass "
+                     f"{fmt_x(a['et_pass_scaling'])}. Target {'met' if a['target_met'] else 'missed'} (linear: "
+                     f"{'yes' if a['linear'] else 'no'}; under 5% of export: {'yes' if a['under_5pct'] else 'no'}).")
     if "B" in h:
         for rt, v in h["B"].items():
             lines.append(f"- B, {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} (target <= 1.02: "
@@ -110,9 +119,11 @@ def render_headline(h: dict) -> str:
     if "C" in h:
         for p, v in h["C"].items():
             gains = ", ".join(f"{g:+.1f}" for g in v["sqnr_gain_db"])
-            lines.append(f"- C, {p}: lowest top-1 agreement with fp32 unfolded {fmt_pct(v['min_agreement_unfolded'], 2)}"
-                         f", folded {fmt_pct(v['min_agreement_folded'], 2)}; output SQNR gain from folding {gains} dB; "
-                         f"NaN+inf unfolded {v['nonfinite']['unfolded']}, folded {v['nonfinite']['folded']}.")
+            per = "; ".join(f"{m} {fmt_pct(a.get('unfolded'), 2)} -> {fmt_pct(a.get('folded'), 2)}"
+                            for m, a in v["agreement_per_model"].items())
+            lines.append(f"- C, {p}: top-1 agreement with fp32, unfolded -> folded: {per}; output SQNR gain from "
+                         f"folding {gains} dB; NaN+inf unfolded {v['nonfinite']['unfolded']}, folded "
+                         f"{v['nonfinite']['folded']}.")
     return "\n".join(lines)
 
 
@@ -130,7 +141,9 @@ def main(argv=None) -> int:
           f"load {load_now()}", flush=True)
     status, seconds = {}, {}
     for key in [k.strip().upper() for k in args.only.split(",") if k.strip()]:
-        status[key], seconds[key] = run_part(key, args.quick, out, [])
+        # full run: also profile ExecuTorch's pass at 200 blocks, to show where its superlinear time goes
+        extra = ["--profile-et", "200"] if key == "A" and not args.quick else []
+        status[key], seconds[key] = run_part(key, args.quick, out, extra)
     total = time.perf_counter() - t0
     h = headline(args.quick, out)
     text = render_headline(h)
