@@ -393,12 +393,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise BnfoldError(f"{args.out}: not a folder")
     os.makedirs(args.out, exist_ok=True)
-    if _opt(args, "json"):
-        with contextlib.redirect_stdout(sys.stderr):
-            result = run_demo(out_dir=args.out, quick=args.quick)
-        _print_json({"bnfold_version": __version__, **(result or {})})
-    else:
-        run_demo(out_dir=args.out, quick=args.quick)
+    from .model_io import quiet
+
+    with quiet(not _opt(args, "debug")):  # library warnings only with --debug, as for the other commands
+        if _opt(args, "json"):
+            with contextlib.redirect_stdout(sys.stderr):
+                result = run_demo(out_dir=args.out, quick=args.quick)
+            _print_json({"bnfold_version": __version__, **(result or {})})
+        else:
+            run_demo(out_dir=args.out, quick=args.quick)
     return EXIT_OK
 
 
