@@ -220,20 +220,12 @@ class ModelIndex:
         return None
 
     def unique(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.names:
-            k += 1
-            name = f"{base}_{k}"
-        self.names.add(name)
-        return name
+        """A value name not used anywhere in the model (and now reserved)."""
+        return _reserve(self.names, base)
 
     def unique_node_name(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.node_names:
-            k += 1
-            name = f"{base}_{k}"
-        self.node_names.add(name)
-        return name
+        """A node name not used anywhere in the model (and now reserved)."""
+        return _reserve(self.node_names, base)
 
     # ------------------------------------------------------------------- edits
     def set_input(self, gi: GraphInfo, node: NodeProto, idx: int, name: str) -> None:
@@ -374,3 +366,12 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         for name in tracker.gone | tracker.touched:
             if name not in defined:
                 _drop_value_info(gi.graph, name)
+
+
+def _reserve(taken: set[str], base: str) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
