@@ -132,8 +132,10 @@ def affine_step(editor: ProgramEditor, node: Node, x: Node, axis: int, channels:
         scale, shift = None, -alpha * vec.double()
     elif op == "sub":  # const - alpha * x
         scale, shift = torch.tensor(-alpha), vec
-    elif op == "rsub" and x_first:  # other - alpha * x
+    elif op == "rsub" and x_first:  # rsub(x, c) = c - alpha * x
         scale, shift = torch.tensor(-alpha), vec
+    elif op == "rsub":  # rsub(c, x) = x - alpha * c
+        scale, shift = None, -alpha * vec.double()
     else:
         raise Stop(node, f"'{node.name}' divides by the tensor, which is not an affine map")
     try:
