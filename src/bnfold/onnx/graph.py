@@ -109,18 +109,22 @@ class ModelIndex:
             self.names.add(v.name)
         gi.nodes = list(graph.node)
         for node in gi.nodes:
-            self.node_graph[id(node)] = gi
-            if node.name:
-                self.node_names.add(node.name)
-            for i, name in enumerate(node.input):
-                if name:
-                    self._use(name, Use(gi, node, i))
-            for i, name in enumerate(node.output):
-                if name:
-                    gi.producer[name] = (node, i)
-                    self.names.add(name)
+            self._index_node(gi, node)
             for attr_name, sub in subgraphs(node):
                 self._add_graph(sub, gi, f"{path}/{label(node)}.{attr_name}")
+
+    def _index_node(self, gi: GraphInfo, node: NodeProto) -> None:
+        """Record ``node``'s graph, name, the values it uses and the values it produces."""
+        self.node_graph[id(node)] = gi
+        if node.name:
+            self.node_names.add(node.name)
+        for i, name in enumerate(node.input):
+            if name:
+                self._use(name, Use(gi, node, i))
+        for i, name in enumerate(node.output):
+            if name:
+                gi.producer[name] = (node, i)
+                self.names.add(name)
 
     def _use(self, name: str, use: Use) -> None:
         self.uses.setdefault(name, []).append(use)
@@ -261,15 +265,7 @@ class ModelIndex:
     def insert_after(self, gi: GraphInfo, anchor: NodeProto, node: NodeProto) -> None:
         """Add ``node`` right after ``anchor`` (placed at :meth:`compact`)."""
         self.inserts.setdefault(id(anchor), []).append(node)
-        self.node_graph[id(node)] = gi
-        if node.name:
-            self.node_names.add(node.name)
-        for i, name in enumerate(node.input):
-            if name:
-                self._use(name, Use(gi, node, i))
-        for i, name in enumerate(node.output):
-            gi.producer[name] = (node, i)
-            self.names.add(name)
+        self._index_node(gi, node)
 
     def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
         gi.graph.initializer.append(t)
