@@ -5,18 +5,20 @@ from __future__ import annotations
 import os
 from typing import Any, Iterable
 
+from .kinds import LAYER_KINDS
 from .report import FoldResult
 
-PRODUCER_KINDS = ("conv", "conv_transpose", "linear")
+#: The former name of ``LAYER_KINDS``.
+PRODUCER_KINDS = LAYER_KINDS
 
 
-def _check_only(only: Iterable[str] | None) -> frozenset[str] | None:
+def check_only(only: Iterable[str] | None) -> frozenset[str] | None:
     if only is None:
         return None
     kinds = frozenset(only)
-    unknown = kinds - set(PRODUCER_KINDS)
+    unknown = kinds - set(LAYER_KINDS)
     if unknown:
-        raise ValueError(f"unknown layer kind(s) {sorted(unknown)}; choose from {', '.join(PRODUCER_KINDS)}")
+        raise ValueError(f"unknown layer kind(s) {sorted(unknown)}; choose from {', '.join(LAYER_KINDS)}")
     return kinds
 
 
@@ -29,7 +31,7 @@ def fold(model: Any, example_inputs: tuple | None = None, *, only: Iterable[str]
     ``.onnx`` file).  ``only`` restricts the layers folded into, e.g.
     ``{"conv", "linear"}``.  The input is never mutated.
     """
-    kinds = _check_only(only)
+    kinds = check_only(only)
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):

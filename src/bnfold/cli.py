@@ -15,11 +15,13 @@ import json
 import math
 import os
 import sys
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from . import __version__
 from .api import PRODUCER_KINDS
 from .errors import BnfoldError
+from .io import files, models, one_line, quiet
 
 EXIT_OK = 0
 EXIT_SURVIVORS = 1
@@ -244,7 +246,6 @@ def _print_json(payload: Any) -> None:
 
 def _fold(model: Any, only, debug: bool):
     from . import fold
-    from .model_io import quiet
 
     with quiet(not debug):
         return fold(model, only=only)
@@ -259,22 +260,17 @@ def _report_payload(input_path: str, output: str | None, report) -> dict[str, An
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
-    from . import model_io
+    from .io.output import plan_output
 
     debug = _opt(args, "debug")
-    model_io.model_kind(args.input)
-    plan = model_io.plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
+    plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
     if args.report:
-        model_io.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report")
-    loaded = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
+        files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report")
+    loaded = models.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
     result = _fold(loaded.model, args.only, debug)
     payload = _report_payload(args.input, plan.path, result.report)
-    with contextlib.ExitStack() as stack:
-        if args.report:
-            tmp = stack.enter_context(model_io.atomic_path(args.report))
-            with open(tmp, "w", encoding="utf-8") as f:
-                f.write(_json_text(payload) + "\n")
-        model_io.save_model(result.model, plan, debug=debug)
+    texts = {args.report: _json_text(payload) + "\n"} if args.report else None
+    models.save_model(result.model, plan, layout=loaded.layout, texts=texts, debug=debug)
     if _opt(args, "json"):
         _print_json(payload)
     else:
@@ -297,10 +293,8 @@ def survivors(report) -> list[dict[str, Any]]:
 
 
 def cmd_check(args: argparse.Namespace) -> int:
-    from . import model_io
-
     debug = _opt(args, "debug")
-    loaded = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
+    loaded = models.load_model(args.input, trust=_opt(args, "trust"), debug=debug)
     left = survivors(_fold(loaded.model, None, debug).report)
     if _opt(args, "json"):
         _print_json({"bnfold_version": __version__, "input": args.input, "ok": not left, "survivors": left})
@@ -346,16 +340,16 @@ class _Progress:
 
 
 def cmd_audit(args: argparse.Namespace) -> int:
-    from . import cli_inputs, model_io
+    from . import cli_inputs
 
     debug = _opt(args, "debug")
-    if model_io.model_kind(args.input) == model_io.ONNX:
+    if files.model_kind(args.input) == files.ONNX:
         raise BnfoldError(
             f"{args.input}: auditing ONNX models is not supported yet; audit the torch.export program (.pt2)"
         )
     if args.plot:
-        model_io.check_side_file(args.plot, not_same_as=[args.input], what="plot")
-    ep = model_io.load_model(args.input, trust=_opt(args, "trust"), debug=debug).model
+        files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
+    ep = models.load_model(args.input, trust=_opt(args, "trust"), debug=debug).model
     if args.inputs:
         batches = cli_inputs.npz_batches(ep, args.inputs)
     else:
@@ -365,13 +359,13 @@ def cmd_audit(args: argparse.Namespace) -> int:
 
     progress = _Progress(enabled=sys.stderr.isatty())
     try:
-        with model_io.quiet(not debug):
+        with quiet(not debug):
             report = audit(ep, batches, profile=args.profile, bn_eps=args.bn_eps, progress=progress)
     finally:
         progress.close()
     if args.plot:
-        with model_io.atomic_path(args.plot, suffix=".png") as tmp, model_io.quiet(not debug):
-            report.plot(tmp)
+        with quiet(not debug):
+            report.plot(args.plot)  # written atomically
     if _opt(args, "json"):
         payload = {"bnfold_version": __version__, "input": args.input}
         if args.plot:
@@ -391,10 +385,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     except ImportError as e:
         raise BnfoldError(f"the demo is not available in this installation ({e})") from None
     if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise BnfoldError(f"{args.out}: not a folder")
-    os.makedirs(args.out, exist_ok=True)
-    from .model_io import quiet
-
+        raise BnfoldError(f"{args.out}: not a folder; give a folder for the demo's files")
     with quiet(not _opt(args, "debug")):  # library warnings only with --debug, as for the other commands
         if _opt(args, "json"):
             with contextlib.redirect_stdout(sys.stderr):
@@ -408,12 +399,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # ----------------------------------------------------------------------------- entry point
 
 
-def _one_line(text: str) -> str:
-    return " ".join(str(text).split()) or "unknown error"
-
-
 def _fail(message: str, args: argparse.Namespace | None, code: int) -> int:
-    message = _one_line(message)
+    message = one_line(message)
     if args is not None and _opt(args, "json"):
         _print_json({"error": message, "exit_code": code})
     print(f"bnfold: error: {message}", file=sys.stderr)
@@ -438,14 +425,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("bnfold: interrupted", file=sys.stderr)
         return 130
-    except Exception as e:
+    except Exception as e:  # noqa: BLE001 - any other failure is a bug: report it as one line, exit 3
         if debug:
             import traceback
 
             traceback.print_exc()
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        detail = f": {one_line(e)}" if str(e).strip() else ""
         return _fail(
-            f"internal error: {type(e).__name__}: {first[:300]} (rerun with --debug for the traceback)",
+            f"internal error: {type(e).__name__}{detail} (rerun with --debug for the traceback)",
             args,
             EXIT_INTERNAL,
         )

@@ -1,12 +1,13 @@
-"""Input batches for ``bnfold audit``: random ones shaped like the program's example inputs, or an ``.npz`` file."""
+"""Input batches for ``bnfold audit``: random ones shaped like the program's example inputs, or
+arrays from an ``.npz`` file (read by :func:`bnfold.io.npz.read_npz`) split into batches."""
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from typing import Any
 
 from .errors import BnfoldError, ModelFileError
+from .io.npz import read_npz
 
 
 @dataclass
@@ -49,7 +50,7 @@ def input_specs(ep) -> list[InputSpec]:
             raise BnfoldError(f"the program has no example for input {name}; pass --inputs FILE.npz")
         try:
             shape = tuple(int(s) for s in val.shape)
-        except Exception:
+        except Exception:  # noqa: BLE001 - torch raises several kinds for a symbolic size
             raise BnfoldError(f"input {name} has a symbolic shape and no example; pass --inputs FILE.npz") from None
         specs.append(InputSpec(name, torch.zeros(shape, dtype=val.dtype)))
     return specs
@@ -93,17 +94,8 @@ def npz_batches(ep, path: str) -> list[tuple]:
     import numpy as np
     import torch
 
-    if not os.path.exists(path):
-        raise ModelFileError(f"{path}: no such file")
+    arrays = read_npz(path)
     specs = input_specs(ep)
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except Exception as e:
-        msg = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({msg})") from None
-    if not arrays:
-        raise ModelFileError(f"{path}: the .npz file holds no arrays")
     by_name = [s.name for s in specs]
     by_pos = [f"arr_{i}" for i in range(len(specs))]
     if set(arrays) == set(by_name):

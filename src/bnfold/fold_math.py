@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from .errors import FoldError
-
-KINDS = ("conv", "conv_transpose", "linear")
+from .kinds import LAYER_KINDS as KINDS
 
 
 @dataclass(frozen=True)
@@ -77,6 +76,33 @@ def affine(scale, shift, channels: int) -> Affine:
         if not torch.isfinite(v).all():
             raise FoldError(f"{name} holds NaN or inf")
     return Affine(s.expand(channels).clone(), t.expand(channels).clone())
+
+
+#: The elementwise binary ops an affine chain is made of, as ``x * scale + shift``
+#: of the tensor ``x`` and a constant ``c``: ``(op, x is the first operand) ->
+#: (scale, shift)`` given ``c`` and the op's ``alpha`` (the multiplier torch's
+#: add/sub/rsub apply to their second operand; 1 elsewhere).  ``c / x`` is absent:
+#: it is not affine.  A frontend maps its op spellings to these names.
+BINARY_AFFINES = {
+    ("mul", True): lambda c, alpha: (c, None),
+    ("mul", False): lambda c, alpha: (c, None),
+    ("div", True): lambda c, alpha: (1.0 / c, None),
+    ("add", True): lambda c, alpha: (None, alpha * c),  # x + alpha * c
+    ("add", False): lambda c, alpha: (torch.tensor(alpha, dtype=torch.float64), c),  # c + alpha * x
+    ("sub", True): lambda c, alpha: (None, -alpha * c),  # x - alpha * c
+    ("sub", False): lambda c, alpha: (torch.tensor(-alpha, dtype=torch.float64), c),  # c - alpha * x
+    ("rsub", True): lambda c, alpha: (torch.tensor(-alpha, dtype=torch.float64), c),  # rsub(x, c) = c - alpha * x
+    ("rsub", False): lambda c, alpha: (None, -alpha * c),  # rsub(c, x) = x - alpha * c
+}
+
+
+def binary_affine(op: str, const, x_first: bool, channels: int, alpha: float = 1.0) -> Affine:
+    """The affine ``op`` applies to ``x`` with the scalar or per-channel constant ``const``."""
+    rule = BINARY_AFFINES.get((op, x_first))
+    if rule is None:
+        raise FoldError(f"{op} with the tensor as {'first' if x_first else 'second'} operand is not an affine map")
+    scale, shift = rule(_f64(const), float(alpha))
+    return affine(scale, shift, channels)
 
 
 def out_channels(kind: str, shape, groups: int = 1) -> int:

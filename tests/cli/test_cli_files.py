@@ -245,7 +245,7 @@ def test_audit_refuses_onnx(run, tmp_path):
 
 def test_inspection_reads_the_file_once(models, tmp_path, monkeypatch):
     """The bytes that were inspected are the bytes that are loaded (no re-open between check and load)."""
-    from bnfold import model_io
+    from bnfold.io.pt2 import load_pt2
 
     src = h.copy_to(models["conv_bn"], tmp_path)
     opened = []
@@ -265,7 +265,7 @@ def test_inspection_reads_the_file_once(models, tmp_path, monkeypatch):
         return real_load(f, **kw)
 
     monkeypatch.setattr(torch.export, "load", recording_load)
-    ep = model_io.load_pt2(str(src))
+    ep = load_pt2(str(src))
     assert isinstance(ep, torch.export.ExportedProgram)
     assert len(opened) == 1
     assert len(loaded) == 1 and isinstance(loaded[0], io.BytesIO)

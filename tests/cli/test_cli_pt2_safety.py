@@ -12,7 +12,7 @@ import cli_helpers as h
 import pytest
 import torch
 
-from bnfold import pt2_safety
+from bnfold.io import pt2_safety
 
 # name -> (builder, needs a marker, words the refusal names)
 HOSTILE = {

@@ -33,10 +33,11 @@ def test_shared_weight_gets_private_copies(ir):
     for out, ref in zip(run(result.model, *X), reference(model, *X)):
         assert_matches(out, ref)
     keys = set(result.model.state_dict)
-    assert keys == {"conv.weight_folded_bn1", "conv.bias_folded_bn1", "conv.weight_folded_bn2", "conv.bias_folded_bn2"}
+    # The first consumer gets a private copy; the last one keeps the original state_dict key.
+    assert keys == {"conv.weight_folded_bn1", "conv.bias_folded_bn1", "conv.weight", "conv.bias"}
     # The input program is untouched.
     assert all(torch.equal(before[k], ep.state_dict[k]) for k in before)
-    # Two private copies replace one shared weight: the net bytes added are one copy.
+    # One private copy (weight and its new bias) is the net bytes added.
     assert result.report.extra_bytes == 4 * 3 * 3 * 3 * 4 + 4 * 4
 
 

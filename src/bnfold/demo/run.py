@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..io.atomic import write_text
 from ..numerics import audit
 from ..numerics.errors import json_float
 from ..numerics.plot import plot_reports
@@ -176,7 +177,7 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
     }
     doc = dict(result, rows=[{k: json_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
                audits={p: rep.to_dict() for p, rep in reports.items()})
-    json_path.write_text(json.dumps(doc, indent=1))
+    write_text(json_path, json.dumps(doc, indent=1))
     lines.append("")
     lines.append(f"  wrote {json_path} and {png_path} ({time.perf_counter() - t0:.0f} s)")
     if verbose:

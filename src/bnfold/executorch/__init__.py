@@ -12,11 +12,11 @@ transform passes fold BatchNorm before ``CanonicalizeConv`` (imported lazily:
 the QNN backend pulls in torchao).
 """
 
-from .passes import FoldBatchNormGraphPass, FoldBatchNormPass, program_view
+from .passes import FoldBatchNormGraphPass, FoldBatchNormPass
 
 _QNN_NAMES = ("qnn_pass_manager", "QnnCanonicalizeConv")
 
-__all__ = ["FoldBatchNormPass", "FoldBatchNormGraphPass", "program_view", *_QNN_NAMES]
+__all__ = ["FoldBatchNormPass", "FoldBatchNormGraphPass", *_QNN_NAMES]
 
 
 def __getattr__(name):

@@ -17,7 +17,6 @@ from onnx import NodeProto
 
 from ..fold_math import FoldError
 from ..report import Folded, FoldReport, FoldResult, Skipped
-from . import external
 from .graph import GraphInfo, ModelIndex, Tracker, clean_up
 from .nodes import is_onnx_op, label
 from .rewrite import add_bias_node, input_params, output_params, write_params
@@ -45,13 +44,14 @@ def fold_onnx(model_or_path, only=None) -> FoldResult:
     ``model_or_path`` is an ``onnx.ModelProto`` (never mutated) or a path to a
     ``.onnx`` file (read with :func:`bnfold.onnx.load_onnx`).  ``only`` limits
     the layer kinds folded into (``"conv"``, ``"conv_transpose"``, ``"linear"``).
-    The result's ``model`` is a new ModelProto.
+    The result's ``model`` is a new ModelProto.  It carries no external-data
+    layout: to save it the way a file was laid out, read the file with
+    ``load_onnx`` and pass its layout to ``save_onnx``.
     """
-    loaded_here = isinstance(model_or_path, (str, os.PathLike))
-    if loaded_here:
-        from .load import load_onnx
+    if isinstance(model_or_path, (str, os.PathLike)):
+        from ..io.onnx import load_onnx
 
-        original = load_onnx(model_or_path)
+        original = load_onnx(model_or_path).model
     elif isinstance(model_or_path, onnx.ModelProto):
         original = model_or_path
     else:
@@ -60,9 +60,6 @@ def fold_onnx(model_or_path, only=None) -> FoldResult:
     model = onnx.ModelProto()
     model.CopyFrom(original)
     report = _Folder(model, original, only).run()
-    external.inherit(original, model)
-    if loaded_here:
-        external.forget(original)  # nobody else holds it; its id may be reused
     return FoldResult(model, report)
 
 

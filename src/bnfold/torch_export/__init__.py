@@ -1,5 +1,10 @@
-"""The torch.export frontend: ATen IRs and the ExecuTorch edge dialect."""
+"""The torch.export frontend: ATen IRs, the ExecuTorch edge dialect, and bare GraphModules.
 
-from .fold import fold_program
+``ops.py`` is the op table, ``graph.py`` the engine's adapter, ``program.py`` /
+``graph_module.py`` the tensor editors for a program and a GraphModule.
+"""
 
-__all__ = ["fold_program"]
+from .fold import fold_graph_module, fold_program
+from .ops import parse_layer, parse_norm
+
+__all__ = ["fold_program", "fold_graph_module", "parse_layer", "parse_norm"]

@@ -15,6 +15,8 @@ from typing import Any, Callable
 import torch
 from torch.fx import Node
 
+from ..engine.graph import Layer, Norm
+
 
 def op_key(target: Any) -> str:
     schema = getattr(target, "_schema", None)
@@ -33,32 +35,29 @@ def _arg(node: Node, index: int, name: str, default: Any = None) -> Any:
     return node.kwargs.get(name, default)
 
 
-# --------------------------------------------------------------------------- producers
+# --------------------------------------------------------------------------- layers
 
 
 @dataclass
-class Producer:
-    """A conv / transposed conv / linear node, as the rules see it.
+class LinearWiring:
+    """How a layer node holds its weight and bias (``extra`` of its Layer).
 
-    ``weight`` is the node holding the weight tensor in ``kind`` layout; for
-    ``mm``/``addmm`` it is the ``[out, in]`` tensor behind ``weight_view`` (the
-    transpose node).  ``set_bias(node)`` wires a bias node into the producer.
+    ``weight`` is the tensor node; ``views`` the nodes between it and the
+    layer's argument, weight side first (the transpose of ``mm``/``addmm``;
+    transpose, expand and view for ``bmm``).  ``transposed``: the tensor is
+    stored ``[in, out]``, the transpose of the fold-math layout.  ``bias_slot``
+    is the positional index of the bias argument (None: the op has none).
     """
 
-    node: Node
-    kind: str  # "conv" | "conv_transpose" | "linear"
-    input: Node
-    weight: Any
-    bias: Any
-    groups: int
-    zero_padding: bool
-    channel_axis: int  # channel axis of the output (and of the input)
-    weight_view: Node | None = None
-    bias_slot: int | None = 2  # positional index of the bias argument; None = needs a new op
+    weight: Any = None
+    views: tuple = ()
+    transposed: bool = False
+    bias_slot: int | None = 2
 
-    @property
-    def name(self) -> str:
-        return self.node.name
+
+def op_name(node: Node) -> str:
+    """``conv2d`` for ``aten.conv2d.default`` and its edge twin."""
+    return node_key(node).split("::")[-1].split(".")[0]
 
 
 def _padding_is_zero(padding) -> bool:
@@ -67,61 +66,114 @@ def _padding_is_zero(padding) -> bool:
     return all(int(p) == 0 for p in (padding if isinstance(padding, (list, tuple)) else [padding]))
 
 
-def _conv_nd(transposed: bool) -> Callable[[Node], Producer]:
+def _layer(node: Node, kind: str, x: Any, weight: Any, bias: Any, groups: int = 1, zero_padding: bool = True,
+           axis: int = 1, wiring: LinearWiring | None = None, takes_bias: bool = True) -> Layer:
+    return Layer(node, kind, op_name(node), x, node, weight, bias, groups, zero_padding, axis, axis, takes_bias,
+                 wiring or LinearWiring(weight))
+
+
+def _conv_nd(transposed: bool) -> Callable[[Node], Layer]:
     # convNd(input, weight, bias, stride, padding, dilation, groups)
     # conv_transposeNd(input, weight, bias, stride, padding, output_padding, groups, dilation)
-    def parse(node: Node) -> Producer:
-        return Producer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1],
-                        _arg(node, 2, "bias"), int(_arg(node, 6, "groups", 1)),
-                        _padding_is_zero(_arg(node, 4, "padding", 0)), 1)
+    def parse(node: Node) -> Layer:
+        return _layer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1],
+                      _arg(node, 2, "bias"), int(_arg(node, 6, "groups", 1)),
+                      _padding_is_zero(_arg(node, 4, "padding", 0)))
     return parse
 
 
-def _convolution(node: Node) -> Producer:
+def _convolution(node: Node) -> Layer:
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
+    # _convolution(... the same ..., benchmark, deterministic, cudnn_enabled, allow_tf32)
     transposed = bool(node.args[6])
-    return Producer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1], node.args[2],
-                    int(node.args[8]), _padding_is_zero(node.args[4]), 1)
+    return _layer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1], node.args[2],
+                  int(node.args[8]), _padding_is_zero(node.args[4]))
 
 
-def _linear(node: Node) -> Producer:
-    return Producer(node, "linear", node.args[0], node.args[1], _arg(node, 2, "bias"), 1, True, -1)
+def _linear(node: Node) -> Layer:
+    return _layer(node, "linear", node.args[0], node.args[1], _arg(node, 2, "bias"), axis=-1)
 
 
 TRANSPOSES = {"aten::permute.default", "aten::permute_copy.default", "aten::t.default", "aten::t_copy.default",
               "aten::transpose.int", "aten::transpose_copy.int"}
+EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
 
 
-def _transposed_weight(mat2: Any) -> Node | None:
-    """The ``[out, in]`` weight behind ``mat2`` when mat2 is its 2-D transpose."""
-    if not isinstance(mat2, Node) or node_key(mat2) not in TRANSPOSES:
+def _matrix(mat2: Any, batched: bool = False) -> LinearWiring | None:
+    """How the right operand of a matmul holds a constant-looking weight: through a
+    2-D transpose of an ``[out, in]`` tensor (how ``linear`` decomposes), or as an
+    ``[in, out]`` tensor itself; for ``bmm`` (``batched``) broadcast by expand/view."""
+    views: list[Node] = []
+    while batched and isinstance(mat2, Node) and node_key(mat2) in EXPANDS | BATCH_VIEWS:
+        views.insert(0, mat2)
+        mat2 = mat2.args[0]
+    if batched and (not views or node_key(views[0]) not in EXPANDS):
+        return None
+    if not isinstance(mat2, Node):
         return None
     key = node_key(mat2)
-    if key.startswith("aten::permute") and list(mat2.args[1]) != [1, 0]:
+    if key in TRANSPOSES:
+        if key.startswith("aten::permute") and list(mat2.args[1]) != [1, 0]:
+            return None
+        if key.startswith("aten::transpose") and sorted(int(d) % 2 for d in mat2.args[1:3]) != [0, 1]:
+            return None
+        wiring = LinearWiring(mat2.args[0], (mat2, *views), transposed=False)
+    elif mat2.op in ("placeholder", "get_attr"):
+        wiring = LinearWiring(mat2, tuple(views), transposed=True)
+    else:
         return None
-    if key.startswith("aten::transpose") and sorted(int(d) % 2 for d in mat2.args[1:3]) != [0, 1]:
+    if batched and not _keeps_matrix(views, wiring.views[0] if not wiring.transposed else mat2):
         return None
-    return mat2.args[0]
+    return wiring
 
 
-def _addmm(node: Node) -> Producer | None:
+def _addmm(node: Node) -> Layer | None:
     # addmm(bias, input, mat2, *, beta=1, alpha=1); linear decomposes to addmm(b, x, permute(w, [1, 0]))
     if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
         return None
-    weight = _transposed_weight(node.args[2])
-    if weight is None:
+    wiring = _matrix(node.args[2])
+    if wiring is None:
         return None
-    return Producer(node, "linear", node.args[1], weight, node.args[0], 1, True, -1, node.args[2], bias_slot=0)
+    wiring.bias_slot = 0
+    return _layer(node, "linear", node.args[1], wiring.weight, node.args[0], axis=-1, wiring=wiring)
 
 
-def _mm(node: Node) -> Producer | None:
-    weight = _transposed_weight(node.args[1])
-    if weight is None:
+def _mm(node: Node) -> Layer | None:
+    wiring = _matrix(node.args[1])
+    if wiring is None:
         return None
-    return Producer(node, "linear", node.args[0], weight, None, 1, True, -1, node.args[1], bias_slot=None)
+    wiring.bias_slot = None  # a bias turns mm into addmm
+    return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring)
 
 
-PRODUCERS: dict[str, Callable[[Node], Producer | None]] = {
+def _bmm(node: Node) -> Layer | None:
+    # A linear over a batched input: bmm(x, view(expand(permute(w, [1, 0]), [B, in, out]))), or of w itself
+    wiring = _matrix(node.args[1], batched=True)
+    if wiring is None:
+        return None
+    wiring.bias_slot = None
+    return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
+
+
+TRANSPOSES = {"aten::permute.default", "aten::permute_copy.default", "aten::t.default", "aten::t_copy.default",
+              "aten::transpose.int", "aten::transpose_copy.int"}
+EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
+BATCH_VIEWS = {"aten::view.default", "aten::view_copy.default", "aten::_unsafe_view.default"}
+
+
+def _keeps_matrix(views: list[Node], matrix: Node) -> bool:
+    """Whether each of ``views`` only broadcasts ``matrix`` along a new leading dim."""
+    want = _shape(matrix)
+    return want is not None and all((s := _shape(v)) is not None and len(s) == 3 and tuple(s[1:]) == want
+                                    for v in views)
+
+
+def _shape(node: Node) -> tuple | None:
+    val = node.meta.get("val")
+    return tuple(val.shape) if isinstance(val, torch.Tensor) else None
+
+
+LAYERS: dict[str, Callable[[Node], Layer | None]] = {
     "aten::conv1d.default": _conv_nd(False),
     "aten::conv2d.default": _conv_nd(False),
     "aten::conv3d.default": _conv_nd(False),
@@ -132,14 +184,17 @@ PRODUCERS: dict[str, Callable[[Node], Producer | None]] = {
     "aten::conv_transpose2d.input": _conv_nd(True),
     "aten::conv_transpose3d.input": _conv_nd(True),
     "aten::convolution.default": _convolution,
+    "aten::_convolution.default": _convolution,
     "aten::linear.default": _linear,
     "aten::addmm.default": _addmm,
     "aten::mm.default": _mm,
+    "aten::bmm.default": _bmm,
 }
 
 
-def parse_producer(node: Node) -> Producer | None:
-    parse = PRODUCERS.get(node_key(node))
+def parse_layer(node: Node) -> Layer | None:
+    """``node`` as a layer (conv / transposed conv / linear), or None."""
+    parse = LAYERS.get(node_key(node))
     return parse(node) if parse else None
 
 
@@ -154,50 +209,32 @@ def addmm_like(mm_target: Any) -> Any:
 
 # --------------------------------------------------------------------------- normalizations
 
-
-@dataclass
-class Norm:
-    """A batch-norm node.  ``output`` is the node whose value is the normalized
-    tensor (the node itself, or its ``getitem(0)``); ``problem`` is set when the
-    node can never fold (training mode, batch statistics, ...)."""
-
-    node: Node
-    input: Node
-    weight: Any
-    bias: Any
-    mean: Any
-    var: Any
-    eps: float
-    output: Node | None
-    extra_outputs: list[Node]
-    problem: str = ""
-
-    @property
-    def nodes(self) -> list[Node]:
-        return [self.node] + ([self.output] if self.output is not self.node and self.output is not None else [])
+_TRAINING = "batch norm is in training mode (call model.eval() before export)"
+_BATCH_STATS = "uses batch statistics at inference (track_running_stats=False): never foldable"
 
 
-def _getitems(node: Node) -> tuple[Node | None, list[Node]]:
-    out, extra = None, []
+def _getitems(node: Node) -> tuple[Node | None, bool]:
+    """The ``getitem(node, 0)`` user, and whether any other output has users."""
+    out, used = None, False
     for user in node.users:
         if node_key(user) == "getitem" and user.args[1] == 0:
             out = user
         else:
-            extra.append(user)
-    return out, extra
+            used = used or bool(user.users) or node_key(user) != "getitem"
+    return out, used
 
 
 def _tuple_norm(mean_at: int | None, training_at: int | None, eps_at: int) -> Callable[[Node], Norm]:
     def parse(node: Node) -> Norm:
         a = node.args
-        out, extra = _getitems(node)
+        out, used = _getitems(node)
         mean = a[mean_at] if mean_at is not None else None
         var = a[mean_at + 1] if mean_at is not None else None
-        norm = Norm(node, a[0], a[1], a[2], mean, var, float(a[eps_at]), out, extra)
+        norm = Norm(node, a[0], out, a[1], a[2], mean, var, float(a[eps_at]), statistics_used=used)
         if mean_at is None or mean is None:
-            norm.problem = "uses batch statistics at inference (track_running_stats=False): never foldable"
+            norm.problem = _BATCH_STATS
         elif training_at is not None and a[training_at]:
-            norm.problem = "batch norm is in training mode (call model.eval() before export)"
+            norm.problem = _TRAINING
         return norm
     return parse
 
@@ -205,17 +242,17 @@ def _tuple_norm(mean_at: int | None, training_at: int | None, eps_at: int) -> Ca
 def _batch_norm(node: Node) -> Norm:
     # batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled)
     a = node.args
-    norm = Norm(node, a[0], a[1], a[2], a[3], a[4], float(a[7]), node, [])
+    norm = Norm(node, a[0], node, a[1], a[2], a[3], a[4], float(a[7]))
     if a[3] is None or a[4] is None:
-        norm.problem = "uses batch statistics at inference (track_running_stats=False): never foldable"
+        norm.problem = _BATCH_STATS
     elif a[5]:
-        norm.problem = "batch norm is in training mode (call model.eval() before export)"
+        norm.problem = _TRAINING
     return norm
 
 
 def _functional(node: Node) -> Norm:
     norm = _tuple_norm(3, None, 6)(node)
-    norm.problem = "batch norm is in training mode (call model.eval() before export)"
+    norm.problem = _TRAINING
     return norm
 
 
@@ -247,27 +284,57 @@ def is_norm(node: Node) -> bool:
 IDENTITY_HOPS = {
     "aten::clone.default", "aten::alias.default", "aten::alias_copy.default", "aten::detach.default",
     "aten::detach_copy.default", "aten::contiguous.default", "aten::dropout.default",
-    "aten::feature_dropout.default", "aten::lift_fresh_copy.default",
+    "aten::feature_dropout.default", "aten::lift_fresh_copy.default", "aten::_to_copy.default",
+    "dim_order_ops::_clone_dim_order.default", "dim_order_ops::_to_dim_order_copy.default",
 }
 #: Ops that only change the shape; the channel axis is followed through them.
 RESHAPE_HOPS = {
     "aten::view.default", "aten::view_copy.default", "aten::reshape.default", "aten::_unsafe_view.default",
     "aten::unsqueeze.default", "aten::unsqueeze_copy.default", "aten::squeeze.dim", "aten::squeeze.dims",
     "aten::squeeze.default", "aten::squeeze_copy.dim", "aten::squeeze_copy.dims", "aten::squeeze_copy.default",
-    "aten::flatten.using_ints",
+    "aten::flatten.using_ints", "aten::unflatten.int", "aten::reshape_as.default", "aten::view_as.default",
 }
-#: Elementwise binary ops an affine chain is made of: key -> (op, scalar overload?)
-AFFINE_OPS = {
+#: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
+BINARY_OPS = {
     "aten::mul.Tensor": "mul", "aten::mul.Scalar": "mul",
     "aten::div.Tensor": "div", "aten::div.Scalar": "div",
     "aten::add.Tensor": "add", "aten::add.Scalar": "add",
     "aten::sub.Tensor": "sub", "aten::sub.Scalar": "sub",
     "aten::rsub.Tensor": "rsub", "aten::rsub.Scalar": "rsub",
 }
+#: Ops that read only the metadata (shape, dtype) of the argument at the given
+#: positions: a user through those positions is no user for a fold.
+METADATA_READERS = {
+    "aten::sym_size.int": (0,), "aten::sym_stride.int": (0,), "aten::sym_numel.default": (0,),
+    "aten::sym_storage_offset.default": (0,), "aten::size.int": (0,), "aten::size.default": (0,),
+    "aten::dim.default": (0,), "aten::numel.default": (0,), "aten::stride.int": (0,),
+    "aten::reshape_as.default": (1,), "aten::view_as.default": (1,), "aten::expand_as.default": (1,),
+    "aten::empty_like.default": (0,), "aten::zeros_like.default": (0,), "aten::ones_like.default": (0,),
+}
+
+
+def reads_only_metadata(user: Node, value: Node) -> bool:
+    """Whether ``user`` reads nothing of ``value`` but its shape and dtype."""
+    positions = METADATA_READERS.get(node_key(user))
+    if positions is None:
+        return False
+    for i, arg in enumerate(user.args):
+        if i not in positions and _mentions(arg, value):
+            return False
+    return not any(_mentions(v, value) for v in user.kwargs.values())
+
+
+def _mentions(arg: Any, value: Node) -> bool:
+    if isinstance(arg, (list, tuple)):
+        return any(_mentions(a, value) for a in arg)
+    return arg is value
 
 
 def dropout_is_identity(node: Node) -> bool:
     key = node_key(node)
     if key in ("aten::dropout.default", "aten::feature_dropout.default"):
         return not _arg(node, 2, "train", False) or float(_arg(node, 1, "p", 0.0)) == 0.0
+    if key in ("aten::_to_copy.default", "dim_order_ops::_to_dim_order_copy.default"):
+        # a copy that keeps dtype, layout and device
+        return all(node.kwargs.get(k) is None for k in ("dtype", "layout", "device"))
     return True

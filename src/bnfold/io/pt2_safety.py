@@ -46,7 +46,7 @@ Graph node targets are also required to be operators (``torch.ops.*``,
 second line behind torch's own verifier.
 
 The caller reads the file once and passes the same bytes to the inspection
-and to ``torch.export.load`` (see ``bnfold.model_io``), so the file cannot
+and to ``torch.export.load`` (see ``bnfold.io.pt2``), so the file cannot
 change in between.  The list above is what torch 2.13's loader does; a newer
 torch may add ways to run code that this module does not know about.
 """
@@ -60,10 +60,12 @@ import pickletools
 import re
 import zipfile
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
-from .errors import ModelFileError, UnsafeModelError
+from ..errors import ModelFileError, UnsafeModelError
+from .errors import one_line
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -91,7 +93,7 @@ _LAYOUT_DEFAULTS = {
 def _layout() -> dict[str, str]:
     try:
         from torch.export.pt2_archive import constants as c
-    except Exception:  # pragma: no cover - older or newer torch without the module
+    except Exception:  # noqa: BLE001  # pragma: no cover - older or newer torch without the module
         return dict(_LAYOUT_DEFAULTS)
     return {k: getattr(c, k, v) for k, v in _LAYOUT_DEFAULTS.items()}
 
@@ -178,12 +180,12 @@ class _Archive:
         if len(data) == 0:
             raise ModelFileError(f"{source}: the file is empty")
         if data[:4] != ZIP_MAGIC:
-            raise ModelFileError(f"{source}: not a .pt2 archive (not a zip file; {_sniff(data)})")
+            raise ModelFileError(f"{source}: not a .pt2 archive (not a zip file; {sniff(data)})")
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as zf:
                 infos = zf.infolist()
         except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
-            raise ModelFileError(f"{source}: truncated or corrupted zip archive ({_one_line(e)})") from None
+            raise ModelFileError(f"{source}: truncated or corrupted zip archive ({one_line(e)})") from None
         names = [i.filename for i in infos if not i.filename.endswith("/")]
         if not names:
             raise ModelFileError(f"{source}: the zip archive is empty")
@@ -207,11 +209,11 @@ class _Archive:
 
             self.reader = torch._C.PyTorchFileReader(io.BytesIO(data))
             torch_names = list(self.reader.get_all_records())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001
             self.names, self._foreign_top = sorted(ours), []
             if _layout()["ARCHIVE_FORMAT_PATH"] not in ours:
                 raise ModelFileError(f"{source}: {self.describe_foreign()}") from None
-            raise ModelFileError(f"{source}: not a readable torch archive ({_one_line(e)})") from None
+            raise ModelFileError(f"{source}: not a readable torch archive ({one_line(e)})") from None
         if set(torch_names) != ours:
             result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
         self.names = sorted(set(torch_names))
@@ -225,8 +227,8 @@ class _Archive:
             return None
         try:
             return bytes(self.reader.get_record(name))
-        except Exception as e:
-            raise ModelFileError(f"{self.source}: entry {name} is corrupted ({_one_line(e)})") from None
+        except Exception as e:  # noqa: BLE001
+            raise ModelFileError(f"{self.source}: entry {name} is corrupted ({one_line(e)})") from None
 
     def need(self, name: str) -> bytes:
         data = self.get(name)
@@ -252,7 +254,7 @@ def _check_model(records: _Archive, model: str, entry: str, L: dict[str, str], r
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{src}: {entry} is not valid JSON ({_one_line(e)})") from None
+        raise ModelFileError(f"{src}: {entry} is not valid JSON ({one_line(e)})") from None
     if not isinstance(doc, dict):
         raise ModelFileError(f"{src}: {entry} is not a serialized exported program")
     result.unsafe.extend(check_program_json(doc, entry))
@@ -298,7 +300,7 @@ def _payload_config(records: _Archive, name: str) -> dict[str, dict[str, Any]]:
     try:
         doc = json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{records.source}: {name} is not valid JSON ({_one_line(e)})") from None
+        raise ModelFileError(f"{records.source}: {name} is not valid JSON ({one_line(e)})") from None
     config = doc.get("config") if isinstance(doc, dict) else None
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise ModelFileError(f"{records.source}: {name} is not a payload config")
@@ -314,7 +316,7 @@ def allowed_pickle_globals() -> frozenset[str]:
         from torch._weights_only_unpickler import _get_allowed_globals
 
         return frozenset(_get_allowed_globals())
-    except Exception:  # pragma: no cover - torch moved it; fall back to the tensor essentials
+    except Exception:  # noqa: BLE001  # pragma: no cover - torch moved it; fall back to the tensor essentials
         import torch
 
         names = {
@@ -340,7 +342,7 @@ def check_torch_save_payload(blob: bytes, entry: str) -> list[str]:
 
         inner = torch._C.PyTorchFileReader(io.BytesIO(blob))
         names = list(inner.get_all_records())
-    except Exception:
+    except Exception:  # noqa: BLE001
         return [f"{entry} is not a readable torch.save payload"]
     if "constants.pkl" in names or any(n.startswith("code/") for n in names):
         return [f"{entry} is a TorchScript archive, which torch.load hands to torch.jit.load"]
@@ -444,8 +446,8 @@ def pickle_globals(data: bytes) -> list[str]:
                 stack.extend([None] * len(op.stack_after))
     except _Unresolvable:
         raise
-    except Exception as e:  # malformed pickle stream
-        raise _Unresolvable(_one_line(e)) from None
+    except Exception as e:  # noqa: BLE001 - a malformed pickle stream
+        raise _Unresolvable(one_line(e)) from None
     return found
 
 
@@ -466,9 +468,9 @@ _SYMPY_FUNCTIONS = frozenset(
     OpaqueUnaryFn_tan OpaqueUnaryFn_tanh OpaqueUnaryFn_asin OpaqueUnaryFn_acos OpaqueUnaryFn_atan
     OpaqueUnaryFn_exp OpaqueUnaryFn_log OpaqueUnaryFn_asinh OpaqueUnaryFn_log2
     BitwiseFn_bitwise_and BitwiseFn_bitwise_or BitwiseFn_bitwise_xor
-    """.split()
+    """.split()  # noqa: SIM905
 )
-_SYMPY_CONSTANTS = frozenset("true false True False oo zoo nan int_oo pi E".split())
+_SYMPY_CONSTANTS = frozenset("true false True False oo zoo nan int_oo pi E".split())  # noqa: SIM905
 _SYMBOL_NAME = re.compile(r"[a-z]{1,6}[0-9]+\Z")
 _PLAIN_STR = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\Z")
 _MAX_EXPR = 20_000
@@ -729,13 +731,8 @@ def _short(value: Any, n: int = 60) -> str:
     return text if len(text) <= n else text[: n - 3] + "..."
 
 
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    first = text[0] if text else type(e).__name__
-    return first if len(first) <= 200 else first[:197] + "..."
-
-
-def _sniff(data: bytes) -> str:
+def sniff(data: bytes) -> str:
+    """What the first bytes of a file that is not a zip archive look like, for an error message."""
     head = data[:64]
     if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
         return "looks like a raw pickle"

@@ -1,0 +1,215 @@
+"""Reading an affine chain next to a layer: batch norms, elementwise ops with
+per-channel constants and shape-only hops, along a tracked channel axis.
+
+``chain_after(graph, layer)`` walks from the layer's output to its users,
+``chain_before(graph, layer)`` from the layer's input to its producers.  A
+node that is part of a chain but cannot fold raises :class:`Stop` with the
+reason; anything else ends the walk.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import fold_math
+from ..fold_math import FoldError
+from .graph import GraphAdapter, Hop, Layer, Norm, Step
+
+#: A chain longer than this is cut (a fold is never worth an unbounded walk).
+MAX_CHAIN = 256
+
+
+class Stop(Exception):
+    """The chain cannot go through ``node``; ``reason`` says why."""
+
+    def __init__(self, node: Any, reason: str):
+        super().__init__(reason)
+        self.node, self.reason = node, reason
+
+
+def norm_step(graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, rank: int | None,
+              lost: str = "") -> Step:
+    """The affine a batch norm applies along ``axis``, or Stop with the reason it cannot fold.
+    ``axis`` None: a hop lost the channel axis, ``lost`` says which."""
+    node = norm.node
+    if norm.problem:
+        raise Stop(node, norm.problem)
+    if axis is None:
+        raise Stop(node, lost)
+    if norm.statistics_used:
+        raise Stop(node, "its saved statistics outputs are used")
+    if norm.output is None:
+        raise Stop(node, "its normalized output is unused")
+    if rank is None:
+        raise Stop(node, f"it normalizes axis {norm.axis}, and the rank of the tensor it reads is unknown")
+    if axis != norm.axis:
+        raise Stop(node, f"it normalizes axis {norm.axis} but the layer's channels are on axis {axis} of the "
+                         f"rank-{rank} tensor (a linear layer's channels are its last axis: a BatchNorm folds into "
+                         "it over a rank-2 [N, C] tensor, e.g. after a flatten)")
+    tensors = {}
+    for role in ("weight", "bias", "mean", "var"):
+        value = getattr(norm, role)
+        if value is None:
+            tensors[role] = None
+            continue
+        t = graph.constant(value)
+        if t is None:
+            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})")
+        tensors[role] = t
+    try:
+        aff = fold_math.batch_norm_affine(tensors["mean"], tensors["var"], norm.eps, tensors["weight"], tensors["bias"])
+    except FoldError as err:
+        raise Stop(node, str(err)) from None
+    if aff.channels != channels:
+        raise Stop(node, f"it has {aff.channels} channels but the tensor it normalizes has {channels}")
+    operands = tuple(v for v in (norm.weight, norm.bias, norm.mean, norm.var) if v is not None)
+    return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
+
+
+def per_channel(const: torch.Tensor, rank: int | None, axis: int | None, channels: int) -> torch.Tensor | str:
+    """``const`` as a 1-D per-channel vector if it broadcasts along ``axis`` alone, else why not.
+    ``axis`` None (the channel axis was lost): only a scalar is per-channel."""
+    shape = tuple(const.shape)
+    if axis is None:
+        if const.numel() != 1 or (rank is not None and len(shape) > rank):
+            return f"its constant of shape {list(shape)} is not a scalar, and the channel axis is lost"
+        return const.reshape(-1)
+    if rank is None:
+        if len(shape) > 1 or (shape and shape[0] not in (1, channels)) or axis != -1:
+            return f"its constant has shape {list(shape)} and the rank of the data is unknown"
+        return const.reshape(-1)
+    if len(shape) > rank:
+        return f"its constant of shape {list(shape)} broadcasts the rank-{rank} tensor to a higher rank"
+    axis = axis % rank
+    for j, size in enumerate(shape):
+        d = rank - len(shape) + j
+        if size != 1 and not (d == axis and size == channels):
+            return f"its constant of shape {list(shape)} is not per-channel along axis {axis}"
+    return const.reshape(-1)
+
+
+def binary_step(graph: GraphAdapter, node: Any, x: Any, axis: int | None, channels: int,
+                rank: int | None) -> Step | None:
+    """The elementwise op ``node`` as ``x * scale + shift`` along ``axis``; None when
+    its other operand is not a constant (no affine op at all), Stop when it does not fold."""
+    op = graph.binary(node)
+    what = f"{op.op} {graph.describe(op.output)}"
+    if op.a is x and op.b is x:
+        return None
+    x_first = op.a is x
+    other = op.b if x_first else op.a
+    const = graph.constant(other)
+    alpha = graph.constant(op.alpha) if op.alpha is not None and not isinstance(op.alpha, (int, float)) else op.alpha
+    if const is None or alpha is None:
+        return None
+    out_info, x_info = graph.shape_info(op.output), graph.shape_info(x)
+    if out_info.rank != x_info.rank or (out_info.dtype is not None and out_info.dtype != x_info.dtype):
+        raise Stop(node, f"{what} broadcasts its constant to another rank or dtype")
+    vec = per_channel(const, rank, axis, channels)
+    if isinstance(vec, str):
+        raise Stop(node, f"{what}: {vec}")
+    try:
+        aff = fold_math.binary_affine(op.op, vec, x_first, channels, float(alpha))
+    except FoldError as err:
+        raise Stop(node, f"{what}: {err}") from None
+    return Step(node, x, op.output, aff, op.op, operands=(other,))
+
+
+def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) -> tuple[Step, int | None, str]:
+    """The hop as a step, the channel axis after it (None: lost) and, if lost here, why."""
+    step = Step(hop.node, hop.input, hop.output, None, hop.op)
+    if axis is None:
+        return step, None, ""
+    new_axis = graph.follow_axis(hop, axis, forward)
+    if isinstance(new_axis, str):
+        return step, None, new_axis  # scalars still fold through it
+    return step, new_axis, ""
+
+
+def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[Step], Stop | None]:
+    """The steps that follow ``layer`` (each the only user of the one before), and
+    the Stop that ended the walk, if one did."""
+    x = layer.output
+    rank = graph.shape_info(x).rank
+    axis = layer.out_axis if rank is None or layer.out_axis >= 0 else rank + layer.out_axis
+    steps: list[Step] = []
+    lost = ""
+    try:
+        while len(steps) < MAX_CHAIN:
+            users = graph.users(x)
+            if len(users) != 1 or users[0] is None:
+                norm = next((n for u in users if u is not None and (n := graph.norm(u)) is not None), None)
+                if norm is not None:
+                    raise Stop(norm.node, f"the value it reads, {graph.describe(x)}, has {len(users)} users; "
+                                          "folding would change what the others see")
+                break
+            node = users[0]
+            norm = graph.norm(node)
+            if norm is not None:
+                if norm.input is not x:
+                    raise Stop(node, f"it reads {graph.describe(x)} as a parameter, not as its input")
+                steps.append(norm_step(graph, norm, axis, channels, rank, lost))
+            elif graph.binary(node) is not None:
+                step = binary_step(graph, node, x, axis, channels, rank)
+                if step is None:
+                    break
+                steps.append(step)
+            elif (hop := graph.hop(node)) is not None and hop.input is x:
+                step, axis, why = _hop_step(graph, hop, axis, forward=True)
+                lost = lost or why
+                rank = graph.shape_info(step.output).rank
+                steps.append(step)
+            else:
+                break
+            steps[-1].axis, steps[-1].rank = axis, rank
+            x = steps[-1].output
+    except Stop as stop:
+        return steps, stop
+    return steps, None
+
+
+def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[Step], Stop | None]:
+    """The steps that lead to ``layer``'s input, nearest the layer last (each
+    the only user of the one before it), and the Stop that ended the walk."""
+    x = layer.input
+    rank = graph.shape_info(x).rank
+    axis = layer.in_axis if rank is None or layer.in_axis >= 0 else rank + layer.in_axis
+    steps: list[Step] = []
+    lost = ""
+    try:
+        while len(steps) < MAX_CHAIN:
+            users = graph.users(x)
+            node = graph.producer(x)
+            if node is None or len(users) != 1 or users[0] is None:
+                if node is not None and (norm := graph.norm(node)) is not None and norm.output is x and len(users) > 1:
+                    raise Stop(norm.node, f"its output {graph.describe(x)} has {len(users)} users; "
+                                          "folding into one layer would change what the others see")
+                break
+            norm = graph.norm(node)
+            if norm is not None:
+                if norm.output is not x:
+                    break
+                step = norm_step(graph, norm, axis, channels, rank, lost)
+            elif (op := graph.binary(node)) is not None:
+                data = [v for v in (op.a, op.b) if graph.constant(v) is None]
+                if len(data) != 1:
+                    break
+                try:
+                    step = binary_step(graph, node, data[0], axis, channels, rank)
+                except Stop:
+                    step = None  # an op that is not per-channel here is simply not part of the chain
+                if step is None:
+                    break
+            elif (hop := graph.hop(node)) is not None:
+                step, axis, why = _hop_step(graph, hop, axis, forward=False)
+                lost = lost or why
+            else:
+                break
+            steps.insert(0, step)
+            x = step.input
+            rank = graph.shape_info(x).rank
+    except Stop as stop:
+        return steps, stop
+    return steps, None

@@ -1,0 +1,189 @@
+"""What the engine asks of a graph: the adapter interface and the terms it answers in.
+
+The engine never looks at a graph itself.  Each graph kind (a torch.export or
+ExecuTorch edge program, a bare ``GraphModule`` with ``get_attr`` tensors, an
+ONNX model) has one adapter that implements :class:`GraphAdapter`.  Nodes and
+values are opaque to the engine: an fx ``Node`` is both, an ONNX value is a
+name in a graph scope.  An adapter *classifies* (``layer``, ``norm``,
+``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
+(``constant``, ``shape_info``, ``follow_axis``, names) and *writes*
+(``write_layer``, ``remove_steps``).  It decides nothing about folding.
+
+Adding an op spelling is a row in the adapter's op table; adding a pattern is
+engine code.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Protocol
+
+import torch
+
+from ..fold_math import Affine
+
+
+@dataclass
+class Layer:
+    """A conv / transposed conv / linear node whose weight a fold may change.
+
+    ``kind`` is a ``bnfold.kinds.LAYER_KINDS`` entry; ``op`` the readable op
+    name used in patterns and reasons (``conv2d``, ``Conv``).  ``input`` is the
+    value the layer reads and ``output`` the value carrying its result (an ONNX
+    MatMul's bias ``Add`` when it has one).  ``in_axis``/``out_axis`` are the
+    channel axes of input and output; a negative axis counts from the end.
+    ``weight``/``bias`` are the adapter's handles; ``takes_bias`` is False when
+    a new bias cannot go into the layer itself (it is then added after the
+    chain); ``extra`` is adapter-private.
+    """
+
+    node: Any
+    kind: str
+    op: str
+    input: Any
+    output: Any
+    weight: Any
+    bias: Any = None
+    groups: int = 1
+    zero_padding: bool = True
+    in_axis: int = 1
+    out_axis: int = 1
+    takes_bias: bool = True
+    extra: Any = None
+
+
+@dataclass
+class LayerWeights:
+    """A layer's constants in fold-math terms (``bnfold.fold_math`` layouts).
+
+    ``weight`` is in the kind's layout, ``bias`` is 1-D or None.  ``pre`` is an
+    affine the layer applies after its bias-free product (ONNX Gemm's
+    ``alpha`` and ``beta * C``); the bias is then None.  The dtypes are those
+    of the stored tensors, which the folded values are cast back to.
+    """
+
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    weight_dtype: torch.dtype
+    bias_dtype: torch.dtype
+    pre: Affine | None = None
+
+
+@dataclass
+class Norm:
+    """A batch normalization node.
+
+    ``output`` is the value holding the normalized tensor (None when unused);
+    ``axis`` the axis it normalizes.  ``problem`` is set when it can never fold
+    (training mode, batch statistics, ...); ``statistics_used`` when its saved
+    statistics outputs have users.  ``weight``/``bias``/``mean``/``var`` are
+    value handles (None: absent).
+    """
+
+    node: Any
+    input: Any
+    output: Any
+    weight: Any
+    bias: Any
+    mean: Any
+    var: Any
+    eps: float
+    axis: int = 1
+    problem: str = ""
+    statistics_used: bool = False
+    op: str = "batch_norm"
+
+
+@dataclass
+class Binary:
+    """An elementwise binary node ``op(a, b)``; ``op`` names a row of
+    ``bnfold.fold_math.BINARY_AFFINES`` (``mul``, ``div``, ``add``, ``sub``, ``rsub``)."""
+
+    node: Any
+    op: str
+    a: Any
+    b: Any
+    output: Any
+    alpha: Any = 1
+
+
+@dataclass
+class Hop:
+    """A node that only moves data: its ``output`` is its ``input``, reshaped or not."""
+
+    node: Any
+    input: Any
+    output: Any
+    op: str
+
+
+@dataclass
+class ShapeInfo:
+    """What is known of a value: its rank (None: unknown) and dtype (None: unknown)."""
+
+    rank: int | None
+    dtype: Any = None
+    shape: tuple | None = None
+
+
+@dataclass
+class Step:
+    """One node of an affine chain.  The step reads ``input`` and its result is
+    ``output``; ``affine`` is None for a hop.  ``operands`` are the parameter
+    values that may become dead when the step is removed.  ``axis`` and
+    ``rank`` place the channels in ``output`` (set on the output side)."""
+
+    node: Any
+    input: Any
+    output: Any
+    affine: Affine | None
+    op: str
+    norm: Norm | None = None
+    operands: tuple = ()
+    axis: int = 1
+    rank: int | None = None
+
+
+@dataclass
+class Outcome:
+    """What one attempt at one layer did: folds made, and reasons keyed by the node that stays."""
+
+    folded: list = field(default_factory=list)
+    reasons: dict = field(default_factory=dict)
+
+
+class GraphAdapter(Protocol):
+    """The questions the engine asks.  Every method is cheap and has no side effect
+    except ``write_layer`` and ``remove_steps``."""
+
+    # -- classify
+    def layers(self) -> Iterable[Layer]: ...  # the live layer nodes, parsed now
+    def norms(self) -> Iterable[Norm]: ...  # the live normalization nodes
+    def layer(self, node: Any) -> Layer | None: ...
+    def norm(self, node: Any) -> Norm | None: ...
+    def binary(self, node: Any) -> Binary | None: ...
+    def hop(self, node: Any) -> Hop | None: ...
+
+    # -- navigate (a user of None means the value leaves the graph: an output or a subgraph)
+    def users(self, value: Any) -> list: ...
+    def producer(self, value: Any) -> Any: ...
+
+    # -- read
+    def constant(self, value: Any) -> torch.Tensor | None: ...
+    def weights(self, layer: Layer) -> LayerWeights | str: ...  # or why they are not constants
+    def shape_info(self, value: Any) -> ShapeInfo: ...
+    def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str: ...
+    def describe(self, value: Any) -> str: ...  # "user input 'x'", "'mul_3' (mul)"
+    def node_name(self, node: Any) -> str: ...  # the node's name in the graph
+    def norm_label(self, norm: Norm) -> str: ...  # the name people know: module path when there is one
+    def op_label(self, node: Any) -> str: ...  # a node's label for reports and reasons (module path or node name)
+    def describe_node(self, node: Any) -> str: ...  # "'relu_1' (relu)"
+    def is_live(self, node: Any) -> bool: ...  # still in the graph
+
+    # -- write
+    # write_layer returns the bytes added by private copies, and the bias it could not
+    # put into the layer (``layer.takes_bias`` False), which the engine then adds with add_bias.
+    def write_layer(self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None,
+                    label: str) -> tuple[int, torch.Tensor | None]: ...
+    def remove_steps(self, steps: list[Step]) -> Any: ...  # returns the value standing where the chain ended
+    def add_bias(self, layer: Layer, value: Any, bias: torch.Tensor, axis: int, rank: int | None) -> None: ...

@@ -1,0 +1,62 @@
+"""Reading and writing model files: every file bnfold reads or writes goes through here.
+
+::
+
+    atomic.py         the one atomic writer (temporary file, fsync, os.replace, cleanup on error)
+    errors.py         one_line(): every error message as one line
+    files.py          model kind from the file name, reading a model file once, paths of side files
+    quiet.py          silencing torch / onnx warnings and logs
+    pt2.py            load_pt2 / save_pt2: the safe .pt2 loader and the atomic saver
+    pt2_safety.py     inspecting a .pt2 archive's bytes before torch.export.load sees them
+    onnx.py           load_onnx / save_onnx and the OnnxModel they pass around (needs onnx)
+    onnx_external.py  ExternalLayout, reading external data safely, writing it out (needs onnx)
+    output.py         plan_output: where ``bnfold fold`` may write (-o, --force, --in-place)
+    models.py         load_model / save_model by file name, for the command line
+    npz.py            read_npz: input arrays for ``bnfold audit``
+
+This package imports neither torch nor onnx: the ONNX entry points live in
+:mod:`bnfold.io.onnx` (re-exported by :mod:`bnfold.onnx`), and torch is
+imported inside the functions that need it.
+"""
+
+from .atomic import atomic_path, atomic_paths, file_mode, write_bytes, write_text
+from .errors import one_line
+from .files import (
+    ONNX,
+    PT2,
+    check_side_file,
+    model_kind,
+    onnx_data_path,
+    read_model_bytes,
+    same_file,
+)
+from .models import LoadedModel, load_model, save_model
+from .npz import read_npz
+from .output import OutputPlan, plan_output
+from .pt2 import load_pt2, save_pt2
+from .quiet import quiet
+
+__all__ = [
+    "ONNX",
+    "PT2",
+    "LoadedModel",
+    "OutputPlan",
+    "atomic_path",
+    "atomic_paths",
+    "check_side_file",
+    "file_mode",
+    "load_model",
+    "load_pt2",
+    "model_kind",
+    "one_line",
+    "onnx_data_path",
+    "plan_output",
+    "quiet",
+    "read_model_bytes",
+    "read_npz",
+    "same_file",
+    "save_model",
+    "save_pt2",
+    "write_bytes",
+    "write_text",
+]

@@ -1,0 +1,94 @@
+"""The one atomic writer: every file bnfold writes goes through here.
+
+A file is written to a temporary file in its destination folder
+(``.<name>.<random>.tmp``).  When the writing block ends without error, the
+temporary file is synced to disk, given the permissions of the file it
+replaces (or the umask's default for a new file) and moved over the
+destination with ``os.replace``; the folder is synced last.  On any error the
+temporary files are removed and the destinations are left as they were.
+
+* :func:`atomic_paths` stages several files that belong together (an ONNX
+  model and its external data) and moves them in the order given, so a reader
+  that finds the last one finds the others already in place.
+* :func:`atomic_path` stages one file, for writers that want a path
+  (matplotlib, a nested ``atomic_path`` for a report written with a model).
+* :func:`write_bytes` / :func:`write_text` write through an open file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import BinaryIO
+
+
+def file_mode(path: str) -> int:
+    """An existing file's permission bits; for a new file, 0o666 less the umask."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except OSError:
+        umask = os.umask(0)
+        os.umask(umask)
+        return 0o666 & ~umask
+
+
+@contextlib.contextmanager
+def atomic_paths(paths: Sequence[str | os.PathLike], *, mode: int | None = None) -> Iterator[list[str]]:
+    """Yield one temporary path per destination; on success they replace the destinations in order.
+
+    ``mode`` gives every file these permission bits; by default each keeps
+    those of the file it replaces (see :func:`file_mode`).
+    """
+    dests = [os.path.abspath(os.fspath(p)) for p in paths]
+    pending: list[tuple[str, str]] = []  # (temporary file, destination) not moved yet
+    try:
+        for dest in dests:
+            fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".tmp", dir=os.path.dirname(dest))
+            os.close(fd)
+            pending.append((tmp, dest))
+        yield [tmp for tmp, _ in pending]
+        for tmp, dest in pending:
+            _fsync_file(tmp)
+            os.chmod(tmp, file_mode(dest) if mode is None else mode)
+        while pending:
+            os.replace(*pending[0])
+            pending.pop(0)
+    finally:
+        for tmp, _ in pending:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    for folder in dict.fromkeys(os.path.dirname(d) for d in dests):
+        _fsync_dir(folder)
+
+
+@contextlib.contextmanager
+def atomic_path(path: str | os.PathLike, *, mode: int | None = None) -> Iterator[str]:
+    """Yield a temporary path next to ``path``; on success it replaces ``path``, on error it is removed."""
+    with atomic_paths([path], mode=mode) as (tmp,):
+        yield tmp
+
+
+def write_bytes(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
+    """Write ``path`` atomically: ``write(f)`` writes the contents to an open binary file."""
+    with atomic_path(path) as tmp, open(tmp, "wb") as f:
+        write(f)
+
+
+def write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` (UTF-8) to ``path`` atomically."""
+    write_bytes(path, lambda f: f.write(text.encode("utf-8")))
+
+
+def _fsync_file(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_dir(folder: str) -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        _fsync_file(folder)

@@ -1,0 +1,68 @@
+"""Paths and bytes of model files (no torch, no onnx): the model kind from the
+file name, reading a model file once with one-line errors, comparing paths,
+checking where a side file (report, plot) may go."""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import BnfoldError, ModelFileError
+
+PT2 = "pt2"
+ONNX = "onnx"
+EXTENSIONS = {".pt2": PT2, ".onnx": ONNX}
+
+
+def model_kind(path: str | os.PathLike) -> str:
+    """``"pt2"`` or ``"onnx"`` from the file name; anything else is an error."""
+    ext = os.path.splitext(os.fspath(path))[1].lower()
+    kind = EXTENSIONS.get(ext)
+    if kind is None:
+        shown = f"extension {ext!r}" if ext else "no extension"
+        raise ModelFileError(f"{os.fspath(path)}: unsupported model file ({shown}); use a .pt2 or .onnx file")
+    return kind
+
+
+def onnx_data_path(model_path: str) -> str:
+    """Where :func:`bnfold.io.onnx.save_onnx` puts the external data of ``model_path``."""
+    return model_path + ".data"
+
+
+def read_model_bytes(path: str) -> bytes:
+    """The file's bytes, or a one-line ModelFileError for a missing, unreadable or empty file."""
+    if not os.path.lexists(path):
+        raise ModelFileError(f"{path}: no such file; check the path to the model")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory; pass the path of a model file")
+    if not os.path.isfile(path):
+        raise ModelFileError(f"{path}: not a regular file; pass the path of a model file")
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+    if not data:
+        raise ModelFileError(f"{path}: the file is empty, not a model")
+    return data
+
+
+def same_file(a: str, b: str) -> bool:
+    """True when ``a`` and ``b`` name the same file (also through links)."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def check_side_file(path: str, *, not_same_as: list[str], what: str) -> None:
+    """A report / plot path must not be one of the model files and its folder must exist."""
+    for other in not_same_as:
+        if other and same_file(path, other):
+            raise BnfoldError(f"{path}: the {what} would overwrite a model file; write it elsewhere")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory; give a file name for the {what}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ModelFileError(f"{path}: the folder {parent} does not exist")

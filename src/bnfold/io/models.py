@@ -1,0 +1,116 @@
+"""Models by file name, for the command line: load a ``.pt2`` or ``.onnx``
+file, and write the folded model (with any side file) to an :class:`OutputPlan`.
+
+The ONNX external-data layout read by :func:`load_model` travels in
+``LoadedModel.layout``; the caller hands it to :func:`save_model`.  Every
+failure is a one-line ``BnfoldError`` that names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..errors import BnfoldError, ModelFileError
+from .atomic import atomic_path
+from .errors import naming, one_line
+from .files import PT2, model_kind
+from .output import OutputPlan
+from .pt2 import load_pt2, save_pt2
+from .quiet import quiet
+
+if TYPE_CHECKING:
+    from .onnx_external import ExternalLayout
+
+
+@dataclass
+class LoadedModel:
+    """A model read from ``path``: ``kind`` is ``"pt2"`` or ``"onnx"``; ``layout`` is an ONNX
+    file's external-data layout (None for ``.pt2`` and for ONNX without external data)."""
+
+    path: str
+    kind: str
+    model: Any
+    layout: ExternalLayout | None = None
+
+
+def load_model(path: str | os.PathLike, *, trust: bool = False, debug: bool = False) -> LoadedModel:
+    """Read a ``.pt2`` (safely, unless ``trust``) or ``.onnx`` file, chosen by its extension."""
+    path = os.fspath(path)
+    kind = model_kind(path)
+    if kind == PT2:
+        return LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug))
+    model, layout = _load_onnx(path, debug)
+    return LoadedModel(path, kind, model, layout)
+
+
+def save_model(
+    model: Any,
+    plan: OutputPlan,
+    *,
+    layout: ExternalLayout | None = None,
+    texts: Mapping[str, str] | None = None,
+    debug: bool = False,
+) -> None:
+    """Write ``model`` to ``plan.path`` atomically, with ``layout`` for an ONNX model.
+
+    ``texts`` maps side files (a report) to their contents: they are staged
+    before the model is written and put in place only when it was, so a failed
+    save leaves no file behind.
+    """
+    with contextlib.ExitStack() as staged:
+        for path, text in (texts or {}).items():
+            _stage_text(staged, path, text)
+        _write_model(model, plan, layout, debug)
+
+
+def _stage_text(staged: contextlib.ExitStack, path: str, text: str) -> None:
+    """Write ``text`` to a temporary file that replaces ``path`` when ``staged`` closes without error."""
+    try:
+        tmp = staged.enter_context(atomic_path(path))
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot write the file ({e.strerror or e})") from None
+
+
+def _write_model(model: Any, plan: OutputPlan, layout: ExternalLayout | None, debug: bool) -> None:
+    try:
+        with quiet(not debug):
+            if plan.kind == PT2:
+                save_pt2(model, plan.path)
+            else:
+                _onnx().save_onnx(model, plan.path, layout=layout)
+    except BnfoldError as e:
+        raise naming(e, plan.path) from None
+    except Exception as e:  # torch and onnx raise many kinds; each is a failed write
+        if debug:
+            raise
+        raise ModelFileError(f"{plan.path}: cannot write the model ({one_line(e)})") from None
+
+
+def _onnx():
+    """``bnfold.io.onnx``, or a one-line error saying how to install ONNX support."""
+    try:
+        from . import onnx as io_onnx
+    except ImportError as e:
+        raise BnfoldError(f"ONNX support is not available ({one_line(e)}); install bnfold[onnx]") from None
+    return io_onnx
+
+
+def _load_onnx(path: str, debug: bool):
+    mod = _onnx()
+    try:
+        with quiet(not debug):
+            model, layout = mod.load_onnx(path)
+    except BnfoldError as e:
+        raise naming(e, path) from None
+    except Exception as e:  # onnx raises many kinds for a bad file
+        if debug:
+            raise
+        raise ModelFileError(f"{path}: cannot load the ONNX model ({one_line(e)})") from None
+    mod.check_opset(model, path)
+    return model, layout

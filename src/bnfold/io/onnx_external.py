@@ -1,0 +1,226 @@
+"""ONNX external data: the :class:`ExternalLayout` value, reading a model's
+external data safely, and writing tensors out to a data file.
+
+An ``ExternalLayout`` says which tensors a saved model keeps in its data file.
+:func:`bnfold.io.onnx.load_onnx` returns the layout of the file it read, and
+:func:`bnfold.io.onnx.save_onnx` takes one explicitly: it is a plain value,
+not a mark hidden on the model, so the same model saves the same way however
+it was read.
+
+Reading refuses data that lives outside the model's folder (absolute
+locations, ``..`` components, links that lead elsewhere) and data files too
+short for their tensors, with one-line ``ModelFileError`` messages.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+from onnx import TensorProto
+
+from ..errors import ModelFileError
+
+DEFAULT_THRESHOLD = 1024  # bytes; onnx's own default for external data
+
+
+@dataclass(frozen=True)
+class ExternalLayout:
+    """Which tensors a saved ONNX model keeps in its external data file.
+
+    ``names``: tensors stored there whatever their size (for a loaded model,
+    the ones its file kept there; names the model no longer has are ignored).
+    ``threshold``: initializers of at least this many bytes are stored there
+    too.  The data file is always ``<model file name>.data`` beside the model,
+    never the source's own data file, which the source may still need.
+    """
+
+    names: frozenset[str] = frozenset()
+    threshold: int = DEFAULT_THRESHOLD
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "names", frozenset(self.names))
+        if self.threshold < 0:
+            raise ValueError(f"ExternalLayout threshold must be >= 0 bytes, not {self.threshold}")
+
+
+# ----------------------------------------------------------------------------- walking tensors
+
+
+def _graph_tensors(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    yield from graph.initializer
+    for sp in graph.sparse_initializer:
+        yield sp.values
+        yield sp.indices
+    for node in graph.node:
+        yield from _node_tensors(node)
+
+
+def _node_tensors(node: onnx.NodeProto) -> Iterator[TensorProto]:
+    for a in node.attribute:
+        if a.HasField("t"):
+            yield a.t
+        yield from a.tensors
+        if a.HasField("sparse_tensor"):
+            yield a.sparse_tensor.values
+            yield a.sparse_tensor.indices
+        for sp in a.sparse_tensors:
+            yield sp.values
+            yield sp.indices
+        if a.HasField("g"):
+            yield from _graph_tensors(a.g)
+        for g in a.graphs:
+            yield from _graph_tensors(g)
+
+
+def all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
+    """Every tensor of the model: initializers and attribute tensors, in subgraphs and functions too."""
+    yield from _graph_tensors(model.graph)
+    for f in model.functions:
+        for node in f.node:
+            yield from _node_tensors(node)
+
+
+def initializers(graph: onnx.GraphProto) -> Iterator[TensorProto]:
+    """Initializers of ``graph`` and of all its subgraphs."""
+    yield from graph.initializer
+    for node in graph.node:
+        for a in node.attribute:
+            if a.HasField("g"):
+                yield from initializers(a.g)
+            for g in a.graphs:
+                yield from initializers(g)
+
+
+def is_external(t: TensorProto) -> bool:
+    return t.data_location == TensorProto.EXTERNAL
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+_DRIVE = re.compile(r"^[A-Za-z]:")
+
+
+def read_external(model: onnx.ModelProto, path: str) -> ExternalLayout | None:
+    """Read the external data of ``model`` (parsed from ``path``) into its tensors.
+
+    Returns the layout that keeps those tensors external on save (the
+    threshold is the smallest of them, at most :data:`DEFAULT_THRESHOLD`), or
+    None when the model had no external data.
+    """
+    base = os.path.dirname(os.path.abspath(path))
+    names: set[str] = set()
+    smallest = DEFAULT_THRESHOLD
+    for t in all_tensors(model):
+        if is_external(t):
+            t.raw_data = _read_tensor_data(t, base, path)
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+            names.add(t.name)
+            smallest = min(smallest, len(t.raw_data))
+    return ExternalLayout(frozenset(names), smallest) if names else None
+
+
+def _read_tensor_data(t: TensorProto, base: str, path: str) -> bytes:
+    info = {e.key: e.value for e in t.external_data}
+    loc = info.get("location", "")
+    where = f"{path}: external data of tensor {t.name!r}"
+    if not loc:
+        raise ModelFileError(f"{where} has no location")
+    if os.path.isabs(loc) or loc.startswith(("/", "\\")) or _DRIVE.match(loc):
+        raise ModelFileError(f"{where} uses the absolute path {loc!r}; only files in the model's folder are read")
+    if ".." in re.split(r"[/\\]", loc):
+        raise ModelFileError(f"{where} at {loc!r} escapes the model's folder; only files in it are read")
+    real_base = os.path.realpath(base)
+    real = os.path.realpath(os.path.join(base, loc))
+    if os.path.commonpath([real, real_base]) != real_base:
+        raise ModelFileError(f"{where} at {loc!r} resolves outside the model's folder (a symlink?); refused")
+    if not os.path.isfile(real):
+        raise ModelFileError(f"{where}: the data file {loc!r} is missing next to the model")
+    try:
+        offset = int(info.get("offset", 0))
+        length = int(info["length"]) if "length" in info else None
+    except ValueError:
+        raise ModelFileError(f"{where} has a non-integer offset or length") from None
+    size = os.path.getsize(real)
+    if offset < 0 or (length is not None and length < 0):
+        raise ModelFileError(f"{where} has a negative offset or length")
+    if length is None:
+        length = size - offset
+    if offset + length > size:
+        raise ModelFileError(
+            f"{where}: the data file {loc!r} is truncated (needs bytes {offset}..{offset + length}, has {size})"
+        )
+    expected = _expected_bytes(t)
+    if expected is not None and expected != length:
+        raise ModelFileError(f"{where} holds {length} bytes, but the tensor needs {expected}")
+    with open(real, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def _expected_bytes(t: TensorProto) -> int | None:
+    if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
+        return None
+    try:
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+    except (KeyError, ValueError, TypeError):
+        return None
+    name = TensorProto.DataType.Name(t.data_type)
+    if name in ("INT4", "UINT4", "INT2", "UINT2") or name.startswith(("FLOAT4", "FLOAT6")):
+        return None  # packed sub-byte types
+    return int(np.prod(t.dims, dtype=np.int64)) * itemsize if len(t.dims) else itemsize
+
+
+# ----------------------------------------------------------------------------- writing
+
+
+def chosen_tensors(model: onnx.ModelProto, layout: ExternalLayout) -> list[TensorProto]:
+    """The tensors ``layout`` sends to the data file, each once, in model order."""
+    chosen = {id(t): t for t in initializers(model.graph) if _goes_out(t, layout.threshold)}
+    for t in all_tensors(model):
+        if t.name in layout.names and _goes_out(t, 0):
+            chosen[id(t)] = t
+    return list(chosen.values())
+
+
+def serialize_external(model: onnx.ModelProto, data: BinaryIO, location: str, layout: ExternalLayout) -> bytes:
+    """Write the tensors ``layout`` chooses to ``data`` and return the model bytes that refer to them.
+
+    The tensors are moved out of ``model`` only while it is serialized and put
+    back afterwards, so the caller's model is unchanged and nothing is copied.
+    Raises ``ValueError`` when what stays in the model is over protobuf's 2 GB.
+    """
+    moved: list[tuple[TensorProto, bytes]] = []
+    try:
+        for t in chosen_tensors(model, layout):
+            raw = t.raw_data
+            offset = data.tell()
+            data.write(raw)
+            moved.append((t, raw))
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            _set_entries(t, (("location", location), ("offset", str(offset)), ("length", str(len(raw)))))
+        return model.SerializeToString()
+    finally:
+        for t, raw in moved:
+            del t.external_data[:]
+            t.data_location = TensorProto.DEFAULT
+            t.raw_data = raw
+
+
+def _set_entries(t: TensorProto, entries: Iterable[tuple[str, str]]) -> None:
+    del t.external_data[:]
+    for k, v in entries:
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def _goes_out(t: TensorProto, threshold: int) -> bool:
+    return not is_external(t) and t.HasField("raw_data") and len(t.raw_data) >= threshold

@@ -1,0 +1,93 @@
+"""Where ``bnfold fold`` may write, decided before any work is done: the
+``-o`` / ``--force`` / ``--in-place`` rules, and the ONNX data file beside the
+output."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from ..errors import BnfoldError, ModelFileError
+from .files import ONNX, model_kind, onnx_data_path, same_file
+
+
+@dataclass
+class OutputPlan:
+    """The output file, its kind (``"pt2"`` / ``"onnx"``) and whether it is the input itself."""
+
+    path: str
+    kind: str
+    replaces_input: bool
+
+
+def plan_output(
+    input_path: str,
+    output: str | None,
+    *,
+    force: bool = False,
+    in_place: bool = False,
+) -> OutputPlan:
+    """Decide where the output goes: the rules of ``bnfold fold``.
+
+    The input is overwritten only with ``in_place``; an existing other file only
+    with ``force``; the output has the input's format.
+    """
+    kind = model_kind(input_path)
+    if output is None:
+        if not in_place:
+            raise BnfoldError("no output file: give -o OUT, or --in-place to overwrite the input")
+        output = input_path
+    output = os.fspath(output)
+    out_kind = model_kind(output)
+    if out_kind != kind:
+        raise BnfoldError(
+            f"{output}: the output must be a .{kind} file like the input (bnfold does not convert formats)"
+        )
+    if os.path.isdir(output):
+        raise ModelFileError(f"{output}: is a directory")
+    parent = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(parent):
+        raise ModelFileError(f"{output}: the folder {parent} does not exist")
+    same = same_file(input_path, output)
+    if same and not in_place:
+        raise BnfoldError(f"{output}: refusing to overwrite the input; pass --in-place to do that")
+    if in_place and not same:
+        raise BnfoldError(f"{output}: --in-place writes the input file; do not give a different -o")
+    if not same and os.path.lexists(output) and not force:
+        raise BnfoldError(f"{output}: already exists; pass --force to replace it")
+    if not os.access(parent, os.W_OK):
+        raise ModelFileError(f"{output}: cannot write to {parent} (permission denied)")
+    if kind == ONNX and not same:
+        _check_onnx_data_file(input_path, output, force)
+    return OutputPlan(output, kind, same)
+
+
+def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
+    """OUT.data belongs to OUT: replace it only with --force, and never when the input reads it."""
+    data = onnx_data_path(output)
+    if not os.path.lexists(data):
+        return
+    if not force:
+        raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
+    if os.path.realpath(data) in _onnx_external_files(input_path):
+        raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
+
+
+def _onnx_external_files(path: str) -> set[str]:
+    """Real paths of the external data files an ONNX model refers to (empty if it cannot be read)."""
+    try:
+        import onnx
+
+        from .onnx_external import all_tensors, is_external
+
+        model = onnx.load(path, load_external_data=False)
+    except Exception:  # noqa: BLE001 - an unreadable input is reported when it is loaded
+        return set()
+    base = os.path.dirname(os.path.abspath(path))
+    found = set()
+    for t in all_tensors(model):
+        if is_external(t):
+            loc = {e.key: e.value for e in t.external_data}.get("location")
+            if loc:
+                found.add(os.path.realpath(os.path.join(base, loc)))
+    return found

@@ -1,0 +1,64 @@
+"""Where the channel axis goes through a shape-only op, static or symbolic shapes alike."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from torch.fx import Node
+
+from .ops import IDENTITY_HOPS, node_key
+
+
+def follow_axis(node: Node, before: tuple | None, after: tuple | None, axis: int, forward: bool) -> int | None:
+    """The channel axis after the hop ``node`` (``forward``) or before it, or None if the
+    hop moves or merges it.  ``before``/``after`` are the shapes of its input and output."""
+    if node_key(node) in IDENTITY_HOPS:
+        return axis
+    if before is None or after is None:
+        return None
+    if node_key(node).startswith("aten::unsqueeze"):
+        d = int(node.args[1])
+        d = d + len(after) if d < 0 else d
+        if forward:
+            return axis + 1 if d <= axis else axis
+        return None if d == axis else (axis - 1 if d < axis else axis)
+    src, dst = (before, after) if forward else (after, before)
+    return _same_place(src, dst, axis)
+
+
+def _same_place(src: tuple, dst: tuple, axis: int) -> int | None:
+    """The axis of ``dst`` with the size of ``src[axis]`` and the same number of elements before it."""
+    if all(isinstance(s, int) for s in src + dst):
+        lead, prod = math.prod(src[:axis]), 1
+        for j, size in enumerate(dst):
+            if prod == lead and size == src[axis]:
+                return j
+            prod *= size
+        return None
+    lead, size = _product(src[:axis]), _expr(src[axis])
+    prod = _product(())
+    for j, d in enumerate(dst):
+        if _equal(prod, lead) and _equal(_expr(d), size):
+            return j
+        prod = prod * _expr(d)
+    return None
+
+
+def _expr(size: Any):
+    import sympy
+
+    node = getattr(size, "node", None)
+    return node.expr if node is not None else sympy.Integer(int(size))
+
+
+def _product(sizes: tuple):
+    import sympy
+
+    return sympy.Mul(*[_expr(s) for s in sizes]) if sizes else sympy.Integer(1)
+
+
+def _equal(a, b) -> bool:
+    import sympy
+
+    return a == b or sympy.expand(a - b) == 0

@@ -1,0 +1,204 @@
+"""Reading and writing the tensors of an fx graph: the part every fx graph kind shares.
+
+Tensors are graph nodes: a ``get_attr`` node (a tensor attribute of the graph
+module, how ExecuTorch passes register tensors) or a placeholder that stands
+for a parameter, buffer or constant.  ``FxTensors`` handles ``get_attr``
+tensors and everything that does not depend on where a placeholder's tensor
+lives; ``ProgramEditor`` (a program's signature) and ``GraphModuleEditor``
+(a GraphModule edited in place) say that.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx import GraphModule, Node
+
+
+class FxTensors:
+    """Tensor access for ``graph`` (owned by ``gm``)."""
+
+    def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
+        self.gm, self.graph = gm, graph
+        self._computed: dict[Node, torch.Tensor | None] = {}
+        self._fake_mode = next((n.meta["val"].fake_mode for n in graph.nodes
+                                if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")), None)
+
+    # ------------------------------------------------------------------ per placeholder (subclasses)
+
+    def placeholder_tensor(self, node: Node) -> torch.Tensor | None:
+        raise NotImplementedError
+
+    def placeholder_target(self, node: Node) -> str | None:
+        raise NotImplementedError
+
+    def is_user_input(self, node: Node) -> bool:
+        raise NotImplementedError
+
+    def replace_placeholder(self, node: Node, value: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def add_placeholder(self, like: Node, target: str, value: torch.Tensor) -> Node:
+        raise NotImplementedError
+
+    def drop_placeholder(self, node: Node) -> None:
+        raise NotImplementedError
+
+    def placeholder_for_target(self, target: str) -> Node | None:
+        return None
+
+    # ------------------------------------------------------------------ reading
+
+    def tensor(self, node: Any) -> torch.Tensor | None:
+        """The constant tensor behind ``node``, or None if it is not a constant."""
+        if not isinstance(node, Node):
+            return None
+        if node.op == "get_attr":
+            value = getattr_path(self.gm, node.target)
+            return value if isinstance(value, torch.Tensor) else None
+        if node.op == "placeholder":
+            return self.placeholder_tensor(node)
+        return None
+
+    def constant_value(self, node: Any, _depth: int = 0) -> torch.Tensor | None:
+        """Like ``tensor``, but also evaluates (in float64) a pure subgraph computed
+        only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``."""
+        value = self.tensor(node)
+        if value is not None or not isinstance(node, Node) or node.op != "call_function" or _depth > 16:
+            return value
+        if node in self._computed:
+            return self._computed[node]
+        schema = getattr(node.target, "_schema", None)
+        if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
+            return None
+        if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()) or "empty" in schema.name:
+            return None  # random or uninitialized: not a constant, whatever its inputs
+
+        def resolve(arg):
+            if isinstance(arg, Node):
+                v = self.constant_value(arg, _depth + 1)
+                if v is None:
+                    raise LookupError
+                return v.double() if v.is_floating_point() else v
+            return arg
+
+        try:
+            args = torch.fx.node.map_aggregate(node.args, resolve)
+            kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
+            value = node.target(*args, **kwargs)
+        except LookupError:
+            value = None
+        except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
+            value = None
+        value = value if isinstance(value, torch.Tensor) else None
+        self._computed[node] = value
+        return value
+
+    def target(self, node: Node) -> str:
+        """The state_dict / constants key of a tensor node (get_attr: its attribute path)."""
+        if node.op == "placeholder":
+            return self.placeholder_target(node) or node.name
+        return str(node.target)
+
+    def describe(self, node: Any) -> str:
+        if not isinstance(node, Node):
+            return f"the value {node!r}"
+        if node.op == "placeholder" and self.is_user_input(node):
+            return f"user input '{node.name}'"
+        if node.op == "call_function":
+            return f"'{node.name}' ({getattr(node.target, '__name__', node.target)})"
+        return f"'{node.name}'"
+
+    def is_shared(self, node: Node) -> bool:
+        """Whether the tensor behind ``node`` has more than one user now."""
+        if node.op == "get_attr":
+            return sum(len(n.users) for n in self.graph.nodes if n.op == "get_attr" and n.target == node.target) > 1
+        return len(node.users) > 1
+
+    # ------------------------------------------------------------------ writing
+
+    def replace_tensor(self, node: Node, value: torch.Tensor) -> None:
+        """Give ``node`` a new value: same name, same kind."""
+        if node.op == "get_attr":
+            setattr_path(self.gm, node.target, _like(getattr_path(self.gm, node.target), value))
+            self.set_val(node, value)
+        else:
+            self.replace_placeholder(node, value)
+
+    def add_tensor(self, like: Node, target: str, value: torch.Tensor) -> Node:
+        """A new tensor node of the same kind as ``like``, placed right after it."""
+        if like.op == "placeholder":
+            return self.add_placeholder(like, target, value)
+        return self.add_attr(like, target.replace(".", "_"), value)
+
+    def add_attr(self, like: Node, name: str, value: torch.Tensor) -> Node:
+        """A new ``get_attr`` tensor registered on the graph module (a parameter if ``like``'s is one)."""
+        base, i = name, 0
+        while hasattr(self.gm, name):
+            i += 1
+            name = f"{base}_{i}"
+        old = getattr_path(self.gm, like.target) if like.op == "get_attr" else None
+        if isinstance(old, torch.nn.Parameter):
+            self.gm.register_parameter(name, _like(old, value))
+        else:
+            self.gm.register_buffer(name, value)
+        with self.graph.inserting_after(like):
+            node = self.graph.get_attr(name)
+        self.set_val(node, value)
+        return node
+
+    def drop_if_unused(self, node: Any) -> None:
+        """Remove a tensor node that no longer has users, with its state."""
+        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+            return
+        if node.op == "get_attr":
+            self.graph.erase_node(node)
+        elif node.op == "placeholder":
+            self.drop_placeholder(node)
+
+    def erase_dead(self, node: Any) -> None:
+        """Erase ``node`` if nothing uses it any more, then its inputs in turn."""
+        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+            return
+        if node.op in ("placeholder", "get_attr"):
+            self.drop_if_unused(node)
+            return
+        schema = getattr(node.target, "_schema", None)
+        if node.op != "call_function" or schema is None or schema.is_mutable:
+            return
+        inputs = list(node.all_input_nodes)
+        self.graph.erase_node(node)
+        for arg in inputs:
+            self.erase_dead(arg)
+
+    def set_val(self, node: Node, value: torch.Tensor) -> None:
+        old = node.meta.get("val")
+        if getattr(old, "shape", None) == value.shape and getattr(old, "dtype", None) == value.dtype:
+            return
+        if self._fake_mode is not None:  # a fake tensor with the value's metadata, in the program's fake mode
+            meta = torch.empty_strided(value.shape, value.stride(), dtype=value.dtype, device="meta")
+            node.meta["val"] = FakeTensor(self._fake_mode, meta, value.device)
+        else:
+            node.meta["val"] = value
+        node.meta.pop("tensor_meta", None)
+
+
+def _like(old: Any, value: torch.Tensor) -> torch.Tensor:
+    if isinstance(old, torch.nn.Parameter):
+        return torch.nn.Parameter(value, requires_grad=old.requires_grad)
+    return value
+
+
+def getattr_path(root: Any, path: str) -> Any:
+    for part in path.split("."):
+        root = getattr(root, part)
+    return root
+
+
+def setattr_path(root: Any, path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for part in parents:
+        root = getattr(root, part)
+    setattr(root, last, value)
