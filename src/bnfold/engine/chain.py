@@ -21,6 +21,11 @@ from .graph import GraphAdapter, Hop, Layer, Norm, Step
 MAX_CHAIN = 256
 
 
+def _same(a: Any, b: Any) -> bool:
+    """Whether two value handles name the same value (handles compare equal; numbers never match)."""
+    return isinstance(a, type(b)) and not isinstance(a, (int, float)) and a == b
+
+
 class Stop(Exception):
     """The chain cannot go through ``node``; ``reason`` says why."""
 
@@ -96,9 +101,9 @@ def binary_step(graph: GraphAdapter, node: Any, x: Any, axis: int | None, channe
     its other operand is not a constant (no affine op at all), Stop when it does not fold."""
     op = graph.binary(node)
     what = f"{op.op} {graph.describe(op.output)}"
-    if op.a is x and op.b is x:
+    if _same(op.a, x) and _same(op.b, x):
         return None
-    x_first = op.a is x
+    x_first = _same(op.a, x)
     other = op.b if x_first else op.a
     const = graph.constant(other)
     alpha = graph.constant(op.alpha) if op.alpha is not None and not isinstance(op.alpha, (int, float)) else op.alpha
@@ -148,7 +153,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
             node = users[0]
             norm = graph.norm(node)
             if norm is not None:
-                if norm.input is not x:
+                if not _same(norm.input, x):
                     raise Stop(node, f"it reads {graph.describe(x)} as a parameter, not as its input")
                 steps.append(norm_step(graph, norm, axis, channels, rank, lost))
             elif graph.binary(node) is not None:
@@ -156,7 +161,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
                 if step is None:
                     break
                 steps.append(step)
-            elif (hop := graph.hop(node)) is not None and hop.input is x:
+            elif (hop := graph.hop(node)) is not None and _same(hop.input, x):
                 step, axis, why = _hop_step(graph, hop, axis, forward=True)
                 lost = lost or why
                 rank = graph.shape_info(step.output).rank
@@ -183,13 +188,13 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
             users = graph.users(x)
             node = graph.producer(x)
             if node is None or len(users) != 1 or users[0] is None:
-                if node is not None and (norm := graph.norm(node)) is not None and norm.output is x and len(users) > 1:
+                if node is not None and (norm := graph.norm(node)) is not None and _same(norm.output, x) and len(users) > 1:
                     raise Stop(norm.node, f"its output {graph.describe(x)} has {len(users)} users; "
                                           "folding into one layer would change what the others see")
                 break
             norm = graph.norm(node)
             if norm is not None:
-                if norm.output is not x:
+                if not _same(norm.output, x):
                     break
                 step = norm_step(graph, norm, axis, channels, rank, lost)
             elif (op := graph.binary(node)) is not None:

@@ -7,7 +7,10 @@ values are opaque to the engine: an fx ``Node`` is both, an ONNX value is a
 name in a graph scope.  An adapter *classifies* (``layer``, ``norm``,
 ``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
 (``constant``, ``shape_info``, ``follow_axis``, names) and *writes*
-(``write_layer``, ``remove_steps``).  It decides nothing about folding.
+(``write_layer``, ``remove_steps``, ``add_bias``).  It decides nothing about folding.
+
+Handles (nodes and values) must be hashable, compare equal exactly when they
+name the same node or value, and stay valid for a whole ``fold_graph`` run.
 
 Adding an op spelling is a row in the adapter's op table; adding a pattern is
 engine code.
