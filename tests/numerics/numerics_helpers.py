@@ -105,3 +105,66 @@ def mixed(seed=0):
         for _ in range(10):
             net(torch.randn(8, 3, 8, 8) + 2)
     return net.eval()
+
+
+class ScaledByMatmul(nn.Module):
+    """A conv scaled per channel by ``a @ b`` of two parameters: the fold folds the scale into the
+    conv and removes the matmul, a layer-like node, with the rest of the constant subgraph."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.a = nn.Parameter(torch.rand(4, 2) + 1)
+        self.b = nn.Parameter(torch.rand(2, 1) + 1)
+        self.fc = nn.Linear(4, 3)
+
+    def forward(self, x):
+        s = (self.a @ self.b).reshape(1, -1, 1, 1)
+        y = torch.relu(self.conv(x) * s)
+        return self.fc(y.mean((2, 3)))
+
+
+class NormChain(nn.Module):
+    """conv -> bn1 -> bn2: both fold into the conv, which then computes bn2's output."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn1 = batch_norm_with(4, mean=[1.0, -2.0, 3.0, 0.5], var=[4.0, 1.0, 9.0, 2.0])
+        self.bn2 = batch_norm_with(4, mean=[0.5, 0.0, -1.0, 2.0], var=[0.25, 1.0, 0.01, 4.0],
+                                   weight=[3.0, 2.0, 1.0, 5.0])
+
+    def forward(self, x):
+        return torch.relu(self.bn2(self.bn1(self.conv(x))))
+
+
+class HopInChain(nn.Module):
+    """conv1d -> unsqueeze -> BatchNorm2d -> squeeze: the fold keeps the unsqueeze, which then
+    holds the normalized tensor (the conv itself holds it before the unsqueeze)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(3, 4, 3, padding=1)
+        self.bn = batch_norm_with(4, mean=[1.0, -2.0, 3.0, 0.5], var=[0.04, 1.0, 9.0, 0.01],
+                                  weight=[3.0, 2.0, 1.0, 5.0])
+
+    def forward(self, x):
+        return torch.relu(self.bn(self.conv(x).unsqueeze(-1)).squeeze(-1))
+
+
+class TokenLinearNorm(nn.Module):
+    """LeViT's LinearNorm over transposed tokens: a bias-free linear, BatchNorm1d over the flattened
+    tokens, reshape_as back.  The linear's output has a second user (reshape_as reads its shape);
+    decomposed, the linear is a bmm with no bias argument, so the fold adds the bias after it."""
+
+    def __init__(self):
+        super().__init__()
+        self.c, self.bn = nn.Linear(8, 12, bias=False), nn.BatchNorm1d(12)
+        with torch.no_grad():
+            self.bn.running_mean.uniform_(-2, 2)
+            self.bn.running_var.uniform_(0.1, 4)
+            self.bn.weight.uniform_(0.5, 3)
+
+    def forward(self, x):
+        x = self.c(x.transpose(1, 2))
+        return self.bn(x.flatten(0, 1)).reshape_as(x)

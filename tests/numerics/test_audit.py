@@ -2,6 +2,7 @@
 
 import copy
 import json
+import operator
 
 import pytest
 import torch
@@ -9,7 +10,7 @@ import torch
 import bnfold
 from bnfold.numerics import Emulator, audit
 
-from numerics_helpers import export, mixed, small_net
+from numerics_helpers import HopInChain, NormChain, ScaledByMatmul, TokenLinearNorm, export, mixed, small_net
 
 
 def _bn_nodes(ep):
@@ -53,6 +54,68 @@ def test_layers_are_matched_to_the_same_tensor():
     standalone = {r.norm: r for r in rep.layers if r.kind == "batch_norm"}
     for node, r in standalone.items():
         assert (r.folded is None) == (node in folded_norms)  # a norm folded into its consumer has no tensor left
+
+
+def _assert_same_tensor(row):
+    """The row's unfolded and folded errors were measured on the same tensor: the same shape and
+    the same float64 reference values (up to the folded weights' float32 rounding)."""
+    a, b = row.unfolded, row.folded
+    assert a.shape == b.shape, (row.name, a.node, b.node)
+    assert abs(a.max_abs_ref - b.max_abs_ref) <= 1e-5 * max(a.max_abs_ref, b.max_abs_ref), (row.name, a.node, b.node)
+
+
+def _only(ep, target):
+    (node,) = ep.graph.find_nodes(op="call_function", target=target)
+    return node
+
+
+def _normalized(node):
+    """The node holding a batch norm's result: its getitem(0) in the decomposed IR, else itself."""
+    return next((u for u in node.users if u.target is operator.getitem and u.args[1] == 0), node)
+
+
+def test_rows_pair_by_node_name_when_the_fold_removes_a_layer_like_node():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 8, 8)
+    ep = export(ScaledByMatmul(), x)
+    folded_nodes = {n.name for n in bnfold.fold(ep).model.graph.nodes}
+    rep = audit(ep, [(x,)], profile="fp32")
+    assert [r.kind for r in rep.layers] == ["matmul", "conv", "linear"]
+    matmul, conv, fc = rep.layers
+    # the fold computed a @ b ahead of time: the matmul is gone, and so is its row's counterpart
+    assert matmul.name not in folded_nodes and matmul.folded is None
+    # the conv row measures conv * (a @ b), which the folded conv computes under its own name
+    assert conv.unfolded.node == _only(ep, torch.ops.aten.mul.Tensor).name
+    assert conv.folded.node == conv.name and fc.folded.node == fc.name
+    for row in (conv, fc):
+        _assert_same_tensor(row)
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed"])
+@pytest.mark.parametrize(
+    "model, shape, holder",
+    [
+        (NormChain, (3, 8, 8), "layer"),
+        (HopInChain, (3, 8), torch.ops.aten.unsqueeze.default),  # the hop the fold keeps holds the result
+        (TokenLinearNorm, (8, 5), None),  # a flatten, or the bias add the fold inserts, holds it
+    ],
+)
+def test_a_folded_layer_row_measures_where_its_chain_ends(model, shape, holder, ir):
+    torch.manual_seed(0)
+    x = torch.randn(2, *shape)
+    ep = export(model(), x, ir=ir)
+    report = bnfold.fold(ep).report
+    rep = audit(ep, [(x,)], profile="fp32")
+    (row,) = rep.layers  # every norm went into the layer: none has a row of its own
+    assert {f.into for f in report.folded} == {row.name}
+    last_norm = [n for n in ep.graph.nodes if n.name in {f.node for f in report.folded}][-1]
+    assert row.unfolded.node == _normalized(last_norm).name  # the chain's result in the unfolded program
+    assert row.folded is not None
+    if holder == "layer":
+        assert row.folded.node == row.name
+    elif holder is not None:
+        assert row.folded.node == _only(ep, holder).name
+    _assert_same_tensor(row)
 
 
 def test_end_to_end_agreement_and_accuracy():

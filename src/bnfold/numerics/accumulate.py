@@ -12,7 +12,6 @@ from typing import Any, Callable, Iterator
 
 import torch
 
-from .graph import CONV_TRANSPOSE_OPS
 from .profiles import round_fp16
 
 
@@ -35,10 +34,12 @@ def _chunks(n: int, chunk: int) -> list[slice]:
     return [slice(i, min(i + chunk, n)) for i in range(0, n, chunk)]
 
 
-def conv(op: Callable, name: str, kw: dict[str, Any], chunk: int) -> torch.Tensor:
-    """A conv (``kw`` holds its arguments by schema name) with fp16 accumulation."""
+def conv(op: Callable, kw: dict[str, Any], chunk: int, transposed: bool) -> torch.Tensor:
+    """A conv (``kw`` holds its arguments by schema name) with fp16 accumulation.
+
+    ``transposed``: the op is a transposed conv (weight ``[in, out/groups, *k]``).
+    """
     x, w, bias = kw["input"], kw["weight"], kw.get("bias")
-    transposed = name in CONV_TRANSPOSE_OPS or bool(kw.get("transposed", False))
     groups = int(kw.get("groups", 1))
     cin_g = w.shape[0] // groups if transposed else w.shape[1]
     call = dict(kw, bias=None)
@@ -66,8 +67,10 @@ def linear(name: str, kw: dict[str, Any], chunk: int) -> torch.Tensor:
         a, b = (kw["mat1"], kw["mat2"]) if name == "addmm" else (kw["batch1"], kw["batch2"])
     elif name == "matmul":
         a, b = kw["self"], kw["other"]
-    else:  # mm, bmm
+    elif name in ("mm", "bmm"):
         a, b = kw["self"], kw["mat2"]
+    else:
+        raise NotImplementedError(f"fp16 accumulation of {name!r} is not emulated")
     k = a.shape[-1]
     # one matmul per chunk: a batched matmul over all chunks at once writes chunks x outputs
     # partials through memory and measured ~3x slower

@@ -16,9 +16,12 @@ from typing import Any, Callable
 
 import torch
 
+from ..errors import FoldError
+from ..fold_math import Affine, batch_norm_affine
+from ..torch_export.ops import Norm, parse_norm
 from .emulator import Emulator, EmulationResult
 from .errors import TensorError, json_float, measure
-from .graph import batch_norm_args, batch_norm_output, layer_kind, placeholder_values, tensor_of
+from .graph import layer_kind, lifted_tensor, lifted_tensors, module_path, running_stats_norm
 from .profiles import FP16_MAX, get_profile
 
 
@@ -46,7 +49,10 @@ class NormAudit:
 
 @dataclass
 class LayerAudit:
-    """One layer's output: a conv / linear (after its batch norm when one follows), or a standalone batch norm."""
+    """One layer's output: a conv / linear / matmul (after the batch norm, or the chain folded into
+    it, that follows), or a standalone batch norm.  ``norm`` is the node name of that batch norm
+    (or of the chain's first step).  ``folded`` measures the same tensor in the folded program,
+    found by node identity; None when the folded program no longer holds it."""
 
     name: str
     kind: str
@@ -167,100 +173,270 @@ def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.Expor
         module.train(was_training)
 
 
-def _module_path(node: torch.fx.Node) -> str:
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path = list(stack.values())[-1][0]
-        return path.replace("L['self'].", "").replace("L__self___", "") or node.name
-    return node.name
+# -- normalizations --------------------------------------------------------------------------------
 
 
-def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit]:
-    lifted, _ = placeholder_values(ep)
+def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
+    """``{norm node name: (folded, fold column text, module path)}`` from the fold report."""
     status = {}
     if fold_report is not None:
         for f in fold_report.folded:
             status[f.node] = (True, f"folded into {f.into} ({f.pattern}, {f.side} side)", f.norm)
         for s in fold_report.skipped:
             status[s.node] = (False, f"skipped: {s.reason}", s.norm)
+    return status
+
+
+def _affine_or_none(mean, var, eps: float, weight=None) -> Affine | None:
+    """``fold_math.batch_norm_affine``, or None where it refuses the statistics (NaN/inf, var + eps <= 0)."""
+    try:
+        return batch_norm_affine(mean, var, eps, weight)
+    except FoldError:
+        return None
+
+
+def _max_abs(t: torch.Tensor | None) -> float:
+    return float(t.abs().max()) if t is not None else math.nan
+
+
+def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None:
+    """``NormAudit``'s channels, ``|scale|`` range, kappa and bn_eps scale for ``norm``, read from
+    the affines ``fold_math.batch_norm_affine`` gives; None when its statistics are computed in
+    the graph.  Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.
+
+    kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``.
+    """
+    mean, var = lifted_tensor(norm.mean, lifted), lifted_tensor(norm.var, lifted)
+    if mean is None or var is None:
+        return None
+    gamma = lifted_tensor(norm.weight, lifted)
+    gamma_known = norm.weight is None or gamma is not None
+    bare = _affine_or_none(mean, var, norm.eps)
+    full = _affine_or_none(mean, var, norm.eps, gamma) if gamma_known else None
+    runtime = _affine_or_none(mean, var, bn_eps, gamma) if gamma_known and bn_eps is not None else None
+    scale = full.scale.abs() if full is not None else None
+    kappa = bare.shift.abs() if bare is not None else None
+    return {
+        "channels": mean.numel(),
+        "scale_min": float(scale.min()) if scale is not None else math.nan,
+        "scale_max": _max_abs(scale),
+        "kappa": _max_abs(kappa),
+        "kappa_channel": int(kappa.argmax()) if kappa is not None else -1,
+        "runtime_scale_max": None if bn_eps is None else _max_abs(runtime.scale if runtime is not None else None),
+    }
+
+
+def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit]:
+    lifted, _ = lifted_tensors(ep)
+    status = _fold_status(fold_report)
     out = []
     for node in ep.graph_module.graph.nodes:
-        bn = batch_norm_args(node)
-        if bn is None:
-            continue
-        mean, var = tensor_of(bn.mean, lifted), tensor_of(bn.var, lifted)
-        if mean is None or var is None:
-            continue  # statistics computed in the graph: nothing to read ahead of time
-        mean, var = mean.double(), var.double()
-        gamma = tensor_of(bn.weight, lifted)
-        gamma = torch.ones_like(var) if gamma is None else gamma.double()
-        std = torch.sqrt(var + bn.eps)
-        scale = (gamma / std).abs()
-        kappa = mean.abs() / std
-        src = bn.input.name if isinstance(bn.input, torch.fx.Node) else ""
+        norm = running_stats_norm(node)
+        numbers = None if norm is None else _norm_numbers(norm, lifted, bn_eps)
+        if numbers is None:
+            continue  # not a norm, or statistics computed in the graph: nothing to read ahead of time
+        src = norm.input.name if isinstance(norm.input, torch.fx.Node) else ""
         x_max = unfolded.errors[src].max_abs_ref if src in unfolded.errors else math.nan
         folded, fold, label = status.get(node.name, (False, "not audited (no fold report)", None))
-        runtime = None
-        if bn_eps is not None:
-            runtime = float((gamma / torch.sqrt(var + bn_eps)).abs().max())
         out.append(NormAudit(
             node=node.name,
-            name=label or _module_path(node),
-            channels=mean.numel(),
-            eps=bn.eps,
-            scale_min=float(scale.min()),
-            scale_max=float(scale.max()),
-            kappa=float(kappa.max()),
-            kappa_channel=int(kappa.argmax()),
+            name=label or module_path(node),
+            eps=norm.eps,
             input_max_abs=x_max,
             headroom=FP16_MAX / x_max if x_max > 0 else math.inf,
             folded=folded,
             fold=fold,
-            runtime_scale_max=runtime,
+            **numbers,
         ))
     return out
 
 
-def _layer_outputs(ep) -> list[tuple[str, str, str | None, str, str]]:
-    """``(name, kind, norm node name, output node name, label)`` for each layer, in graph order."""
-    rows, used_norms = [], set()
+# -- layers: which tensor each row measures, in each program ------------------------------------------
+
+
+@dataclass
+class _FoldMap:
+    """The fold seen from the unfolded program.  Node names survive folding: a layer keeps its
+    name, a skipped norm its own, and the report names each folded step (``Folded.node``) and
+    the layer it went into (``Folded.into``)."""
+
+    nodes: dict[str, torch.fx.Node]  # the folded program's nodes, by name
+    into_output: dict[str, set[str]]  # layer name -> the steps the report folded into its output
+    step_of: dict[str, tuple[str, str]]  # step name -> (layer it went into, side)
+
+    @classmethod
+    def of(cls, report, folded_ep) -> _FoldMap:
+        into_output: dict[str, set[str]] = {}
+        for f in report.folded:
+            if f.side == "output":
+                into_output.setdefault(f.into, set()).add(f.node)
+        return cls({n.name: n for n in folded_ep.graph.nodes}, into_output,
+                   {f.node: (f.into, f.side) for f in report.folded})
+
+    def kept(self, node: torch.fx.Node) -> bool:
+        return node.name in self.nodes
+
+    def unchanged(self, name: str) -> str | None:
+        """``name`` when the folded program computes the same value under that name, else None.
+
+        Every node that stays computes the same function, except a layer with steps folded into
+        its output (and shape-only hops inside such a chain, which no row measures).
+        """
+        return name if name in self.nodes and name not in self.into_output else None
+
+    def stops_chain_of(self, layer: str, node: torch.fx.Node) -> bool:
+        """Whether ``node`` is beyond ``layer``'s output chain: a step of another fold, a layer or
+        norm that stays (a chain never passes one), or the graph's output."""
+        owner = self.step_of.get(node.name)
+        if owner is not None:
+            return owner != (layer, "output")
+        if node.op != "call_function":
+            return True
+        return self.kept(node) and (layer_kind(node) is not None or parse_norm(node) is not None)
+
+    def read_instead(self, value: torch.fx.Node) -> torch.fx.Node | None:
+        """The folded-program node that the consumers of the removed ``value`` read in its place.
+
+        A consumer that stays computes the same function of the same values, so what it reads
+        where it read ``value`` holds ``value``'s tensor, whatever nodes the fold put there.
+        """
+        for user in value.users:
+            twin = self.nodes.get(user.name)
+            if twin is None:
+                continue
+            before, after = _inputs(user), _inputs(twin)
+            if len(before) == len(after):
+                found = [b for a, b in zip(before, after) if a is value and isinstance(b, torch.fx.Node)]
+                if found:
+                    return found[0]
+        return None
+
+
+def _inputs(node: torch.fx.Node) -> list:
+    """``node``'s arguments, flattened in order (nodes and constants)."""
+    flat: list = []
+    torch.fx.node.map_aggregate((node.args, node.kwargs), flat.append)
+    return flat
+
+
+@dataclass
+class _Row:
+    """One audited tensor: node ``output`` of the unfolded program, node ``folded`` (or None) of
+    the folded one.  ``merged``: the norms this row measures through (not rows of their own)."""
+
+    name: str
+    kind: str
+    norm: str | None
+    output: str
+    label: str
+    folded: str | None = None
+    merged: frozenset = frozenset()
+
+
+def _value(node: torch.fx.Node) -> torch.fx.Node | None:
+    """The node holding ``node``'s tensor: a tuple-returning norm's ``getitem(0)``, else itself."""
+    norm = parse_norm(node)
+    return node if norm is None else norm.output
+
+
+def _data_input(node: torch.fx.Node, reached: set) -> torch.fx.Node | None:
+    """The input through which ``node`` reads the chain: a norm's ``input``, else its first input in ``reached``."""
+    norm = parse_norm(node)
+    if norm is not None:
+        return norm.input
+    return next((a for a in node.all_input_nodes if a in reached), None)
+
+
+def _reached(layer: torch.fx.Node, fold: _FoldMap) -> set[torch.fx.Node]:
+    """The nodes reachable from ``layer``'s output before its chain stops (see ``stops_chain_of``);
+    a norm is followed through its normalized output only."""
+    reached, todo = set(), [layer]
+    while todo:
+        for user in todo.pop().users:
+            value = _value(user)
+            if user in reached or value is None or fold.stops_chain_of(layer.name, user):
+                continue
+            reached.update((user, value))
+            todo.append(value)
+    return reached
+
+
+def _output_chain(layer: torch.fx.Node, fold: _FoldMap) -> tuple[list[torch.fx.Node], torch.fx.Node | None] | None:
+    """The nodes from ``layer`` to the end of the chain folded into its output, and the node of the
+    folded program that holds the chain's result (None if none does); None when the graph and the
+    report do not agree on a chain.
+
+    The chain ends at the last node after the layer, in graph order, that the fold removed; the
+    path back from it to the layer must hold every step the report names.
+    """
+    reached = _reached(layer, fold)
+    removed = [n for n in reached if not fold.kept(n)]
+    if not removed:
+        return None
+    order = {n: i for i, n in enumerate(layer.graph.nodes)}
+    path, on_chain = [max(removed, key=order.__getitem__)], reached | {layer}
+    while path[-1] is not layer and path[-1] is not None:
+        path.append(_data_input(path[-1], on_chain))
+    if path[-1] is None or not fold.into_output[layer.name] <= {n.name for n in path}:
+        return None
+    return path[::-1], fold.read_instead(path[0])
+
+
+def _chain_row(node: torch.fx.Node, kind: str, fold: _FoldMap) -> _Row | None:
+    """The row of a layer with steps folded into its output: the unfolded chain's result against
+    the folded-program node that now holds it (the layer itself, or a hop or bias add after it)."""
+    chain = _output_chain(node, fold)
+    if chain is None:
+        return None
+    path, holder = chain
+    norms = [n.name for n in path if parse_norm(n) is not None]
+    first = norms[0] if norms else next(n.name for n in path if not fold.kept(n))
+    return _Row(node.name, kind, first, path[-1].name, module_path(node), holder and holder.name, frozenset(norms))
+
+
+def _plain_layer_row(node: torch.fx.Node, kind: str, fold: _FoldMap | None) -> _Row:
+    """The row of a layer with nothing folded into its output: the layer, or the eval-mode norm
+    that is its only user, in both programs under the same name."""
+    users = list(node.users)
+    norm = running_stats_norm(users[0]) if len(users) == 1 else None
+    if norm is not None and norm.input is node and norm.output is not None:
+        out, merged = norm.output.name, frozenset({norm.node.name})
+    else:
+        norm, out, merged = None, node.name, frozenset()
+    folded = fold.unchanged(out) if fold is not None else None
+    return _Row(node.name, kind, norm and norm.node.name, out, module_path(node), folded, merged)
+
+
+def _rows(ep, fold: _FoldMap | None) -> list[_Row]:
+    """A row per layer (with the norm or chain after it) and per remaining eval-mode norm, in graph order."""
     nodes = list(ep.graph_module.graph.nodes)
+    rows = []
     for node in nodes:
         kind = layer_kind(node)
         if kind is None:
             continue
-        users = list(node.users)
-        norm = users[0] if len(users) == 1 and batch_norm_args(users[0]) is not None else None
-        if norm is not None and batch_norm_args(norm).input is node:
-            used_norms.add(norm)
-            rows.append((node.name, kind, norm.name, batch_norm_output(norm).name, _module_path(node)))
-        else:
-            rows.append((node.name, kind, None, node.name, _module_path(node)))
+        row = _chain_row(node, kind, fold) if fold is not None and node.name in fold.into_output else None
+        rows.append(row or _plain_layer_row(node, kind, fold))
+    merged = set().union(*(r.merged for r in rows))
     for node in nodes:
-        if batch_norm_args(node) is not None and node not in used_norms:
-            rows.append((node.name, "batch_norm", node.name, batch_norm_output(node).name, _module_path(node)))
+        norm = running_stats_norm(node)
+        if norm is not None and norm.output is not None and node.name not in merged:
+            folded = fold.unchanged(norm.output.name) if fold is not None else None
+            rows.append(_Row(node.name, "batch_norm", node.name, norm.output.name, module_path(node), folded))
     order = {n.name: i for i, n in enumerate(nodes)}
-    return sorted(rows, key=lambda r: order[r[0]])
+    return sorted(rows, key=lambda r: order[r.name])
 
 
-def _layers(ep, fep, unfolded: EmulationResult, folded: EmulationResult | None) -> list[LayerAudit]:
-    rows_u = _layer_outputs(ep)
-    rows_f = _layer_outputs(fep) if fep is not None else []
-    # Match the k-th conv/linear of the unfolded program with the k-th of the folded one when
-    # both programs hold the same sequence of layer kinds (folding removes norms, never layers);
-    # otherwise, and for standalone norms, match by node name.
-    lay_u = [r for r in rows_u if r[1] != "batch_norm"]
-    lay_f = [r for r in rows_f if r[1] != "batch_norm"]
-    match = {}
-    if [r[1] for r in lay_u] == [r[1] for r in lay_f]:
-        match = {u[0]: f for u, f in zip(lay_u, lay_f)}
-    by_name = {r[0]: r for r in rows_f}
+def _layers(ep, fold_result, unfolded: EmulationResult, folded: EmulationResult | None) -> list[LayerAudit]:
+    """Per-layer errors, each row paired with the folded program by node identity (see ``_FoldMap``)."""
+    fold = _FoldMap.of(fold_result.report, fold_result.model) if fold_result is not None else None
     out = []
-    for name, kind, norm, out_node, label in rows_u:
-        f = match.get(name) if kind != "batch_norm" else None
-        f = f or by_name.get(name)
-        fe = folded.errors.get(f[3]) if (f is not None and folded is not None) else None
-        out.append(LayerAudit(name, kind, norm, unfolded.errors[out_node], fe, label))
+    for r in _rows(ep, fold):
+        err = unfolded.errors.get(r.output)
+        if err is None:
+            continue  # not a floating-point tensor: nothing measured
+        ferr = folded.errors.get(r.folded) if folded is not None and r.folded is not None else None
+        out.append(LayerAudit(r.name, r.kind, r.norm, err, ferr, r.label))
     return out
 
 
@@ -367,7 +543,7 @@ def audit(
         samples=samples,
         batches=len(batches),
         norms=_norms(ep, unfolded, fold_result.report if fold_result else None, bn_eps),
-        layers=_layers(ep, fold_result.model if fold_result else None, unfolded, folded),
+        layers=_layers(ep, fold_result, unfolded, folded),
         unfolded=_end_to_end(unfolded, unfolded.reference, fp32_top1, label_batches),
         folded=None if folded is None else _end_to_end(folded, unfolded.reference, fp32_top1, label_batches),
         fp32_accuracy=fp32_accuracy,

@@ -10,6 +10,10 @@ Floating dtypes named inside the graph (``_to_copy``, ``full``, ...) become
 float32 in the emulated run and float64 in the reference.  Python scalars
 (op attributes such as ``eps`` or a ``mul.Scalar`` factor) are used as they
 are.
+
+Layers and batch norms are recognized by the torch.export frontend
+(``bnfold.torch_export.ops``).  How a runtime computes them (fp16 storage,
+fp16 accumulation, an NPU's host-precomputed BatchNorm) is emulated here.
 """
 
 from __future__ import annotations
@@ -22,9 +26,10 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..torch_export.ops import Norm
 from . import accumulate
 from .errors import TensorError, measure
-from .graph import CONV_OPS, CONV_TRANSPOSE_OPS, LINEAR_OPS, batch_norm_args, op_name, placeholder_values, tensor_of
+from .graph import layer_kind, lifted_tensor, lifted_tensors, op_name, running_stats_norm
 from .profiles import Profile, get_profile, round_fp16
 
 # Ops whose output holds only values of their (already fp16) inputs: no rounding needed.
@@ -96,7 +101,7 @@ class Emulator:
         self.ep = ep
         self.profile = get_profile(profile)
         self.bn_eps = None if bn_eps is None else float(bn_eps)
-        self.lifted, self.user_inputs = placeholder_values(ep)
+        self.lifted, self.user_inputs = lifted_tensors(ep)
         rnd = self.profile.round
         self._const_e = {k: rnd(v.detach()) if _is_float(v) else v for k, v in self.lifted.items()}
         self._const_r = {k: v.detach().to(torch.float64) if _is_float(v) else v for k, v in self.lifted.items()}
@@ -106,7 +111,8 @@ class Emulator:
                 raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
         self._names = {n: _base_name(op_name(n.target)) for n in self.nodes if n.op == "call_function"}
         self._dtype_args = {n for n in self._names if _has_dtype((n.args, n.kwargs))}
-        self._bn = {n: bn for n in self._names if (bn := batch_norm_args(n)) is not None}
+        self._bn = {n: norm for n in self._names if (norm := running_stats_norm(n)) is not None}
+        self._layer_kinds = {n: kind for n in self._names if (kind := layer_kind(n)) is not None}
         self._htp_cache: dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]] = {}
         last_use = {}
         for node in self.nodes:
@@ -203,11 +209,12 @@ class Emulator:
         if not prof.fp16_storage:
             return node.target(*args, **kwargs)
         if bn is not None and prof.htp_batch_norm:
-            return self._htp_batch_norm(node, name, bn, env)
-        if prof.fp16_accumulate and name in LINEAR_OPS:
+            return self._htp_batch_norm(node, bn, env)
+        kind = self._layer_kinds.get(node) if prof.fp16_accumulate else None
+        if kind in ("linear", "matmul"):
             out = accumulate.linear(name, _by_name(node, args, kwargs), prof.acc_chunk)
-        elif prof.fp16_accumulate and name in CONV_OPS | CONV_TRANSPOSE_OPS:
-            out = accumulate.conv(node.target, name, _by_name(node, args, kwargs), prof.acc_chunk)
+        elif kind in ("conv", "conv_transpose"):
+            out = accumulate.conv(node.target, _by_name(node, args, kwargs), prof.acc_chunk, kind == "conv_transpose")
         else:
             out = node.target(*args, **kwargs)
         if name in _EXACT_OPS:
@@ -216,31 +223,40 @@ class Emulator:
             return round_fp16(out) if out.is_floating_point() else out
         return tree_map(lambda t: round_fp16(t) if _is_float(t) else t, out)
 
-    def _htp_batch_norm(self, node: torch.fx.Node, name: str, bn, env: dict) -> Any:
-        """``round(round(x * scale) + shift)`` with ``scale``, ``shift`` computed on the host in
-        float32 from the model's (unrounded) parameters and stored in fp16."""
-        x = env[bn.input]
-        if node not in self._htp_cache:
-            def host(arg, fill):
-                if arg is None:
-                    return torch.full((x.shape[1],), fill, dtype=torch.float32)
-                t = tensor_of(arg, self.lifted)
-                return (t if t is not None else env[arg]).to(torch.float32)
+    def _htp_batch_norm(self, node: torch.fx.Node, bn: Norm, env: dict) -> Any:
+        """Emulation of an NPU runtime's BatchNorm: ``round(round(x * scale) + shift)``.
 
-            gamma, beta, mean, var = host(bn.weight, 1.0), host(bn.bias, 0.0), host(bn.mean, 0.0), host(bn.var, 1.0)
-            eps = bn.eps if self.bn_eps is None else self.bn_eps
-            scale = gamma / torch.sqrt(var + eps)
-            shift = beta - mean * scale
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            pair = round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape)
-            if all(a is None or tensor_of(a, self.lifted) is not None for a in (bn.weight, bn.bias, bn.mean, bn.var)):
+        ``scale`` and ``shift`` are what the runtime's host computes, in float32 from the
+        model's (unrounded) parameters, and stores in fp16.  This deliberately models the
+        runtime's arithmetic; it is not the fold's (``bnfold.fold_math``, float64).
+        """
+        x = env[bn.input]
+        pair = self._htp_cache.get(node)
+        if pair is None:
+            pair = self._htp_host_scale_shift(bn, x, env)
+            params = (bn.weight, bn.bias, bn.mean, bn.var)
+            if all(a is None or lifted_tensor(a, self.lifted) is not None for a in params):  # constants: reuse
                 self._htp_cache[node] = pair
-        else:
-            pair = self._htp_cache[node]
         y = round_fp16(round_fp16(x * pair[0]) + pair[1])
-        if name == "batch_norm":
+        if len(node.target._schema.returns) == 1:  # batch_norm; the native ops return (y, mean, invstd)
             return y
         return (y, x.new_empty(0), x.new_empty(0))
+
+    def _htp_host_scale_shift(self, bn: Norm, x: torch.Tensor, env: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """The runtime host's float32 ``scale``/``shift``, rounded to fp16 and shaped to broadcast over ``x``."""
+
+        def host(arg, fill):
+            if arg is None:
+                return torch.full((x.shape[1],), fill, dtype=torch.float32)
+            t = lifted_tensor(arg, self.lifted)
+            return (t if t is not None else env[arg]).to(torch.float32)
+
+        gamma, beta, mean, var = host(bn.weight, 1.0), host(bn.bias, 0.0), host(bn.mean, 0.0), host(bn.var, 1.0)
+        eps = bn.eps if self.bn_eps is None else self.bn_eps
+        scale = gamma / torch.sqrt(var + eps)
+        shift = beta - mean * scale
+        shape = (1, -1) + (1,) * (x.dim() - 2)
+        return round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape)
 
 
 def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:

@@ -1,37 +1,38 @@
-"""Reading ExportedProgram graphs: op names, BatchNorm arguments, layer ops, placeholder values.
+"""What the numerics tools read from an ExportedProgram beyond the frontend's op tables.
 
-Ops are recognized by their schema name (``aten::convolution``) rather than
-by identity, so the ATen IRs and ExecuTorch edge ops (``exir_ops.edge.*``) read
-the same.
+Layers and batch norms are recognized by the torch.export frontend
+(:func:`bnfold.torch_export.ops.parse_layer` / ``parse_norm``); this module
+adds only what the emulator needs on top:
+
+* ``op_name``: a node's short op name (``convolution``), the key of the
+  emulator's own rounding tables;
+* ``PLAIN_MATMULS`` / ``layer_kind``: matrix products that no fold can change
+  but that the emulator treats as layers (per-layer error, fp16 accumulation);
+* ``running_stats_norm``: ``parse_norm`` narrowed to eval-mode norms;
+* ``lifted_tensors`` / ``lifted_tensor``: the values behind lifted placeholders.
 """
 
 from __future__ import annotations
 
 import operator
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind
 
-# Eval-mode batch norms: op name -> index of (input, weight, bias, mean, var, eps) and of `training` (or None).
-_BN_ARGS = {
-    "batch_norm": ((0, 1, 2, 3, 4, 7), 5),
-    "native_batch_norm": ((0, 1, 2, 3, 4, 7), 5),
-    "_native_batch_norm_legit": ((0, 1, 2, 3, 4, 7), 5),
-    "_native_batch_norm_legit_no_training": ((0, 1, 2, 3, 4, 6), None),
-}
-_BN_DEFAULT_EPS = 1e-5
+from ..torch_export.ops import Norm, parse_layer, parse_norm
 
-# Layers: the ops that carry weights a normalization folds into, plus plain matmuls.
-CONV_OPS = frozenset({"convolution", "conv1d", "conv2d", "conv3d", "_convolution"})
-CONV_TRANSPOSE_OPS = frozenset({"conv_transpose1d", "conv_transpose2d", "conv_transpose3d"})
-LINEAR_OPS = frozenset({"linear", "addmm", "mm", "bmm", "matmul", "baddbmm"})
-LAYER_OPS = CONV_OPS | CONV_TRANSPOSE_OPS | LINEAR_OPS
+#: Matrix products accumulated like a linear layer.  The frontend recognizes an ``mm`` /
+#: ``addmm`` / ``bmm`` as a layer only when its second operand is a constant weight it can
+#: fold into; any other product (``x @ y`` of two activations, attention's ``bmm``) is still
+#: a reduction the fp16-acc profile must accumulate in fp16, and a per-layer row of the audit.
+PLAIN_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul"})
+
+_LIFTED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
 
 
 def op_name(target: Any) -> str:
-    """``convolution`` for ``aten.convolution.default`` and its edge twin; ``getitem`` for operator.getitem."""
+    """``convolution`` for ``aten.convolution.default`` and its edge twin, ``getitem`` for operator.getitem."""
     schema = getattr(target, "_schema", None)
     if schema is not None:
         return schema.name.split("::")[-1]
@@ -41,82 +42,46 @@ def op_name(target: Any) -> str:
 
 
 def layer_kind(node: torch.fx.Node) -> str | None:
-    """``conv`` / ``conv_transpose`` / ``linear`` for a layer op node, else None."""
+    """``conv`` / ``conv_transpose`` / ``linear`` for a layer the frontend parses, ``matmul`` for
+    any other matrix product (:data:`PLAIN_MATMULS`), else None."""
     if node.op != "call_function":
         return None
-    name = op_name(node.target)
-    if name in CONV_TRANSPOSE_OPS:
-        return "conv_transpose"
-    if name in CONV_OPS:
-        transposed = named_args(node).get("transposed", False)
-        return "conv_transpose" if transposed else "conv"
-    if name in LINEAR_OPS:
-        return "linear"
-    return None
+    layer = parse_layer(node)
+    if layer is not None:
+        return layer.kind
+    return "matmul" if op_name(node.target) in PLAIN_MATMULS else None
 
 
-def named_args(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in (fx nodes left as nodes)."""
-    schema = node.target._schema
-    out = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            out[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            out[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            out[arg.name] = arg.default_value
-    return out
+def running_stats_norm(node: torch.fx.Node) -> Norm | None:
+    """The frontend's reading of ``node`` (``parse_norm``) when it is an eval-mode batch norm
+    (running statistics); None for any other node.
+
+    A norm the frontend flags with a ``problem`` (training mode, batch statistics) normalizes
+    with statistics computed at run time: there is nothing to read ahead of time, and the
+    emulator runs the op itself.
+    """
+    norm = parse_norm(node)
+    return norm if norm is not None and not norm.problem else None
 
 
-@dataclass
-class BatchNormArgs:
-    """The pieces of an eval-mode batch-norm node (fx nodes, or None for a missing affine)."""
-
-    input: Any
-    weight: Any
-    bias: Any
-    mean: Any
-    var: Any
-    eps: float
+def module_path(node: torch.fx.Node) -> str:
+    """The module path recorded for ``node`` (``layer1.0.conv1``), or its node name."""
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        return path.replace("L['self'].", "").replace("L__self___", "") or node.name
+    return node.name
 
 
-def batch_norm_args(node: torch.fx.Node) -> BatchNormArgs | None:
-    """The arguments of an eval-mode (running statistics) batch-norm node; None for any other node."""
-    if node.op != "call_function":
-        return None
-    spec = _BN_ARGS.get(op_name(node.target))
-    if spec is None:
-        return None
-    idx, training_idx = spec
-
-    def arg(i, default=None):
-        return node.args[i] if i < len(node.args) else default
-
-    if training_idx is not None and arg(training_idx, False):
-        return None
-    x, w, b, m, v = (arg(i) for i in idx[:5])
-    if m is None or v is None:
-        return None
-    return BatchNormArgs(x, w, b, m, v, float(arg(idx[5], _BN_DEFAULT_EPS)))
-
-
-def batch_norm_output(node: torch.fx.Node) -> torch.fx.Node:
-    """The node holding the normalized tensor: the node itself, or its ``getitem(., 0)`` user."""
-    for user in node.users:
-        if user.op == "call_function" and user.target is operator.getitem and user.args[1] == 0:
-            return user
-    return node
-
-
-def placeholder_values(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any], list[str]]:
-    """``({placeholder name: lifted parameter/buffer/constant}, [user input placeholder names])``."""
+def lifted_tensors(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any], list[str]]:
+    """``({placeholder name: lifted parameter/buffer/constant}, [user input placeholder names])``,
+    read through the program's graph signature."""
     lifted, user = {}, []
     for spec in ep.graph_signature.input_specs:
         name = spec.arg.name
         if spec.kind == InputKind.USER_INPUT:
             user.append(name)
-        elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+        elif spec.kind in _LIFTED_KINDS:
             if spec.target in ep.state_dict:
                 lifted[name] = ep.state_dict[spec.target]
             elif spec.target in ep.constants:
@@ -128,8 +93,8 @@ def placeholder_values(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any]
     return lifted, user
 
 
-def tensor_of(node: Any, lifted: dict[str, Any]) -> torch.Tensor | None:
-    """The constant tensor behind a placeholder node argument, or None."""
+def lifted_tensor(node: Any, lifted: dict[str, Any]) -> torch.Tensor | None:
+    """The tensor behind a lifted placeholder node (from :func:`lifted_tensors`), or None."""
     if isinstance(node, torch.fx.Node) and node.op == "placeholder":
         value = lifted.get(node.name)
         return value.detach() if isinstance(value, torch.Tensor) else None

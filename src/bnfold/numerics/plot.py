@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..io.atomic import write_bytes
+
 
 def _finite(x):
     return x if x is not None and math.isfinite(x) else math.nan
 
 
 def plot_reports(reports, path, titles=None) -> Path:
-    """One panel per AuditReport: per-layer SQNR of the unfolded and the folded program.
+    """One panel per AuditReport: per-layer SQNR of the unfolded and the folded program, written atomically.
 
     Layers whose output holds NaN/inf are marked with a red x at the bottom of
     the panel; layers with no error at all (SQNR +inf) are left out.
@@ -46,6 +48,12 @@ def plot_reports(reports, path, titles=None) -> Path:
         ax.legend(fontsize=7)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    # the format named by the extension; PNG when matplotlib knows no such format
+    fmt = path.suffix[1:].lower()
+    if fmt not in fig.canvas.get_supported_filetypes():
+        fmt = "png"
+    try:
+        write_bytes(path, lambda f: fig.savefig(f, dpi=110, format=fmt))
+    finally:
+        plt.close(fig)
     return path
