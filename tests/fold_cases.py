@@ -332,8 +332,9 @@ class Case:
     skipped: int = 0
     dynamic: bool = True  #: a dynamic batch dim (dim 0 of every input) makes sense
     real: bool = False  #: a real-architecture pattern
-    reason_words: tuple[str, ...] = ()  #: words every skip reason must contain
+    reason_words: tuple[str, ...] = ()  #: words every skip reason must contain (in any case)
     keys: tuple[str, ...] = ()  #: state_dict keys (ONNX: initializer names) the folded model keeps
+    affine_op: str = ""  #: an elementwise op (``div``) that folds: none may be left in the folded graph
     by_hand: Callable[[nn.Module], Callable] | None = None
     notes: str = ""
     _cache: dict = field(default_factory=dict, compare=False, repr=False)
@@ -451,7 +452,7 @@ CASES: list[Case] = [
     Case("linear_bn1d", LinearBn, ((8,),), folded=1, by_hand=_hand_linear_bn),
     Case("bn_before_unpadded_conv", BnConv, ((4, 7, 7),), folded=1, by_hand=_hand_bn_conv),
     Case("preactivation_bn_relu_conv", PreActivation, ((4, 6, 6),), folded=0, skipped=1,
-         reason_words=("next to it",), notes="the ReLU between the BN and the conv: nothing to fold into"),
+         reason_words=("next to it", "relu"), notes="the ReLU between the BN and the conv: nothing to fold into"),
     # ------------------------------------------------------------------ real architectures
     Case("levit_linear_norm", LinearNorm, ((5, 8),), folded=1, real=True, by_hand=_hand_linear_norm,
          notes="LeViT LinearNorm: the linear's output also feeds reshape_as (ONNX: Shape), which reads its shape only"),
@@ -463,9 +464,9 @@ CASES: list[Case] = [
          notes="dynamic + decomposed: mm[5*s] -> view[s, 5, 16] -> view[5*s, 16] -> batch norm"),
     Case("norm_linear_head", NormLinearHead, ((8,),), folded=1, real=True, by_hand=_hand_norm_linear_head,
          notes="timm NormLinear head: BatchNorm1d -> Dropout (eval) -> Linear, input side"),
-    Case("div_flatten_linear", DivFlattenLinear, ((4, 3, 3),), folded=1, real=True,
+    Case("div_flatten_linear", DivFlattenLinear, ((4, 3, 3),), folded=1, real=True, affine_op="div",
          by_hand=_hand_div_flatten_linear, notes="x / 6 -> flatten -> linear (addmm after decomposition)"),
-    Case("pool_div_view_linear", PoolDivViewLinear, ((6, 3, 3),), folded=1, real=True,
+    Case("pool_div_view_linear", PoolDivViewLinear, ((6, 3, 3),), folded=1, real=True, affine_op="div",
          by_hand=_hand_pool_div_view_linear, notes="a per-channel divide -> view -> linear"),
     Case("shared_conv_two_bns", SharedConvTwoBns, ((3, 6, 6), (3, 6, 6)), folded=2, real=True,
          keys=("conv.weight",), by_hand=_hand_shared_conv_two_bns,

@@ -56,13 +56,16 @@ def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
     beta = torch.zeros(c, dtype=torch.float64) if bias is None else _f64(bias)
     if gamma.numel() != c or beta.numel() != c:
         raise FoldError(f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}")
-    for name, t in (("running_mean", mean), ("running_var", var), ("weight", gamma), ("bias", beta)):
-        if not torch.isfinite(t).all():
-            raise FoldError(f"{name} holds NaN or inf")
     eps = float(eps)
-    if not (var + eps > 0).all():
+    stats = torch.stack((mean, var, gamma, beta))
+    if not bool(torch.isfinite(stats).all()):  # one check for all four; name the culprit only on failure
+        for name, t in zip(("running_mean", "running_var", "weight", "bias"), stats):
+            if not bool(torch.isfinite(t).all()):
+                raise FoldError(f"{name} holds NaN or inf")
+    denom = var + eps
+    if not bool((denom > 0).all()):
         raise FoldError(f"running_var + eps <= 0 (eps={eps:g}); the normalization is undefined")
-    scale = gamma / torch.sqrt(var + eps)
+    scale = gamma / torch.sqrt(denom)
     return Affine(scale, beta - mean * scale)
 
 
@@ -153,46 +156,82 @@ def _per_slice(values: torch.Tensor, idx: torch.Tensor, rank: int) -> torch.Tens
     return values[idx].reshape(*idx.shape, *([1] * (rank - 2)))
 
 
-def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1):
+def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype | None, what: str) -> torch.Tensor:
+    """``weight * slices`` (float64 per-slice scales), rounded once to ``dtype`` with checks.
+
+    ``dtype`` None: the float64 product.  For a float32/float16/bfloat16
+    ``dtype`` equal to the weight's, the scales are rounded to ``dtype`` first
+    and the product is taken in ``dtype``: a product of two values of that
+    dtype is exact in the next wider format, and the CPU rounds it once, so
+    this is the exact product of the weight and the rounded scale, rounded
+    once (as a runtime BatchNorm with a ``dtype`` scale would compute it).  It
+    reads and writes the weight once, instead of three float64 passes.
+    Raises FoldError on overflow or underflow to zero.
+    """
+    if dtype is None:
+        return weight.detach().to(torch.float64) * slices
+    if not dtype.is_floating_point:
+        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold")
+    if weight.dtype != dtype or dtype == torch.float64:
+        return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
+    s = slices.to(dtype)
+    if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()):
+        return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)  # names the problem
+    out = weight.detach() * s
+    if out.numel():
+        lo, hi = torch.aminmax(out)
+        if not bool(torch.isfinite(torch.stack((lo, hi))).all()):  # NaN propagates through aminmax
+            return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
+    # |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2:
+    # only a smaller scale can underflow a nonzero weight to zero.
+    small = (s != 0) & (s.abs() <= 0.5)
+    if bool(small.any()) and bool(((out == 0) & (weight != 0) & (s != 0)).any()):
+        return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
+    return out
+
+
+def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dtype: torch.dtype | None = None):
     """Fold ``y = producer(x) * scale + shift`` into the producer's weight/bias.
 
-    Returns ``(new_weight, new_bias)`` in float64; ``bias`` may be ``None``.
+    Returns ``(new_weight, new_bias)``: the weight in ``dtype`` (see
+    :func:`scale_weight`; float64 when None), the bias in float64.  ``bias`` may be ``None``.
     """
-    w = weight.detach().to(torch.float64)
-    n_out = out_channels(kind, w.shape, groups)
+    n_out = out_channels(kind, weight.shape, groups)
     if aff.channels != n_out:
         raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels")
-    idx = channel_index(kind, "out", w.shape, groups)
-    new_w = w * _per_slice(aff.scale, idx, w.dim())
+    idx = channel_index(kind, "out", weight.shape, groups)
+    new_w = scale_weight(weight, _per_slice(aff.scale, idx, weight.dim()), dtype, f"{kind} weight")
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if b.numel() != n_out:
         raise FoldError(f"bias has {b.numel()} elements, expected {n_out}")
     return new_w, b * aff.scale + aff.shift
 
 
-def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True):
+def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True,
+                      dtype: torch.dtype | None = None):
     """Fold ``y = consumer(x * scale + shift)`` into the consumer's weight/bias.
 
     The scale always folds.  The shift folds into the bias as
-    ``sum(W * shift)`` over the reduction, which is exact only when every
-    output sees every kernel tap of the shifted input: a consumer with zero
-    padding (``shift_exact=True``).  Transposed convs scatter a variable number
-    of taps into each output, so their shift must be zero.
+    ``sum(W * shift)`` over the reduction (in float64), which is exact only
+    when every output sees every kernel tap of the shifted input: a consumer
+    with zero padding (``shift_exact=True``).  Transposed convs scatter a
+    variable number of taps into each output, so their shift must be zero.
+    The weight is returned in ``dtype`` as by :func:`scale_weight`, the bias in float64.
     """
-    w = weight.detach().to(torch.float64)
-    n_in = in_channels(kind, w.shape, groups)
+    n_in = in_channels(kind, weight.shape, groups)
     if aff.channels != n_in:
         raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels")
-    idx = channel_index(kind, "in", w.shape, groups)
-    new_w = w * _per_slice(aff.scale, idx, w.dim())
-    n_out = out_channels(kind, w.shape, groups)
     has_shift = bool((aff.shift != 0).any())
     if has_shift and kind == "conv_transpose":
         raise FoldError("a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)")
     if has_shift and not shift_exact:
         raise FoldError("a nonzero shift before a padded conv does not fold exactly (padding would see the shift)")
+    idx = channel_index(kind, "in", weight.shape, groups)
+    new_w = scale_weight(weight, _per_slice(aff.scale, idx, weight.dim()), dtype, f"{kind} weight")
+    n_out = out_channels(kind, weight.shape, groups)
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if has_shift:
+        w = weight.detach().to(torch.float64)
         contrib = (w * _per_slice(aff.shift, idx, w.dim())).reshape(w.shape[0], -1).sum(1)
         b = b + contrib  # conv / linear: dim 0 is the output channel
     return new_w, b

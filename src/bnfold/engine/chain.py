@@ -26,6 +26,12 @@ def _same(a: Any, b: Any) -> bool:
     return isinstance(a, type(b)) and not isinstance(a, (int, float)) and a == b
 
 
+def _users(users: list) -> str:
+    """``"2 users"``, naming those outside the graph (a user of None)."""
+    outside = sum(u is None for u in users)
+    return f"{len(users)} users" + (f" ({outside} of them a graph output or a subgraph)" if outside else "")
+
+
 class Stop(Exception):
     """The chain cannot go through ``node``; ``reason`` says why."""
 
@@ -100,7 +106,8 @@ def binary_step(graph: GraphAdapter, node: Any, x: Any, axis: int | None, channe
     """The elementwise op ``node`` as ``x * scale + shift`` along ``axis``; None when
     its other operand is not a constant (no affine op at all), Stop when it does not fold."""
     op = graph.binary(node)
-    what = f"{op.op} {graph.describe(op.output)}"
+    name = op.name or op.op
+    what = f"{name} {graph.describe(op.output)}"
     if _same(op.a, x) and _same(op.b, x):
         return None
     x_first = _same(op.a, x)
@@ -119,7 +126,7 @@ def binary_step(graph: GraphAdapter, node: Any, x: Any, axis: int | None, channe
         aff = fold_math.binary_affine(op.op, vec, x_first, channels, float(alpha))
     except FoldError as err:
         raise Stop(node, f"{what}: {err}") from None
-    return Step(node, x, op.output, aff, op.op, operands=(other,))
+    return Step(node, x, op.output, aff, name, operands=(other,))
 
 
 def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) -> tuple[Step, int | None, str]:
@@ -147,7 +154,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
             if len(users) != 1 or users[0] is None:
                 norm = next((n for u in users if u is not None and (n := graph.norm(u)) is not None), None)
                 if norm is not None:
-                    raise Stop(norm.node, f"the value it reads, {graph.describe(x)}, has {len(users)} users; "
+                    raise Stop(norm.node, f"the value it reads, {graph.describe(x)}, has {_users(users)}; "
                                           "folding would change what the others see")
                 break
             node = users[0]
@@ -189,7 +196,7 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
             node = graph.producer(x)
             if node is None or len(users) != 1 or users[0] is None:
                 if node is not None and (norm := graph.norm(node)) is not None and _same(norm.output, x) and len(users) > 1:
-                    raise Stop(norm.node, f"its output {graph.describe(x)} has {len(users)} users; "
+                    raise Stop(norm.node, f"its output {graph.describe(x)} has {_users(users)}; "
                                           "folding into one layer would change what the others see")
                 break
             norm = graph.norm(node)

@@ -21,10 +21,14 @@ def fold_graph(graph: GraphAdapter, only=None) -> FoldReport:
     """Fold every foldable chain of ``graph`` in place; return the report."""
     report = FoldReport()
     reasons: dict[Any, str] = {}
+    nodes = [layer.node for layer in graph.layers()]  # a fold never makes or removes a layer
     for _ in range(MAX_ROUNDS):
         changed = False
         for rule in RULES:
-            for layer in graph.layers():
+            for node in nodes:
+                layer = graph.layer(node)  # parsed again: an earlier fold may have rewired it
+                if layer is None:
+                    continue
                 outcome = rule(graph, layer, only)
                 for node, reason in outcome.reasons.items():
                     reasons.setdefault(node, reason)

@@ -100,7 +100,9 @@ class Norm:
 @dataclass
 class Binary:
     """An elementwise binary node ``op(a, b)``; ``op`` names a row of
-    ``bnfold.fold_math.BINARY_AFFINES`` (``mul``, ``div``, ``add``, ``sub``, ``rsub``)."""
+    ``bnfold.fold_math.BINARY_AFFINES`` (``mul``, ``div``, ``add``, ``sub``, ``rsub``).
+    ``name`` is the format's own spelling of the op (ONNX ``Mul``), used in patterns
+    and reasons; empty: the same as ``op``."""
 
     node: Any
     op: str
@@ -108,6 +110,7 @@ class Binary:
     b: Any
     output: Any
     alpha: Any = 1
+    name: str = ""
 
 
 @dataclass

@@ -51,10 +51,10 @@ def _trim_hops(steps: list[Step], end: int) -> None:
         steps.pop(end)
 
 
-def _cast(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tensor):
+def _finish(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tensor):
+    """The folded weight (already in its dtype) and the bias cast back, or None when none is needed."""
     if w.bias is None and w.pre is None and not bool((new_b != 0).any()):
         new_b = None  # a layer without a bias keeps none when the fold adds nothing
-    new_w = fold_math.cast_checked(new_w, w.weight_dtype, f"{layer.op} weight")
     if new_b is not None:
         new_b = fold_math.cast_checked(new_b, w.bias_dtype, f"{layer.op} bias")
     return new_w, new_b
@@ -63,16 +63,20 @@ def _cast(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tenso
 def _output_params(layer: Layer, w: LayerWeights, total: Affine):
     if w.pre is not None:
         total = w.pre.then(total)
-    new_w, new_b = fold_math.fold_output_affine(w.weight, w.bias, total, layer.kind, layer.groups)
-    return _cast(layer, w, new_w, new_b)
+    new_w, new_b = fold_math.fold_output_affine(w.weight, w.bias, total, layer.kind, layer.groups, w.weight_dtype)
+    return _finish(layer, w, new_w, new_b)
 
 
 def _input_params(layer: Layer, w: LayerWeights, total: Affine):
-    new_w, new_b = fold_math.fold_input_affine(w.weight, w.bias, total, layer.kind, layer.groups,
-                                               shift_exact=layer.zero_padding)
-    if w.pre is not None:
+    if w.pre is None:
+        new_w, new_b = fold_math.fold_input_affine(w.weight, w.bias, total, layer.kind, layer.groups,
+                                                   shift_exact=layer.zero_padding, dtype=w.weight_dtype)
+    else:  # the layer's own affine after the product: fold both in float64, round once
+        new_w, new_b = fold_math.fold_input_affine(w.weight, w.bias, total, layer.kind, layer.groups,
+                                                   shift_exact=layer.zero_padding)
         new_w, new_b = fold_math.fold_output_affine(new_w, new_b, w.pre, layer.kind, layer.groups)
-    return _cast(layer, w, new_w, new_b)
+        new_w = fold_math.cast_checked(new_w, w.weight_dtype, f"{layer.op} weight")
+    return _finish(layer, w, new_w, new_b)
 
 
 def _note(graph: GraphAdapter, out: Outcome, node: Any, reason: str) -> None:
@@ -104,9 +108,10 @@ def _fold(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, param
             _trim_hops(steps, far)
             continue
         label = _label(graph, steps)
+        # the chain goes first: a parameter the layer shared only with removed nodes is then no longer shared
+        end = graph.remove_steps(steps)
         extra, pending = graph.write_layer(layer, new_w, new_b, label)
         out.folded.extend(_entries(graph, layer, steps, side, extra))
-        end = graph.remove_steps(steps)
         if pending is not None:  # the layer holds no bias: add it where the chain ended
             if side == "output":
                 axis, rank = steps[-1].axis, steps[-1].rank
@@ -117,9 +122,16 @@ def _fold(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, param
         return
 
 
+def _is_step(graph: GraphAdapter, node: Any) -> bool:
+    return node is not None and (graph.norm(node) is not None or graph.binary(node) is not None
+                                 or graph.hop(node) is not None)
+
+
 def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     """Fold the affine chain after ``layer`` into it."""
     out = Outcome()
+    if not any(_is_step(graph, user) for user in graph.users(layer.output)):
+        return out  # nothing that could be a chain: no need to read the layer
     try:
         w = check_layer(graph, layer, only)
     except Stop as stop:
@@ -138,6 +150,8 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
 def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     """Fold the affine chain that feeds ``layer`` into it."""
     out = Outcome()
+    if not _is_step(graph, graph.producer(layer.input)):
+        return out
     try:
         w = check_layer(graph, layer, only)
     except Stop as stop:

@@ -18,11 +18,25 @@ from torch.fx import Node
 from ..engine.graph import Layer, Norm
 
 
+_KEYS: dict[Any, str] = {}
+
+
 def op_key(target: Any) -> str:
+    """``"aten::convolution.default"``: schema name and overload, the same for ATen and edge ops."""
+    try:
+        return _KEYS[target]
+    except (KeyError, TypeError):
+        pass
     schema = getattr(target, "_schema", None)
     if schema is None:
-        return "getitem" if target is operator.getitem else ""
-    return f"{schema.name}.{getattr(target, '_overloadname', 'default')}"
+        key = "getitem" if target is operator.getitem else ""
+    else:
+        key = f"{schema.name}.{getattr(target, '_overloadname', 'default')}"
+    try:
+        _KEYS[target] = key
+    except TypeError:  # an unhashable target
+        pass
+    return key
 
 
 def node_key(node: Node) -> str:
