@@ -46,7 +46,8 @@ def test_value_float_scalar_affine_and_gemm_c():
     y = g.node("Gemm", [x, g.randn("B", 5, 4), _const(g, "C", 0.25, "value_float")], "gm", name="gemm", beta=2.0)
     y = g.node("Mul", [y, _const(g, "k", 1.5, "value_float")], "m", name="mul")
     g.output(g.bn(y, 4, "bn", out="y"))
-    res = check_fold(g.model(), g.feeds, folded=2, gone=("BatchNormalization", "Mul", "Constant"))
+    res = check_fold(g.model(), g.feeds, folded=1, gone=("BatchNormalization", "Mul", "Constant"))
+    assert res.report.folded[0].pattern == "Gemm+Mul+BatchNormalization"  # one chain, reported by the BN
     c = next(t for t in res.model.graph.initializer if t.name == "C")
     assert list(c.dims) == [4]  # the scalar C became a per-channel bias under its own name
 
@@ -115,7 +116,8 @@ def test_weights_computed_from_constants():
     s, v = g.init("bn_s", g.rng.uniform(-2, 2, 6)), g.init("bn_v", g.rng.uniform(0.5, 2, 6))
     y = g.node("Mul", [y, filled], "scaled", name="mul")
     g.output(g.node("BatchNormalization", [y, s, g.randn("bn_b", 6), g.randn("bn_m", 6), v], "y", name="bn"))
-    res = check_fold(g.model(), g.feeds, folded=2, gone=("BatchNormalization", "Mul"))
+    res = check_fold(g.model(), g.feeds, folded=1, gone=("BatchNormalization", "Mul"))
+    assert res.report.folded[0].pattern == "MatMul+Mul+BatchNormalization"  # one chain, reported by the BN
     assert ops(res.model) == ["MatMul", "Add"]
     assert sorted(t.name for t in res.model.graph.initializer) == ["bias", "wt"]
 
@@ -229,3 +231,31 @@ def test_fold_via_bnfold_fold():
     res = bnfold.fold(g.model())
     assert isinstance(res.model, onnx.ModelProto) and len(res.report.folded) == 1
     assert not bnfold.fold(g.model(), only={"linear"}).report.folded
+
+
+def test_shape_reader_of_a_folded_value_follows_its_name():
+    """The conv's output is also read by a Shape node; the BN's output is a graph output.  The conv
+    takes the BN's output name and the Shape reads it (same shape)."""
+    g = G()
+    x = g.input("x", [2, 3, 5, 5])
+    c = g.node("Conv", [x, g.randn("W", 4, 3, 3, 3)], "c", name="conv")
+    g.output(g.bn(c, 4, "bn", out="y"), g.node("Shape", [c], "shape", name="shape"))
+    res = check_fold(g.model(), g.feeds, folded=1)
+    assert [(n.name, list(n.output)) for n in res.model.graph.node] == [("conv", ["y"]), ("shape", ["shape"])]
+    assert list(res.model.graph.node[1].input) == ["y"]
+
+
+def test_matmul_weight_broadcast_by_a_shared_expand():
+    """Two MatMuls read one Expand of a 2-D weight (a linear over a batch, as bmm exports); a scale folds
+    into the first through a private Expand of a private weight, the second keeps the originals."""
+    g = G()
+    x = g.input("x", [2, 3, 5])
+    w = g.node("Expand", [g.randn("W", 5, 6), g.init("shape", np.array([2, 5, 6]), np.int64)], "we", name="expand")
+    a = g.node("MatMul", [x, w], "a", name="mm_a")
+    g.output(g.node("Mul", [a, g.randn("s", 6)], "ya", name="mul"), g.node("MatMul", [x, w], "yb", name="mm_b"))
+    res = check_fold(g.model(), g.feeds, folded=1, gone=("Mul",))
+    assert res.report.folded[0].extra_bytes == 5 * 6 * 4
+    expands = {n.output[0]: list(n.input) for n in res.model.graph.node if n.op_type == "Expand"}
+    reads = {n.name: n.input[1] for n in res.model.graph.node if n.op_type == "MatMul"}
+    assert reads["mm_b"] == "we" and expands["we"][0] == "W"
+    assert expands[reads["mm_a"]][0] == "W_folded_mm_a"

@@ -59,10 +59,10 @@ def test_preprocessing_normalize(pads):
     g.output(g.node("Conv", [y, g.randn("W", 4, 3, 3, 3)], "y", name="conv", pads=[pads] * 4))
     if pads == 0:
         r = check_fold(g.model(), g.feeds, folded=1, gone=AFFINE)
-        assert r.report.folded[0].norm == "sub+div" and ops(r.model) == ["Conv"]
+        assert r.report.folded[0].norm == "affine sub+div" and ops(r.model) == ["Conv"]
     else:
         r = check_fold(g.model(), g.feeds, folded=1, gone=("Div",), skipped=1)
-        assert r.report.folded[0].norm == "div" and ops(r.model) == ["Sub", "Conv"]
+        assert r.report.folded[0].norm == "affine div" and ops(r.model) == ["Sub", "Conv"]
         assert r.report.skipped[0].norm == "sub" and "padded" in r.report.skipped[0].reason
 
 
@@ -129,5 +129,5 @@ def test_bn_output_with_another_user_is_skipped():
     g.output(g.node("Conv", [y, g.randn("W", 6, 4, 1, 1)], "y", name="conv"), g.node("Relu", [y], "r", name="relu"))
     r = fold_onnx(g.model())
     (s,) = r.report.skipped
-    assert s.reason == ("cannot fold into the following Conv 'conv': "
-                        "'bn_out' has 2 users, and the fold would change what the others see")
+    assert s.reason == ("its output 'bn_out' (BatchNormalization) has 2 users; "
+                        "folding into one layer would change what the others see")

@@ -39,7 +39,7 @@ def check_layer(graph: GraphAdapter, layer: Layer, only) -> LayerWeights:
         raise Stop(layer.node, f"folding into {layer.kind} layers was not requested (only={','.join(sorted(only))})")
     weights = graph.weights(layer)
     if isinstance(weights, str):
-        raise Stop(layer.node, f"cannot fold into {layer.op} {graph.describe(layer.output)}: {weights}")
+        raise Stop(layer.node, f"cannot fold into {layer.op} {graph.describe_node(layer.node)}: {weights}")
     if weights.weight.dim() < 2:
         raise Stop(layer.node, f"the {layer.op} weight has rank {weights.weight.dim()}")
     return weights
@@ -104,7 +104,7 @@ def _fold(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, param
             new_w, new_b = params(compose(steps))
         except FoldError as err:
             dropped = steps.pop(far)
-            _note(graph, out, dropped.node, f"cannot fold into {layer.op} {graph.describe(layer.output)}: {err}")
+            _note(graph, out, dropped.node, f"cannot fold into {layer.op} {graph.describe_node(layer.node)}: {err}")
             _trim_hops(steps, far)
             continue
         label = _label(graph, steps)

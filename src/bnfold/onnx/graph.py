@@ -1,373 +1,343 @@
-"""An index over an ONNX model's graphs: who produces and who uses each value,
-where constants live, and the few edits a fold makes.
+"""The engine's adapter for ONNX models: ``OnnxGraph``.
 
-Edits go to the protos at once and keep the index consistent; removed nodes are
-only marked and leave their graph in :meth:`ModelIndex.compact`.  Names are
-ONNX's identity of a value, so a fold keeps every name a downstream node, a
-graph output or a subgraph refers to.
+It answers the engine's questions about a model (the main graph and every
+If/Loop/Scan body) through the op tables in ``ops.py``, the model index
+(``index.py``) and inferred shapes (``shapes.py``), and makes the few edits a
+fold needs.  Values are names in a graph scope, nodes are node protos (see
+``handles.py``).  It decides nothing about folding.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import Any, Iterator
 
-import numpy as np
-import onnx
-from onnx import GraphProto, NodeProto, TensorProto
+import torch
 
-from ..fold_math import FoldError
-from . import tensors
-from .consts import CONST_OPS, evaluate, inputs_needed
-from .nodes import is_onnx_op, label, subgraphs
+from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from ..fold_math import FoldError, affine, in_channels, out_channels
+from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
+from .handles import Node, Value, value
+from .index import Const, ModelIndex
+from .nodes import attr, is_onnx_op, remove_attr
+from .nodes import label as node_label
+from .ops import (
+    LAYER_KINDS,
+    NORMS,
+    dropout_training,
+    parse_binary,
+    parse_hop,
+    parse_layer,
+    parse_norm,
+    reads_only_metadata,
+)
+from .params import add_initializer, new_node, safe, set_param
+from .shapes import Shapes
+from .tensors import to_torch, torch_dtype
 
-
-@dataclass(eq=False)
-class GraphInfo:
-    """One graph (the main graph or a subgraph) and what it defines."""
-
-    graph: GraphProto
-    parent: "GraphInfo | None"
-    path: str
-    nodes: list[NodeProto] = field(default_factory=list)
-    producer: dict[str, tuple[NodeProto, int]] = field(default_factory=dict)
-    inits: dict[str, TensorProto] = field(default_factory=dict)
-    inputs: set[str] = field(default_factory=set)
-    outputs: set[str] = field(default_factory=set)
-
-    def chain(self) -> Iterator["GraphInfo"]:
-        g: GraphInfo | None = self
-        while g is not None:
-            yield g
-            g = g.parent
-
-    @property
-    def depth(self) -> int:
-        return sum(1 for _ in self.chain())
+#: How far ``shape_info`` follows neighbouring values to complete a shape.
+_MAX_DEPTH = 8
 
 
-class Use(NamedTuple):
-    """``node.input[idx]`` names the value; ``node is None`` means a graph output."""
+class OnnxGraph:
+    """The adapter over ``index.model``; ``shapes`` are those of the model before the fold."""
 
-    gi: GraphInfo
-    node: NodeProto | None
-    idx: int
+    def __init__(self, index: ModelIndex, shapes: Shapes):
+        self.index = index
+        self.shapes = shapes
+        self._consts: dict[tuple, Const | str] = {}  # cleared by every edit
+        self._tensors: dict[Value, torch.Tensor | None] = {}
+        self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
+        self._depth = 0  # of shape_info asking about neighbouring values
+        self._infos: dict[Value, ShapeInfo] = {}  # shape_info answers (cleared by every edit)
 
+    # ------------------------------------------------------------------ handles
 
-@dataclass
-class Const:
-    """A constant's value and where it is stored."""
+    def value(self, gi, name: str) -> Value:
+        return value(gi, name)
 
-    value: np.ndarray
-    elem_type: int
-    gi: GraphInfo
-    node: NodeProto | None  # the Constant node, or None for an initializer
+    def _nodes(self, op_types) -> Iterator[Node]:
+        for gi in self.index.graphs:
+            for proto in gi.nodes:
+                if proto.op_type in op_types and not self.index.is_dead(proto):
+                    yield Node(proto, gi)
 
+    # ------------------------------------------------------------------ classify
 
-@dataclass
-class Tracker:
-    """What the fold touched, kept across passes for the final clean-up."""
+    def layers(self) -> Iterator[Layer]:
+        for node in self._nodes(LAYER_KINDS):
+            layer = parse_layer(self, node)
+            if layer is not None:
+                yield layer
 
-    touched: set[str] = field(default_factory=set)  # inputs of removed nodes / replaced params
-    gone: set[str] = field(default_factory=set)  # value names that may no longer exist
+    def norms(self) -> Iterator[Norm]:
+        for node in self._nodes(NORMS):
+            norm = parse_norm(self, node)
+            if norm is not None:
+                yield norm
 
+    def layer(self, node: Any) -> Layer | None:
+        return parse_layer(self, node) if self.is_live(node) else None
 
-class ModelIndex:
-    def __init__(self, model: onnx.ModelProto, tracker: Tracker):
-        self.model = model
-        self.tracker = tracker
-        self.ir_version = model.ir_version
-        self.opset = 1
-        for op in model.opset_import:
-            if op.domain in ("", "ai.onnx"):
-                self.opset = op.version
-        self.graphs: list[GraphInfo] = []
-        self.uses: dict[str, list[Use]] = {}
-        self.names: set[str] = set()
-        self.node_names: set[str] = set()
-        self.dead: set[int] = set()
-        self.inserts: dict[int, list[NodeProto]] = {}
-        self.node_graph: dict[int, GraphInfo] = {}
-        self._add_graph(model.graph, None, "graph")
+    def norm(self, node: Any) -> Norm | None:
+        return parse_norm(self, node) if self.is_live(node) else None
 
-    # ------------------------------------------------------------------ build
-    def _add_graph(self, graph: GraphProto, parent: GraphInfo | None, path: str) -> None:
-        gi = GraphInfo(graph, parent, path)
-        self.graphs.append(gi)
-        for v in graph.input:
-            gi.inputs.add(v.name)
-            self.names.add(v.name)
-        for t in graph.initializer:
-            gi.inits[t.name] = t
-            self.names.add(t.name)
-        for t in graph.sparse_initializer:
-            self.names.add(t.values.name)
-        for o in graph.output:
-            gi.outputs.add(o.name)
-            self._use(o.name, Use(gi, None, -1))
-        for v in graph.value_info:
-            self.names.add(v.name)
-        gi.nodes = list(graph.node)
-        for node in gi.nodes:
-            self._index_node(gi, node)
-            for attr_name, sub in subgraphs(node):
-                self._add_graph(sub, gi, f"{path}/{label(node)}.{attr_name}")
+    def binary(self, node: Any) -> Binary | None:
+        return parse_binary(self, node) if self.is_live(node) else None
 
-    def _index_node(self, gi: GraphInfo, node: NodeProto) -> None:
-        """Record ``node``'s graph, name, the values it uses and the values it produces."""
-        self.node_graph[id(node)] = gi
-        if node.name:
-            self.node_names.add(node.name)
-        for i, name in enumerate(node.input):
-            if name:
-                self._use(name, Use(gi, node, i))
-        for i, name in enumerate(node.output):
-            if name:
-                gi.producer[name] = (node, i)
-                self.names.add(name)
+    def hop(self, node: Any) -> Hop | None:
+        return parse_hop(self, node) if self.is_live(node) else None
 
-    def _use(self, name: str, use: Use) -> None:
-        self.uses.setdefault(name, []).append(use)
+    def is_live(self, node: Any) -> bool:
+        return isinstance(node, Node) and not self.index.is_dead(node.proto)
 
-    def _unuse(self, name: str, node: NodeProto, idx: int) -> None:
-        self.uses[name] = [u for u in self.uses.get(name, []) if not (u.node is node and u.idx == idx)]
+    # ------------------------------------------------------------------ navigate
 
-    # ----------------------------------------------------------------- queries
-    def is_dead(self, node: NodeProto) -> bool:
-        return id(node) in self.dead
+    def users(self, value: Any) -> list:
+        """The nodes that read ``value`` (each once); None for a graph output or a use inside a subgraph.
+        A node that reads only its shape (``Shape``, ``Size``) is no user."""
+        if not isinstance(value, Value):
+            return []
+        out, seen = [], set()
+        for use in self.index.visible_uses(value.gi, value.name):
+            if use.node is None or use.gi is not value.gi:
+                out.append(None)
+            elif not self.index.is_dead(use.node) and not reads_only_metadata(use.node) and id(use.node) not in seen:
+                seen.add(id(use.node))
+                out.append(Node(use.node, use.gi))
+        return out
 
-    def visible_uses(self, gi: GraphInfo, name: str) -> list[Use]:
-        """Uses of ``name`` as defined in ``gi``: in ``gi`` and in its subgraphs."""
-        return [u for u in self.uses.get(name, []) if any(g is gi for g in u.gi.chain())]
-
-    def live_uses(self, gi: GraphInfo, name: str) -> list[Use]:
-        """Visible uses, less those by constant-computing nodes whose results nobody
-        uses any more (the clean-up removes those)."""
-        return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
-
-    def _dead_const(self, u: Use) -> bool:
-        n = u.node
-        if n is None or not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
-            return False
-        return not any(self.live_uses(u.gi, o) for o in n.output if o)
-
-    def sole_user(self, gi: GraphInfo, name: str) -> tuple[NodeProto | None, str]:
-        """The one node of ``gi`` that uses ``name``, or None and why not."""
-        uses = self.visible_uses(gi, name)
-        if any(u.node is None for u in uses):
-            return None, f"'{name}' is a graph output, which the fold would change"
-        if len(uses) != 1:
-            return None, f"'{name}' has {len(uses)} users, and the fold would change what the others see"
-        u = uses[0]
-        if u.gi is not gi:
-            return None, f"'{name}' is used inside a subgraph"
-        return u.node, ""
-
-    def producer(self, gi: GraphInfo, name: str) -> NodeProto | None:
-        p = gi.producer.get(name)
-        return None if p is None or self.is_dead(p[0]) else p[0]
-
-    def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
-        """The constant ``name`` as seen from ``gi``, or a reason it is not one."""
-        if not name:
-            return f"{what} is missing"
-        for g in gi.chain():
-            if name in g.inits:
-                if name in g.inputs and self.ir_version >= 4:
-                    return f"{what} '{name}' is also a graph input, so a caller can override it"
-                return _const(g.inits[name], g, None)
-            if name in g.producer:
-                node = g.producer[name][0]
-                if is_onnx_op(node, "Constant"):
-                    t = tensors.constant_attr_tensor(node)
-                    if t is not None:
-                        return _const(t, g, node)
-                elif is_onnx_op(node, *CONST_OPS) and node.output[0] == name:
-                    value = self._evaluate(g, node)
-                    if value is not None:
-                        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
-                return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
-            if name in g.inputs:
-                return f"{what} '{name}' is a graph input, not a constant"
-        return f"{what} '{name}' is not defined in scope"
-
-    def _evaluate(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
-        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
-        values: list[np.ndarray | None] = []
-        needed = inputs_needed(node)
-        for i, name in enumerate(node.input):
-            if i in needed:
-                c = self.constant(gi, name, "input")
-                if isinstance(c, str):
-                    return None
-                values.append(c.value)
-            elif node.op_type == "CastLike" and i == 1:
-                dtype = self.declared_dtype(gi, name)
-                if dtype is None:
-                    return None
-                values.append(np.empty(0, dtype=dtype))
-            else:
-                values.append(None)
-        try:
-            return evaluate(node, values)
-        except (ValueError, TypeError, KeyError, IndexError):
+    def producer(self, value: Any) -> Node | None:
+        if not isinstance(value, Value):
             return None
+        found = value.gi.producer.get(value.name)
+        return None if found is None or self.index.is_dead(found[0]) else Node(found[0], value.gi)
 
-    def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:
-        """The numpy dtype a value is declared with (graph input, value_info or output), if any."""
-        for g in gi.chain():
-            for v in list(g.graph.input) + list(g.graph.value_info) + list(g.graph.output):
-                if v.name == name and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
-                    return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
-            if name in g.inits:
-                return onnx.helper.tensor_dtype_to_np_dtype(g.inits[name].data_type)
-        return None
+    def is_parameter(self, value: Value) -> bool:
+        """Whether ``value`` is a graph input or an initializer (no node computes it)."""
+        return value.name in value.gi.inputs or value.name in value.gi.inits
 
-    def unique(self, base: str) -> str:
-        """A value name not used anywhere in the model (and now reserved)."""
-        return _reserve(self.names, base)
+    # ------------------------------------------------------------------ read
 
-    def unique_node_name(self, base: str) -> str:
-        """A node name not used anywhere in the model (and now reserved)."""
-        return _reserve(self.node_names, base)
+    def const_or_reason(self, value: Value, what: str) -> Const | str:
+        """The stored constant behind ``value`` (initializer, Constant node, or computed from those), or why not."""
+        key = (value, what)
+        if key not in self._consts:
+            self._consts[key] = self.index.constant(value.gi, value.name, what)
+        return self._consts[key]
 
-    # ------------------------------------------------------------------- edits
-    def set_input(self, gi: GraphInfo, node: NodeProto, idx: int, name: str) -> None:
-        while len(node.input) <= idx:
-            node.input.append("")
-        old = node.input[idx]
-        if old:
-            self._unuse(old, node, idx)
-            self.tracker.touched.add(old)
-        node.input[idx] = name
-        self._use(name, Use(gi, node, idx))
+    def const(self, value: Value) -> Const | None:
+        c = self.const_or_reason(value, "value")
+        return None if isinstance(c, str) else c
 
-    def rename_output(self, gi: GraphInfo, node: NodeProto, idx: int, new: str) -> None:
-        old = node.output[idx]
-        if gi.producer.get(old, (None,))[0] is node:
-            del gi.producer[old]
-        node.output[idx] = new
-        gi.producer[new] = (node, idx)
-        self.names.add(new)
-        self.tracker.gone.add(old)
+    def constant(self, value: Any) -> torch.Tensor | None:
+        """A floating-point constant as a float64 tensor, or None."""
+        if not isinstance(value, Value):
+            return None
+        if value not in self._tensors:
+            c = self.const(value)
+            kind = getattr(c.value.dtype, "kind", "") if c is not None else ""
+            if c is None or (kind != "f" and c.value.dtype.name != "bfloat16"):
+                self._tensors[value] = None
+            else:
+                self._tensors[value] = to_torch(c.value).to(torch.float64)
+        return self._tensors[value]
 
-    def remove_node(self, gi: GraphInfo, node: NodeProto) -> None:
-        for i, name in enumerate(node.input):
-            if name:
-                self._unuse(name, node, i)
-                self.tracker.touched.add(name)
-        for name in node.output:
-            if name and gi.producer.get(name, (None,))[0] is node:
-                del gi.producer[name]
-                self.tracker.gone.add(name)
-        self.dead.add(id(node))
+    def dims(self, value: Value) -> list | None:
+        """The dims of ``value``: inferred, or those of the constant it holds."""
+        dims = self.shapes.dims(self._shape_names.get(value.name, value.name))
+        if dims is None and (c := self.const(value)) is not None:
+            dims = list(c.value.shape)
+        return dims
 
-    def insert_after(self, gi: GraphInfo, anchor: NodeProto, node: NodeProto) -> None:
-        """Add ``node`` right after ``anchor`` (placed at :meth:`compact`)."""
-        self.inserts.setdefault(id(anchor), []).append(node)
-        self._index_node(gi, node)
+    def shape_info(self, value: Any) -> ShapeInfo:
+        """Inferred dims, completed by what the value's readers imply; else the rank its producer implies."""
+        if not isinstance(value, Value):
+            return ShapeInfo(None)
+        if self._depth == 0:  # a complete answer, kept until the next edit
+            if value not in self._infos:
+                self._infos[value] = self._shape_info(value)
+            return self._infos[value]
+        return self._shape_info(value)
 
-    def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
-        gi.graph.initializer.append(t)
-        gi.inits[t.name] = gi.graph.initializer[len(gi.graph.initializer) - 1]
-        self.names.add(t.name)
-        if self.ir_version < 4 and gi.parent is None:
-            # IR < 4 lists every initializer among the graph inputs.
-            gi.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
-            gi.inputs.add(t.name)
+    def _shape_info(self, value: Value) -> ShapeInfo:
+        dims = self.dims(value)
+        kind = self.shapes.elem_type(self._shape_names.get(value.name, value.name))
+        if (dims is None or not all(isinstance(d, int) for d in dims)) and self._depth < _MAX_DEPTH:
+            self._depth += 1
+            try:
+                dims = merge_dims(dims, consumer_dims(self, value))
+                node = self.producer(value) if dims is None else None
+                if node is not None and node.proto.output[0] == value.name:
+                    return ShapeInfo(producer_rank(self, node), kind)
+            finally:
+                self._depth -= 1
+        return ShapeInfo(None, kind) if dims is None else ShapeInfo(len(dims), kind, tuple(dims))
 
-    def replace_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
-        """Overwrite the initializer named ``t.name`` in place (same name, same slot)."""
-        old = gi.inits[t.name]
-        changed_shape = list(old.dims) != list(t.dims)
-        old.CopyFrom(t)
-        if changed_shape:
-            self.forget_shape(gi, t.name)
-            for v in gi.graph.input:
-                if v.name == t.name:
-                    v.CopyFrom(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    def weights(self, layer: Layer) -> LayerWeights | str:
+        p, wiring = layer.node.proto, layer.extra
+        c = self.const_or_reason(layer.weight, "weight")
+        if isinstance(c, str):
+            return c
+        try:
+            w = to_torch(c.value)
+            dtype = torch_dtype(c.elem_type, "the weight")
+            bias, bias_dtype, pre = None, dtype, None
+            if p.op_type in ("Gemm", "MatMul"):
+                if p.op_type == "Gemm" and self.index.opset < 7:
+                    return "Gemm before opset 7 (with the broadcast attribute) is not supported"
+                if w.dim() != 2:
+                    return f"its weight has rank {w.dim()}; only a 2-D constant weight folds"
+                if wiring.transposed:
+                    w = w.T
+            n_out = out_channels(layer.kind, tuple(w.shape), layer.groups)
+            in_channels(layer.kind, tuple(w.shape), layer.groups)
+            if layer.bias is not None:
+                b = self.const_or_reason(layer.bias, "C" if p.op_type == "Gemm" else "bias")
+                if isinstance(b, str):
+                    return b
+                bias, bias_dtype = to_torch(b.value), torch_dtype(b.elem_type, "the bias")
+                if p.op_type == "Gemm":
+                    shape = tuple(bias.shape)
+                    if bias.dim() > 2 or (bias.dim() == 2 and shape[0] != 1) or bias.numel() not in (1, n_out):
+                        return f"its C has shape {list(shape)}, not a per-output-channel bias"
+                bias = affine(None, bias, n_out).shift  # a scalar bias broadcasts to every channel
+            if p.op_type == "Gemm" and (bias is not None or float(attr(p, "alpha", 1.0)) != 1.0):
+                beta = float(attr(p, "beta", 1.0))
+                pre = affine(float(attr(p, "alpha", 1.0)), None if bias is None else bias * beta, n_out)
+                bias = None  # alpha and beta * C act after the product, as ``pre``
+        except FoldError as err:
+            return str(err)
+        return LayerWeights(w, bias, dtype, bias_dtype, pre)
 
-    def forget_shape(self, gi: GraphInfo, name: str) -> None:
-        """Drop the recorded shape of ``name`` (its value changed shape)."""
-        _drop_value_info(gi.graph, name)
+    def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str:
+        return follow_axis(self, hop, axis, forward)
 
-    # --------------------------------------------------------------- finishing
-    def compact(self) -> None:
-        """Drop the removed nodes and place the inserted ones; deepest graphs first."""
-        for gi in sorted(self.graphs, key=lambda g: -g.depth):
-            nodes = list(gi.graph.node)
-            if not any(id(n) in self.dead or id(n) in self.inserts for n in nodes):
+    def describe(self, value: Any) -> str:
+        if not isinstance(value, Value):
+            return f"the value {value!r}"
+        node = self.producer(value)
+        if node is not None:
+            training = dropout_training(self, node) if is_onnx_op(node.proto, "Dropout") else ""
+            return f"'{value.name}' ({node.proto.op_type}{': ' + training if training else ''})"
+        if value.name in value.gi.inits:
+            return f"initializer '{value.name}'"
+        if value.name in value.gi.inputs:
+            return f"{'user' if value.gi.parent is None else 'subgraph'} input '{value.name}'"
+        return f"'{value.name}'"
+
+    def describe_node(self, node: Any) -> str:
+        return f"'{self.node_name(node)}' ({node.proto.op_type})"
+
+    def node_name(self, node: Any) -> str:
+        return node_label(node.proto)
+
+    def norm_label(self, norm: Norm) -> str:
+        return self.node_name(norm.node)
+
+    def op_label(self, node: Any) -> str:
+        return self.node_name(node)
+
+    # ------------------------------------------------------------------ write
+
+    def _edited(self) -> None:
+        self._consts.clear()
+        self._tensors.clear()
+        self._infos.clear()
+
+    def write_layer(self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None, label: str):
+        """Store the folded weight and bias in the layout and dtype they are stored in.  Returns the
+        bytes added by private copies, and the bias still to be added after the layer (None if none).
+
+        Private copies are named after the layer node (``W_folded_conv``), which is what makes them
+        private, so ``label`` is not needed.  The bias goes first: an exporter may compute a zero
+        bias from the weight's shape, and once that bias is replaced the weight is no longer shared.
+        """
+        index, node, gi, wiring = self.index, layer.node.proto, layer.node.gi, layer.extra
+        self._edited()
+        extra, pending = 0, None
+        if node.op_type == "Gemm":  # alpha and beta are folded into the weight and C
+            remove_attr(node, "alpha")
+            remove_attr(node, "beta")
+        if bias is not None and wiring.bias_node is None:
+            pending = bias  # a MatMul without a bias Add: the engine adds one after the chain
+        elif bias is not None:
+            old = self.const(layer.bias) if layer.bias is not None else None
+            shape = tuple(old.value.shape) if old is not None and old.value.size == bias.numel() else (bias.numel(),)
+            extra += set_param(index, gi, wiring.bias_node, wiring.bias_slot, bias.reshape(shape))
+        stored = (weight.T if wiring.transposed else weight).contiguous()
+        holder = node
+        if wiring.expand is not None:
+            holder = self._own_expand(layer)
+        extra += set_param(index, gi, holder, 0 if wiring.expand is not None else 1, stored, owner=node)
+        self._edited()
+        return extra, pending
+
+    def _own_expand(self, layer: Layer):
+        """The ``Expand`` of the layer's weight, made private to the layer if another node reads it."""
+        index, node, gi, expand = self.index, layer.node.proto, layer.node.gi, layer.extra.expand
+        if [u.node for u in index.visible_uses(gi, expand.output[0])] == [node]:
+            return expand
+        out = index.unique(f"{safe(expand.output[0])}_folded_{safe(node_label(node))}")
+        base = f"{node_label(expand)}_{node_label(node)}"
+        copy = new_node(index, "Expand", list(expand.input), [out], base, like=expand)
+        index.insert_after(gi, expand, copy)
+        index.set_input(gi, node, 1, out)
+        return copy
+
+    def remove_steps(self, steps: list[Step]) -> Any:
+        """Take the affine steps out, keeping every downstream name; returns the value now standing
+        where the chain ended."""
+        self._edited()
+        replaced: dict[Value, Value] = {}
+        for step in steps:
+            if step.affine is None:
                 continue
-            if not any(id(n) in self.inserts for n in nodes):
-                for i in range(len(nodes) - 1, -1, -1):
-                    if id(nodes[i]) in self.dead:
-                        del gi.graph.node[i]
-                continue
-            kept: list[NodeProto] = []
-            for n in nodes:
-                if id(n) not in self.dead:
-                    kept.append(n)
-                kept.extend(self.inserts.get(id(n), []))
-            gi.graph.ClearField("node")
-            gi.graph.node.extend(kept)
+            source = step.input
+            while source in replaced:  # the step read the output of a step already removed
+                source = replaced[source]
+            self.index.remove_node(step.node.gi, step.node.proto)
+            if not self._take_name(source, step.output, step):
+                replaced[step.output] = source
+        self._edited()
+        end = steps[-1].output
+        while end in replaced:
+            end = replaced[end]
+        return end
 
+    def _take_name(self, source: Value, out: Value, step: Step) -> bool:
+        """Let ``out`` stand for ``source`` now that the step between them is gone.  Returns whether
+        the name ``out`` lives on; if not, its users now read ``source``."""
+        index, gi = self.index, step.node.gi
+        found = gi.producer.get(source.name) if source.gi is gi else None
+        others = index.visible_uses(source.gi, source.name)
+        leaves = any(u.node is None for u in index.visible_uses(out.gi, out.name))
+        shape_readers = all(u.node is not None and reads_only_metadata(u.node) for u in others)
+        if found is not None and (not others or (leaves and shape_readers)):
+            # the producer writes ``out`` itself; whoever else read ``source`` read only its shape
+            index.rename_output(gi, found[0], found[1], out.name)
+            for use in others:
+                index.set_input(use.gi, use.node, use.idx, out.name)
+            return True
+        if leaves:  # a graph output keeps its name: copy the source into it
+            copy = new_node(index, "Identity", [source.name], [out.name], f"{node_label(step.node.proto)}_identity")
+            index.insert_after(gi, step.node.proto, copy)
+            return True
+        for use in list(index.visible_uses(out.gi, out.name)):
+            index.set_input(use.gi, use.node, use.idx, source.name)
+        return False
 
-def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str:
-    try:
-        return Const(tensors.to_numpy(t), t.data_type, gi, node)
-    except FoldError as e:
-        return str(e)
-
-
-def _drop_value_info(graph: GraphProto, name: str) -> None:
-    for i in range(len(graph.value_info) - 1, -1, -1):
-        if graph.value_info[i].name == name:
-            del graph.value_info[i]
-
-
-def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
-    """Remove initializers and Constant nodes the fold left without users (and the
-    nodes that computed a constant from them, see ``consts``), and value_info
-    entries of values that no longer exist."""
-    while True:
-        index = ModelIndex(model, tracker)
-        removed = False
-        for gi in index.graphs:
-            for name in sorted(tracker.touched):
-                if index.visible_uses(gi, name):
-                    continue
-                if name in gi.inits and name not in gi.inputs:
-                    for i in range(len(gi.graph.initializer) - 1, -1, -1):
-                        if gi.graph.initializer[i].name == name:
-                            del gi.graph.initializer[i]
-                    _drop_value_info(gi.graph, name)
-                    tracker.touched.discard(name)
-                    removed = True
-                elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
-                    if is_onnx_op(node, "Constant") or (
-                        is_onnx_op(node, *CONST_OPS) and not isinstance(index.constant(gi, name, "x"), str)
-                        and not any(index.visible_uses(gi, o) for o in node.output if o)
-                    ):
-                        index.remove_node(gi, node)
-                        tracker.touched.discard(name)
-                        removed = True
-        index.compact()
-        if not removed:
-            break
-    index = ModelIndex(model, Tracker())
-    for gi in index.graphs:
-        defined: set[str] = set()
-        for g in gi.chain():
-            defined |= set(g.producer) | set(g.inits) | g.inputs
-        for name in tracker.gone | tracker.touched:
-            if name not in defined:
-                _drop_value_info(gi.graph, name)
-
-
-def _reserve(taken: set[str], base: str) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
+    def add_bias(self, layer: Layer, value: Value, bias: torch.Tensor, axis: int, rank: int | None) -> None:
+        """Make ``value`` hold ``value + bias`` (bias along ``axis``): its producer's result is renamed and
+        an ``Add`` writes the original name."""
+        index, gi = self.index, value.gi
+        self._edited()
+        shape = [bias.numel()] + ([1] * (rank - 1 - axis) if rank is not None else [])
+        base = node_label(layer.node.proto)
+        name = add_initializer(index, gi, f"{base}_bias", bias.reshape(shape))
+        producer, slot = gi.producer[value.name]
+        before = index.unique(f"{safe(value.name)}_unbiased")
+        index.rename_output(gi, producer, slot, before)
+        self._shape_names[before] = self._shape_names.get(value.name, value.name)
+        index.tracker.gone.discard(value.name)  # the name lives on as the Add's output
+        index.insert_after(gi, producer, new_node(index, "Add", [before, name], [value.name], f"{base}_bias_add"))
+        self._edited()

@@ -9,8 +9,8 @@ from onnx import GraphProto, NodeProto
 
 
 def label(node: NodeProto) -> str:
-    """A readable node name: its own, or ``Op(first output)`` when it has none."""
-    return node.name or f"{node.op_type}({node.output[0] if node.output else ''})"
+    """A node's name in reports: its own, or its first output's when it has none."""
+    return node.name or (node.output[0] if node.output else node.op_type)
 
 
 def attr(node: NodeProto, name: str, default=None):

@@ -33,6 +33,14 @@ def torch_dtype(elem_type: int, what: str) -> torch.dtype:
     raise FoldError(f"{what} has dtype {type_name(elem_type)}; only float16/bfloat16/float32/float64 parameters fold")
 
 
+def elem_type(dtype: torch.dtype) -> int:
+    """The ONNX element type a folded parameter of torch ``dtype`` is stored as."""
+    for elem, t in _TORCH_DTYPE.items():
+        if t == dtype:
+            return elem
+    raise FoldError(f"a {dtype} parameter cannot be stored")
+
+
 def is_external(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL
 

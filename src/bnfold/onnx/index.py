@@ -1,0 +1,355 @@
+"""An index over an ONNX model's graphs (``ModelIndex``): who produces and who uses
+each value, where constants live, and the few edits a fold makes.
+
+Edits go to the protos at once and keep the index consistent; removed nodes are
+only marked and leave their graph in :meth:`ModelIndex.compact`.  Names are
+ONNX's identity of a value, so a fold keeps every name a downstream node, a
+graph output or a subgraph refers to.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Iterator, NamedTuple
+
+import numpy as np
+import onnx
+from onnx import GraphProto, NodeProto, TensorProto
+
+from ..fold_math import FoldError
+from . import tensors
+from .consts import CONST_OPS, evaluate, inputs_needed
+from .nodes import is_onnx_op, label, subgraphs
+
+
+@dataclass(eq=False)
+class GraphInfo:
+    """One graph (the main graph or a subgraph) and what it defines."""
+
+    graph: GraphProto
+    parent: "GraphInfo | None"
+    path: str
+    nodes: list[NodeProto] = field(default_factory=list)
+    producer: dict[str, tuple[NodeProto, int]] = field(default_factory=dict)
+    inits: dict[str, TensorProto] = field(default_factory=dict)
+    inputs: set[str] = field(default_factory=set)
+    outputs: set[str] = field(default_factory=set)
+
+    def chain(self) -> Iterator["GraphInfo"]:
+        g: GraphInfo | None = self
+        while g is not None:
+            yield g
+            g = g.parent
+
+    @property
+    def depth(self) -> int:
+        return sum(1 for _ in self.chain())
+
+
+class Use(NamedTuple):
+    """``node.input[idx]`` names the value; ``node is None`` means a graph output."""
+
+    gi: GraphInfo
+    node: NodeProto | None
+    idx: int
+
+
+@dataclass
+class Const:
+    """A constant's value and where it is stored."""
+
+    value: np.ndarray
+    elem_type: int
+    gi: GraphInfo
+    node: NodeProto | None  # the Constant node, or None for an initializer
+
+
+@dataclass
+class Tracker:
+    """What the fold touched, kept across passes for the final clean-up."""
+
+    touched: set[str] = field(default_factory=set)  # inputs of removed nodes / replaced params
+    gone: set[str] = field(default_factory=set)  # value names that may no longer exist
+
+
+class ModelIndex:
+    def __init__(self, model: onnx.ModelProto, tracker: Tracker):
+        self.model = model
+        self.tracker = tracker
+        self.ir_version = model.ir_version
+        self.opset = 1
+        for op in model.opset_import:
+            if op.domain in ("", "ai.onnx"):
+                self.opset = op.version
+        self.graphs: list[GraphInfo] = []
+        self.uses: dict[str, list[Use]] = {}
+        self.names: set[str] = set()
+        self.node_names: set[str] = set()
+        self.dead: set[int] = set()
+        self.inserts: dict[int, list[NodeProto]] = {}
+        self._add_graph(model.graph, None, "graph")
+
+    # ------------------------------------------------------------------ build
+    def _add_graph(self, graph: GraphProto, parent: GraphInfo | None, path: str) -> None:
+        gi = GraphInfo(graph, parent, path)
+        self.graphs.append(gi)
+        for v in graph.input:
+            gi.inputs.add(v.name)
+            self.names.add(v.name)
+        for t in graph.initializer:
+            gi.inits[t.name] = t
+            self.names.add(t.name)
+        for t in graph.sparse_initializer:
+            self.names.add(t.values.name)
+        for o in graph.output:
+            gi.outputs.add(o.name)
+            self._use(o.name, Use(gi, None, -1))
+        for v in graph.value_info:
+            self.names.add(v.name)
+        gi.nodes = list(graph.node)
+        for node in gi.nodes:
+            self._index_node(gi, node)
+            for attr_name, sub in subgraphs(node):
+                self._add_graph(sub, gi, f"{path}/{label(node)}.{attr_name}")
+
+    def _index_node(self, gi: GraphInfo, node: NodeProto) -> None:
+        """Record ``node``'s name, the values it uses and the values it produces."""
+        if node.name:
+            self.node_names.add(node.name)
+        for i, name in enumerate(node.input):
+            if name:
+                self._use(name, Use(gi, node, i))
+        for i, name in enumerate(node.output):
+            if name:
+                gi.producer[name] = (node, i)
+                self.names.add(name)
+
+    def _use(self, name: str, use: Use) -> None:
+        self.uses.setdefault(name, []).append(use)
+
+    def _unuse(self, name: str, node: NodeProto, idx: int) -> None:
+        self.uses[name] = [u for u in self.uses.get(name, []) if not (u.node is node and u.idx == idx)]
+
+    # ----------------------------------------------------------------- queries
+    def is_dead(self, node: NodeProto) -> bool:
+        return id(node) in self.dead
+
+    def visible_uses(self, gi: GraphInfo, name: str) -> list[Use]:
+        """Uses of ``name`` as defined in ``gi``: in ``gi`` and in its subgraphs."""
+        return [u for u in self.uses.get(name, []) if any(g is gi for g in u.gi.chain())]
+
+    def live_uses(self, gi: GraphInfo, name: str) -> list[Use]:
+        """Visible uses, less those by constant-computing nodes whose results nobody
+        uses any more (the clean-up removes those)."""
+        return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
+
+    def _dead_const(self, u: Use) -> bool:
+        n = u.node
+        if n is None or not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
+            return False
+        return not any(self.live_uses(u.gi, o) for o in n.output if o)
+
+    def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
+        """The constant ``name`` as seen from ``gi``, or a reason it is not one."""
+        if not name:
+            return f"{what} is missing"
+        for g in gi.chain():
+            if name in g.inits:
+                if name in g.inputs and self.ir_version >= 4:
+                    return f"{what} '{name}' is also a graph input, so a caller can override it"
+                return _const(g.inits[name], g, None)
+            if name in g.producer:
+                node = g.producer[name][0]
+                if is_onnx_op(node, "Constant"):
+                    t = tensors.constant_attr_tensor(node)
+                    if t is not None:
+                        return _const(t, g, node)
+                elif is_onnx_op(node, *CONST_OPS) and node.output[0] == name:
+                    value = self._evaluate(g, node)
+                    if value is not None:
+                        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
+                return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
+            if name in g.inputs:
+                return f"{what} '{name}' is a graph input, not a constant"
+        return f"{what} '{name}' is not defined in scope"
+
+    def _evaluate(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
+        values: list[np.ndarray | None] = []
+        needed = inputs_needed(node)
+        for i, name in enumerate(node.input):
+            if i in needed:
+                c = self.constant(gi, name, "input")
+                if isinstance(c, str):
+                    return None
+                values.append(c.value)
+            elif node.op_type == "CastLike" and i == 1:
+                dtype = self.declared_dtype(gi, name)
+                if dtype is None:
+                    return None
+                values.append(np.empty(0, dtype=dtype))
+            else:
+                values.append(None)
+        try:
+            return evaluate(node, values)
+        except (ValueError, TypeError, KeyError, IndexError):
+            return None
+
+    def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:
+        """The numpy dtype a value is declared with (graph input, value_info or output), if any."""
+        for g in gi.chain():
+            for v in list(g.graph.input) + list(g.graph.value_info) + list(g.graph.output):
+                if v.name == name and v.type.HasField("tensor_type") and v.type.tensor_type.elem_type:
+                    return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
+            if name in g.inits:
+                return onnx.helper.tensor_dtype_to_np_dtype(g.inits[name].data_type)
+        return None
+
+    def unique(self, base: str) -> str:
+        """A value name not used anywhere in the model (and now reserved)."""
+        return _reserve(self.names, base)
+
+    def unique_node_name(self, base: str) -> str:
+        """A node name not used anywhere in the model (and now reserved)."""
+        return _reserve(self.node_names, base)
+
+    # ------------------------------------------------------------------- edits
+    def set_input(self, gi: GraphInfo, node: NodeProto, idx: int, name: str) -> None:
+        while len(node.input) <= idx:
+            node.input.append("")
+        old = node.input[idx]
+        if old:
+            self._unuse(old, node, idx)
+            self.tracker.touched.add(old)
+        node.input[idx] = name
+        self._use(name, Use(gi, node, idx))
+
+    def rename_output(self, gi: GraphInfo, node: NodeProto, idx: int, new: str) -> None:
+        old = node.output[idx]
+        if gi.producer.get(old, (None,))[0] is node:
+            del gi.producer[old]
+        node.output[idx] = new
+        gi.producer[new] = (node, idx)
+        self.names.add(new)
+        self.tracker.gone.add(old)
+
+    def remove_node(self, gi: GraphInfo, node: NodeProto) -> None:
+        for i, name in enumerate(node.input):
+            if name:
+                self._unuse(name, node, i)
+                self.tracker.touched.add(name)
+        for name in node.output:
+            if name and gi.producer.get(name, (None,))[0] is node:
+                del gi.producer[name]
+                self.tracker.gone.add(name)
+        self.dead.add(id(node))
+
+    def insert_after(self, gi: GraphInfo, anchor: NodeProto, node: NodeProto) -> None:
+        """Add ``node`` right after ``anchor`` (placed at :meth:`compact`)."""
+        self.inserts.setdefault(id(anchor), []).append(node)
+        self._index_node(gi, node)
+
+    def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
+        gi.graph.initializer.append(t)
+        gi.inits[t.name] = gi.graph.initializer[len(gi.graph.initializer) - 1]
+        self.names.add(t.name)
+        if self.ir_version < 4 and gi.parent is None:
+            # IR < 4 lists every initializer among the graph inputs.
+            gi.graph.input.append(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+            gi.inputs.add(t.name)
+
+    def replace_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
+        """Overwrite the initializer named ``t.name`` in place (same name, same slot)."""
+        old = gi.inits[t.name]
+        changed_shape = list(old.dims) != list(t.dims)
+        old.CopyFrom(t)
+        if changed_shape:
+            self.forget_shape(gi, t.name)
+            for v in gi.graph.input:
+                if v.name == t.name:
+                    v.CopyFrom(onnx.helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+
+    def forget_shape(self, gi: GraphInfo, name: str) -> None:
+        """Drop the recorded shape of ``name`` (its value changed shape)."""
+        _drop_value_info(gi.graph, name)
+
+    # --------------------------------------------------------------- finishing
+    def compact(self) -> None:
+        """Drop the removed nodes and place the inserted ones; deepest graphs first."""
+        for gi in sorted(self.graphs, key=lambda g: -g.depth):
+            nodes = list(gi.graph.node)
+            if not any(id(n) in self.dead or id(n) in self.inserts for n in nodes):
+                continue
+            if not any(id(n) in self.inserts for n in nodes):
+                for i in range(len(nodes) - 1, -1, -1):
+                    if id(nodes[i]) in self.dead:
+                        del gi.graph.node[i]
+                continue
+            kept: list[NodeProto] = []
+            for n in nodes:
+                if id(n) not in self.dead:
+                    kept.append(n)
+                kept.extend(self.inserts.get(id(n), []))
+            gi.graph.ClearField("node")
+            gi.graph.node.extend(kept)
+
+
+def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str:
+    try:
+        return Const(tensors.to_numpy(t), t.data_type, gi, node)
+    except FoldError as e:
+        return str(e)
+
+
+def _drop_value_info(graph: GraphProto, name: str) -> None:
+    for i in range(len(graph.value_info) - 1, -1, -1):
+        if graph.value_info[i].name == name:
+            del graph.value_info[i]
+
+
+def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
+    """Remove initializers and Constant nodes the fold left without users (and the
+    nodes that computed a constant from them, see ``consts``), and value_info
+    entries of values that no longer exist."""
+    while True:
+        index = ModelIndex(model, tracker)
+        removed = False
+        for gi in index.graphs:
+            for name in sorted(tracker.touched):
+                if index.visible_uses(gi, name):
+                    continue
+                if name in gi.inits and name not in gi.inputs:
+                    for i in range(len(gi.graph.initializer) - 1, -1, -1):
+                        if gi.graph.initializer[i].name == name:
+                            del gi.graph.initializer[i]
+                    _drop_value_info(gi.graph, name)
+                    tracker.touched.discard(name)
+                    removed = True
+                elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
+                    if is_onnx_op(node, "Constant") or (
+                        is_onnx_op(node, *CONST_OPS) and not isinstance(index.constant(gi, name, "x"), str)
+                        and not any(index.visible_uses(gi, o) for o in node.output if o)
+                    ):
+                        index.remove_node(gi, node)
+                        tracker.touched.discard(name)
+                        removed = True
+        index.compact()
+        if not removed:
+            break
+    index = ModelIndex(model, Tracker())
+    for gi in index.graphs:
+        defined: set[str] = set()
+        for g in gi.chain():
+            defined |= set(g.producer) | set(g.inits) | g.inputs
+        for name in tracker.gone | tracker.touched:
+            if name not in defined:
+                _drop_value_info(gi.graph, name)
+
+
+def _reserve(taken: set[str], base: str) -> str:
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name

@@ -1,0 +1,247 @@
+"""Op tables for ONNX, and how a node of each kind reads as the engine's terms.
+
+Layers (``Conv``, ``ConvTranspose``, ``Gemm``, ``MatMul`` with a constant
+weight and its bias ``Add``), ``BatchNormalization``, the elementwise binary
+ops and the shape-only hops are table rows here.  Supporting another op type
+is one entry; the engine never looks at op types.  Only the default ONNX
+domain is read.
+
+The parsers take the adapter (``OnnxGraph``) to look values up; they decide
+nothing about folding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from onnx import NodeProto
+
+from ..engine.chain import per_channel
+from ..engine.graph import Binary, Hop, Layer, Norm
+from .handles import Node
+from .nodes import attr, is_onnx_op
+
+#: Layer op types, by the ``bnfold.kinds.LAYER_KINDS`` kind they are.
+LAYER_KINDS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "linear", "MatMul": "linear"}
+#: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
+BINARY_OPS = {"Mul": "mul", "Div": "div", "Add": "add", "Sub": "sub"}
+#: Ops whose output is their input, element for element (Dropout only when not training).
+IDENTITY_HOPS = ("Identity", "Dropout")
+#: Ops that only change the shape; the channel axis is followed through them.
+RESHAPE_HOPS = ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten")
+#: Ops that read only the shape of their input: a user through them is no user for a fold.
+METADATA_READERS = ("Shape", "Size")
+NORMS = ("BatchNormalization",)
+
+
+@dataclass
+class Wiring:
+    """How a layer node holds its weight and bias (``extra`` of its Layer).
+
+    ``transposed``: the weight is stored ``[in, out]``, the transpose of the
+    fold-math layout (Gemm with ``transB=0``, MatMul).  ``expand``: the
+    ``Expand`` that broadcasts a MatMul's 2-D weight over a batch (the weight
+    is its input).  ``bias_node``/``bias_slot``: the node and input index that
+    hold the bias (the layer itself, or a MatMul's bias ``Add``); ``bias_node``
+    None: there is no place for a bias (a MatMul without ``Add``).
+    """
+
+    transposed: bool = False
+    expand: NodeProto | None = None
+    bias_node: NodeProto | None = None
+    bias_slot: int = 2
+
+
+def reads_only_metadata(node: NodeProto) -> bool:
+    return is_onnx_op(node, *METADATA_READERS)
+
+
+# --------------------------------------------------------------------------- layers
+
+
+def zero_padding(node: NodeProto) -> bool:
+    """Whether a Conv pads nothing, so an input shift folds exactly."""
+    auto_pad = attr(node, "auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad in ("SAME_UPPER", "SAME_LOWER"):
+        k = attr(node, "kernel_shape")
+        return k is not None and all(int(v) == 1 for v in k)
+    return all(int(p) == 0 for p in attr(node, "pads", []) or [])
+
+
+def _conv(graph: Any, node: Node, kind: str) -> Layer | None:
+    p = node.proto
+    if len(p.input) < 2 or not p.input[1]:
+        return None
+    v = graph.value
+    bias = v(node.gi, p.input[2]) if len(p.input) > 2 and p.input[2] else None
+    return Layer(node, kind, p.op_type, v(node.gi, p.input[0]), v(node.gi, p.output[0]), v(node.gi, p.input[1]),
+                 bias, int(attr(p, "group", 1)), zero_padding(p), extra=Wiring(bias_node=p, bias_slot=2))
+
+
+def _gemm(graph: Any, node: Node, kind: str) -> Layer | None:
+    p = node.proto
+    if len(p.input) < 2 or not p.input[1]:
+        return None
+    v = graph.value
+    bias = v(node.gi, p.input[2]) if len(p.input) > 2 and p.input[2] else None
+    wiring = Wiring(transposed=not int(attr(p, "transB", 0)), bias_node=p, bias_slot=2)
+    in_axis = 0 if int(attr(p, "transA", 0)) else 1
+    return Layer(node, kind, p.op_type, v(node.gi, p.input[0]), v(node.gi, p.output[0]), v(node.gi, p.input[1]),
+                 bias, in_axis=in_axis, out_axis=1, extra=wiring)
+
+
+def _matmul(graph: Any, node: Node, kind: str) -> Layer | None:
+    """``x @ W`` with ``W`` a constant (or a 2-D graph input, reported as not constant),
+    possibly broadcast over a batch by ``Expand``; ``x @ y`` of two computed values is no layer."""
+    p = node.proto
+    if len(p.input) != 2 or not p.input[0] or not p.input[1]:
+        return None
+    gi, v = node.gi, graph.value
+    mat = v(gi, p.input[1])
+    wiring = Wiring(transposed=True)
+    source = graph.producer(mat)
+    if source is not None and _broadcasts_matrix(graph, source):
+        weight, wiring.expand = v(gi, source.proto.input[0]), source.proto
+    elif graph.const(mat) is not None or (graph.is_parameter(mat) and graph.shape_info(mat).rank == 2):
+        weight = mat
+    else:
+        return None
+    out = v(gi, p.output[0])
+    layer = Layer(node, kind, p.op_type, v(gi, p.input[0]), out, weight, None, in_axis=-1, out_axis=-1,
+                  takes_bias=False, extra=wiring)
+    add = _bias_add(graph, out, graph.dims(weight))
+    if add is not None:
+        wiring.bias_node, wiring.bias_slot = add.proto, 1 - list(add.proto.input).index(out.name)
+        layer.output, layer.bias = v(gi, add.proto.output[0]), v(gi, add.proto.input[wiring.bias_slot])
+        layer.takes_bias = True
+    return layer
+
+
+def _broadcasts_matrix(graph: Any, node: Node) -> bool:
+    """Whether ``node`` is an ``Expand`` of a 2-D constant that only adds leading (batch) dims."""
+    p = node.proto
+    if not is_onnx_op(p, "Expand") or len(p.input) != 2:
+        return False
+    source = graph.value(node.gi, p.input[0])
+    dims = graph.dims(source) if graph.const(source) is not None else None
+    if dims is None or len(dims) != 2:
+        return False
+    out = graph.shape_info(graph.value(node.gi, p.output[0])).shape
+    if out is not None and len(out) < 2:
+        return False
+    ends = out[-2:] if out is not None else (None, None)
+    # the matrix keeps its two dims: each is known to stay, or is not 1 (which could be broadcast)
+    return all(o == d if isinstance(o, int) else d != 1 for o, d in zip(ends, dims, strict=True))
+
+
+def _bias_add(graph: Any, out: Any, weight_dims: list | None) -> Node | None:
+    """The ``Add`` of a per-output-channel constant that alone reads a MatMul's result: its bias."""
+    users = graph.users(out)
+    if weight_dims is None or len(weight_dims) != 2 or len(users) != 1 or users[0] is None:
+        return None
+    add = users[0]
+    p = add.proto
+    if not is_onnx_op(p, "Add") or len(p.input) != 2 or len(p.output) != 1 or p.input[0] == p.input[1]:
+        return None
+    const = graph.constant(graph.value(add.gi, p.input[1 - list(p.input).index(out.name)]))
+    if const is None:
+        return None
+    rank = graph.shape_info(out).rank
+    vec = per_channel(const, rank, -1 if rank is None else rank - 1, int(weight_dims[1]))
+    return None if isinstance(vec, str) else add
+
+
+LAYERS: dict[str, Callable[[Any, Node, str], Layer | None]] = {
+    "Conv": _conv, "ConvTranspose": _conv, "Gemm": _gemm, "MatMul": _matmul,
+}
+
+
+def parse_layer(graph: Any, node: Node) -> Layer | None:
+    """``node`` as a layer (conv / transposed conv / linear), or None."""
+    p = node.proto
+    if not is_onnx_op(p, *LAYER_KINDS) or not p.input or not p.input[0] or not p.output or not p.output[0]:
+        return None
+    return LAYERS[p.op_type](graph, node, LAYER_KINDS[p.op_type])
+
+
+def is_bias_add(graph: Any, node: Node) -> bool:
+    """Whether ``node`` is the bias ``Add`` of a MatMul layer (part of the layer, not an affine op)."""
+    p = node.proto
+    if not is_onnx_op(p, "Add"):
+        return False
+    for name in p.input:
+        source = graph.producer(graph.value(node.gi, name))
+        if source is not None and is_onnx_op(source.proto, "MatMul"):
+            layer = parse_layer(graph, source)
+            if layer is not None and layer.extra.bias_node is p:
+                return True
+    return False
+
+
+# --------------------------------------------------------------------------- normalizations
+
+
+def _norm_problem(graph: Any, p: NodeProto, stats: list) -> str:
+    """Why a BatchNormalization can never fold, or ""."""
+    if graph.index.opset < 7 and attr(p, "is_test", 0) == 0:
+        return "is_test=0: the BatchNormalization runs in training mode"
+    if int(attr(p, "training_mode", 0)) == 1:
+        return "training_mode=1: the BatchNormalization uses batch statistics computed at run time"
+    if len(p.input) != 5 or not all(p.input):
+        return f"BatchNormalization has {len(p.input)} inputs, expected 5"
+    if graph.index.opset < 9 and int(attr(p, "spatial", 1)) == 0:  # statistics per element, not per channel
+        for value in stats:
+            dims = graph.dims(value)
+            if dims is not None and any(d != 1 for d in dims[1:]):
+                return f"spatial=0 with statistics of shape {list(dims)}: they are not per-channel"
+    return ""
+
+
+def parse_norm(graph: Any, node: Node) -> Norm | None:
+    p = node.proto
+    if not is_onnx_op(p, *NORMS) or not p.input or not p.input[0]:
+        return None
+    gi, v = node.gi, graph.value
+    stats = [v(gi, p.input[i]) if len(p.input) > i and p.input[i] else None for i in range(1, 5)]
+    out = v(gi, p.output[0]) if p.output and p.output[0] else None
+    norm = Norm(node, v(gi, p.input[0]), out, *stats, float(attr(p, "epsilon", 1e-5)), op=p.op_type)
+    norm.problem = _norm_problem(graph, p, [s for s in stats if s is not None])
+    norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
+    return norm
+
+
+# --------------------------------------------------------------------------- affines and hops
+
+
+def parse_binary(graph: Any, node: Node) -> Binary | None:
+    p = node.proto
+    op = BINARY_OPS.get(p.op_type) if is_onnx_op(p, *BINARY_OPS) else None
+    if op is None or len(p.input) != 2 or len(p.output) != 1 or not p.output[0] or not all(p.input):
+        return None
+    if op == "add" and is_bias_add(graph, node):
+        return None
+    gi, v = node.gi, graph.value
+    return Binary(node, op, v(gi, p.input[0]), v(gi, p.input[1]), v(gi, p.output[0]), name=p.op_type)
+
+
+def dropout_training(graph: Any, node: Node) -> str:
+    """Why a Dropout may drop values (it is then no hop), or "" when it is the identity."""
+    p = node.proto
+    if attr(p, "is_test", 0 if graph.index.opset < 7 else 1) == 0:  # before opset 7 the default is training
+        return "is_test=0 (training mode)"
+    if len(p.input) > 2 and p.input[2]:
+        mode = graph.const(graph.value(node.gi, p.input[2]))
+        if mode is None or mode.value.any():
+            return "it may run in training mode (training_mode is not a constant false)"
+    return ""
+
+
+def parse_hop(graph: Any, node: Node) -> Hop | None:
+    p = node.proto
+    if not is_onnx_op(p, *IDENTITY_HOPS, *RESHAPE_HOPS) or not p.input or not p.input[0]:
+        return None
+    if not p.output or not p.output[0] or (p.op_type == "Dropout" and dropout_training(graph, node)):
+        return None
+    return Hop(node, graph.value(node.gi, p.input[0]), graph.value(node.gi, p.output[0]), p.op_type)
