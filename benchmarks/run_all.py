@@ -1,10 +1,13 @@
-"""Run the bnfold benchmarks A-C end to end (``make bench``).
+"""Run the bnfold benchmarks A-D end to end (``make bench``).
 
-    .venv/bin/python benchmarks/run_all.py [--quick] [--only A,B,C] [--out DIR]
+    .venv/bin/python benchmarks/run_all.py [--quick] [--only A,B,C,D] [--out DIR]
 
 A  fold_speed.py        fold time and scaling on conv-BN-ReLU chains (50, 200, 800 blocks)
 B  inference_speed.py   latency unfolded / folded / no-BN ideal: torch eager, ExecuTorch portable, XNNPACK
 C  fp16_fidelity.py     fp16 / htp fidelity unfolded vs folded (bnfold.audit): demo model + the B architectures
+D  fold_real.py         fold time on real architectures (ResNet-18/50, R3D-18, EfficientNetV2-S, MobileNetV3-L,
+                        FCN-ResNet50, LeViT-128S) vs torch.export, on the edge program, and vs weight I/O;
+                        its files go to ``benchmarks/results/fold_real/`` (ignored by git via its own .gitignore)
 
 Each part runs in its own process (a part's memory and garbage do not leak
 into the next one's timings), prints its tables and writes them as JSON and
@@ -35,6 +38,7 @@ PARTS = {
     "A": ("fold_speed.py", "fold_speed"),
     "B": ("inference_speed.py", "inference_speed"),
     "C": ("fp16_fidelity.py", "fp16_fidelity"),
+    "D": ("fold_real.py", "fold_real/fold_real"),
 }
 # Lines native libraries print on import that say nothing about the benchmark.
 NOISE = re.compile(r"torchao/_C|_C_mxfp8|_C_cutlass|cpuinfo_utils\.cpp|register_constant\(\)|KernelPreference|"
@@ -94,6 +98,13 @@ def headline(quick: bool, out: Path | None) -> dict:
                       "agreement_per_model": s.get("agreement_per_model", {}),
                       "sqnr_gain_db": s["sqnr_gain_db"], "nonfinite": s["nonfinite"]}
                   for p, s in c["summary"].items()}
+    d = _load("fold_real/fold_real", quick, out)
+    if d:
+        h["D"] = {"verdict": d["verdict"], "goals": d["goals"],
+                  "rows": {r["model"]: {"fold_over_export": r["ratios"]["fold_over_export"],
+                                        "edge_over_default": r["ratios"]["edge_over_default"],
+                                        "fold_over_weight_io": r["ratios"]["fold_over_weight_io"],
+                                        "large_weight": r["large_weight"]} for r in d["rows"]}}
     return h
 
 
@@ -124,13 +135,23 @@ def render_headline(h: dict) -> str:
             lines.append(f"- C, {p}: top-1 agreement with fp32, unfolded -> folded: {per}; output SQNR gain from "
                          f"folding {gains} dB; NaN+inf unfolded {v['nonfinite']['unfolded']}, folded "
                          f"{v['nonfinite']['folded']}.")
+    if "D" in h:
+        d, v = h["D"], h["D"]["verdict"]
+        per = "; ".join(f"{m} {fmt_pct(r['fold_over_export'])}, {fmt_x(r['edge_over_default'])}, "
+                        + (fmt_x(r["fold_over_weight_io"], 1) if r["large_weight"] else "-")
+                        for m, r in d["rows"].items())
+        lines.append(f"- D, real models (fold / export, edge / default fold, fold / weight I/O): {per}. Goals: "
+                     f"fold <= 10% of export {v['fold_over_export']['passed']}/{v['fold_over_export']['checked']}, "
+                     f"edge <= 2x default {v['edge_over_default']['passed']}/{v['edge_over_default']['checked']}, "
+                     f"fold <= 3x weight I/O (>= 10M params) {v['fold_over_weight_io']['passed']}/"
+                     f"{v['fold_over_weight_io']['checked']}.")
     return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run with tiny sizes")
-    ap.add_argument("--only", default="A,B,C", help="parts to run, e.g. A,C")
+    ap.add_argument("--only", default="A,B,C,D", help="parts to run, e.g. A,C")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else None

@@ -152,7 +152,23 @@ def _check_kind(kind: str, shape, groups: int) -> None:
         raise FoldError(f"weight dim 0 ({shape[0]}) is not divisible by groups={groups}")
 
 
-def _per_slice(values: torch.Tensor, idx: torch.Tensor, rank: int) -> torch.Tensor:
+def per_slice(values: torch.Tensor, kind: str, side: str, shape, groups: int = 1) -> torch.Tensor:
+    """Per-channel ``values`` laid out to broadcast against a weight of ``shape``.
+
+    Without groups the channel is one weight dim, so this is a view
+    (``[out, 1, ...]``, ``[1, in, ...]``); with groups it is gathered through
+    :func:`channel_index` into ``[shape[0], shape[1], 1, ...]``.
+    """
+    rank = len(shape)
+    along = {("conv", "out"): 0, ("linear", "out"): 0, ("linear", "in"): 1, ("conv_transpose", "in"): 0}
+    dim = along.get((kind, side))
+    if dim is None and groups == 1:
+        dim = 1  # conv input channels, transposed-conv output channels: dim 1 when ungrouped
+    if dim is not None:
+        view = [1] * rank
+        view[dim] = -1
+        return values.reshape(view)
+    idx = channel_index(kind, side, shape, groups)
     return values[idx].reshape(*idx.shape, *([1] * (rank - 2)))
 
 
@@ -182,11 +198,11 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
         lo, hi = torch.aminmax(out)
         if not bool(torch.isfinite(torch.stack((lo, hi))).all()):  # NaN propagates through aminmax
             return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
-    # |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2:
-    # only a smaller scale can underflow a nonzero weight to zero.
-    small = (s != 0) & (s.abs() <= 0.5)
-    if bool(small.any()) and bool(((out == 0) & (weight != 0) & (s != 0)).any()):
-        return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
+    # |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a
+    # smaller scale can underflow a nonzero weight to zero, and only where the product is zero.
+    if bool(((s != 0) & (s.abs() <= 0.5)).any()) and out.numel() and not bool(out.abs().amin() > 0):
+        if bool((s == 0).any()) or int(torch.count_nonzero(out)) != int(torch.count_nonzero(weight)):
+            return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     return out
 
 
@@ -199,8 +215,7 @@ def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dt
     n_out = out_channels(kind, weight.shape, groups)
     if aff.channels != n_out:
         raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels")
-    idx = channel_index(kind, "out", weight.shape, groups)
-    new_w = scale_weight(weight, _per_slice(aff.scale, idx, weight.dim()), dtype, f"{kind} weight")
+    new_w = scale_weight(weight, per_slice(aff.scale, kind, "out", weight.shape, groups), dtype, f"{kind} weight")
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if b.numel() != n_out:
         raise FoldError(f"bias has {b.numel()} elements, expected {n_out}")
@@ -226,13 +241,12 @@ def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shi
         raise FoldError("a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)")
     if has_shift and not shift_exact:
         raise FoldError("a nonzero shift before a padded conv does not fold exactly (padding would see the shift)")
-    idx = channel_index(kind, "in", weight.shape, groups)
-    new_w = scale_weight(weight, _per_slice(aff.scale, idx, weight.dim()), dtype, f"{kind} weight")
+    new_w = scale_weight(weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight")
     n_out = out_channels(kind, weight.shape, groups)
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if has_shift:
         w = weight.detach().to(torch.float64)
-        contrib = (w * _per_slice(aff.shift, idx, w.dim())).reshape(w.shape[0], -1).sum(1)
+        contrib = (w * per_slice(aff.shift, kind, "in", w.shape, groups)).reshape(w.shape[0], -1).sum(1)
         b = b + contrib  # conv / linear: dim 0 is the output channel
     return new_w, b
 
