@@ -49,6 +49,8 @@ def norm_step(graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, 
         raise Stop(node, norm.problem)
     if axis is None:
         raise Stop(node, lost)
+    if norm.affine_only:
+        return _norm_affine_step(graph, norm, axis, channels, rank)
     if norm.statistics_used:
         raise Stop(node, "its saved statistics outputs are used")
     if norm.output is None:
@@ -76,6 +78,32 @@ def norm_step(graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, 
     if aff.channels != channels:
         raise Stop(node, f"it has {aff.channels} channels but the tensor it normalizes has {channels}")
     operands = tuple(v for v in (norm.weight, norm.bias, norm.mean, norm.var) if v is not None)
+    return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
+
+
+def _norm_affine_step(graph: GraphAdapter, norm: Norm, axis: int, channels: int, rank: int | None) -> Step:
+    """The elementwise affine of a LayerNorm / RMSNorm / GroupNorm, which folds without the normalization."""
+    node = norm.node
+    if norm.statistics_used:
+        raise Stop(node, "its saved statistics outputs are used")
+    if rank is None:
+        raise Stop(node, f"its affine is along axis {norm.axis}, and the rank of the tensor is unknown")
+    if axis != norm.axis % rank:
+        raise Stop(node, f"its affine is along axis {norm.axis % rank} but the layer's channels are on axis {axis}")
+    tensors = []
+    for role in ("weight", "bias"):
+        value = getattr(norm, role)
+        t = None if value is None else graph.constant(value)
+        if value is not None and t is None:
+            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})")
+        tensors.append(t)
+    try:
+        aff = fold_math.affine(tensors[0], tensors[1], channels)
+    except FoldError as err:
+        raise Stop(node, f"its affine: {err}") from None
+    if tensors[0] is not None and tensors[0].numel() != channels:
+        raise Stop(node, f"its weight has {tensors[0].numel()} elements but the layer has {channels} channels")
+    operands = tuple(v for v in (norm.weight, norm.bias) if v is not None)
     return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
 
 
@@ -152,13 +180,16 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
         while len(steps) < MAX_CHAIN:
             users = graph.users(x)
             if len(users) != 1 or users[0] is None:
-                norm = next((n for u in users if u is not None and (n := graph.norm(u)) is not None), None)
+                norm = next((n for u in users if u is not None and (n := graph.norm(u)) is not None
+                             and not n.affine_only), None)
                 if norm is not None:
                     raise Stop(norm.node, f"the value it reads, {graph.describe(x)}, has {_users(users)}; "
                                           "folding would change what the others see")
                 break
             node = users[0]
             norm = graph.norm(node)
+            if norm is not None and norm.affine_only:
+                break  # a LayerNorm's affine follows its normalization: never into the layer before
             if norm is not None:
                 if not _same(norm.input, x):
                     raise Stop(node, f"it reads {graph.describe(x)} as a parameter, not as its input")
@@ -185,15 +216,24 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
 def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[Step], Stop | None]:
     """The steps that lead to ``layer``'s input, nearest the layer last (each
     the only user of the one before it), and the Stop that ended the walk."""
-    x = layer.input
-    rank = graph.shape_info(x).rank
+    rank = graph.shape_info(layer.input).rank
     axis = layer.in_axis if rank is None or layer.in_axis >= 0 else rank + layer.in_axis
+    return chain_up(graph, layer.input, axis, channels)
+
+
+def chain_up(graph: GraphAdapter, x: Any, axis: int | None, channels: int,
+             fanout: bool = False) -> tuple[list[Step], Stop | None]:
+    """The steps that lead to the value ``x`` (channels on ``axis``), nearest ``x`` last.
+    ``fanout``: ``x`` itself may have several users (the caller folds into all of them)."""
+    rank = graph.shape_info(x).rank
     steps: list[Step] = []
     lost = ""
     try:
         while len(steps) < MAX_CHAIN:
             users = graph.users(x)
             node = graph.producer(x)
+            if fanout and not steps and node is not None and None not in users:
+                users = users[:1]  # the caller folds into every user
             if node is None or len(users) != 1 or users[0] is None:
                 if node is not None and (norm := graph.norm(node)) is not None and _same(norm.output, x) and len(users) > 1:
                     raise Stop(norm.node, f"its output {graph.describe(x)} has {_users(users)}; "
@@ -220,6 +260,8 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
             else:
                 break
             steps.insert(0, step)
+            if step.norm is not None and step.norm.affine_only:
+                break  # above it is the unnormalized tensor
             x = step.input
             rank = graph.shape_info(x).rank
     except Stop as stop:

@@ -95,6 +95,7 @@ class Norm:
     problem: str = ""
     statistics_used: bool = False
     op: str = "batch_norm"
+    affine_only: bool = False
 
 
 @dataclass
@@ -193,3 +194,5 @@ class GraphAdapter(Protocol):
                     label: str) -> tuple[int, torch.Tensor | None]: ...
     def remove_steps(self, steps: list[Step]) -> Any: ...  # returns the value standing where the chain ended
     def add_bias(self, layer: Layer, value: Any, bias: torch.Tensor, axis: int, rank: int | None) -> None: ...
+    # Replace a batch norm by ``x * scale + shift`` with per-channel constants in the input's dtype.
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None: ...

@@ -23,6 +23,13 @@ def follow_axis(node: Node, before: tuple | None, after: tuple | None, axis: int
         if forward:
             return axis + 1 if d <= axis else axis
         return None if d == axis else (axis - 1 if d < axis else axis)
+    key = node_key(node)
+    if key.startswith("aten::transpose"):  # its own inverse
+        d0, d1 = (int(d) % len(before) for d in node.args[1:3])
+        return d1 if axis == d0 else d0 if axis == d1 else axis
+    if key.startswith("aten::permute"):
+        perm = [int(d) % len(before) for d in node.args[1]]
+        return perm.index(axis) if forward else perm[axis]
     src, dst = (before, after) if forward else (after, before)
     return _same_place(src, dst, axis)
 

@@ -12,23 +12,27 @@ from .graph_module import GraphModuleEditor
 from .program import ProgramEditor
 
 
-def fold_program(ep: ExportedProgram, only=None) -> FoldResult:
-    """Fold every foldable normalization in ``ep``; ``ep`` itself is not modified."""
+def fold_program(ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: bool = False) -> FoldResult:
+    """Fold every foldable normalization in ``ep``; ``ep`` itself is not modified.
+
+    ``exclude``: fnmatch patterns on module paths left unfolded (see ``bnfold.engine.fold_graph``);
+    ``lower_unfoldable``: each eval batch norm that stays becomes ``x * scale + shift``."""
     if not isinstance(ep, ExportedProgram):
         raise TypeError(f"expected a torch.export.ExportedProgram, got {type(ep).__name__}")
     editor = ProgramEditor(ep)
-    report = fold_graph(FxGraph(editor), only)
+    report = fold_graph(FxGraph(editor), only, exclude, lower=lower_unfoldable)
     return FoldResult(editor.build(), report)
 
 
-def fold_graph_module(gm: GraphModule, program: ExportedProgram | None = None, only=None) -> FoldReport:
+def fold_graph_module(gm: GraphModule, program: ExportedProgram | None = None, only=None,
+                      lower_unfoldable: bool = False) -> FoldReport:
     """Fold ``gm`` in place, as an ExecuTorch GraphModule pass does.
 
     Placeholders are read through ``program``'s signature (matched by name) and
     never changed; folded tensors become ``get_attr`` buffers of ``gm``.
     """
     editor = GraphModuleEditor(gm, program)
-    report = fold_graph(FxGraph(editor), only)
-    if report.folded:
+    report = fold_graph(FxGraph(editor), only, lower=lower_unfoldable)
+    if report.folded or report.lowered:
         editor.commit()
     return report

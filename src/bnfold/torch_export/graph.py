@@ -26,6 +26,7 @@ from .ops import (
     op_name,
     parse_layer,
     parse_norm,
+    parse_norm_affine,
     reads_only_metadata,
 )
 from .tensors import FxTensors
@@ -53,7 +54,7 @@ class FxGraph:
 
     def norms(self) -> Iterator[Norm]:
         for node in self._live():
-            norm = parse_norm(node)
+            norm = self.norm(node)
             if norm is not None:
                 yield norm
 
@@ -61,7 +62,9 @@ class FxGraph:
         return parse_layer(node) if isinstance(node, Node) else None
 
     def norm(self, node: Any) -> Norm | None:
-        return parse_norm(node) if isinstance(node, Node) else None
+        if not isinstance(node, Node):
+            return None
+        return parse_norm(node) or parse_norm_affine(node)
 
     def binary(self, node: Any) -> Binary | None:
         op = BINARY_OPS.get(node_key(node)) if isinstance(node, Node) else None
@@ -100,7 +103,7 @@ class FxGraph:
             return None
         if node_key(value) == "getitem":  # a batch norm's normalized output
             source = value.args[0]
-            norm = parse_norm(source) if isinstance(source, Node) else None
+            norm = self.norm(source)
             return source if norm is not None and norm.output is value else None
         return value
 
@@ -114,17 +117,40 @@ class FxGraph:
         return self.editor.constant_value(value)
 
     def weights(self, layer: Layer) -> LayerWeights | str:
-        w = self.editor.tensor(layer.weight)
+        w = self._parameter(layer.weight, not layer.extra.views)
         if w is None:
             return f"its weight is not a constant of the program (it comes from {self.describe(layer.weight)})"
         if layer.extra.transposed:
             w = w.T
         b = None
         if layer.bias is not None:
-            b = self.editor.tensor(layer.bias)
+            b = self._parameter(layer.bias, True)
             if b is None:
                 return f"its bias is not a constant of the program (it comes from {self.describe(layer.bias)})"
         return LayerWeights(w, b, w.dtype, (b if b is not None else w).dtype)
+
+    def _parameter(self, node: Any, computed_ok: bool) -> torch.Tensor | None:
+        """A layer's weight or bias: a tensor of the program, or (``computed_ok``) a value computed
+        only from such tensors (``w.unsqueeze(2)``), evaluated and cast back to its dtype."""
+        t = self.editor.tensor(node)
+        if t is not None or not computed_ok or not _computed(node):
+            return t
+        value, info = self.editor.constant_value(node), self.shape_info(node)
+        if value is None or info.dtype is None or tuple(value.shape) != tuple(info.shape or ()):
+            return None
+        return value.to(info.dtype)
+
+    def _materialize(self, layer: Layer, node: Node, value: torch.Tensor, role: str, label: str) -> int:
+        """Replace a computed weight or bias of ``layer`` by a new tensor holding ``value`` (named after
+        the tensor it was computed from); returns the bytes added."""
+        editor = self.editor
+        source = _tensor_node(node)
+        old = editor.tensor(source)
+        new = editor.add_tensor(source, f"{editor.target(source)}_folded_{label}", value)
+        layer.node.replace_input_with(node, new)
+        editor.erase_dead(node)
+        dropped = old.numel() * old.element_size() if getattr(source, "_erased", False) else 0
+        return value.numel() * value.element_size() - dropped
 
     def shape_info(self, value: Any) -> ShapeInfo:
         val = value.meta.get("val") if isinstance(value, Node) else None
@@ -166,40 +192,51 @@ class FxGraph:
     def write_layer(self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None, label: str):
         """Store the folded weight and bias.  Returns the bytes added by private
         copies, and the bias still to be added after the layer (None if none)."""
-        editor, wiring = self.editor, layer.extra
-        if wiring.transposed:
+        if layer.extra.transposed:
             weight = weight.T.contiguous()
-        extra = 0
-        holder = wiring.views[-1] if wiring.views else layer.weight
-        shared = editor.is_shared(layer.weight) or any(len(v.users) > 1 for v in wiring.views)
-        if shared:
-            new = editor.add_tensor(layer.weight, derived_target(editor.target(layer.weight), "weight", label), weight)
-            extra += weight.numel() * weight.element_size()
-            new_holder = self._copy_views(wiring.views, new, layer.node)
-            layer.node.replace_input_with(holder, new_holder)
-            for view in reversed(wiring.views):
-                editor.erase_dead(view)
-        else:
-            editor.replace_tensor(layer.weight, weight)
+        extra, shared = self._write_weight(layer, weight, label)
         if bias is None:
             return extra, None
         if layer.bias is not None:
-            if editor.is_shared(layer.bias):
-                new_bias = editor.add_tensor(layer.bias, derived_target(editor.target(layer.bias), "bias", label), bias)
-                extra += bias.numel() * bias.element_size()
-                layer.node.replace_input_with(layer.bias, new_bias)
-                editor.drop_if_unused(layer.bias)
-            else:
-                editor.replace_tensor(layer.bias, bias)
-            return extra, None
+            return extra + self._write_existing_bias(layer, bias, label), None
         if not layer.takes_bias:
             return extra, bias  # bmm: the engine adds the bias after the chain
-        target = derived_target(editor.target(layer.weight), "bias", label if shared else None)
-        bias_node = editor.add_tensor(layer.weight, target, bias)
+        editor = self.editor
+        like = _tensor_node(layer.node.args[1]) if _computed(layer.weight) else layer.weight
+        target = derived_target(editor.target(like), "bias", label if shared else None)
+        bias_node = editor.add_tensor(like, target, bias)
         if shared:
             extra += bias.numel() * bias.element_size()
         _set_bias(layer, bias_node)
         return extra, None
+
+    def _write_weight(self, layer: Layer, weight: torch.Tensor, label: str) -> tuple[int, bool]:
+        """The folded weight into ``layer``: in place, as a private copy of a shared tensor, or as a
+        new tensor for a computed one.  Returns the bytes added and whether a copy was made."""
+        editor, wiring = self.editor, layer.extra
+        if _computed(layer.weight) and not wiring.views:
+            return self._materialize(layer, layer.weight, weight, "weight", label), False
+        holder = wiring.views[-1] if wiring.views else layer.weight
+        if not (editor.is_shared(layer.weight) or any(len(v.users) > 1 for v in wiring.views)):
+            editor.replace_tensor(layer.weight, weight)
+            return 0, False
+        new = editor.add_tensor(layer.weight, derived_target(editor.target(layer.weight), "weight", label), weight)
+        layer.node.replace_input_with(holder, self._copy_views(wiring.views, new, layer.node))
+        for view in reversed(wiring.views):
+            editor.erase_dead(view)
+        return weight.numel() * weight.element_size(), True
+
+    def _write_existing_bias(self, layer: Layer, bias: torch.Tensor, label: str) -> int:
+        editor = self.editor
+        if _computed(layer.bias):
+            return self._materialize(layer, layer.bias, bias, "bias", label)
+        if not editor.is_shared(layer.bias):
+            editor.replace_tensor(layer.bias, bias)
+            return 0
+        new_bias = editor.add_tensor(layer.bias, derived_target(editor.target(layer.bias), "bias", label), bias)
+        layer.node.replace_input_with(layer.bias, new_bias)
+        editor.drop_if_unused(layer.bias)
+        return bias.numel() * bias.element_size()
 
     def add_bias(self, layer: Layer, value: Node, bias: torch.Tensor, axis: int, rank: int | None) -> None:
         """Make every user of ``value`` read ``value + bias`` (bias along ``axis``)."""
@@ -228,19 +265,23 @@ class FxGraph:
         return source
 
     def remove_steps(self, steps: list[Step]) -> Any:
-        """Take the affine steps out; returns the value that now stands where the chain ended."""
+        """Take the affine steps out; returns the value that now stands where the chain ended.
+        A LayerNorm-like step stays and loses its weight and bias."""
         editor, graph = self.editor, self.graph
         operands, replaced = [], {}
         end = steps[-1].output
         for step in steps:
             if step.affine is None:
                 continue
+            operands.extend(v for v in step.operands if isinstance(v, Node))
+            if step.norm is not None and step.norm.affine_only:
+                _strip_affine(step.norm)
+                continue
             source = step.input
             while source in replaced:  # the step read the output of a step already removed
                 source = replaced[source]
             replaced[step.output] = source
             step.output.replace_all_uses_with(source)
-            operands.extend(v for v in step.operands if isinstance(v, Node))
             if step.norm is not None:
                 for user in list(step.node.users):
                     graph.erase_node(user)
@@ -253,6 +294,34 @@ class FxGraph:
         while end in replaced:
             end = replaced[end]
         return end
+
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None:
+        """Replace a batch norm by ``x * scale + shift``, the constants shaped ``[C, 1, ...]`` along its axis."""
+        editor, graph = self.editor, self.graph
+        like = next(v for v in (norm.mean, norm.var, norm.weight, norm.bias) if isinstance(v, Node))
+        base = self.norm_label(norm)
+        shape = [scale.numel()] + [1] * (rank - 1 - norm.axis % rank)
+        s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale.reshape(shape))
+        t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift.reshape(shape))
+        mul_op, add_op = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
+        if type(norm.node.target).__name__ == "EdgeOpOverload":
+            from executorch.exir.dialects._ops import ops as exir_ops
+
+            mul_op, add_op = exir_ops.edge.aten.mul.Tensor, exir_ops.edge.aten.add.Tensor
+        with graph.inserting_before(norm.node):
+            mul = graph.call_function(mul_op, (norm.input, s_node))
+            add = graph.call_function(add_op, (mul, t_node))
+        keep = ("val", "stack_trace", "nn_module_stack", "source_fn_stack")
+        for new in (mul, add):
+            new.meta = {k: v for k, v in norm.output.meta.items() if k in keep}
+        norm.output.replace_all_uses_with(add)
+        operands = [v for v in (norm.weight, norm.bias, norm.mean, norm.var) if isinstance(v, Node)]
+        tracked = self._num_batches_tracked(norm)
+        for user in list(norm.node.users):
+            graph.erase_node(user)
+        graph.erase_node(norm.node)
+        for node in operands + ([tracked] if tracked is not None else []):
+            editor.erase_dead(node)
 
     def _num_batches_tracked(self, norm: Norm) -> Node | None:
         if not isinstance(norm.mean, Node):
@@ -269,6 +338,28 @@ def derived_target(target: str, role: str, label: str | None) -> str:
     base = (module + "." if module else "") if leaf in ("weight", "bias") else target + "_"
     name = base + role
     return f"{name}_folded_{label}" if label else name
+
+
+def _computed(node: Any) -> bool:
+    """Whether ``node`` is a value computed in the graph (not a tensor of the program)."""
+    return isinstance(node, Node) and node.op == "call_function"
+
+
+def _tensor_node(node: Node) -> Node:
+    """The first tensor (placeholder or get_attr) ``node`` is computed from, following first inputs."""
+    while node.op == "call_function":
+        node = next(n for n in node.all_input_nodes)
+    return node
+
+
+def _strip_affine(norm: Norm) -> None:
+    """``weight``/``bias`` of a LayerNorm-like node become None: the normalization alone stays."""
+    args = list(norm.node.args)
+    for value in (norm.weight, norm.bias):
+        if value is not None:
+            args = [None if a is value else a for a in args]
+    norm.node.args = tuple(args)
+    norm.node.kwargs = {k: (None if v is norm.weight or v is norm.bias else v) for k, v in norm.node.kwargs.items()}
 
 
 def _set_bias(layer: Layer, bias: Node) -> None:

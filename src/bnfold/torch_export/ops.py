@@ -283,6 +283,43 @@ NORMS: dict[str, Callable[[Node], Norm]] = {
 }
 
 
+def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | None, axis: int) -> Callable:
+    """A LayerNorm / RMSNorm / GroupNorm: its normalization stays, its elementwise affine may fold."""
+    def parse(node: Node) -> Norm | None:
+        weight = node.args[weight_at] if len(node.args) > weight_at else node.kwargs.get("weight")
+        bias = (node.args[bias_at] if len(node.args) > bias_at else node.kwargs.get("bias")) if bias_at else None
+        if weight is None and bias is None:
+            return None  # no affine: nothing to fold
+        out, used = _getitems(node) if "native" in node_key(node) else (node, False)
+        norm = Norm(node, node.args[0], out, weight, bias, None, None, 0.0, axis=axis, statistics_used=used,
+                    op=op, affine_only=True)
+        if shape_at is not None and len(node.args[shape_at]) != 1:
+            norm.problem = "it normalizes several trailing axes, so its affine is not per-channel"
+        return norm
+    return parse
+
+
+#: Normalizations whose elementwise affine folds into the layers they feed: key -> parser.
+NORM_AFFINES: dict[str, Callable[[Node], Norm | None]] = {
+    # layer_norm(input, normalized_shape, weight, bias, eps, cudnn_enable)
+    "aten::layer_norm.default": _affine_norm("layer_norm", 1, 2, 3, -1),
+    # native_layer_norm(input, normalized_shape, weight, bias, eps) -> (out, mean, rstd)
+    "aten::native_layer_norm.default": _affine_norm("layer_norm", 1, 2, 3, -1),
+    # rms_norm(input, normalized_shape, weight, eps)
+    "aten::rms_norm.default": _affine_norm("rms_norm", 1, 2, None, -1),
+    # group_norm(input, num_groups, weight, bias, eps, cudnn_enabled)
+    "aten::group_norm.default": _affine_norm("group_norm", None, 2, 3, 1),
+    # native_group_norm(input, weight, bias, N, C, HxW, group, eps) -> (out, mean, rstd)
+    "aten::native_group_norm.default": _affine_norm("group_norm", None, 1, 2, 1),
+}
+
+
+def parse_norm_affine(node: Node) -> Norm | None:
+    """``node`` as a normalization whose affine alone may fold (LayerNorm, RMSNorm, GroupNorm), or None."""
+    parse = NORM_AFFINES.get(node_key(node))
+    return parse(node) if parse else None
+
+
 def parse_norm(node: Node) -> Norm | None:
     parse = NORMS.get(node_key(node))
     return parse(node) if parse else None
@@ -307,6 +344,8 @@ RESHAPE_HOPS = {
     "aten::unsqueeze.default", "aten::unsqueeze_copy.default", "aten::squeeze.dim", "aten::squeeze.dims",
     "aten::squeeze.default", "aten::squeeze_copy.dim", "aten::squeeze_copy.dims", "aten::squeeze_copy.default",
     "aten::flatten.using_ints", "aten::unflatten.int", "aten::reshape_as.default", "aten::view_as.default",
+    "aten::transpose.int", "aten::transpose_copy.int", "aten::permute.default", "aten::permute_copy.default",
+    "aten::expand.default", "aten::expand_copy.default",  # only when it broadcasts nothing (see hop_is_exact)
 }
 #: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
 BINARY_OPS = {
@@ -345,6 +384,15 @@ def _mentions(arg: Any, value: Node) -> bool:
 
 
 def dropout_is_identity(node: Node) -> bool:
+    """Whether a hop-like node moves data without changing it: eval dropout, a same-dtype copy,
+    an expand to the shape it already has."""
+    if node_key(node) in EXPANDS:
+        before, after = _shape(node.args[0]), _shape(node)
+        return before is not None and before == after
+    return _identity_dropout(node)
+
+
+def _identity_dropout(node: Node) -> bool:
     key = node_key(node)
     if key in ("aten::dropout.default", "aten::feature_dropout.default"):
         return not _arg(node, 2, "train", False) or float(_arg(node, 1, "p", 0.0)) == 0.0
