@@ -272,3 +272,34 @@ def test_every_backend_pass_manager_gets_the_fold(backend):
     names = _names(passes)
     assert "CanonicalizeConv" not in names
     assert _well_ordered(names), names
+
+
+class _PreActivation(torch.nn.Module):
+    """DenseNet-style: BN -> ReLU -> conv (the BN cannot fold), then conv -> BN (folds)."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn1, self.conv1 = torch.nn.BatchNorm2d(4), torch.nn.Conv2d(4, 6, 3, padding=1)
+        self.bn2 = torch.nn.BatchNorm2d(6)
+
+    def forward(self, x):
+        return self.bn2(self.conv1(torch.relu(self.bn1(x))))
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_qnn_lowers_what_cannot_fold_by_default(lower):
+    from bnfold_testutil import randomize_bn
+
+    model = randomize_bn(_PreActivation(), var=(1e-7, 2.0)).eval()
+    x = (torch.randn(2, 4, 8, 8),)
+    pm = qnn_pass_manager() if lower else qnn_pass_manager(lower_unfoldable=False)
+    ep, passes = qnn_to_edge(model, x, pm)
+    (fold,) = [p for p in passes if isinstance(p, FoldBatchNormGraphPass)]
+    assert [f.norm for f in fold.report.folded] == ["bn2"]
+    if lower:
+        assert [x.norm for x in fold.report.lowered] == ["bn1"] and not fold.report.skipped
+        assert norm_nodes(ep) == []  # the QNN builder never sees a batch norm (nor its own eps)
+    else:
+        assert [s.norm for s in fold.report.skipped] == ["bn1"] and len(norm_nodes(ep)) == 1
+    out = ep.module()(*x)
+    assert_matches(out, reference(model, *x))

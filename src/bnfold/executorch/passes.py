@@ -53,15 +53,16 @@ class FoldBatchNormPass(ExportedProgramPassBase):
     ``bnfold.executorch.qnn_pass_manager()`` there.
     """
 
-    def __init__(self, only: Iterable[str] | None = None):
+    def __init__(self, only: Iterable[str] | None = None, lower_unfoldable: bool = False):
         super().__init__()
         self.only = check_only(only)
+        self.lower_unfoldable = lower_unfoldable
         self.report: FoldReport | None = None
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        result = fold_program(exported_program, only=self.only)
+        result = fold_program(exported_program, only=self.only, lower_unfoldable=self.lower_unfoldable)
         self.report = result.report
-        if not result.report.folded:
+        if not (result.report.folded or result.report.lowered):
             return ExportedProgramPassResult(exported_program, False)
         return ExportedProgramPassResult(result.model, True)
 
@@ -78,12 +79,15 @@ class FoldBatchNormGraphPass(ExportPass):
     run's ``FoldReport``.
     """
 
-    def __init__(self, edge_program: ExportedProgram, only: Iterable[str] | None = None):
+    def __init__(self, edge_program: ExportedProgram, only: Iterable[str] | None = None,
+                 lower_unfoldable: bool = False):
         super().__init__()
         self.edge_program = edge_program
         self.only = check_only(only)
+        self.lower_unfoldable = lower_unfoldable
         self.report: FoldReport | None = None
 
     def call(self, graph_module: GraphModule) -> PassResult:
-        self.report = fold_graph_module(graph_module, self.edge_program, only=self.only)
-        return PassResult(graph_module, bool(self.report.folded))
+        self.report = fold_graph_module(graph_module, self.edge_program, only=self.only,
+                                        lower_unfoldable=self.lower_unfoldable)
+        return PassResult(graph_module, bool(self.report.folded or self.report.lowered))

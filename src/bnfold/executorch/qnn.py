@@ -42,6 +42,7 @@ from executorch.backends.qualcomm._passes import (
 )
 from executorch.backends.qualcomm._passes.canonicalize_conv import ConvParamIdx
 from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager, get_qnn_pass_manager_cls
+from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY
 from executorch.backends.qualcomm.builders.utils import get_parameter
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import PassResult
@@ -132,7 +133,20 @@ def _swap(p):
 
 
 class _FoldBatchNormMixin:
-    """Adds the fold to a ``QnnPassManager`` subclass's capture-program passes."""
+    """Adds the fold to a ``QnnPassManager`` subclass's capture-program passes.
+
+    ``lower_unfoldable``: the fold pass also rewrites each batch norm it cannot
+    fold as ``mul`` + ``add`` by constants computed with the model's eps, so
+    QNN's batch-norm builder (which uses eps 1e-9) never sees one.
+    """
+
+    lower_unfoldable = True
+
+    @classmethod
+    def get_capture_program_passes(cls):
+        passes = super().get_capture_program_passes()
+        passes[FoldBatchNormGraphPass][QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY]["lower_unfoldable"] = cls.lower_unfoldable
+        return passes
 
     @classmethod
     def get_default_pass_activations(cls):
@@ -155,13 +169,22 @@ class _FoldBatchNormMixin:
 
 
 @functools.lru_cache(maxsize=None)
-def _fold_cls(base: type) -> type:
-    return type(f"Fold{base.__name__}", (_FoldBatchNormMixin, base), {"__module__": __name__})
+def _fold_cls(base: type, lower_unfoldable: bool) -> type:
+    return type(f"Fold{base.__name__}", (_FoldBatchNormMixin, base),
+                {"__module__": __name__, "lower_unfoldable": lower_unfoldable})
 
 
-def qnn_pass_manager(backend_type=None) -> QnnPassManager:
+def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True) -> QnnPassManager:
     """A ``QnnPassManager`` for ``backend_type`` (a ``QnnExecuTorchBackendType``,
     HTP by default) whose to_edge transform passes fold BatchNorm.
+
+    ``lower_unfoldable`` (default True) also rewrites every batch norm that
+    cannot fold (a pre-activation BN before a ReLU) as ``mul`` + ``add`` by
+    constants computed in float64 with the model's eps: QNN's batch-norm
+    builder would otherwise recompute it with eps 1e-9.  Measured on a
+    DenseNet-121-shaped network (``benchmarks/lowering.py``): under the ``htp``
+    profile at eps 1e-9 the lowered model matches its ``fp16`` emulation,
+    while the BNs left as BNs lose SQNR (see BENCHMARKS.md, part F).
 
     Use it where QNN's own pass manager is used::
 
@@ -175,4 +198,4 @@ def qnn_pass_manager(backend_type=None) -> QnnPassManager:
     dep_table=pm.get_passes_dependency_for_capture_program())``.
     """
     base = get_qnn_pass_manager_cls() if backend_type is None else get_qnn_pass_manager_cls(backend_type)
-    return _fold_cls(base)()
+    return _fold_cls(base, lower_unfoldable)()

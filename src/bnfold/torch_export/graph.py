@@ -240,7 +240,7 @@ class FxGraph:
 
     def add_bias(self, layer: Layer, value: Node, bias: torch.Tensor, axis: int, rank: int | None) -> None:
         """Make every user of ``value`` read ``value + bias`` (bias along ``axis``)."""
-        shape = [bias.numel()] + [1] * (rank - 1 - axis)
+        shape = [1] * axis + [bias.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
         target = derived_target(self.editor.target(layer.weight), "bias", None)
         node = self.editor.add_tensor(layer.weight, target, bias.reshape(shape))
         target = torch.ops.aten.add.Tensor
@@ -296,11 +296,12 @@ class FxGraph:
         return end
 
     def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None:
-        """Replace a batch norm by ``x * scale + shift``, the constants shaped ``[C, 1, ...]`` along its axis."""
+        """Replace a batch norm by ``x * scale + shift``, the constants shaped ``[1, C, 1, ...]`` along its axis."""
         editor, graph = self.editor, self.graph
         like = next(v for v in (norm.mean, norm.var, norm.weight, norm.bias) if isinstance(v, Node))
         base = self.norm_label(norm)
-        shape = [scale.numel()] + [1] * (rank - 1 - norm.axis % rank)
+        axis = norm.axis % rank
+        shape = [1] * axis + [scale.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
         s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale.reshape(shape))
         t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift.reshape(shape))
         mul_op, add_op = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
