@@ -123,6 +123,39 @@ def _bn(node, ins, a, env):
     return (x - m) / torch.sqrt(v + eps) * s + b
 
 
+def _layer_norm(node, ins, a, env):
+    """LayerNormalization: normalize over the axes from ``axis`` on; outputs Y, Mean, InvStdDev."""
+    x, scale = ins[0], ins[1]
+    bias = ins[2] if len(ins) > 2 else None
+    axis = a.get("axis", -1) % x.dim()
+    dims = tuple(range(axis, x.dim()))
+    mean = x.mean(dim=dims, keepdim=True)
+    inv = 1 / torch.sqrt(((x - mean) ** 2).mean(dim=dims, keepdim=True) + a.get("epsilon", 1e-5))
+    y = (x - mean) * inv * scale
+    return [y if bias is None else y + bias, mean, inv]
+
+
+def _rms_norm(node, ins, a, env):
+    x, scale = ins
+    dims = tuple(range(a.get("axis", -1) % x.dim(), x.dim()))
+    return x / torch.sqrt((x * x).mean(dim=dims, keepdim=True) + a.get("epsilon", 1e-5)) * scale
+
+
+def _group_norm(node, ins, a, env):
+    """GroupNormalization; scale and bias per channel (opset 21) or, with one entry per group, per group (18)."""
+    x, scale, bias = ins
+    groups = a["num_groups"]
+    n, c = x.shape[:2]
+    xg = x.reshape(n, groups, -1)
+    mean = xg.mean(dim=-1, keepdim=True)
+    var = ((xg - mean) ** 2).mean(dim=-1, keepdim=True)
+    y = ((xg - mean) / torch.sqrt(var + a.get("epsilon", 1e-5))).reshape(x.shape)
+    if scale.numel() == groups and groups != c:
+        scale, bias = scale.repeat_interleave(c // groups), bias.repeat_interleave(c // groups)
+    shape = (1, c) + (1,) * (x.dim() - 2)
+    return y * scale.reshape(shape) + bias.reshape(shape)
+
+
 def _gemm(node, ins, a, env):
     A, B = ins[0], ins[1]
     if a.get("transA", 0):
@@ -244,6 +277,11 @@ _OPS = {
     "Conv": _conv,
     "ConvTranspose": _conv_transpose,
     "BatchNormalization": _bn,
+    "LayerNormalization": _layer_norm,
+    "RMSNormalization": _rms_norm,
+    "GroupNormalization": _group_norm,
+    "Pow": lambda n, i, a, e: i[0] ** i[1],
+    "Sqrt": lambda n, i, a, e: torch.sqrt(i[0]),
     "Gemm": _gemm,
     "MatMul": lambda n, i, a, e: i[0] @ i[1],
     "Add": lambda n, i, a, e: i[0] + i[1],

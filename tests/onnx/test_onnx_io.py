@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
-import onnx
 import pytest
-from onnx import TensorProto
 from onnx_testkit import G, compare, ops, ort_run
 
 import bnfold
+import onnx
 from bnfold.errors import ModelFileError
 from bnfold.onnx import ExternalLayout, fold_onnx, load_onnx, save_onnx
+from onnx import TensorProto
 
 
 def _model():
@@ -29,8 +29,14 @@ def _model():
 def _save_external(m, path, location="weights.bin", threshold=0):
     """onnx's own external-data save (on a copy: onnx.save_model converts the model it is given)."""
     m = onnx.ModelProto.FromString(m.SerializeToString())
-    onnx.save_model(m, str(path), save_as_external_data=True, all_tensors_to_one_file=True, location=location,
-                    size_threshold=threshold)
+    onnx.save_model(
+        m,
+        str(path),
+        save_as_external_data=True,
+        all_tensors_to_one_file=True,
+        location=location,
+        size_threshold=threshold,
+    )
 
 
 def _refused(path, *words):

@@ -27,6 +27,8 @@ def follow_axis(graph: Any, hop: Hop, axis: int, forward: bool) -> int | str:
     if rank is None:
         side = "before" if forward else "after"
         return f"the rank {side} {what} is unknown, so the channel axis cannot be followed"
+    if rank == 0:
+        return f"{what} reads or writes a scalar, which has no channel axis"
     a = axis % rank
     if p.op_type == "Transpose":
         perm = attr(p, "perm")
@@ -116,6 +118,8 @@ def _product(dims) -> tuple | None:
 
 def _same_place(src, dst, axis: int) -> int | None:
     """The axis of ``dst`` with the size of ``src[axis]`` and as many elements before it (or after it)."""
+    if not 0 <= axis < len(src):
+        return None
     size = src[axis]
     if size is None:
         return None

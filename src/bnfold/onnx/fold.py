@@ -10,17 +10,24 @@ import onnx
 
 from ..engine import fold_graph
 from ..report import FoldResult
+from .functions import inline_norm_functions, skipped_in_functions
 from .graph import OnnxGraph
 from .index import ModelIndex, Tracker, clean_up
 from .shapes import Shapes
 
 
-def fold_onnx(model_or_path, only=None) -> FoldResult:
+def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = False) -> FoldResult:
     """Fold BatchNormalization and per-channel affines into Conv / ConvTranspose / Gemm / MatMul.
 
     ``model_or_path`` is an ``onnx.ModelProto`` (never mutated) or a path to a
     ``.onnx`` file (read with :func:`bnfold.onnx.load_onnx`).  ``only`` limits
-    the layer kinds folded into (``"conv"``, ``"conv_transpose"``, ``"linear"``).
+    the layer kinds folded into (``"conv"``, ``"conv_transpose"``, ``"linear"``);
+    ``exclude`` holds fnmatch patterns on node names left unfolded.
+    ``lower_unfoldable``: rewrite every eval BatchNormalization that stays as
+    ``Mul`` and ``Add`` by per-channel constants (``report.lowered``).
+    A call to a model-local function that holds a normalization is inlined
+    first (a note in the report); a normalization left in a function is
+    reported as skipped.
     The result's ``model`` is a new ModelProto.  It carries no external-data
     layout: to save it the way a file was laid out, read the file with
     ``load_onnx`` and pass its layout to ``save_onnx``.
@@ -34,11 +41,14 @@ def fold_onnx(model_or_path, only=None) -> FoldResult:
     else:
         raise TypeError(f"fold_onnx takes an onnx.ModelProto or a path, not {type(model_or_path).__name__}")
     only = None if only is None else frozenset(only)
+    source, notes = inline_norm_functions(original)  # a new model, or ``original`` itself
     model = onnx.ModelProto()
-    model.CopyFrom(original)
+    model.CopyFrom(source)
     tracker = Tracker()
     index = ModelIndex(model, tracker)
-    report = fold_graph(OnnxGraph(index, Shapes(original)), only)
+    report = fold_graph(OnnxGraph(index, Shapes(source)), only, exclude, lower=lower_unfoldable)
+    report.notes.extend(notes)
+    report.skipped.extend(skipped_in_functions(model))
     index.compact()  # only now: node protos are the engine's handles while it runs
     clean_up(model, tracker)
     return FoldResult(model, report)

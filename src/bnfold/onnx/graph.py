@@ -9,8 +9,10 @@ fold needs.  Values are names in a graph scope, nodes are node protos (see
 
 from __future__ import annotations
 
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
+import onnx
 import torch
 
 from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
@@ -22,6 +24,7 @@ from .nodes import attr, is_onnx_op, remove_attr
 from .nodes import label as node_label
 from .ops import (
     LAYER_KINDS,
+    NORM_AFFINES,
     NORMS,
     dropout_training,
     parse_binary,
@@ -30,9 +33,9 @@ from .ops import (
     parse_norm,
     reads_only_metadata,
 )
-from .params import add_initializer, new_node, safe, set_param
+from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .shapes import Shapes
-from .tensors import to_torch, torch_dtype
+from .tensors import TORCH_DTYPES, to_torch, torch_dtype
 
 #: How far ``shape_info`` follows neighbouring values to complete a shape.
 _MAX_DEPTH = 8
@@ -49,6 +52,7 @@ class OnnxGraph:
         self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
         self._depth = 0  # of shape_info asking about neighbouring values
         self._infos: dict[Value, ShapeInfo] = {}  # shape_info answers (cleared by every edit)
+        self._filled: dict[tuple, str] = {}  # (graph, dtype, shape, fill) -> a constant initializer made here
 
     # ------------------------------------------------------------------ handles
 
@@ -162,6 +166,7 @@ class OnnxGraph:
     def _shape_info(self, value: Value) -> ShapeInfo:
         dims = self.dims(value)
         kind = self.shapes.elem_type(self._shape_names.get(value.name, value.name))
+        kind = TORCH_DTYPES.get(kind, kind)  # a float type as a torch dtype (what lowering casts to)
         if (dims is None or not all(isinstance(d, int) for d in dims)) and self._depth < _MAX_DEPTH:
             self._depth += 1
             try:
@@ -292,6 +297,9 @@ class OnnxGraph:
         for step in steps:
             if step.affine is None:
                 continue
+            if step.norm is not None and step.norm.affine_only:
+                self._strip_affine(step.norm)  # the normalization stays, without its affine
+                continue
             source = step.input
             while source in replaced:  # the step read the output of a step already removed
                 source = replaced[source]
@@ -303,6 +311,27 @@ class OnnxGraph:
         while end in replaced:
             end = replaced[end]
         return end
+
+    def _strip_affine(self, norm: Norm) -> None:
+        """Make a LayerNorm-like node's affine the identity.  A required scale (and GroupNormalization's
+        required bias) becomes a shared initializer of ones (zeros) of its dtype and shape; an optional
+        bias input is dropped.  The old parameters are left to the clean-up if nothing else reads them."""
+        index, p, gi = self.index, norm.node.proto, norm.node.gi
+        _, w_slot, b_slot = NORM_AFFINES[p.op_type]
+        for slot, fill in ((w_slot, 1.0), (b_slot, 0.0)):
+            if slot is None or slot >= len(p.input) or not p.input[slot]:
+                continue
+            if slot == b_slot and p.op_type == "LayerNormalization":  # B is optional
+                index.clear_input(gi, p, slot)
+                continue
+            c = self.const(self.value(gi, p.input[slot]))
+            assert c is not None, f"internal: {p.input[slot]} was folded but is not a constant"
+            key = (id(gi), c.elem_type, tuple(c.value.shape), fill)
+            if key not in self._filled:
+                base = f"{'ones' if fill else 'zeros'}_{'x'.join(map(str, c.value.shape))}"
+                dtype = torch_dtype(c.elem_type, "the normalization's parameter")
+                self._filled[key] = filled_initializer(index, gi, base, tuple(c.value.shape), dtype, fill)
+            index.set_input(gi, p, slot, self._filled[key])
 
     def _take_name(self, source: Value, out: Value, step: Step) -> bool:
         """Let ``out`` stand for ``source`` now that the step between them is gone.  Returns whether
@@ -340,4 +369,27 @@ class OnnxGraph:
         self._shape_names[before] = self._shape_names.get(value.name, value.name)
         index.tracker.gone.discard(value.name)  # the name lives on as the Add's output
         index.insert_after(gi, producer, new_node(index, "Add", [before, name], [value.name], f"{base}_bias_add"))
+        self._edited()
+
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None:
+        """Replace a BatchNormalization by ``Mul`` and ``Add`` with new initializers shaped ``[C, 1, ...]``
+        along its axis; the ``Add`` writes the BatchNormalization's output name."""
+        index, p, gi = self.index, norm.node.proto, norm.node.gi
+        self._edited()
+        base = node_label(p)
+        shape = [scale.numel()] + [1] * (rank - 1 - norm.axis % rank)
+        s_name = add_initializer(index, gi, f"{base}_lowered_scale", scale.reshape(shape))
+        t_name = add_initializer(index, gi, f"{base}_lowered_shift", shift.reshape(shape))
+        out = p.output[0]
+        scaled = index.unique(f"{safe(out)}_scaled")
+        mul = new_node(index, "Mul", [p.input[0], s_name], [scaled], f"{base}_lowered_mul")
+        add = new_node(index, "Add", [scaled, t_name], [out], f"{base}_lowered_add")
+        if index.opset < 7:  # before opset 7, a binary op broadcasts only when told to
+            for node in (mul, add):
+                node.attribute.append(onnx.helper.make_attribute("broadcast", 1))
+        index.remove_node(gi, p)
+        index.tracker.gone.discard(out)  # the name lives on as the Add's output
+        index.insert_after(gi, p, mul)
+        index.insert_after(gi, p, add)
+        self._shape_names[scaled] = out
         self._edited()

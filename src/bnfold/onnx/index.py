@@ -9,8 +9,9 @@ graph output or a subgraph refers to.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Iterator, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 import onnx
@@ -27,7 +28,7 @@ class GraphInfo:
     """One graph (the main graph or a subgraph) and what it defines."""
 
     graph: GraphProto
-    parent: "GraphInfo | None"
+    parent: GraphInfo | None
     path: str
     nodes: list[NodeProto] = field(default_factory=list)
     producer: dict[str, tuple[NodeProto, int]] = field(default_factory=dict)
@@ -35,7 +36,7 @@ class GraphInfo:
     inputs: set[str] = field(default_factory=set)
     outputs: set[str] = field(default_factory=set)
 
-    def chain(self) -> Iterator["GraphInfo"]:
+    def chain(self) -> Iterator[GraphInfo]:
         g: GraphInfo | None = self
         while g is not None:
             yield g
@@ -223,6 +224,16 @@ class ModelIndex:
             self.tracker.touched.add(old)
         node.input[idx] = name
         self._use(name, Use(gi, node, idx))
+
+    def clear_input(self, gi: GraphInfo, node: NodeProto, idx: int) -> None:
+        """Leave the optional input ``idx`` of ``node`` empty (trailing empty inputs are dropped)."""
+        old = node.input[idx]
+        if old:
+            self._unuse(old, node, idx)
+            self.tracker.touched.add(old)
+        node.input[idx] = ""
+        while node.input and not node.input[-1]:
+            del node.input[-1]
 
     def rename_output(self, gi: GraphInfo, node: NodeProto, idx: int, new: str) -> None:
         old = node.output[idx]

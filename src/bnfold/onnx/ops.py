@@ -1,8 +1,10 @@
 """Op tables for ONNX, and how a node of each kind reads as the engine's terms.
 
 Layers (``Conv``, ``ConvTranspose``, ``Gemm``, ``MatMul`` with a constant
-weight and its bias ``Add``), ``BatchNormalization``, the elementwise binary
-ops and the shape-only hops are table rows here.  Supporting another op type
+weight and its bias ``Add``), ``BatchNormalization``, the normalizations whose
+elementwise affine alone folds (``LayerNormalization``, ``GroupNormalization``,
+``RMSNormalization``), the elementwise binary ops and the shape-only hops are
+table rows here.  Supporting another op type
 is one entry; the engine never looks at op types.  Only the default ONNX
 domain is read.
 
@@ -12,8 +14,9 @@ nothing about folding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from onnx import NodeProto
 
@@ -32,7 +35,14 @@ IDENTITY_HOPS = ("Identity", "Dropout")
 RESHAPE_HOPS = ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten")
 #: Ops that read only the shape of their input: a user through them is no user for a fold.
 METADATA_READERS = ("Shape", "Size")
-NORMS = ("BatchNormalization",)
+#: Normalizations whose statistics stay and whose elementwise affine (scale, bias) may fold into the
+#: layers they feed: op type -> (the affine's axis, its scale and bias input slots; None: no bias input).
+NORM_AFFINES = {
+    "LayerNormalization": (-1, 1, 2),
+    "RMSNormalization": (-1, 1, None),
+    "GroupNormalization": (1, 1, 2),
+}
+NORMS = ("BatchNormalization", *NORM_AFFINES)
 
 
 @dataclass
@@ -200,9 +210,12 @@ def _norm_problem(graph: Any, p: NodeProto, stats: list) -> str:
 
 
 def parse_norm(graph: Any, node: Node) -> Norm | None:
+    """``node`` as a normalization: a BatchNormalization, or a LayerNorm-like node while it still has an affine."""
     p = node.proto
     if not is_onnx_op(p, *NORMS) or not p.input or not p.input[0]:
         return None
+    if p.op_type in NORM_AFFINES:
+        return _parse_norm_affine(graph, node)
     gi, v = node.gi, graph.value
     stats = [v(gi, p.input[i]) if len(p.input) > i and p.input[i] else None for i in range(1, 5)]
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
@@ -210,6 +223,54 @@ def parse_norm(graph: Any, node: Node) -> Norm | None:
     norm.problem = _norm_problem(graph, p, [s for s in stats if s is not None])
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     return norm
+
+
+def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
+    """A LayerNormalization / RMSNormalization / GroupNormalization as an affine-only norm (its
+    normalization stays); None once its affine is the identity (a scale of ones, no or a zero bias)."""
+    p = node.proto
+    gi, v = node.gi, graph.value
+    axis, w_slot, b_slot = NORM_AFFINES[p.op_type]
+    weight = v(gi, p.input[w_slot]) if len(p.input) > w_slot and p.input[w_slot] else None
+    bias = v(gi, p.input[b_slot]) if b_slot is not None and len(p.input) > b_slot and p.input[b_slot] else None
+    if _is_identity(graph, weight, 1.0) and _is_identity(graph, bias, 0.0):
+        return None
+    out = v(gi, p.output[0]) if p.output and p.output[0] else None
+    norm = Norm(node, v(gi, p.input[0]), out, weight, bias, None, None, float(attr(p, "epsilon", 1e-5)),
+                axis=axis, op=p.op_type, affine_only=True)
+    norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
+    norm.problem = _affine_problem(graph, p, norm)
+    return norm
+
+
+def _is_identity(graph: Any, value: Any, neutral: float) -> bool:
+    """Whether ``value`` is absent or a constant whose every element is ``neutral``."""
+    if value is None:
+        return True
+    t = graph.constant(value)
+    return t is not None and bool((t == neutral).all())
+
+
+def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> str:
+    """Why the affine of a LayerNorm-like node is not per-channel, or ""."""
+    rank = graph.shape_info(norm.input).rank
+    if p.op_type != "GroupNormalization":
+        axis = int(attr(p, "axis", -1))
+        if axis == -1 or (rank is not None and axis % rank == rank - 1):
+            return ""
+        if rank is None:
+            return f"it normalizes from axis {axis} and the rank of its input is unknown, so its affine may " \
+                   "not be per-channel"
+        return "it normalizes several trailing axes, so its affine is not per-channel"
+    if graph.index.opset >= 21:
+        return ""
+    groups = int(attr(p, "num_groups", 0))
+    dims = graph.shape_info(norm.input).shape
+    channels = dims[1] if dims is not None and len(dims) > 1 else None
+    if isinstance(channels, int) and channels == groups:
+        return ""
+    return (f"GroupNormalization-18 holds one scale and bias per group (num_groups={groups}, "
+            f"{channels if isinstance(channels, int) else 'an unknown number of'} channels), not per channel")
 
 
 # --------------------------------------------------------------------------- affines and hops

@@ -69,6 +69,12 @@ def add_initializer(index: ModelIndex, gi: GraphInfo, base: str, value: torch.Te
     return name
 
 
+def filled_initializer(index: ModelIndex, gi: GraphInfo, base: str, shape: tuple, dtype: torch.dtype,
+                       fill: float) -> str:
+    """A new initializer of ``shape`` and ``dtype`` holding ``fill`` everywhere; returns its name."""
+    return add_initializer(index, gi, base, torch.full(shape, fill, dtype=dtype))
+
+
 def new_node(index: ModelIndex, op_type: str, inputs: list[str], outputs: list[str], base: str,
              like: NodeProto | None = None) -> NodeProto:
     """A node with a model-unique name; ``like``: copy its attributes and domain."""

@@ -13,8 +13,8 @@ from onnx import TensorProto, numpy_helper
 
 from ..fold_math import FoldError
 
-# ONNX element types whose parameters the fold can write back.
-_TORCH_DTYPE = {
+#: The ONNX element types whose parameters the fold can write back, as torch dtypes.
+TORCH_DTYPES = {
     TensorProto.FLOAT: torch.float32,
     TensorProto.FLOAT16: torch.float16,
     TensorProto.DOUBLE: torch.float64,
@@ -28,14 +28,14 @@ def type_name(elem_type: int) -> str:
 
 def torch_dtype(elem_type: int, what: str) -> torch.dtype:
     """The torch dtype a folded parameter is cast back to (``cast_checked`` checks range)."""
-    if elem_type in _TORCH_DTYPE:
-        return _TORCH_DTYPE[elem_type]
+    if elem_type in TORCH_DTYPES:
+        return TORCH_DTYPES[elem_type]
     raise FoldError(f"{what} has dtype {type_name(elem_type)}; only float16/bfloat16/float32/float64 parameters fold")
 
 
 def elem_type(dtype: torch.dtype) -> int:
     """The ONNX element type a folded parameter of torch ``dtype`` is stored as."""
-    for elem, t in _TORCH_DTYPE.items():
+    for elem, t in TORCH_DTYPES.items():
         if t == dtype:
             return elem
     raise FoldError(f"a {dtype} parameter cannot be stored")
@@ -80,7 +80,7 @@ def from_torch(t: torch.Tensor, name: str, elem_type: int, shape=None) -> Tensor
         out.dims.extend(t.shape)
         out.raw_data = raw
         return out
-    if _TORCH_DTYPE.get(elem_type) != t.dtype:
+    if TORCH_DTYPES.get(elem_type) != t.dtype:
         raise AssertionError(f"internal: {name} is {t.dtype}, expected {type_name(elem_type)}")
     return numpy_helper.from_array(t.numpy(), name)
 
