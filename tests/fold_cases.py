@@ -204,6 +204,23 @@ class BmmConstWeight(nn.Module):
         return self.bn(y.flatten(0, 1))
 
 
+class LayerNormQkv(nn.Module):
+    """One LayerNorm feeding separate q, k and v projections: its affine folds into all three."""
+
+    def __init__(self):
+        super().__init__()
+        self.ln = nn.LayerNorm(8)
+        self.q, self.k, self.v = nn.Linear(8, 8), nn.Linear(8, 8), nn.Linear(8, 8, bias=False)
+        g = torch.Generator().manual_seed(5)
+        with torch.no_grad():
+            self.ln.weight.copy_(torch.rand(8, generator=g) + 0.5)
+            self.ln.bias.copy_(torch.rand(8, generator=g) - 0.5)
+
+    def forward(self, x):
+        h = self.ln(x)
+        return self.q(h) * self.k(h) + self.v(h)
+
+
 # --------------------------------------------------------------------------- by-hand folds (float64)
 
 
@@ -451,6 +468,8 @@ CASES: list[Case] = [
                         nn.BatchNorm2d(6)), ((4, 5, 5),), folded=1, by_hand=_hand_conv_transpose_bn),
     Case("linear_bn1d", LinearBn, ((8,),), folded=1, by_hand=_hand_linear_bn),
     Case("bn_before_unpadded_conv", BnConv, ((4, 7, 7),), folded=1, by_hand=_hand_bn_conv),
+    Case("layer_norm_qkv", LayerNormQkv, ((5, 8),), folded=1,
+         notes="fan-out: one LayerNorm's affine into the q, k and v projections"),
     Case("preactivation_bn_relu_conv", PreActivation, ((4, 6, 6),), folded=0, skipped=1,
          reason_words=("next to it", "relu"), notes="the ReLU between the BN and the conv: nothing to fold into"),
     # ------------------------------------------------------------------ real architectures

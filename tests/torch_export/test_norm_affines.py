@@ -13,21 +13,10 @@ from torch import nn
 
 from bnfold.torch_export import fold_program
 from bnfold.torch_export.ops import node_key
-from bnfold_testutil import randomize_bn, reference, relative_error
+from bnfold_testutil import export, randomize_bn, record_max, reference, relative_error
 
 IRS = ["default", "decomposed", "edge"]
 TOL = 1e-5
-
-
-def export(model: nn.Module, inputs: tuple, ir: str):
-    ep = torch.export.export(model, inputs)
-    if ir == "decomposed":
-        return ep.run_decompositions()
-    if ir == "edge":
-        from executorch.exir import to_edge
-
-        return to_edge(ep).exported_program()
-    return ep
 
 
 def _norm_nodes(ep, word: str) -> list:
@@ -61,7 +50,9 @@ def _check(model: nn.Module, inputs: tuple, ir: str, **kw):
     out = out[0] if isinstance(out, tuple) else out
     ref = reference(model, *inputs)
     ref = ref[0] if isinstance(ref, tuple) else ref
-    assert relative_error(out, ref) < TOL, (relative_error(out, ref), result.report)
+    err = relative_error(out, ref)
+    record_max("norm affines / lowering: largest error / output magnitude", err)
+    assert err < TOL, (err, result.report)
     return result
 
 
