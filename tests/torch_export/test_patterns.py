@@ -331,3 +331,18 @@ def test_random_tensor_computed_from_a_constant_is_not_a_constant():
 
     result = bnfold.fold(export(M().eval(), (torch.randn(1, 3, 5, 5),)))
     assert result.report.folded == [] and len(_affine_nodes(result.model)) == 1
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed"])
+def test_true_divide_by_a_per_channel_constant(ir):
+    class M(nn.Module):  # torch.true_divide stays aten.true_divide in the default IR
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 1)
+            self.register_buffer("c", torch.rand(4, 1, 1) + 0.5)
+
+        def forward(self, x):
+            return torch.true_divide(self.conv(x), self.c)
+
+    _, result = _check(M().eval(), (torch.randn(2, 3, 5, 5),), ir, folded=1)
+    assert not [n for n in result.model.graph.nodes if "div" in str(n.target)], result.model.graph

@@ -354,6 +354,7 @@ BINARY_OPS = {
     "aten::add.Tensor": "add", "aten::add.Scalar": "add",
     "aten::sub.Tensor": "sub", "aten::sub.Scalar": "sub",
     "aten::rsub.Tensor": "rsub", "aten::rsub.Scalar": "rsub",
+    "aten::true_divide.Tensor": "div",
 }
 #: Ops that read only the metadata (shape, dtype) of the argument at the given
 #: positions: a user through those positions is no user for a fold.
