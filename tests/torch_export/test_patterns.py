@@ -346,3 +346,17 @@ def test_true_divide_by_a_per_channel_constant(ir):
 
     _, result = _check(M().eval(), (torch.randn(2, 3, 5, 5),), ir, folded=1)
     assert not [n for n in result.model.graph.nodes if "div" in str(n.target)], result.model.graph
+
+
+def test_matmul_by_a_constant_matrix_is_a_linear():
+    class M(nn.Module):  # x @ W stays aten.matmul in the default IR
+        def __init__(self):
+            super().__init__()
+            self.w = nn.Parameter(torch.randn(8, 6) / 3)
+            self.bn = nn.BatchNorm1d(6)
+
+        def forward(self, x):
+            return self.bn(x @ self.w)
+
+    _, result = _check(randomize_bn(M()).eval(), (torch.randn(4, 8),), "default", folded=1)
+    assert result.report.folded[0].pattern == "matmul+batch_norm"

@@ -108,6 +108,15 @@ def _linear(node: Node) -> Layer:
     return _layer(node, "linear", node.args[0], node.args[1], _arg(node, 2, "bias"), axis=-1)
 
 
+def _matmul(node: Node) -> Layer | None:
+    # x @ W with a constant 2-D W (any rank of x): a linear that has no bias argument
+    wiring = _matrix(node.args[1])
+    if wiring is None or (_shape(wiring.weight) is None or len(_shape(wiring.weight)) != 2):
+        return None
+    wiring.bias_slot = None
+    return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
+
+
 TRANSPOSES = {"aten::permute.default", "aten::permute_copy.default", "aten::t.default", "aten::t_copy.default",
               "aten::transpose.int", "aten::transpose_copy.int"}
 EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
@@ -203,6 +212,7 @@ LAYERS: dict[str, Callable[[Node], Layer | None]] = {
     "aten::addmm.default": _addmm,
     "aten::mm.default": _mm,
     "aten::bmm.default": _bmm,
+    "aten::matmul.default": _matmul,
 }
 
 
