@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import os
 
-import cli_helpers as h
 import pytest
 
+import cli_helpers as h
 from bnfold.io import atomic, one_line
 
 
@@ -89,3 +89,22 @@ def test_one_line():
     assert one_line(ValueError("")) == "ValueError"
     assert one_line(ValueError("x" * 1000)) == "x" * 297 + "..."
     assert one_line("a message\n  over two lines") == "a message over two lines"
+
+
+def test_sigterm_during_a_write_cleans_up_like_ctrl_c(tmp_path):
+    """SIGTERM while a temporary file exists raises KeyboardInterrupt; the file is removed, the old one kept."""
+    import signal
+
+    old = tmp_path / "old.bin"
+    old.write_bytes(b"old contents")
+    before = signal.getsignal(signal.SIGTERM)
+
+    def killed_half_way(f):
+        f.write(b"half a file")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    with pytest.raises(KeyboardInterrupt):
+        atomic.write_bytes(old, killed_half_way)
+    assert h.listing(tmp_path) == {"old.bin"}
+    assert old.read_bytes() == b"old contents"
+    assert signal.getsignal(signal.SIGTERM) == before  # the handler is only there during writes

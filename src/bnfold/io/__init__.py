@@ -8,8 +8,13 @@
     quiet.py          silencing torch / onnx warnings and logs
     pt2.py            load_pt2 / save_pt2: the safe .pt2 loader and the atomic saver
     pt2_safety.py     inspecting a .pt2 archive's bytes before torch.export.load sees them
+    pt2_payloads.py   tensor records vs their declared sizes; pickles must load with weights_only=True
+    op_allowlist.py   the operators an untrusted graph may call, derived from torch's schemas and tags
+    treespec.py       in_spec / out_spec treespecs checked as data (no imports, no code)
+    limits.py         Limits (--max-bytes), regular files only, JSON with bounded depth
     onnx.py           load_onnx / save_onnx and the OnnxModel they pass around (needs onnx)
     onnx_external.py  ExternalLayout, reading external data safely, writing it out (needs onnx)
+    onnx_graph.py     ONNX graph checks before any walk: order, cycles, depth, tensor sizes (needs onnx)
     output.py         plan_output: where ``bnfold fold`` may write (-o, --force, --in-place)
     models.py         load_model / save_model by file name, for the command line
     npz.py            read_npz: input arrays for ``bnfold audit``

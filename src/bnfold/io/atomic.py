@@ -13,13 +13,18 @@ temporary files are removed and the destinations are left as they were.
 * :func:`atomic_path` stages one file, for writers that want a path
   (matplotlib, a nested ``atomic_path`` for a report written with a model).
 * :func:`write_bytes` / :func:`write_text` write through an open file.
+
+While temporary files exist, SIGTERM is turned into ``KeyboardInterrupt`` (as
+SIGINT already is), so a ``kill`` during a save removes them like Ctrl-C does.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
@@ -43,6 +48,13 @@ def atomic_paths(paths: Sequence[str | os.PathLike], *, mode: int | None = None)
     """
     dests = [os.path.abspath(os.fspath(p)) for p in paths]
     pending: list[tuple[str, str]] = []  # (temporary file, destination) not moved yet
+    with _sigterm_interrupts():
+        yield from _stage(dests, pending, mode)
+    for folder in dict.fromkeys(os.path.dirname(d) for d in dests):
+        _fsync_dir(folder)
+
+
+def _stage(dests: list[str], pending: list[tuple[str, str]], mode: int | None) -> Iterator[list[str]]:
     try:
         for dest in dests:
             fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(dest)}.", suffix=".tmp", dir=os.path.dirname(dest))
@@ -59,8 +71,27 @@ def atomic_paths(paths: Sequence[str | os.PathLike], *, mode: int | None = None)
         for tmp, _ in pending:
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
-    for folder in dict.fromkeys(os.path.dirname(d) for d in dests):
-        _fsync_dir(folder)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises KeyboardInterrupt while the block runs (main thread only; restored after)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.signal(signal.SIGTERM, _interrupt)
+    except (ValueError, OSError):  # pragma: no cover - no signals here
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @contextlib.contextmanager

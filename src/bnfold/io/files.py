@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 
 from ..errors import BnfoldError, ModelFileError
+from .limits import read_regular_file
 
 PT2 = "pt2"
 ONNX = "onnx"
@@ -29,18 +30,8 @@ def onnx_data_path(model_path: str) -> str:
 
 
 def read_model_bytes(path: str) -> bytes:
-    """The file's bytes, or a one-line ModelFileError for a missing, unreadable or empty file."""
-    if not os.path.lexists(path):
-        raise ModelFileError(f"{path}: no such file; check the path to the model")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a directory; pass the path of a model file")
-    if not os.path.isfile(path):
-        raise ModelFileError(f"{path}: not a regular file; pass the path of a model file")
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+    """The file's bytes, or a one-line ModelFileError for a missing, unreadable, empty or non-regular file."""
+    data = read_regular_file(path)
     if not data:
         raise ModelFileError(f"{path}: the file is empty, not a model")
     return data
@@ -56,13 +47,24 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_side_file(path: str, *, not_same_as: list[str], what: str) -> None:
-    """A report / plot path must not be one of the model files and its folder must exist."""
+def check_side_file(path: str, *, not_same_as: list[str], what: str, force: bool | None = None) -> None:
+    """Where a report / plot may go: never a model file or a file the input model reads (its
+    external data), never an existing file without ``force``, and its folder must exist.
+
+    ``force=None`` is for a command without ``--force``: an existing file is refused.
+    """
+    from .output import input_files
+
     for other in not_same_as:
         if other and same_file(path, other):
             raise BnfoldError(f"{path}: the {what} would overwrite a model file; write it elsewhere")
+        if other and os.path.realpath(path) in input_files(other):
+            raise BnfoldError(f"{path}: the {what} would overwrite the model's external data; write it elsewhere")
     if os.path.isdir(path):
         raise ModelFileError(f"{path}: is a directory; give a file name for the {what}")
     parent = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(parent):
         raise ModelFileError(f"{path}: the folder {parent} does not exist")
+    if os.path.lexists(path) and not force:
+        hint = "remove it or choose another name" if force is None else "pass --force to replace it"
+        raise BnfoldError(f"{path}: already exists; {hint}")

@@ -18,6 +18,7 @@ from ..errors import BnfoldError, ModelFileError
 from .atomic import atomic_path
 from .errors import naming, one_line
 from .files import PT2, model_kind
+from .limits import MAX_BYTES_HINT, Limits
 from .output import OutputPlan
 from .pt2 import load_pt2, save_pt2
 from .quiet import quiet
@@ -37,13 +38,25 @@ class LoadedModel:
     layout: ExternalLayout | None = None
 
 
-def load_model(path: str | os.PathLike, *, trust: bool = False, debug: bool = False) -> LoadedModel:
-    """Read a ``.pt2`` (safely, unless ``trust``) or ``.onnx`` file, chosen by its extension."""
+def load_model(
+    path: str | os.PathLike, *, trust: bool = False, debug: bool = False, max_bytes: int | None = None
+) -> LoadedModel:
+    """Read a ``.pt2`` (safely, unless ``trust``) or ``.onnx`` file, chosen by its extension.
+
+    ``max_bytes`` bounds what the file may unpack to (default: see
+    :class:`bnfold.io.limits.Limits`); running out of memory is a one-line error.
+    """
     path = os.fspath(path)
     kind = model_kind(path)
-    if kind == PT2:
-        return LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug))
-    model, layout = _load_onnx(path, debug)
+    limits = Limits(max_bytes=max_bytes or None)
+    try:
+        if kind == PT2:
+            return LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug, limits=limits))
+        model, layout = _load_onnx(path, debug, limits)
+    except MemoryError:
+        raise ModelFileError(f"{path}: out of memory while loading the model; {MAX_BYTES_HINT}") from None
+    except RecursionError:
+        raise ModelFileError(f"{path}: the model nests too deeply to be read; refused") from None
     return LoadedModel(path, kind, model, layout)
 
 
@@ -101,13 +114,15 @@ def _onnx():
     return io_onnx
 
 
-def _load_onnx(path: str, debug: bool):
+def _load_onnx(path: str, debug: bool, limits: Limits):
     mod = _onnx()
     try:
         with quiet(not debug):
-            model, layout = mod.load_onnx(path)
+            model, layout = mod.load_onnx(path, limits)
     except BnfoldError as e:
         raise naming(e, path) from None
+    except (MemoryError, RecursionError):
+        raise
     except Exception as e:  # onnx raises many kinds for a bad file
         if debug:
             raise

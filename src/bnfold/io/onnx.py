@@ -19,20 +19,24 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-import onnx
 from google.protobuf.message import DecodeError
+
+import onnx
 
 from ..errors import ModelFileError
 from .atomic import atomic_paths, file_mode
 from .files import onnx_data_path, read_model_bytes
+from .limits import Limits
 from .onnx_external import (
     DEFAULT_THRESHOLD,
     ExternalLayout,
     all_tensors,
+    external_file_bytes,
     is_external,
     read_external,
     serialize_external,
 )
+from .onnx_graph import check_onnx_graph
 
 __all__ = ["DEFAULT_THRESHOLD", "ExternalLayout", "OnnxModel", "check_opset", "load_onnx", "save_onnx"]
 
@@ -46,12 +50,14 @@ class OnnxModel(NamedTuple):
     layout: ExternalLayout | None  # None: the file had no external data
 
 
-def load_onnx(path: str | os.PathLike) -> OnnxModel:
+def load_onnx(path: str | os.PathLike, limits: Limits | None = None) -> OnnxModel:
     """Read the ONNX model at ``path`` and its external data (refusing data outside the model's folder).
 
     The returned model refers to no file; ``layout`` records which tensors
-    were external, for :func:`save_onnx`.  Every failure is a one-line
-    ``ModelFileError`` that names the file.
+    were external, for :func:`save_onnx`.  Before any external data is read the
+    graph is checked (:mod:`bnfold.io.onnx_graph`): topological order, no
+    cycles, bounded depth, tensor sizes within ``limits``' byte budget.  Every
+    failure is a one-line ``ModelFileError`` that names the file.
     """
     p = os.fspath(path)
     data = read_model_bytes(p)
@@ -61,10 +67,10 @@ def load_onnx(path: str | os.PathLike) -> OnnxModel:
     except (DecodeError, RuntimeError, ValueError):
         raise ModelFileError(f"{p}: not an ONNX model, or the file is truncated (it does not parse)") from None
     if model.ir_version <= 0 or not model.HasField("graph") or not model.opset_import:
-        raise ModelFileError(
-            f"{p}: not an ONNX model, or the file is truncated (no IR version, graph or opset import)"
-        )
-    return OnnxModel(model, read_external(model, p))
+        raise ModelFileError(f"{p}: not an ONNX model, or the file is truncated (no IR version, graph or opset import)")
+    budget = (limits or Limits()).byte_budget(len(data) + external_file_bytes(model, p))
+    check_onnx_graph(model, p, budget, all_tensors(model))
+    return OnnxModel(model, read_external(model, p, budget))
 
 
 def check_opset(model: onnx.ModelProto, path: str) -> None:

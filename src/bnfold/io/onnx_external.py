@@ -16,15 +16,17 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import BinaryIO
 
-import numpy as np
 import onnx
 from onnx import TensorProto
 
 from ..errors import ModelFileError
+from .limits import MAX_BYTES_HINT
+from .onnx_graph import tensor_elements
 
 DEFAULT_THRESHOLD = 1024  # bytes; onnx's own default for external data
 
@@ -79,8 +81,12 @@ def _node_tensors(node: onnx.NodeProto) -> Iterator[TensorProto]:
 
 
 def all_tensors(model: onnx.ModelProto) -> Iterator[TensorProto]:
-    """Every tensor of the model: initializers and attribute tensors, in subgraphs and functions too."""
+    """Every tensor of the model: initializers and attribute tensors, in subgraphs, functions and
+    ``training_info`` (initialization and algorithm graphs) too."""
     yield from _graph_tensors(model.graph)
+    for info in model.training_info:
+        yield from _graph_tensors(info.initialization)
+        yield from _graph_tensors(info.algorithm)
     for f in model.functions:
         for node in f.node:
             yield from _node_tensors(node)
@@ -107,19 +113,31 @@ def is_external(t: TensorProto) -> bool:
 _DRIVE = re.compile(r"^[A-Za-z]:")
 
 
-def read_external(model: onnx.ModelProto, path: str) -> ExternalLayout | None:
+def read_external(model: onnx.ModelProto, path: str, budget: int | None = None) -> ExternalLayout | None:
     """Read the external data of ``model`` (parsed from ``path``) into its tensors.
 
     Returns the layout that keeps those tensors external on save (the
     threshold is the smallest of them, at most :data:`DEFAULT_THRESHOLD`), or
-    None when the model had no external data.
+    None when the model had no external data.  Each byte of a data file backs
+    one tensor at most, and all of them together at most ``budget`` bytes, so a
+    small file cannot be read into memory many times over.
     """
     base = os.path.dirname(os.path.abspath(path))
     names: set[str] = set()
     smallest = DEFAULT_THRESHOLD
+    ranges: dict[str, list[tuple[int, int, str]]] = {}
+    total = 0
     for t in all_tensors(model):
         if is_external(t):
-            t.raw_data = _read_tensor_data(t, base, path)
+            real, offset, length = _locate(t, base, path)
+            total += length
+            ranges.setdefault(real, []).append((offset, length, t.name))
+    _check_overlaps(ranges, path)
+    if budget is not None and total > budget:
+        raise ModelFileError(f"{path}: the external data adds up to {total} bytes, over {budget}; {MAX_BYTES_HINT}")
+    for t in all_tensors(model):
+        if is_external(t):
+            t.raw_data = _read_range(*_locate(t, base, path), path)
             t.data_location = TensorProto.DEFAULT
             del t.external_data[:]
             names.add(t.name)
@@ -127,7 +145,59 @@ def read_external(model: onnx.ModelProto, path: str) -> ExternalLayout | None:
     return ExternalLayout(frozenset(names), smallest) if names else None
 
 
-def _read_tensor_data(t: TensorProto, base: str, path: str) -> bytes:
+def external_file_bytes(model: onnx.ModelProto, path: str) -> int:
+    """Total size of the distinct external-data files ``model`` refers to (0 for any that cannot be used).
+
+    Part of the base of the byte budget: a model whose weights live beside it
+    may unpack to as much as the model file plus its data files.
+    """
+    base = os.path.dirname(os.path.abspath(path))
+    seen: dict[str, int] = {}
+    for t in all_tensors(model):
+        if is_external(t):
+            try:
+                real = _locate(t, base, path)[0]
+            except ModelFileError:
+                continue  # reported when the data is read
+            seen[real] = os.path.getsize(real)
+    return sum(seen.values())
+
+
+def _check_overlaps(ranges: dict[str, list[tuple[int, int, str]]], path: str) -> None:
+    """A byte range of a data file may back one tensor only."""
+    for real, spans in ranges.items():
+        spans.sort()
+        end, owner = -1, ""
+        for offset, length, name in spans:
+            if length == 0:
+                continue
+            if offset < end:
+                raise ModelFileError(
+                    f"{path}: tensors {owner!r} and {name!r} read the same bytes of {os.path.basename(real)!r}; "
+                    "each byte of external data may back one tensor only"
+                )
+            end, owner = offset + length, name
+
+
+def _read_range(real: str, offset: int, length: int, path: str) -> bytes:
+    """``length`` bytes at ``offset`` of the regular file ``real`` (checked on the open descriptor)."""
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read external data {real} ({e.strerror or e})") from None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} is not a regular file; refused")
+        data = os.pread(fd, length, offset) if length else b""
+    finally:
+        os.close(fd)
+    if len(data) != length:
+        raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} changed while it was read")
+    return data
+
+
+def _locate(t: TensorProto, base: str, path: str) -> tuple[str, int, int]:
+    """``(real path, offset, length)`` of a tensor's external data, checked against the data file."""
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     where = f"{path}: external data of tensor {t.name!r}"
@@ -141,8 +211,10 @@ def _read_tensor_data(t: TensorProto, base: str, path: str) -> bytes:
     real = os.path.realpath(os.path.join(base, loc))
     if os.path.commonpath([real, real_base]) != real_base:
         raise ModelFileError(f"{where} at {loc!r} resolves outside the model's folder (a symlink?); refused")
-    if not os.path.isfile(real):
+    if not os.path.lexists(real):
         raise ModelFileError(f"{where}: the data file {loc!r} is missing next to the model")
+    if not os.path.isfile(real):
+        raise ModelFileError(f"{where}: the data file {loc!r} is not a regular file; refused")
     try:
         offset = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else None
@@ -157,15 +229,13 @@ def _read_tensor_data(t: TensorProto, base: str, path: str) -> bytes:
         raise ModelFileError(
             f"{where}: the data file {loc!r} is truncated (needs bytes {offset}..{offset + length}, has {size})"
         )
-    expected = _expected_bytes(t)
+    expected = _expected_bytes(t, where)
     if expected is not None and expected != length:
         raise ModelFileError(f"{where} holds {length} bytes, but the tensor needs {expected}")
-    with open(real, "rb") as f:
-        f.seek(offset)
-        return f.read(length)
+    return real, offset, length
 
 
-def _expected_bytes(t: TensorProto) -> int | None:
+def _expected_bytes(t: TensorProto, where: str) -> int | None:
     if t.data_type in (TensorProto.STRING, TensorProto.UNDEFINED):
         return None
     try:
@@ -175,7 +245,7 @@ def _expected_bytes(t: TensorProto) -> int | None:
     name = TensorProto.DataType.Name(t.data_type)
     if name in ("INT4", "UINT4", "INT2", "UINT2") or name.startswith(("FLOAT4", "FLOAT6")):
         return None  # packed sub-byte types
-    return int(np.prod(t.dims, dtype=np.int64)) * itemsize if len(t.dims) else itemsize
+    return tensor_elements(list(t.dims), where) * itemsize
 
 
 # ----------------------------------------------------------------------------- writing

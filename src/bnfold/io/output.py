@@ -48,6 +48,8 @@ def plan_output(
     parent = os.path.dirname(os.path.abspath(output))
     if not os.path.isdir(parent):
         raise ModelFileError(f"{output}: the folder {parent} does not exist")
+    if os.path.realpath(output) in input_files(input_path):
+        raise BnfoldError(f"{output}: the input reads this file (external data); write the output elsewhere")
     same = same_file(input_path, output)
     if same and not in_place:
         raise BnfoldError(f"{output}: refusing to overwrite the input; pass --in-place to do that")
@@ -69,18 +71,27 @@ def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
         return
     if not force:
         raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
-    if os.path.realpath(data) in _onnx_external_files(input_path):
+    if os.path.realpath(data) in input_files(input_path):
         raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
 
 
-def _onnx_external_files(path: str) -> set[str]:
-    """Real paths of the external data files an ONNX model refers to (empty if it cannot be read)."""
+def input_files(path: str) -> set[str]:
+    """Real paths of the files a model reads besides itself: an ONNX model's external data files.
+
+    Empty for a ``.pt2`` and for a file that cannot be read (that is reported
+    when it is loaded).  The file is read with the safe reader (regular files
+    only) and parsed, nothing more.
+    """
     try:
+        if model_kind(path) != ONNX:
+            return set()
         import onnx
 
+        from .files import read_model_bytes
         from .onnx_external import all_tensors, is_external
 
-        model = onnx.load(path, load_external_data=False)
+        model = onnx.ModelProto()
+        model.ParseFromString(read_model_bytes(path))
     except Exception:  # noqa: BLE001 - an unreadable input is reported when it is loaded
         return set()
     base = os.path.dirname(os.path.abspath(path))

@@ -3,7 +3,9 @@
 :func:`load_pt2` reads the file once into memory, checks those bytes with
 :mod:`bnfold.io.pt2_safety` (unless ``trust``) and hands the *same* bytes to
 ``torch.export.load``, so the file cannot change between the check and the
-load.  :func:`save_pt2` writes through :mod:`bnfold.io.atomic`.
+load.  :func:`save_pt2` serializes into memory first and then writes through
+:mod:`bnfold.io.atomic`, so a full disk is a one-line error, never torch's zip
+writer aborting the process.
 """
 
 from __future__ import annotations
@@ -15,14 +17,16 @@ from ..errors import BnfoldError, ModelFileError
 from . import atomic, pt2_safety
 from .errors import one_line
 from .files import read_model_bytes
+from .limits import Limits
 from .quiet import quiet
 
 
-def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = False):
+def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = False, limits: Limits | None = None):
     """Load a ``torch.export.save`` archive, refusing ones that would run code unless ``trust``.
 
     Every failure is a one-line ``ModelFileError`` that names the file
-    (``debug`` lets torch's own exceptions through instead).
+    (``debug`` lets torch's own exceptions through instead).  ``limits``
+    bounds what an untrusted file may unpack to (:class:`bnfold.io.limits.Limits`).
     """
     path = os.fspath(path)
     data = read_model_bytes(path)
@@ -30,7 +34,8 @@ def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = Fals
         if data[:4] != pt2_safety.ZIP_MAGIC:
             raise ModelFileError(f"{path}: not a .pt2 archive (not a zip file; {pt2_safety.sniff(data)})")
     else:
-        pt2_safety.check_pt2_bytes(data, path)
+        with quiet(not debug):
+            pt2_safety.check_pt2_bytes(data, path, limits)
 
     import torch
 
@@ -39,6 +44,8 @@ def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = Fals
             ep = torch.export.load(io.BytesIO(data))
     except BnfoldError:
         raise
+    except MemoryError:
+        raise ModelFileError(f"{path}: out of memory while loading the exported program") from None
     except Exception as e:
         if debug:
             raise
@@ -52,4 +59,7 @@ def save_pt2(ep, path: str | os.PathLike) -> None:
     """``torch.export.save(ep, path)``, written atomically (the file is complete or untouched)."""
     import torch
 
-    atomic.write_bytes(path, lambda f: torch.export.save(ep, f))
+    buf = io.BytesIO()
+    torch.export.save(ep, buf)
+    blob = buf.getbuffer()
+    atomic.write_bytes(path, lambda f: f.write(blob))

@@ -41,9 +41,16 @@ is checked here, on the archive's bytes, before any of them is unpickled:
    root folder, no duplicate names, Python's ``zipfile`` and torch's reader
    agreeing on the entries) is accepted, so that path never finds its files.
 
-Graph node targets are also required to be operators (``torch.ops.*``,
-``_operator.*``, ``math.*`` and the few torch functions export emits), as a
-second line behind torch's own verifier.
+8. **Pytree specs.**  ``in_spec`` / ``out_spec`` strings are checked as data
+   by :mod:`bnfold.io.treespec` (``treespec_loads`` imports modules named in
+   enum / defaultdict contexts, and dict keys reach generated code).
+9. **Operators.**  Every graph node target must be on the allowlist of
+   :mod:`bnfold.io.op_allowlist` (``audit`` executes the graph).
+10. **Bounded work.**  Entry sizes within the byte budget and no zip bomb
+    (:mod:`bnfold.io.limits`), JSON depth bounded before parsing, expressions
+    with small integers and exponents, tensor records matching their declared
+    views, and pickles that ``torch.load(weights_only=True)`` loads as they
+    are (:mod:`bnfold.io.pt2_payloads`).
 
 The caller reads the file once and passes the same bytes to the inspection
 and to ``torch.export.load`` (see ``bnfold.io.pt2``), so the file cannot
@@ -55,7 +62,6 @@ from __future__ import annotations
 
 import ast
 import io
-import json
 import pickletools
 import re
 import zipfile
@@ -66,6 +72,10 @@ from typing import Any
 
 from ..errors import ModelFileError, UnsafeModelError
 from .errors import one_line
+from .limits import MAX_BYTES_HINT, RATIO_FREE_BYTES, Limits, json_depth, loads_json
+from .op_allowlist import target_is_allowed
+from .pt2_payloads import check_records, weights_only_problem
+from .treespec import check_namedtuple_fields, is_plain_name, treespec_problem
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -116,24 +126,25 @@ class Pt2Inspection:
 TRUST_HINT = "pass --trust only if you trust whoever made this file"
 
 
-def check_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
+def check_pt2_bytes(data: bytes, source: str, limits: Limits | None = None) -> Pt2Inspection:
     """Raise ``ModelFileError`` for a malformed archive, ``UnsafeModelError`` for a risky one."""
-    result = inspect_pt2_bytes(data, source)
+    result = inspect_pt2_bytes(data, source, limits)
     if result.unsafe:
         more = f" (and {len(result.unsafe) - 1} more)" if len(result.unsafe) > 1 else ""
         err = UnsafeModelError(
-            f"{source}: refusing to load: {result.unsafe[0]}{more}; loading it could run code from the file; {TRUST_HINT}"
+            f"{source}: refusing to load: {result.unsafe[0]}{more}; "
+            f"loading it could run code from the file; {TRUST_HINT}"
         )
         err.findings = list(result.unsafe)  # type: ignore[attr-defined]
         raise err
     return result
 
 
-def inspect_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
+def inspect_pt2_bytes(data: bytes, source: str, limits: Limits | None = None) -> Pt2Inspection:
     """Inspect an archive's bytes; raises ``ModelFileError`` if it is not a loadable pt2 archive."""
     L = _layout()
     result = Pt2Inspection()
-    records = _Archive(data, source, result)
+    records = _Archive(data, source, result, limits)
 
     fmt = records.get(L["ARCHIVE_FORMAT_PATH"])
     if fmt is None or fmt.strip() != L["ARCHIVE_FORMAT_VALUE"].encode():
@@ -142,7 +153,8 @@ def inspect_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
     if version is None or version.decode("utf-8", "replace") != L["ARCHIVE_VERSION_VALUE"]:
         shown = "missing" if version is None else repr(version.decode("utf-8", "replace")[:20])
         raise ModelFileError(
-            f"{source}: pt2 archive version {shown} is not supported by this torch (expects {L['ARCHIVE_VERSION_VALUE']!r})"
+            f"{source}: pt2 archive version {shown} is not supported by this torch "
+            f"(expects {L['ARCHIVE_VERSION_VALUE']!r})"
         )
 
     for name in records.names:
@@ -163,9 +175,7 @@ def inspect_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
         result.models.append(model)
         _check_model(records, model, entry, L, result)
     if "model" not in result.models:
-        raise ModelFileError(
-            f"{source}: the archive holds no program named 'model' (found {', '.join(result.models)})"
-        )
+        raise ModelFileError(f"{source}: the archive holds no program named 'model' (found {', '.join(result.models)})")
     return result
 
 
@@ -175,8 +185,10 @@ def inspect_pt2_bytes(data: bytes, source: str) -> Pt2Inspection:
 class _Archive:
     """One pt2 zip seen through both zip readers torch.export.load may use."""
 
-    def __init__(self, data: bytes, source: str, result: Pt2Inspection):
+    def __init__(self, data: bytes, source: str, result: Pt2Inspection, limits: Limits | None = None):
         self.source = source
+        self.limits = limits or Limits()
+        self.sizes: dict[str, int] = {}
         if len(data) == 0:
             raise ModelFileError(f"{source}: the file is empty")
         if data[:4] != ZIP_MAGIC:
@@ -189,6 +201,7 @@ class _Archive:
         names = [i.filename for i in infos if not i.filename.endswith("/")]
         if not names:
             raise ModelFileError(f"{source}: the zip archive is empty")
+        _check_sizes(infos, len(data), source, self.limits)
         counts = Counter(names)
         dup = next((n for n, c in counts.items() if c > 1), None)
         if dup is not None:
@@ -217,6 +230,7 @@ class _Archive:
         if set(torch_names) != ours:
             result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
         self.names = sorted(set(torch_names))
+        self.sizes = {i.filename[len(root) + 1 :]: i.file_size for i in infos}
         self._foreign_top = []
 
     def has(self, name: str) -> bool:
@@ -248,19 +262,35 @@ class _Archive:
         return "not a torch.export .pt2 archive (no archive_format 'pt2' entry)"
 
 
+def _check_sizes(infos: list[zipfile.ZipInfo], file_size: int, source: str, limits: Limits) -> None:
+    """Refuse an archive whose entries unpack to more than the byte budget, or that inflate like a zip bomb."""
+    budget = limits.byte_budget(file_size)
+    total = sum(i.file_size for i in infos)
+    if total > budget:
+        raise ModelFileError(
+            f"{source}: the archive unpacks to {total} bytes, over the limit of {budget}; {MAX_BYTES_HINT}"
+        )
+    for i in infos:
+        if i.file_size > RATIO_FREE_BYTES and i.file_size > limits.zip_ratio * max(i.compress_size, 1):
+            raise ModelFileError(
+                f"{source}: entry {i.filename} inflates {i.file_size // max(i.compress_size, 1)}-fold "
+                f"(at most {limits.zip_ratio} is accepted); refused as a zip bomb"
+            )
+
+
 def _check_model(records: _Archive, model: str, entry: str, L: dict[str, str], result: Pt2Inspection) -> None:
     src = records.source
-    raw = records.need(entry)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{src}: {entry} is not valid JSON ({one_line(e)})") from None
+    doc = loads_json(records.need(entry), f"{src}: {entry}", records.limits)
     if not isinstance(doc, dict):
         raise ModelFileError(f"{src}: {entry} is not a serialized exported program")
-    result.unsafe.extend(check_program_json(doc, entry))
+    result.unsafe.extend(check_program_json(doc, entry, records.limits))
 
     sample = L["SAMPLE_INPUTS_FILENAME_FORMAT"].format(model)
     result.unsafe.extend(check_torch_save_payload(records.need(sample), sample))
+    for kind in ("WEIGHTS", "CONSTANTS"):
+        cfg_name = L[f"{kind}_CONFIG_FILENAME_FORMAT"].format(model)
+        if records.has(cfg_name):
+            check_records(records, _payload_config(records, cfg_name), L[f"{kind}_DIR"], cfg_name)
 
     legacy_weights = f"{L['WEIGHTS_DIR']}{model}.pt"
     if records.has(legacy_weights):
@@ -296,11 +326,7 @@ def _check_model(records: _Archive, model: str, entry: str, L: dict[str, str], r
 
 
 def _payload_config(records: _Archive, name: str) -> dict[str, dict[str, Any]]:
-    raw = records.need(name)
-    try:
-        doc = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise ModelFileError(f"{records.source}: {name} is not valid JSON ({one_line(e)})") from None
+    doc = loads_json(records.need(name), f"{records.source}: {name}", records.limits)
     config = doc.get("config") if isinstance(doc, dict) else None
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise ModelFileError(f"{records.source}: {name} is not a payload config")
@@ -360,6 +386,10 @@ def check_torch_save_payload(blob: bytes, entry: str) -> list[str]:
         bad = sorted({g for g in found if g not in allowed})
         if bad:
             problems.append(f"{entry} is a pickle that would import {', '.join(bad[:3])}")
+    if not problems:
+        problem = weights_only_problem(blob, entry)
+        if problem:
+            problems.append(problem)
     return problems
 
 
@@ -472,12 +502,68 @@ _SYMPY_FUNCTIONS = frozenset(
 )
 _SYMPY_CONSTANTS = frozenset("true false True False oo zoo nan int_oo pi E".split())  # noqa: SIM905
 _SYMBOL_NAME = re.compile(r"[a-z]{1,6}[0-9]+\Z")
-_PLAIN_STR = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\Z")
+_PLAIN_STR = re.compile(r"(?:[A-Za-z_][A-Za-z0-9_]*|[-+]?[0-9]{0,40}\.?[0-9]{1,40}(?:[eE][-+]?[0-9]{1,3})?)\Z")
 _MAX_EXPR = 20_000
 _EXPR_NODES = (
-    ast.Expression, ast.BinOp, ast.UnaryOp, ast.BoolOp, ast.Compare, ast.Tuple, ast.Load,
-    ast.operator, ast.unaryop, ast.cmpop, ast.boolop,
+    ast.Expression,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.BoolOp,
+    ast.Compare,
+    ast.Tuple,
+    ast.Load,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+    ast.boolop,
 )
+
+
+MAX_INT = 1 << 64  # the largest integer literal an expression may hold
+MAX_EXPONENT = 64  # the largest exponent of a power
+MAX_POW_NESTING = 2  # powers of powers of powers are refused (10**10**10)
+_POW_FUNCTIONS = frozenset({"Pow", "PowByNatural", "FloatPow"})
+_NUMBER_WRAPPERS = frozenset({"Integer", "Rational", "Float"})
+
+
+def _small_exponent(node: ast.AST) -> bool:
+    """A literal integer exponent of at most MAX_EXPONENT, bare or as ``Integer(n)`` / ``Rational(p, q)``."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        node = node.operand
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _NUMBER_WRAPPERS:
+        return bool(node.args) and all(_small_exponent(a) for a in node.args) and not node.keywords
+    if isinstance(node, ast.Constant):
+        v = node.value
+        if isinstance(v, str):
+            try:
+                v = float(v)
+            except ValueError:
+                return False
+        return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= MAX_EXPONENT
+    return False
+
+
+def expr_is_bounded(tree: ast.AST) -> bool:
+    """Integers of at most 64 bits, powers with small literal exponents, nested at most twice."""
+    depth: dict[int, int] = {}
+    for node in ast.walk(tree):  # parents come before children
+        level = depth.get(id(node), 0)
+        exponent = None
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Pow):
+            exponent = node.right
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _POW_FUNCTIONS:
+            if len(node.args) != 2:
+                return False
+            exponent = node.args[1]
+        if exponent is not None:
+            level += 1
+            if level > MAX_POW_NESTING or not _small_exponent(exponent):
+                return False
+        elif isinstance(node, ast.Constant) and type(node.value) is int and abs(node.value) > MAX_INT:
+            return False
+        for child in ast.iter_child_nodes(node):
+            depth[id(child)] = level
+    return True
 
 
 def sym_expr_is_safe(expr: Any) -> bool:
@@ -491,7 +577,9 @@ def sym_expr_is_safe(expr: Any) -> bool:
         return False
     try:
         tree = ast.parse(expr.strip(), mode="eval")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    if not expr_is_bounded(tree):
         return False
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -520,24 +608,72 @@ def sym_expr_is_safe(expr: Any) -> bool:
 
 
 _GUARD_NAMES = frozenset(
-    {"L", "args", "inf", "int", "float", "bool", "abs", "min", "max", "round",
-     "IsNonOverlappingAndDenseIndicator", "cast_symbool_to_symint_guardless"}
+    {
+        "L",
+        "args",
+        "inf",
+        "int",
+        "float",
+        "bool",
+        "abs",
+        "min",
+        "max",
+        "round",
+        "IsNonOverlappingAndDenseIndicator",
+        "cast_symbool_to_symint_guardless",
+    }
 )
 _GUARD_MODULE_ATTRS = {
     "math": frozenset(
-        {"floor", "ceil", "trunc", "isnan", "isinf", "isfinite", "sqrt", "inf", "nan", "pi", "e",
-         "log", "log2", "exp", "pow", "fabs", "copysign", "gcd", "cos", "sin", "tan", "cosh", "sinh",
-         "tanh", "acos", "asin", "atan"}
+        {
+            "floor",
+            "ceil",
+            "trunc",
+            "isnan",
+            "isinf",
+            "isfinite",
+            "sqrt",
+            "inf",
+            "nan",
+            "pi",
+            "e",
+            "log",
+            "log2",
+            "exp",
+            "pow",
+            "fabs",
+            "copysign",
+            "gcd",
+            "cos",
+            "sin",
+            "tan",
+            "cosh",
+            "sinh",
+            "tanh",
+            "acos",
+            "asin",
+            "atan",
+        }
     ),
-    "torch": frozenset(
-        {"sym_max", "sym_min", "sym_sqrt", "sym_int", "sym_float", "sym_not", "sym_ite", "sym_sum"}
-    ),
+    "torch": frozenset({"sym_max", "sym_min", "sym_sqrt", "sym_int", "sym_float", "sym_not", "sym_ite", "sym_sum"}),
 }
 _GUARD_VALUE_ATTRS = frozenset({"size", "stride", "storage_offset", "dim", "numel", "shape"})
 _GUARD_STR = re.compile(r"[A-Za-z0-9_.]*\Z")
 _GUARD_NODES = (
-    ast.Expression, ast.BoolOp, ast.BinOp, ast.UnaryOp, ast.Compare, ast.Subscript, ast.Slice,
-    ast.Tuple, ast.Load, ast.boolop, ast.operator, ast.unaryop, ast.cmpop, ast.IfExp,
+    ast.Expression,
+    ast.BoolOp,
+    ast.BinOp,
+    ast.UnaryOp,
+    ast.Compare,
+    ast.Subscript,
+    ast.Slice,
+    ast.Tuple,
+    ast.Load,
+    ast.boolop,
+    ast.operator,
+    ast.unaryop,
+    ast.cmpop,
+    ast.IfExp,
 )
 
 
@@ -547,8 +683,11 @@ def guard_is_safe(code: Any) -> bool:
         return False
     try:
         tree = ast.parse(code, mode="eval")
-    except (SyntaxError, ValueError):
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return False
+    if not expr_is_bounded(tree):
+        return False
+    keys = {id(n.slice) for n in ast.walk(tree) if isinstance(n, ast.Subscript)}
     module_names: set[int] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute):
@@ -570,9 +709,14 @@ def guard_is_safe(code: Any) -> bool:
         elif isinstance(node, ast.Call):
             if node.keywords or not isinstance(node.func, (ast.Name, ast.Attribute)):
                 return False
+        elif isinstance(node, ast.BinOp):
+            # no sequence arithmetic: ('x',) * 2**62 would allocate without bound
+            for o in (node.left, node.right):
+                if isinstance(o, ast.Tuple) or (isinstance(o, ast.Constant) and isinstance(o.value, str)):
+                    return False
         elif isinstance(node, ast.Constant):
             if isinstance(node.value, str):
-                if not _GUARD_STR.match(node.value):
+                if not _GUARD_STR.match(node.value) or id(node) not in keys:
                     return False
             elif not isinstance(node.value, (int, float, bool, type(None))):
                 return False
@@ -581,40 +725,16 @@ def guard_is_safe(code: Any) -> bool:
     return True
 
 
-# torch.ops.<namespace>.<op>[.<overload>] (one component would reach _Ops methods such as load_library)
-_OPERATOR_TARGET = re.compile(
-    r"(?:torch\.ops(?:\.[A-Za-z_][A-Za-z0-9_]*){2,3}|(?:_operator|math)\.[A-Za-z_][A-Za-z0-9_]*)\Z"
-)
-_TORCH_FUNCTION_TARGETS = (
-    "torch.sym_",
-    "torch._C._set_grad_enabled",
-    "torch.autograd.grad_mode.set_grad_enabled",
-    "torch.amp.autocast_mode._enter_autocast",
-    "torch.amp.autocast_mode._exit_autocast",
-    "torch.fx.experimental.symbolic_shapes.cast_symbool_to_symint_guardless",
-    "torch._functorch.predispatch.",
-    "torch.export.custom_ops._call_custom_autograd_function_in_pre_dispatch",
-)
-
-
 def node_target_is_safe(target: Any) -> bool:
-    """True for operator targets; the deserializer resolves others by ``getattr`` on torch."""
-    if not isinstance(target, str):
-        return False
-    if target.startswith("#"):
-        return True  # an extension namespace: resolved by a registered handler, not getattr
-    if any(part.startswith("__") for part in target.split(".")):
-        return False
-    if _OPERATOR_TARGET.match(target):
-        return True
-    return any(target.startswith(p) for p in _TORCH_FUNCTION_TARGETS) and re.match(
-        r"[A-Za-z0-9_.]+\Z", target
-    ) is not None
+    """True for a target on the operator allowlist (:mod:`bnfold.io.op_allowlist`)."""
+    return target_is_allowed(target)
 
 
-def check_program_json(doc: dict[str, Any], entry: str) -> list[str]:
+def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = None) -> list[str]:
     """Problems in a serialized program that ``torch.export.load`` or ``.module()`` would eval."""
     problems: list[str] = []
+    problems.extend(_treespec_problems(doc, entry, limits))
+    problems.extend(_nested_json_problems(doc, entry, limits))
     for expr in _values_for_key(doc, "expr_str"):
         if not sym_expr_is_safe(expr):
             problems.append(f"{entry} has a symbolic shape that is not a plain expression: {_short(expr)}")
@@ -630,11 +750,19 @@ def check_program_json(doc: dict[str, Any], entry: str) -> list[str]:
     for node in _nodes(doc):
         target = node.get("target")
         if not node_target_is_safe(target):
-            problems.append(f"{entry} has a graph node calling {_short(target)}, which is not an operator")
+            problems.append(
+                f"{entry} has a graph node calling {_short(target)}, which is not on bnfold's operator allowlist"
+            )
+            break
+        if target == "_operator.pow" and not _small_pow(node):
+            problems.append(f"{entry} raises a number to a power over {MAX_EXPONENT}")
             break
     bad_name = _bad_name(doc)
     if bad_name is not None:
-        problems.append(f"{entry} has a name that is not an identifier, which torch.fx would paste into code: {bad_name}")
+        problems.append(
+            f"{entry} has a name that is not an identifier (or is a keyword), "
+            f"which torch.fx would paste into code: {bad_name}"
+        )
     bad_input = _bad_constant_input(doc)
     if bad_input is not None:
         problems.append(f"{entry} has a constant input that torch would paste into guard code: {bad_input}")
@@ -644,6 +772,49 @@ def check_program_json(doc: dict[str, Any], entry: str) -> list[str]:
 _DOTTED = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?\Z")
 _VALUE_TABLES = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
 _PLAIN_CONSTANT = re.compile(r"[^'\"\\\n\r]*\Z")
+
+
+def _treespec_problems(doc: dict[str, Any], entry: str, limits: Limits | None) -> list[str]:
+    """Every ``in_spec`` / ``out_spec`` string must be a plain treespec (see :mod:`bnfold.io.treespec`)."""
+    gm = doc.get("graph_module")
+    fields = gm.get("treespec_namedtuple_fields") if isinstance(gm, dict) else None
+    problem = check_namedtuple_fields(fields, entry)
+    if problem:
+        return [problem]
+    for key in ("in_spec", "out_spec"):
+        for spec in _values_for_key(doc, key):
+            problem = treespec_problem(spec, fields or {}, f"{entry} {key}", limits)
+            if problem:
+                return [f"{problem}; torch would import or paste it into code"]
+    return []
+
+
+_JSON_STRINGS = ("custom", "from_node")  # metadata strings torch.export.load parses with json.loads
+
+
+def _nested_json_problems(doc: dict[str, Any], entry: str, limits: Limits | None) -> list[str]:
+    """Metadata strings that torch parses as JSON must be JSON of bounded depth."""
+    depth_limit = (limits or Limits()).json_depth
+    for key in _JSON_STRINGS:
+        for value in _values_for_key(doc, key):
+            if isinstance(value, str) and json_depth(value.encode("utf-8", "surrogatepass")) > depth_limit:
+                return [f"{entry} has {key} metadata nested over {depth_limit} levels deep"]
+    return []
+
+
+def _small_pow(node: dict[str, Any]) -> bool:
+    """``_operator.pow(a, b)`` with literal arguments: the exponent is small."""
+    inputs = node.get("inputs")
+    if not isinstance(inputs, list) or len(inputs) != 2:
+        return False
+    arg = inputs[1].get("arg") if isinstance(inputs[1], dict) else None
+    if not isinstance(arg, dict):
+        return False
+    for kind in ("as_int", "as_float"):
+        if kind in arg:
+            v = arg[kind]
+            return isinstance(v, (int, float)) and not isinstance(v, bool) and abs(v) <= MAX_EXPONENT
+    return True  # a symbolic exponent: bounded by the shapes it comes from
 
 
 def _bad_name(doc: dict[str, Any]) -> str | None:
@@ -663,18 +834,18 @@ def _bad_name(doc: dict[str, Any]) -> str | None:
             continue
         for key, value in cur.items():
             if key == "name" and isinstance(value, str):
-                if value and not value.isidentifier():
+                if value and not is_plain_name(value):
                     return _short(value)
             elif (key.endswith("_name") or key == "fqn") and isinstance(value, str):
                 if not _DOTTED.match(value):
                     return _short(value)
             elif key == "forward_arg_names" and isinstance(value, list):
                 for v in value:
-                    if not (isinstance(v, str) and v.isidentifier()):
+                    if not is_plain_name(v):
                         return _short(v)
             elif key in _VALUE_TABLES and isinstance(value, dict):
                 for k in value:
-                    if not k.isidentifier():
+                    if not is_plain_name(k):
                         return _short(k)
             if isinstance(value, (dict, list)):
                 stack.append(value)

@@ -1,0 +1,200 @@
+"""Crafted model files for the security tests, and a runner that feeds them to bnfold in a
+subprocess under a memory, CPU-time and wall-clock limit.
+
+Every builder writes a file that an attacker could send; the payloads leave a
+marker file (``PWNED``) in the working folder, or mutate ``collections.Counter``
+(the runner turns that into the marker), when they run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch import nn
+
+MARKER = "PWNED"
+RUNNER = Path(__file__).with_name("runner.py")
+MEMORY_LIMIT = 2560 << 20  # address space of the bnfold process
+CPU_LIMIT = 90  # seconds
+
+
+# ----------------------------------------------------------------------------- models
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class DictIO(nn.Module):
+    """Dict and keyword inputs, dict / list / tuple outputs (the treespecs torch writes for them), a cast."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3)
+        self.bn = nn.BatchNorm2d(4)
+
+    def forward(self, x, d, *, k):
+        y = self.bn(self.conv((x + d["p"]).half().float()))  # a cast: export adds _assert_tensor_metadata
+        return {"out": y, "extra": [y * 2, (k + 1,)]}
+
+
+def export(path: Path, module: nn.Module, args, kwargs=None, dynamic_shapes=None) -> Path:
+    ep = torch.export.export(module.eval(), args, kwargs, dynamic_shapes=dynamic_shapes)
+    torch.export.save(ep, str(path))
+    return path
+
+
+# ----------------------------------------------------------------------------- archive editing
+
+
+def read_entries(path: Path) -> dict[str, bytes]:
+    with zipfile.ZipFile(path) as z:
+        return {n: z.read(n) for n in z.namelist()}
+
+
+def write_entries(path: Path, entries: dict[str, bytes], deflate: tuple[str, ...] = ()) -> Path:
+    with zipfile.ZipFile(path, "w") as z:
+        for name, data in entries.items():
+            kind = zipfile.ZIP_DEFLATED if name in deflate else zipfile.ZIP_STORED
+            z.writestr(zipfile.ZipInfo(name), data, compress_type=kind)
+    return path
+
+
+def root_of(entries: dict[str, bytes]) -> str:
+    return next(iter(entries)).split("/", 1)[0]
+
+
+def edit_program(src: Path, dst: Path, change: Callable[[dict], None]) -> Path:
+    """Copy ``src`` to ``dst`` with ``change`` applied to the program JSON."""
+    entries = read_entries(src)
+    name = f"{root_of(entries)}/models/model.json"
+    doc = json.loads(entries[name])
+    change(doc)
+    entries[name] = json.dumps(doc).encode()
+    return write_entries(dst, entries)
+
+
+def signature(doc: dict) -> dict:
+    return doc["graph_module"]["module_call_graph"][0]["signature"]
+
+
+# ----------------------------------------------------------------------------- running bnfold
+
+
+def _limits(fsize: int | None) -> Callable[[], None]:
+    def apply() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+        resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT))
+        if fsize is not None:
+            signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
+            resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
+
+    return apply
+
+
+def run_bnfold(cwd: Path, *argvs: list, fsize: int | None = None, control: list | None = None) -> list[dict]:
+    """Run ``bnfold.cli.main(argv)`` for each argv in one limited subprocess in ``cwd``.
+
+    Returns ``{"code", "stderr", "marker"}`` per argv; ``marker`` lists the
+    marker files (``PWNED*``) that existed after that command.  ``control`` lists files to
+    load with plain ``torch.export.load`` afterwards (to show a payload is live).
+    """
+    payload = json.dumps({"argvs": [[str(a) for a in argv] for argv in argvs], "control": control or []})
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    proc = subprocess.run(
+        [sys.executable, str(RUNNER), payload],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=150,
+        preexec_fn=_limits(fsize),
+        env=env,
+    )
+    assert proc.returncode == 0, f"the runner died ({proc.returncode}): {proc.stderr[-3000:]}"
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def assert_refused(result: dict, *words: str) -> str:
+    """Exit 2, exactly one line on stderr (no traceback) naming ``words``, and no marker."""
+    assert result["code"] == 2, result
+    lines = [ln for ln in result["stderr"].splitlines() if ln.strip()]
+    assert len(lines) == 1, result["stderr"]
+    line = lines[0]
+    assert line.startswith("bnfold: error: "), line
+    for w in words:
+        assert w in line, (w, line)
+    assert not result["marker"], "the payload ran"
+    return line
+
+
+def listing(folder: Path) -> set[str]:
+    return {p.name for p in folder.iterdir()}
+
+
+# ----------------------------------------------------------------------------- ONNX
+
+
+def onnx_conv_bn():
+    """Conv -> BatchNormalization, opset 13, float32 initializers."""
+    import numpy as np
+
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    f32 = np.float32
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(f32), "W"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(f32), "B"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "scale"),
+        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "bias"),
+        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "mean"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["Y"], name="bn"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8
+    return model
+
+
+def set_external(t, location: str, offset: int, length: int) -> None:
+    """Make tensor ``t`` refer to ``length`` bytes at ``offset`` of ``location``."""
+    from onnx import TensorProto
+
+    t.ClearField("raw_data")
+    t.ClearField("float_data")
+    t.data_location = TensorProto.EXTERNAL
+    del t.external_data[:]
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(length))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+
+
+def save_onnx(model, path: Path) -> Path:
+    path.write_bytes(model.SerializeToString())
+    return path

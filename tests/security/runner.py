@@ -1,0 +1,50 @@
+"""Run bnfold's command line on crafted files, inside the limits that ``crafted.run_bnfold`` sets.
+
+Argument: JSON ``{"argvs": [[...], ...], "control": [path, ...]}``.  Prints one
+JSON line: per argv ``{"code", "stderr", "marker"}``, then per control file
+the markers present after plain ``torch.export.load`` + ``.module()`` of it
+(``marker`` lists the ``PWNED*`` files in the working folder).
+The working folder is put first on ``sys.path`` (as ``python -m`` does), the
+worst case for a payload that imports a module from there.
+"""
+
+import contextlib
+import io
+import json
+import os
+import sys
+
+MARKER = "PWNED"
+
+
+def marker() -> list[str]:
+    """The marker files (``PWNED*``) in the working folder; a mutated ``Counter`` class leaves ``PWNED``."""
+    import collections
+
+    if hasattr(collections.Counter, "bnfold_pwned"):  # a pickle that mutated a class
+        open(MARKER, "w").close()
+    return sorted(n for n in os.listdir(".") if n.startswith(MARKER))
+
+
+def main() -> None:
+    sys.path.insert(0, os.getcwd())
+    job = json.loads(sys.argv[1])
+    from bnfold.cli import main as bnfold
+
+    out = []
+    for argv in job["argvs"]:
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+            code = bnfold(argv)
+        out.append({"code": code, "stderr": err.getvalue(), "marker": marker()})
+    for path in job["control"]:
+        import torch
+
+        with contextlib.suppress(Exception), contextlib.redirect_stderr(io.StringIO()):
+            torch.export.load(path).module()
+        out.append({"control": path, "marker": marker()})
+    print(json.dumps(out))
+
+
+if __name__ == "__main__":
+    main()
