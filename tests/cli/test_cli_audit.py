@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import io
 import json
 
-import cli_helpers as h
 import numpy as np
 import pytest
 import torch
 
-from bnfold import cli, cli_inputs
+import cli_helpers as h
+from bnfold import cli_inputs
+from bnfold.numerics.progress import Progress
 
 
 @pytest.fixture(scope="module")
@@ -85,14 +87,85 @@ def test_audit_table_with_npz_and_bn_eps(run, models, tmp_path):
     assert code == 2 and "positive" in err
 
 
-def test_progress_callback_drives_a_bar(capsys):
-    progress = cli._Progress(enabled=True)
+def test_audit_table_labels_and_advice(run, models):
+    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--profile", "htp")
+    assert code == 0, err
+    assert "cumulative" in stdout and "local" in stdout and "what to do:" in stdout
+    assert "random inputs" in stdout.splitlines()[0]
+    assert "conv_bn.pt2" in stdout.splitlines()[0]
+
+
+def test_audit_refuses_a_training_mode_program(run, tmp_path):
+    path = tmp_path / "train.pt2"
+    ep = torch.export.export(h.randomize_bn(h.ConvBN()).train(), (torch.randn(h.EXAMPLE_SHAPE),))
+    torch.export.save(ep, str(path))
+    code, stdout, err = run("audit", path, "--trust", "--random", "1")
+    assert code == 2 and stdout == ""
+    h.one_error_line(err, "train.pt2", "in training mode", "call model.eval() before export")
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty):
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self):
+        return self.tty
+
+
+def test_progress_on_a_terminal_and_in_a_log():
+    tty = _Stream(True)
+    p = Progress(stream=tty)
+    p.stage("load")
     for done in range(1, 5):
-        progress(done, 4)
-    progress.close()
-    err = capsys.readouterr().err
-    assert "4/4" in err
-    quiet = cli._Progress(enabled=False)
-    quiet(1, 4)
-    quiet.close()
-    assert capsys.readouterr().err == ""
+        p(done, 4)
+    p.close()
+    assert "load" in tty.getvalue() and "4/4" in tty.getvalue() and "\r" in tty.getvalue()
+
+    log = _Stream(False)
+    p = Progress(stream=log, every=0.0)  # periodic lines, every call due
+    p.stage("fold")
+    p(1, 2)
+    p(2, 2)
+    lines = log.getvalue().splitlines()
+    assert lines[0].startswith("audit: fold") and "2/2" in lines[-1] and "\r" not in log.getvalue()
+
+    quiet_log = _Stream(False)
+    p = Progress(stream=quiet_log, every=3600.0)  # a short run in a log prints nothing
+    p.stage("load")
+    p(1, 1)
+    p.close()
+    assert quiet_log.getvalue() == ""
+    off = _Stream(True)
+    p = Progress(enabled=False, stream=off)
+    p.stage("load")
+    p(1, 1)
+    assert off.getvalue() == ""
+
+
+def test_audit_an_onnx_model(run, tmp_path):
+    onnx = pytest.importorskip("onnx")
+    path = tmp_path / "model.onnx"
+    onnx.save(h.onnx_conv_bn(), str(path))
+    plot = tmp_path / "onnx.png"
+    code, stdout, err = run("audit", path, "--random", "2", "--profile", "htp", "--bn-eps", "1e-9", "--json",
+                            "--plot", plot)
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["profile"] == "htp" and data["model"] == "model.onnx"
+    (norm,) = data["normalizations"]
+    assert norm["name"] == "bn" and norm["folded"] and norm["risk"]["verdict"] in ("safe", "degrades", "overflows")
+    assert [layer["name"] for layer in data["layers"]] and data["layers"][0]["label"] == "conv"
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_progress_shows_nodes_within_a_long_batch():
+    log = _Stream(False)
+    p = Progress(stream=log, every=0.0)
+    p.stage("emulate unfolded")
+    p.node(9, 200)
+    assert "node 10/200" in log.getvalue().splitlines()[-1]
+    quiet_log = _Stream(False)
+    p = Progress(stream=quiet_log, every=3600.0)
+    p.node(9, 200)
+    assert quiet_log.getvalue() == ""

@@ -26,7 +26,8 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     json.dumps(result)  # plain data
     rows = {r["model"]: r for r in result["rows"]}
-    assert list(rows) == ["fp32", "fp16 unfolded", "fp16 folded", "htp unfolded", "htp folded"]
+    assert list(rows) == ["fp32", "fp16 unfolded", "fp16 folded", "htp unfolded", "htp folded",
+                          "htp eps=1e-09 unfolded", "htp eps=1e-09 folded"]
 
     # the fp32 row is the eager model's accuracy on the same samples, computed here independently
     model, _ = load_model()
@@ -41,18 +42,24 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
         assert 0.0 <= r["accuracy"] <= 1.0 and 0.0 <= r["agreement_with_fp32"] <= 1.0
         assert r["worst_layer"] and r["worst_layer_sqnr_db"] <= r["output_sqnr_db"] + 20
     # the verdict follows the measured rows
-    unfolded = [rows["fp16 unfolded"], rows["htp unfolded"]]
+    unfolded = [rows["fp16 unfolded"], rows["htp unfolded"], rows["htp eps=1e-09 unfolded"]]
     clean = all(r["agreement_with_fp32"] == 1.0 and r["nan"] == 0 and r["inf"] == 0 for r in unfolded) and all(
         r["accuracy"] >= rows["fp32"]["accuracy"] for r in unfolded
     )
     assert result["problem"] == (not clean)
-    assert ("no fp16 problem" in result["verdict"][0]) == clean
+    assert ("no fp16 problem" in result["verdict"][0]) == all(
+        r["agreement_with_fp32"] == 1.0 and r["nan"] == 0 and r["inf"] == 0 for r in unfolded[:2])
+    qnn = rows["htp eps=1e-09 unfolded"]
+    qnn_breaks = qnn["agreement_with_fp32"] < 1.0 or qnn["nan"] or qnn["inf"]
+    assert ("does not break either" in result["verdict"][1]) == (not qnn_breaks)
+    assert "never sees a BatchNorm" in result["verdict"][2]
     for r in rows:
         assert r in printed
     assert "kappa" in printed and "headroom" in printed
 
     doc = json.loads((tmp_path / "report.json").read_text())
-    assert doc["samples"] == QUICK_SAMPLES and set(doc["audits"]) == {"fp32", "fp16", "htp"}
+    assert doc["samples"] == QUICK_SAMPLES and set(doc["audits"]) == {"fp32", "fp16", "htp", "htp-qnn"}
+    assert doc["audits"]["htp-qnn"]["bn_eps"] == 1e-9
     assert [r["model"] for r in doc["rows"]] == list(rows)
     assert (tmp_path / "report_sqnr.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -1,11 +1,12 @@
 """``bnfold demo``: what fp16 does to a small trained EfficientNet-style net, unfolded and folded.
 
 Loads the committed checkpoint (trained by ``scripts/train_demo.py``), exports
-the network, audits it under ``fp32``, ``fp16`` and ``htp`` (each audit folds
-it with ``bnfold.fold`` and measures both programs), prints one table and
-writes ``report.json`` and ``report_sqnr.png`` into ``out_dir``.  Every
-number is measured on the held-out split; nothing is edited to provoke a
-failure.
+the network, audits it under ``fp32``, ``fp16``, ``htp`` and ``htp`` with the
+runtime eps of ExecuTorch's QNN batch-norm builder (1e-9, whatever the model
+says), each unfolded and folded; prints one table and writes ``report.json``
+and ``report_sqnr.png`` into ``out_dir``.  Every number is measured on the
+held-out split; nothing is edited to provoke a failure: if the trained network
+does not break, the demo says so.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from ..io.atomic import write_text
 from ..numerics import audit
 from ..numerics.errors import json_float
 from ..numerics.plot import plot_reports
-from ..numerics.table import db, pct, sci
+from ..numerics.risk import QNN_EPS
+from ..numerics.table import db, pct, sci, sqnr
 from .data import load_split
 from .model import DigitNet
 
 CHECKPOINT = Path(__file__).resolve().parent / "digitnet.pt"
 BATCH, QUICK_SAMPLES, QUICK_BATCH = 150, 64, 32
-#: unit roundoff of fp16: an unfolded BN whose kappa approaches 1/U leaves nothing but rounding noise
-U_FP16 = 2.0**-11
+#: the audits: (key, profile, runtime eps); "htp-qnn" is htp with the QNN builder's eps
+AUDITS = (("fp16", "fp16", None), ("htp", "htp", None), ("htp-qnn", "htp", QNN_EPS))
+LABELS = {"fp16": "fp16", "htp": "htp", "htp-qnn": f"htp eps={QNN_EPS:g}"}
 
 
 def load_model(path: Path = CHECKPOINT) -> tuple[DigitNet, dict]:
@@ -43,9 +46,9 @@ def _rows(reports: dict) -> list[dict]:
     rows = []
     fp32 = reports["fp32"]
     rows.append(_row("fp32", fp32, "unfolded"))
-    for prof in ("fp16", "htp"):
+    for key, _, _ in AUDITS:
         for which in ("unfolded", "folded"):
-            rows.append(_row(f"{prof} {which}", reports[prof], which))
+            rows.append(_row(f"{LABELS[key]} {which}", reports[key], which))
     return rows
 
 
@@ -58,6 +61,7 @@ def _row(label: str, rep, which: str) -> dict:
         "accuracy": e2e.accuracy,
         "agreement_with_fp32": e2e.top1_agreement,
         "output_sqnr_db": e2e.output.sqnr_db,
+        "nonfinite_share": e2e.output.nonfinite_share,
         "nan": e2e.output.nan,
         "inf": e2e.output.inf,
         "worst_layer": worst[0].label if worst else None,
@@ -66,52 +70,83 @@ def _row(label: str, rep, which: str) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    head = f"  {'model':<15} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>12} {'NaN/inf':>8}   worst layer (SQNR dB)"
+    head = (f"  {'model':<24} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>12} {'NaN/inf':>8}   "
+            "worst layer (cumulative SQNR dB)")
     lines = [head, "  " + "-" * (len(head) + 6)]
     for r in rows:
         worst = f"{r['worst_layer']} ({db(r['worst_layer_sqnr_db'])})" if r["worst_layer"] else "-"
-        lines.append(f"  {r['model']:<15} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
-                     f"{db(r['output_sqnr_db']) + ' dB':>12} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}")
+        out = f"NaN {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else db(r["output_sqnr_db"]) + " dB"
+        lines.append(f"  {r['model']:<24} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
+                     f"{out:>12} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}")
     return "\n".join(lines)
 
 
 def _worst_layers(rep, n: int = 3) -> list[str]:
     out = []
     for r in rep.worst_layers(n, "unfolded"):
-        folded = db(r.folded.sqnr_db) + " dB" if r.folded else "-"
-        nan = f", NaN/inf {r.unfolded.nan}/{r.unfolded.inf}" if r.unfolded.nonfinite else ""
-        out.append(f"    {r.label or r.name:<28} {r.kind + ('+bn' if r.norm else ''):<9} "
-                   f"unfolded {db(r.unfolded.sqnr_db):>5} dB -> folded {folded}{nan}")
+        folded = sqnr(r.folded) + (" dB" if r.folded is not None and not r.folded.nonfinite else "")
+        unfolded = sqnr(r.unfolded) + ("" if r.unfolded.nonfinite else " dB")
+        out.append(f"    {r.title:<28} {r.kind + ('+bn' if r.norm else ''):<9} "
+                   f"unfolded {unfolded:>8} -> folded {folded}")
     return out
+
+
+def _breaks(r: dict, fp32_acc) -> bool:
+    return bool(r["nan"] or r["inf"] or (r["agreement_with_fp32"] or 0) < 1.0 or (r["accuracy"] or 0) < fp32_acc)
+
+
+def _e2e(r: dict) -> str:
+    out = f"NaN/inf {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else f"{db(r['output_sqnr_db'])} dB"
+    return f"accuracy {pct(r['accuracy'])}, agreement {pct(r['agreement_with_fp32'])}, output {out}"
+
+
+def _risk_summary(rep) -> str:
+    """How many norms each verdict got under ``rep``, and the worst predicted vs measured loss."""
+    counts = {v: sum(n.verdict == v for n in rep.norms) for v in ("overflows", "degrades", "safe")}
+    with_loss = [n for n in rep.norms if n.risk is not None and n.risk.effective is not None]
+    text = ", ".join(f"{c} {v}" for v, c in counts.items() if c)
+    if with_loss:
+        w = max(with_loss, key=lambda n: n.risk.effective.loss_db)
+        meas = w.risk.measured.loss_db if w.risk.measured is not None else None
+        text += (f"; the worst, {w.name} (kappa {w.runtime_kappa if w.runtime_kappa is not None else w.kappa:.3g}), "
+                 f"loses {w.risk.effective.loss_db:.1f} dB predicted, {db(meas)} dB measured (local SQNR, "
+                 "folded minus unfolded)")
+    return text
 
 
 def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
     fp32_acc = rows[0]["accuracy"]
-    unfolded = [r for r in rows[1:] if r["model"].endswith("unfolded")]
-    problem = any(r["nan"] or r["inf"] or (r["agreement_with_fp32"] or 0) < 1.0 or (r["accuracy"] or 0) < fp32_acc
-                  for r in unfolded)
-    rep = reports["htp"]
-    gain = {p: reports[p].folded.output.sqnr_db - reports[p].unfolded.output.sqnr_db for p in ("fp16", "htp")}
+    by = {r["model"]: r for r in rows}
+    plain = [by[f"{LABELS[k]} unfolded"] for k in ("fp16", "htp")]
+    qnn_u, qnn_f = by[f"{LABELS['htp-qnn']} unfolded"], by[f"{LABELS['htp-qnn']} folded"]
+    problem = any(_breaks(r, fp32_acc) for r in plain + [qnn_u])
     lines = []
-    if problem:
-        bad = ", ".join(f"{r['model']}: accuracy {pct(r['accuracy'])}, agreement {pct(r['agreement_with_fp32'])}, "
-                        f"NaN/inf {r['nan']}/{r['inf']}" for r in unfolded)
-        lines.append(f"verdict: fp16 changes this network's predictions ({bad}).")
+    if any(_breaks(r, fp32_acc) for r in plain):
+        bad = "; ".join(f"{r['model']}: {_e2e(r)}" for r in plain)
+        lines.append(f"verdict: fp16 changes this network's predictions at its own eps ({bad}).")
     else:
-        lines.append("verdict: no fp16 problem on this network: fp16 and htp keep every held-out prediction of the "
-                     "fp32 model, with no NaN/inf, unfolded or folded.")
-    lines.append(f"folding changes the output SQNR by {gain['fp16']:+.1f} dB under fp16 and {gain['htp']:+.1f} dB "
-                 "under htp.")
-    norms = rep.norms
-    if norms:
-        k = max(norms, key=lambda n: n.kappa)
-        h = min(norms, key=lambda n: n.headroom if not math.isnan(n.headroom) else math.inf)
-        lines.append(f"where it would break: the largest kappa is {k.kappa:.3g} (at {k.name}, channel "
-                     f"{k.kappa_channel}); an unfolded BN multiplies the fp16 rounding error of its input by about "
-                     f"kappa, so its output is pure rounding noise once kappa nears 1/u = {1 / U_FP16:.0f} "
-                     f"({1 / (U_FP16 * k.kappa):.3g} times this network's largest).")
-        lines.append(f"the smallest overflow headroom is {sci(h.headroom)}x (input of {h.name}, max |x| "
-                     f"{h.input_max_abs:.3g}): activations that much larger overflow fp16 (65504) to inf there.")
+        lines.append("verdict at the model's eps: no fp16 problem on this network: fp16 and htp keep every held-out "
+                     "prediction of the fp32 model, with no NaN/inf, unfolded or folded.")
+    if _breaks(qnn_u, fp32_acc):
+        lines.append(f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, the "
+                     f"unfolded network breaks ({_e2e(qnn_u)}); folded it does not ({_e2e(qnn_f)}).")
+    else:
+        lines.append(f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, this "
+                     f"network does not break either: unfolded {_e2e(qnn_u)}; folded {_e2e(qnn_f)}.")
+    lines.append("why the fold protects it: a folded BatchNorm is part of the conv's weights and bias, computed in "
+                 "float64 and rounded once, so the backend never sees a BatchNorm and never applies its own eps or "
+                 "fp16 scale and bias'.")
+    for key, _, _ in AUDITS:
+        rep = reports[key]
+        lines.append(f"batch norms under {LABELS[key]}: {_risk_summary(rep)}.")
+    gain = {k: reports[k].folded.output.sqnr_db - reports[k].unfolded.output.sqnr_db for k, _, _ in AUDITS}
+    shown = ", ".join(f"{v:+.1f} dB under {LABELS[k]}" for k, v in gain.items() if math.isfinite(v))
+    if shown:
+        lines.append(f"folding changes the output SQNR by {shown}.")
+    h = min(reports["htp"].norms, key=lambda n: n.headroom if not math.isnan(n.headroom) else math.inf, default=None)
+    if h is not None:
+        lines.append(f"the smallest overflow headroom under htp is {sci(h.headroom)}x (at {h.name}, over its input, "
+                     "x*scale, bias' and sum).")
     return problem, lines
 
 
@@ -138,9 +173,9 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         if len({b[0].shape[0] for b in batches}) > 1:
             dynamic = ({0: torch.export.Dim("batch")},)
         ep = torch.export.export(model, batches[0], dynamic_shapes=dynamic)
-        reports = {"fp32": audit(ep, batches, profile="fp32", labels=y_test, fold=False)}
-        for prof in ("fp16", "htp"):
-            reports[prof] = audit(ep, batches, profile=prof, labels=y_test)
+        reports = {"fp32": audit(ep, batches, profile="fp32", labels=y_test, fold=False, name="DigitNet")}
+        for key, prof, eps in AUDITS:
+            reports[key] = audit(ep, batches, profile=prof, bn_eps=eps, labels=y_test, name="DigitNet")
     finally:
         torch.set_num_threads(threads)
     rows = _rows(reports)
@@ -151,20 +186,20 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         f"{len(reports['htp'].norms)} BatchNorms, {n_params} parameters)",
         f"  trained by scripts/train_demo.py ({meta.get('epochs', '?')} epochs, seed {meta.get('seed', '?')}), "
         f"{len(y_test)} held-out digits{' (quick subset)' if quick else ''}; "
-        f"{len(reports['htp'].fold_report.folded)} BatchNorms folded, {len(reports['htp'].fold_report.skipped)} skipped",
+        f"{len(reports['htp'].fold_report.folded)} BatchNorms folded, "
+        f"{len(reports['htp'].fold_report.skipped)} skipped",
         "",
         _table(rows),
         "",
     ]
-    for prof in ("fp16", "htp"):
-        lines.append(f"  worst layers under {prof} (SQNR against float64):")
-        lines.extend(_worst_layers(reports[prof]))
+    for key, _, _ in AUDITS:
+        lines.append(f"  worst layers under {LABELS[key]} (cumulative SQNR against float64):")
+        lines.extend(_worst_layers(reports[key]))
     lines.append("")
     for i, v in enumerate(verdict):
         lines.extend(textwrap.wrap(v, 100, initial_indent="  " if i else "", subsequent_indent="    "))
     json_path, png_path = out_dir / "report.json", out_dir / "report_sqnr.png"
-    plot_reports([reports["fp16"], reports["htp"]], png_path,
-                 titles=[f"DigitNet, profile {p}: per-layer SQNR vs float64" for p in ("fp16", "htp")])
+    plot_reports([reports[key] for key, _, _ in AUDITS], png_path)
     result = {
         "problem": problem,
         "verdict": verdict,

@@ -2,7 +2,11 @@
 
 ``emulate`` runs an ExportedProgram node by node under ``fp32`` / ``fp16`` /
 ``htp`` / ``fp16-acc`` next to a float64 reference; ``audit`` puts that
-together with the fold report into an :class:`AuditReport`.
+together with the fold report into an :class:`AuditReport`: per normalization
+a risk verdict predicted from its statistics (:mod:`.risk`) and confirmed by
+the run, per layer cumulative and local SQNR (NaN/inf as counts and shares),
+and what to do (:mod:`.advice`).  ONNX models are traced into a program first
+(:mod:`.onnx_program`); :mod:`.progress` reports long audits on stderr.
 """
 
 from .audit import AuditReport, audit

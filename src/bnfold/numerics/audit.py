@@ -11,18 +11,20 @@ with the float32 model (classifiers) and NaN/inf counts.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..errors import FoldError
 from ..fold_math import Affine, batch_norm_affine
-from ..torch_export.ops import Norm, parse_norm
-from .emulator import Emulator, EmulationResult
+from ..torch_export.ops import Norm, parse_layer, parse_norm
+from .emulator import EmulationResult, Emulator
 from .errors import TensorError, json_float, measure
 from .graph import layer_kind, lifted_tensor, lifted_tensors, module_path, running_stats_norm
 from .profiles import FP16_MAX, get_profile
+from .risk import QNN_EPS, NormStats, Risk, judge, measure_intermediates, predict
 
 
 @dataclass
@@ -38,13 +40,22 @@ class NormAudit:
     kappa: float
     kappa_channel: int
     input_max_abs: float
-    headroom: float
+    headroom: float  # the smallest fp16 headroom of any intermediate, measured (ref and emulated) or predicted
     folded: bool
     fold: str  # "folded into <layer> (<pattern>)" or the reason it was skipped
     runtime_scale_max: float | None = None  # max |scale| with the bn_eps override
+    runtime_kappa: float | None = None  # kappa with the bn_eps override
+    risk: Risk | None = None
+    row: str | None = None  # the layer row that measures it (table name)
+
+    @property
+    def verdict(self) -> str:
+        return self.risk.verdict if self.risk is not None else "unknown"
 
     def to_dict(self) -> dict:
-        return {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items() if k != "risk"}
+        out["risk"] = None if self.risk is None else self.risk.to_dict()
+        return out
 
 
 @dataclass
@@ -60,6 +71,14 @@ class LayerAudit:
     unfolded: TensorError
     folded: TensorError | None
     label: str = ""  # module path, when the graph records one
+    local_unfolded: TensorError | None = None  # the error this row adds by itself (inputs as emulated)
+    local_folded: TensorError | None = None
+    norms: tuple = ()  # node names of the batch norms this row measures through
+
+    @property
+    def title(self) -> str:
+        """The row's name in the table and the plot."""
+        return self.label or self.name
 
     def to_dict(self) -> dict:
         return {
@@ -67,8 +86,15 @@ class LayerAudit:
             "label": self.label,
             "kind": self.kind,
             "norm": self.norm,
-            "unfolded": self.unfolded.to_dict(),
-            "folded": None if self.folded is None else self.folded.to_dict(),
+            "norms": list(self.norms),
+            "cumulative": {
+                "unfolded": self.unfolded.to_dict(),
+                "folded": None if self.folded is None else self.folded.to_dict(),
+            },
+            "local": {
+                "unfolded": None if self.local_unfolded is None else self.local_unfolded.to_dict(),
+                "folded": None if self.local_folded is None else self.local_folded.to_dict(),
+            },
         }
 
 
@@ -84,9 +110,12 @@ class EndToEnd:
     def to_dict(self) -> dict:
         return {
             "output_sqnr_db": json_float(self.output.sqnr_db),
+            "output_finite_sqnr_db": json_float(self.output.finite_sqnr_db),
             "output_max_abs_err": json_float(self.output.max_abs_err),
+            "elements": self.output.count,
             "nan": self.output.nan,
             "inf": self.output.inf,
+            "nonfinite_share": self.output.nonfinite_share,
             "top1_agreement": self.top1_agreement,
             "accuracy": self.accuracy,
         }
@@ -105,16 +134,29 @@ class AuditReport:
     fp32_accuracy: float | None = None
     fold_report: Any = None
     errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)  # every tensor, per program
+    name: str = "model"
+    random_inputs: bool = False  # the batches were random: top-1 agreement says little
 
-    def worst_layers(self, n: int = 3, which: str = "unfolded") -> list[LayerAudit]:
-        """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first)."""
-        rows = [r for r in self.layers if getattr(r, which) is not None]
-        return sorted(rows, key=lambda r: (-getattr(r, which).nonfinite, _sort_db(getattr(r, which).sqnr_db)))[:n]
+    def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
+        """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
+        error each layer adds by itself instead of the cumulative one."""
+        attr = ("local_" if local else "") + which
+        rows = [r for r in self.layers if getattr(r, attr) is not None]
+        return sorted(rows, key=lambda r: (-getattr(r, attr).nonfinite, _sort_db(getattr(r, attr).sqnr_db)))[:n]
+
+    def advice(self) -> list[str]:
+        """The closing "what to do" lines (see :func:`bnfold.numerics.advice.advice`)."""
+        from .advice import advice
+
+        return advice(self)
 
     def to_dict(self) -> dict:
         return {
+            "model": self.name,
             "profile": self.profile,
             "bn_eps": self.bn_eps,
+            "random_inputs": self.random_inputs,
+            "what_to_do": self.advice(),
             "samples": self.samples,
             "batches": self.batches,
             "fp32_accuracy": self.fp32_accuracy,
@@ -130,11 +172,11 @@ class AuditReport:
 
         return audit_table(self)
 
-    def plot(self, path) -> None:
-        """Write the per-layer SQNR chart (unfolded vs folded) as a PNG."""
+    def plot(self, path, worst: int = 25) -> None:
+        """Write the SQNR chart (see :func:`bnfold.numerics.plot.plot_reports`)."""
         from .plot import plot_reports
 
-        plot_reports([self], path)
+        plot_reports([self], path, worst=worst)
 
     def __str__(self) -> str:
         return self.table()
@@ -199,10 +241,27 @@ def _max_abs(t: torch.Tensor | None) -> float:
     return float(t.abs().max()) if t is not None else math.nan
 
 
+def _stats(norm: Norm, lifted: dict) -> NormStats | None:
+    """The norm's constants, or None when its statistics (or gamma/beta) are computed in the graph."""
+    mean, var = lifted_tensor(norm.mean, lifted), lifted_tensor(norm.var, lifted)
+    if mean is None or var is None:
+        return None
+    gamma, beta = lifted_tensor(norm.weight, lifted), lifted_tensor(norm.bias, lifted)
+    if (norm.weight is not None and gamma is None) or (norm.bias is not None and beta is None):
+        return None
+    f64 = lambda t: None if t is None else t.detach().to(torch.float64).flatten()  # noqa: E731
+    layer = parse_layer(norm.input) if isinstance(norm.input, torch.fx.Node) else None
+    layer_bias = lifted_tensor(layer.bias, lifted) if layer is not None else None
+    if layer_bias is not None and layer_bias.numel() != mean.numel():
+        layer_bias = None
+    return NormStats(f64(mean), f64(var), f64(gamma), f64(beta), norm.eps, f64(layer_bias),
+                     rounded_input=layer is not None)
+
+
 def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None:
-    """``NormAudit``'s channels, ``|scale|`` range, kappa and bn_eps scale for ``norm``, read from
-    the affines ``fold_math.batch_norm_affine`` gives; None when its statistics are computed in
-    the graph.  Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.
+    """``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and the
+    bn_eps scale for ``norm``, from ``fold_math.batch_norm_affine``; None when its statistics are computed
+    in the graph.  Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.
 
     kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``.
     """
@@ -214,6 +273,7 @@ def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None
     bare = _affine_or_none(mean, var, norm.eps)
     full = _affine_or_none(mean, var, norm.eps, gamma) if gamma_known else None
     runtime = _affine_or_none(mean, var, bn_eps, gamma) if gamma_known and bn_eps is not None else None
+    bare_rt = _affine_or_none(mean, var, bn_eps) if bn_eps is not None else None
     scale = full.scale.abs() if full is not None else None
     kappa = bare.shift.abs() if bare is not None else None
     return {
@@ -223,12 +283,31 @@ def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None
         "kappa": _max_abs(kappa),
         "kappa_channel": int(kappa.argmax()) if kappa is not None else -1,
         "runtime_scale_max": None if bn_eps is None else _max_abs(runtime.scale if runtime is not None else None),
+        "runtime_kappa": None if bn_eps is None else _max_abs(bare_rt.shift if bare_rt is not None else None),
     }
 
 
-def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit]:
+def _risk(stats: NormStats | None, prof, bn_eps, probe, row: LayerAudit | None, out_err) -> Risk | None:
+    """Predicted and measured risk of one norm (see :mod:`bnfold.numerics.risk`)."""
+    if stats is None:
+        return None
+    model = predict(stats, prof, stats.eps)
+    runtime = predict(stats, prof, bn_eps) if bn_eps is not None else None
+    what_if = predict(stats, prof, QNN_EPS) if bn_eps is None and prof.htp_batch_norm else None
+    measured = measure_intermediates(stats, prof, stats.eps if bn_eps is None else bn_eps, probe) if probe else None
+    if measured is not None:
+        measured.output_nonfinite = out_err.nonfinite if out_err is not None else 0
+        if row is not None and row.local_unfolded is not None and row.local_folded is not None:
+            a, b = row.local_unfolded.sqnr_db, row.local_folded.sqnr_db
+            if math.isfinite(a) and math.isfinite(b):
+                measured.loss_db = b - a
+    return judge(Risk(model, runtime, what_if, measured))
+
+
+def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]) -> list[NormAudit]:
     lifted, _ = lifted_tensors(ep)
     status = _fold_status(fold_report)
+    row_of = {n: r for r in layers for n in r.norms}
     out = []
     for node in ep.graph_module.graph.nodes:
         norm = running_stats_norm(node)
@@ -238,27 +317,50 @@ def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps) -> list[NormAudit
         src = norm.input.name if isinstance(norm.input, torch.fx.Node) else ""
         x_max = unfolded.errors[src].max_abs_ref if src in unfolded.errors else math.nan
         folded, fold, label = status.get(node.name, (False, "not audited (no fold report)", None))
+        row = row_of.get(node.name)
+        out_err = unfolded.errors.get(norm.output.name) if norm.output is not None else None
+        risk = _risk(_stats(norm, lifted), prof, bn_eps, unfolded.probes.get(node.name), row, out_err)
+        head = _smallest_headroom(risk, x_max)
         out.append(NormAudit(
             node=node.name,
             name=label or module_path(node),
             eps=norm.eps,
             input_max_abs=x_max,
-            headroom=FP16_MAX / x_max if x_max > 0 else math.inf,
+            headroom=head,
             folded=folded,
             fold=fold,
+            risk=risk,
+            row=row.title if row is not None else None,
             **numbers,
         ))
     return out
 
 
+def _smallest_headroom(risk: Risk | None, x_max: float) -> float:
+    """The smallest headroom of any intermediate: measured (reference and emulated) and predicted."""
+    found = []
+    if risk is not None and risk.measured is not None:
+        found += [risk.measured.headroom_reference, risk.measured.headroom_emulated]
+    if risk is not None and risk.effective is not None:
+        found.append(risk.effective.headroom)
+    if not found:
+        return FP16_MAX / x_max if x_max > 0 else math.inf
+    return min(found)
+
+
 # -- layers: which tensor each row measures, in each program ------------------------------------------
+
+
+def _into_node(f) -> str:
+    """The graph node name of the layer a fold went into (``Folded.into_node`` where the report has it)."""
+    return getattr(f, "into_node", "") or f.into
 
 
 @dataclass
 class _FoldMap:
     """The fold seen from the unfolded program.  Node names survive folding: a layer keeps its
     name, a skipped norm its own, and the report names each folded step (``Folded.node``) and
-    the layer it went into (``Folded.into``)."""
+    the layer it went into (``Folded.into_node``)."""
 
     nodes: dict[str, torch.fx.Node]  # the folded program's nodes, by name
     into_output: dict[str, set[str]]  # layer name -> the steps the report folded into its output
@@ -269,9 +371,9 @@ class _FoldMap:
         into_output: dict[str, set[str]] = {}
         for f in report.folded:
             if f.side == "output":
-                into_output.setdefault(f.into, set()).add(f.node)
+                into_output.setdefault(_into_node(f), set()).add(f.node)
         return cls({n.name: n for n in folded_ep.graph.nodes}, into_output,
-                   {f.node: (f.into, f.side) for f in report.folded})
+                   {f.node: (_into_node(f), f.side) for f in report.folded})
 
     def kept(self, node: torch.fx.Node) -> bool:
         return node.name in self.nodes
@@ -427,16 +529,46 @@ def _rows(ep, fold: _FoldMap | None) -> list[_Row]:
     return sorted(rows, key=lambda r: order[r.name])
 
 
-def _layers(ep, fold_result, unfolded: EmulationResult, folded: EmulationResult | None) -> list[LayerAudit]:
+def _between(graph: torch.fx.Graph, start: str, end: str) -> list[str]:
+    """The names of the nodes on some path from node ``start`` to node ``end`` (both included)."""
+    nodes = {n.name: n for n in graph.nodes}
+    if start not in nodes or end not in nodes:
+        return []
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    first, last = nodes[start], nodes[end]
+    ancestors, todo = {last}, [last]
+    while todo:
+        for i in todo.pop().all_input_nodes:
+            if i not in ancestors and order[i] >= order[first]:
+                ancestors.add(i)
+                todo.append(i)
+    kept = set()
+    for n in sorted(ancestors, key=order.__getitem__):
+        if n is first or any(i in kept for i in n.all_input_nodes):
+            kept.add(n)
+    return [n.name for n in kept if n.op == "call_function"]
+
+
+def _segments(graph: torch.fx.Graph, pairs) -> dict[str, str]:
+    """``{node name: row name}`` for the local-error run: each row's nodes from its layer to its output."""
+    seg: dict[str, str] = {}
+    for row, start, end in pairs:
+        for name in _between(graph, start, end):
+            seg.setdefault(name, row)
+    return seg
+
+
+def _layers(rows: list[_Row], unfolded: EmulationResult, folded: EmulationResult | None) -> list[LayerAudit]:
     """Per-layer errors, each row paired with the folded program by node identity (see ``_FoldMap``)."""
-    fold = _FoldMap.of(fold_result.report, fold_result.model) if fold_result is not None else None
     out = []
-    for r in _rows(ep, fold):
+    for r in rows:
         err = unfolded.errors.get(r.output)
         if err is None:
             continue  # not a floating-point tensor: nothing measured
         ferr = folded.errors.get(r.folded) if folded is not None and r.folded is not None else None
-        out.append(LayerAudit(r.name, r.kind, r.norm, err, ferr, r.label))
+        lf = folded.local.get(r.folded) if folded is not None and r.folded is not None else None
+        norms = tuple(sorted(r.merged | ({r.norm} if r.norm else set())))
+        out.append(LayerAudit(r.name, r.kind, r.norm, err, ferr, r.label, unfolded.local.get(r.output), lf, norms))
     return out
 
 
@@ -473,6 +605,13 @@ def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
     return [torch.as_tensor(t) for t in labels]
 
 
+def _stage(progress, name: str) -> None:
+    """Tell ``progress`` that a stage begins, when it understands stages (``progress.stage(name)``)."""
+    stage = getattr(progress, "stage", None)
+    if callable(stage):
+        stage(name)
+
+
 def audit(
     model,
     inputs,
@@ -481,37 +620,64 @@ def audit(
     progress: Callable[[int, int], None] | None = None,
     labels=None,
     fold: bool = True,
+    name: str | None = None,
+    random_inputs: bool = False,
 ) -> AuditReport:
-    """Audit ``model`` (an ExportedProgram, or an nn.Module exported here in eval mode) under ``profile``.
+    """Audit ``model`` (an ExportedProgram, an nn.Module exported here in eval mode, or an ONNX ModelProto
+    traced with :func:`bnfold.numerics.onnx_program.onnx_program`) under ``profile``.
 
     ``inputs`` is a list of batches, each a tuple of forward arguments (a
     single tuple or tensor is one batch).  ``bn_eps`` replaces the eps of
     every standalone batch norm in the emulated runs (not in the float64
     reference, not in folding).  ``progress(done, total)`` is called after
-    each emulated batch.  ``labels`` (one tensor for all samples, or one per
-    batch) adds accuracy to the end-to-end numbers of classifiers.  With
-    ``fold=False`` only the unfolded program is audited.
+    each emulated batch (and ``progress.stage(name)`` before folding and each
+    emulation, when it has one).  ``labels`` (one tensor for all samples, or
+    one per batch) adds accuracy to the end-to-end numbers of classifiers.
+    With ``fold=False`` only the unfolded program is audited.  ``name`` names
+    the model in the table and plot; ``random_inputs`` marks the batches as
+    random (top-1 agreement on them is then flagged as weak evidence).
+
+    A program whose batch norms run in training mode is refused (ValueError):
+    its numbers would change from run to run and nothing in it folds.
     """
     batches = _as_batches(inputs)
     prof = get_profile(profile)
     ep = model if isinstance(model, torch.export.ExportedProgram) else None
+    if ep is None and type(model).__name__ == "ModelProto":
+        from .onnx_program import onnx_program
+
+        _stage(progress, "convert")
+        ep = onnx_program(model, batches[0])
     if ep is None:
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"cannot audit a {type(model).__name__}: pass an ExportedProgram or an nn.Module")
+            raise TypeError(f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an "
+                            "ONNX ModelProto")
+        name = name or type(model).__name__
         ep = _export(model, batches)
+    from ..checks import training_norms
+
+    training = training_norms(ep)
+    if training:
+        raise ValueError(f"the program has batch norms in training mode ({', '.join(training[:3])}"
+                         f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export")
     fold_result = None
     if fold:
         from ..api import fold as bnfold_fold
 
+        _stage(progress, "fold")
         fold_result = bnfold_fold(ep)
+    fmap = _FoldMap.of(fold_result.report, fold_result.model) if fold_result is not None else None
+    rows = _rows(ep, fmap)
     total = len(batches) * (2 if fold_result is not None else 1)
     done = 0
     forward = ep.module()
     fp32_top1 = []
     unfolded = EmulationResult(prof.name)
-    emu = Emulator(ep, prof, bn_eps)
+    _stage(progress, "emulate unfolded")
+    emu = Emulator(ep, prof, bn_eps, _segments(ep.graph_module.graph, [(r.name, r.name, r.output) for r in rows]))
+    on_node = getattr(progress, "node", None)
     for batch in batches:
-        unfolded.add(emu.run(*batch))
+        unfolded.add(emu.run(*batch, on_node=on_node))
         with torch.no_grad():
             out = forward(*batch)
         first = out[0] if isinstance(out, (tuple, list)) else out
@@ -523,9 +689,12 @@ def audit(
     folded = None
     if fold_result is not None:
         folded = EmulationResult(prof.name)
-        femu = Emulator(fold_result.model, prof, bn_eps)
+        _stage(progress, "emulate folded")
+        fgraph = fold_result.model.graph_module.graph
+        fseg = _segments(fgraph, [(r.name, r.name, r.folded) for r in rows if r.folded is not None])
+        femu = Emulator(fold_result.model, prof, bn_eps, fseg)
         for batch in batches:
-            folded.add(femu.run(*batch))
+            folded.add(femu.run(*batch, on_node=on_node))
             done += 1
             if progress is not None:
                 progress(done, total)
@@ -537,16 +706,19 @@ def audit(
     errors = {"unfolded": unfolded.errors}
     if folded is not None:
         errors["folded"] = folded.errors
+    layers = _layers(rows, unfolded, folded)
     return AuditReport(
         profile=prof.name,
         bn_eps=bn_eps,
         samples=samples,
         batches=len(batches),
-        norms=_norms(ep, unfolded, fold_result.report if fold_result else None, bn_eps),
-        layers=_layers(ep, fold_result, unfolded, folded),
+        norms=_norms(ep, unfolded, fold_result.report if fold_result else None, bn_eps, prof, layers),
+        layers=layers,
         unfolded=_end_to_end(unfolded, unfolded.reference, fp32_top1, label_batches),
         folded=None if folded is None else _end_to_end(folded, unfolded.reference, fp32_top1, label_batches),
         fp32_accuracy=fp32_accuracy,
         fold_report=fold_result.report if fold_result else None,
         errors=errors,
+        name=name or "model",
+        random_inputs=random_inputs,
     )

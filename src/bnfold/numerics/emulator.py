@@ -18,8 +18,9 @@ fp16 accumulation, an NPU's host-precomputed BatchNorm) is emulated here.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 from torch.export.graph_signature import OutputKind
@@ -30,6 +31,7 @@ from ..torch_export.ops import Norm
 from . import accumulate
 from .errors import TensorError, measure
 from .graph import layer_kind, lifted_tensor, lifted_tensors, op_name, running_stats_norm
+from .probe import NormProbe
 from .profiles import Profile, get_profile, round_fp16
 
 # Ops whose output holds only values of their (already fp16) inputs: no rounding needed.
@@ -40,7 +42,8 @@ _EXACT_OPS = frozenset(
 )
 # Of those, the ones whose error statistics equal their input's (same elements, rearranged).
 _SAME_ERROR_OPS = frozenset(
-    "view _unsafe_view reshape permute t transpose squeeze unsqueeze flatten clone contiguous alias detach lift_fresh".split()
+    "view _unsafe_view reshape permute t transpose squeeze unsqueeze flatten clone contiguous alias detach "
+    "lift_fresh".split()
 )
 
 
@@ -68,23 +71,33 @@ class BatchResult:
     outputs: list
     reference: list
     errors: dict[str, TensorError]
+    local: dict[str, TensorError] = field(default_factory=dict)
+    probes: dict[str, NormProbe] = field(default_factory=dict)
 
 
 @dataclass
 class EmulationResult:
-    """All batches: per-tensor errors merged over batches, outputs kept per batch."""
+    """All batches: per-tensor errors merged over batches, outputs kept per batch.
+
+    ``errors`` are cumulative (against the float64 run of the whole program);
+    ``local`` holds the error each segment adds by itself (see ``Emulator``);
+    ``probes`` the input range of each batch norm.
+    """
 
     profile: str
     errors: dict[str, TensorError] = field(default_factory=dict)
     outputs: list = field(default_factory=list)
     reference: list = field(default_factory=list)
+    local: dict[str, TensorError] = field(default_factory=dict)
+    probes: dict[str, NormProbe] = field(default_factory=dict)
 
     def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
-        for name, err in batch.errors.items():
-            if name in self.errors:
-                self.errors[name].merge(err)
-            else:
-                self.errors[name] = err
+        for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):
+            for name, value in theirs.items():
+                if name in mine:
+                    mine[name].merge(value)
+                else:
+                    mine[name] = value
         if keep_outputs:
             self.outputs.append(batch.outputs)
             self.reference.append(batch.reference)
@@ -95,10 +108,19 @@ class Emulator:
 
     ``bn_eps`` replaces the eps of every standalone BatchNorm in the emulated
     run (the reference keeps the model's eps): a runtime that ignores it.
+
+    ``segments`` (``{node name: segment id}``) asks for local errors: each node
+    named there is also computed in float64 from the *emulated* values of its
+    inputs outside its segment (constants unrounded), and inside the segment
+    from that local float64 run.  The difference to the emulated value is the
+    error the segment adds by itself (``BatchResult.local``), as opposed to the
+    cumulative error against the float64 run of the whole program.
     """
 
-    def __init__(self, ep: torch.export.ExportedProgram, profile: "str | Profile" = "fp16", bn_eps: float | None = None):
+    def __init__(self, ep: torch.export.ExportedProgram, profile: str | Profile = "fp16", bn_eps: float | None = None,
+                 segments: dict[str, Any] | None = None):
         self.ep = ep
+        self.segments = dict(segments or {})
         self.profile = get_profile(profile)
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.lifted, self.user_inputs = lifted_tensors(ep)
@@ -142,11 +164,13 @@ class Emulator:
 
     # -- the two runs --------------------------------------------------------------------------
 
-    def run(self, *args: Any, reference: bool = True) -> BatchResult:
+    def run(self, *args: Any, reference: bool = True, on_node: Callable[[int, int], None] | None = None
+            ) -> BatchResult:
         """Run one batch (``args`` as the program's forward takes them).
 
         With ``reference=False`` only the emulated run happens: the result
-        holds the emulated outputs and no reference or errors.
+        holds the emulated outputs and no reference or errors.  ``on_node(i, n)``
+        is called after each of the ``n`` nodes (progress within a long batch).
         """
         flat = tree_flatten(args)[0]
         if len(flat) != len(self.user_inputs):
@@ -155,9 +179,15 @@ class Emulator:
         env_e: dict[torch.fx.Node, Any] = {}
         env_r: dict[torch.fx.Node, Any] = {}
         errors: dict[str, TensorError] = {}
+        local: dict[str, TensorError] = {}
+        probes: dict[str, NormProbe] = {}
+        env_l: dict[torch.fx.Node, Any] = {}
         exact_diff = not self.profile.fp16_storage
         outputs: tuple = ([], [])
-        for node in self.nodes:
+        n_nodes = len(self.nodes)
+        for index, node in enumerate(self.nodes):
+            if on_node is not None:
+                on_node(index, n_nodes)
             op = node.op
             if op == "call_function":
                 name = self._names[node]
@@ -165,6 +195,13 @@ class Emulator:
                 if node in self._dtype_args:
                     args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
                 e = env_e[node] = self._call(node, name, args_e, kwargs_e, env_e)
+                if reference and node.name in self.segments:
+                    lv = env_l[node] = self._local(node, env_e, env_r, env_l)
+                    if isinstance(lv, torch.Tensor) and lv.is_floating_point() and _is_float(e):
+                        local[node.name] = measure(node.name, name, e, lv, exact_diff)
+                bn = self._bn.get(node)
+                if reference and bn is not None and _is_float(env_e.get(bn.input)):
+                    probes[node.name] = NormProbe.of(node.name, env_e[bn.input], env_r[bn.input], bn.axis)
                 if reference:
                     args_r, kwargs_r = map_arg((node.args, node.kwargs), env_r.__getitem__)
                     if node in self._dtype_args:
@@ -173,8 +210,7 @@ class Emulator:
                     if isinstance(r, torch.Tensor) and r.is_floating_point() and _is_float(e):
                         src = errors.get(node.args[0].name) if name in _SAME_ERROR_OPS and node.args else None
                         if src is not None:
-                            errors[node.name] = TensorError(node.name, name, tuple(r.shape), src.count, src.signal,
-                                                            src.noise, src.max_abs_ref, src.max_abs_err, src.nan, src.inf)
+                            errors[node.name] = replace(src, node=node.name, op=name, shape=tuple(r.shape))
                         else:
                             errors[node.name] = measure(node.name, name, e, r, exact_diff)
             elif op == "placeholder":
@@ -199,7 +235,25 @@ class Emulator:
             for dead in self._free_after.get(node, ()):
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
-        return BatchResult(outputs[0], outputs[1], errors)
+                env_l.pop(dead, None)
+        return BatchResult(outputs[0], outputs[1], errors, local, probes)
+
+    def _local(self, node: torch.fx.Node, env_e: dict, env_r: dict, env_l: dict) -> Any:
+        """``node`` in float64 from its segment's local values, the unrounded constants and,
+        for any other input, the emulated value."""
+        seg = self.segments[node.name]
+
+        def pick(i: torch.fx.Node) -> Any:
+            if i in env_l and self.segments.get(i.name) == seg:
+                return env_l[i]
+            if i.name in self.lifted:
+                return env_r[i]
+            return tree_map(lambda t: t.to(torch.float64) if _is_float(t) else t, env_e[i])
+
+        args, kwargs = map_arg((node.args, node.kwargs), pick)
+        if node in self._dtype_args:
+            args, kwargs = _map_dtype((args, kwargs), torch.float64)
+        return node.target(*args, **kwargs)
 
     def _call(self, node: torch.fx.Node, name: str, args: tuple, kwargs: dict, env: dict) -> Any:
         prof = self.profile
@@ -278,7 +332,7 @@ def _with_eps(node: torch.fx.Node, args: tuple, kwargs: dict, eps: float) -> tup
 def emulate(
     ep: torch.export.ExportedProgram,
     inputs: Sequence[tuple],
-    profile: "str | Profile" = "fp16",
+    profile: str | Profile = "fp16",
     bn_eps: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     keep_outputs: bool = True,

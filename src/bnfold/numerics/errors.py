@@ -13,9 +13,13 @@ class TensorError:
     """How far an emulated tensor is from its float64 reference.
 
     ``signal`` and ``noise`` are sums of ``ref**2`` and ``(emulated - ref)**2``
-    over the elements whose emulated value is finite; non-finite elements are
-    counted in ``nan`` / ``inf`` instead.  ``max_abs_ref`` is the largest
-    ``|ref|`` (all elements), the number the fp16 overflow headroom is read from.
+    over the elements where both values are finite; non-finite emulated elements
+    are counted in ``nan`` / ``inf`` instead (``ref_nonfinite``: non-finite
+    reference elements).  ``max_abs_ref`` is the largest finite ``|ref|``.
+
+    A tensor holding any NaN/inf has no SQNR: ``sqnr_db`` is NaN, and reports
+    show the NaN/inf counts and ``nonfinite_share`` instead.  ``finite_sqnr_db``
+    is the SQNR of the finite elements only, for diagnosis.
     """
 
     node: str
@@ -28,12 +32,24 @@ class TensorError:
     max_abs_err: float = 0.0
     nan: int = 0
     inf: int = 0
+    ref_nonfinite: int = 0
 
     @property
     def sqnr_db(self) -> float:
-        """``10 log10(signal / noise)``; +inf when there is no error at all."""
+        """``10 log10(signal / noise)``; +inf when there is no error at all; NaN when the
+        tensor holds any NaN/inf (emulated or reference) or no element at all."""
+        if self.nonfinite or self.ref_nonfinite:
+            return math.nan
+        return self.finite_sqnr_db
+
+    @property
+    def finite_sqnr_db(self) -> float:
+        """The SQNR over the finite elements only (NaN when none is finite)."""
+        finite = self.count - self.nonfinite - self.ref_nonfinite
+        if finite <= 0:
+            return math.nan
         if self.noise == 0.0:
-            return math.inf if self.signal > 0 or self.count else math.nan
+            return math.inf
         if self.signal == 0.0:
             return -math.inf
         return 10.0 * math.log10(self.signal / self.noise)
@@ -42,7 +58,12 @@ class TensorError:
     def nonfinite(self) -> int:
         return self.nan + self.inf
 
-    def merge(self, other: "TensorError") -> None:
+    @property
+    def nonfinite_share(self) -> float:
+        """The fraction of elements whose emulated value is NaN or inf."""
+        return self.nonfinite / self.count if self.count else 0.0
+
+    def merge(self, other: TensorError) -> None:
         self.count += other.count
         self.signal += other.signal
         self.noise += other.noise
@@ -50,24 +71,36 @@ class TensorError:
         self.max_abs_err = max(self.max_abs_err, other.max_abs_err)
         self.nan += other.nan
         self.inf += other.inf
+        self.ref_nonfinite += other.ref_nonfinite
 
     def to_dict(self) -> dict:
         return {
             "node": self.node,
             "op": self.op,
             "shape": list(self.shape),
-            "sqnr_db": json_float(self.sqnr_db),
+            "sqnr_db": json_db(self.sqnr_db),
+            "finite_sqnr_db": json_db(self.finite_sqnr_db),
             "max_abs_err": json_float(self.max_abs_err),
             "max_abs_ref": json_float(self.max_abs_ref),
+            "elements": self.count,
             "nan": self.nan,
             "inf": self.inf,
+            "nonfinite_share": self.nonfinite_share,
+            "ref_nonfinite": self.ref_nonfinite,
         }
 
 
 def json_float(x: float):
-    """A float for JSON: finite floats as they are, the rest as the strings "inf", "-inf", "nan"."""
+    """A float for JSON: finite floats as they are, NaN as null, infinities as the strings "inf", "-inf"."""
     x = float(x)
+    if math.isnan(x):
+        return None
     return x if math.isfinite(x) else str(x)
+
+
+def json_db(x: float):
+    """An SQNR for JSON: null when undefined (NaN/inf in the tensor), "inf" for no error at all."""
+    return json_float(x)
 
 
 def _abs_max(t: torch.Tensor) -> float:
@@ -106,6 +139,8 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     finite = torch.isfinite(emulated) & torch.isfinite(ref)
     err.nan = int(torch.isnan(emulated).sum())
     err.inf = int(torch.isinf(emulated).sum())
+    err.ref_nonfinite = int((~torch.isfinite(ref)).sum())
+    err.max_abs_ref = _abs_max(ref[torch.isfinite(ref)])
     err.signal = float(torch.linalg.vector_norm(ref[finite])) ** 2
     d = diff[finite]
     err.noise = float(torch.linalg.vector_norm(d)) ** 2

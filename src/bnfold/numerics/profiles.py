@@ -50,7 +50,7 @@ class Profile:
         return round_fp16(t)
 
 
-def get_profile(profile: "str | Profile", acc_chunk: int = 16) -> Profile:
+def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
     """The :class:`Profile` called ``profile`` (``fp32``, ``fp16``, ``htp``, ``fp16-acc``)."""
     if isinstance(profile, Profile):
         return profile

@@ -6,7 +6,7 @@ import math
 
 
 def db(x) -> str:
-    """A dB figure for a table: one decimal, 'exact' for no error at all."""
+    """A dB figure for a table: one decimal, 'exact' for no error at all, 'n/a' when undefined."""
     if x is None:
         return "-"
     if math.isinf(x) and x > 0:
@@ -14,6 +14,26 @@ def db(x) -> str:
     if math.isnan(x):
         return "n/a"
     return f"{x:.1f}"
+
+
+def sqnr(err) -> str:
+    """An error's SQNR cell: NaN/inf share when the tensor holds any (it has no SQNR), else :func:`db`."""
+    if err is None:
+        return "-"
+    if err.nonfinite:
+        return f"NaN {100 * err.nonfinite_share:.3g}%"
+    if err.ref_nonfinite:
+        return "ref NaN"
+    return db(err.sqnr_db)
+
+
+def nonfinite(err) -> str:
+    """``nan/inf`` counts and their share of the elements."""
+    if err is None:
+        return "-"
+    if not err.nonfinite:
+        return "0/0"
+    return f"{err.nan}/{err.inf} ({100 * err.nonfinite_share:.3g}%)"
 
 
 def pct(x) -> str:
@@ -32,38 +52,72 @@ def _short(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "~"
 
 
-def audit_table(report) -> str:
-    eps = "model eps" if report.bn_eps is None else f"bn_eps={report.bn_eps:g}"
-    lines = [f"bnfold audit: profile {report.profile}, {eps}, {report.samples} samples in {report.batches} batch(es)"]
+def _end_to_end(report) -> list[str]:
     u, f = report.unfolded, report.folded
-    lines.append("")
-    lines.append(f"  {'end to end':<24} {'unfolded':>12} {'folded':>12}")
-    lines.append(f"  {'output SQNR (dB)':<24} {db(u.output.sqnr_db):>12} {db(f.output.sqnr_db) if f else '-':>12}")
+    out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}"]
+    out.append(f"  {'output SQNR (dB)':<26} {sqnr(u.output):>14} {sqnr(f.output) if f else '-':>14}")
     if u.top1_agreement is not None:
-        lines.append(f"  {'top-1 agreement w/ fp32':<24} {pct(u.top1_agreement):>12} {pct(f.top1_agreement) if f else '-':>12}")
+        label = "top-1 agreement w/ fp32" + ("*" if report.random_inputs else "")
+        out.append(f"  {label:<26} {pct(u.top1_agreement):>14} {pct(f.top1_agreement) if f else '-':>14}")
     if u.accuracy is not None:
         acc = f"accuracy (fp32 {pct(report.fp32_accuracy)})"
-        lines.append(f"  {acc:<24} {pct(u.accuracy):>12} {pct(f.accuracy) if f else '-':>12}")
-    nf = lambda e: f"{e.output.nan}/{e.output.inf}"  # noqa: E731
-    lines.append(f"  {'output NaN/inf':<24} {nf(u):>12} {nf(f) if f else '-':>12}")
-    lines.append("")
-    lines.append(f"  normalizations ({len(report.norms)}): kappa = max |mean|/sqrt(var+eps); headroom = 65504 / max|input|")
-    lines.append(f"  {'norm':<28} {'ch':>4} {'|scale| range':>19} {'kappa':>8} {'headroom':>9}  fold")
+        out.append(f"  {acc:<26} {pct(u.accuracy):>14} {pct(f.accuracy) if f else '-':>14}")
+    out.append(f"  {'output NaN/inf':<26} {nonfinite(u.output):>14} {nonfinite(f.output) if f else '-':>14}")
+    if report.random_inputs and u.top1_agreement is not None:
+        out.append("  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
+                   "activation ranges); audit real data with --inputs")
+    return out
+
+
+def _norm_rows(report) -> list[str]:
+    rt = report.bn_eps is not None
+    out = [f"  normalizations ({len(report.norms)}): kappa = max |mean|/sqrt(var+eps) at the model's eps"
+           + (f" and at the runtime eps {report.bn_eps:g}" if rt else "")
+           + "; headroom = 65504 / the largest |value| the profile stores (input, x*scale, bias', sum; "
+           "smallest of predicted and measured)",
+           "  loss = local SQNR of the folded layer minus that of the unfolded one: predicted from the statistics "
+           "| measured by the emulated run"]
+    k_rt = "kappa@rt" if rt else ""
+    out.append(f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {k_rt:>9} {'headroom':>9} "
+               f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold")
     for n in report.norms:
-        rng = f"{sci(n.scale_min)}..{sci(n.scale_max)}"
-        extra = ""
-        if n.runtime_scale_max is not None:
-            extra = f" [scale max {sci(n.runtime_scale_max)} with bn_eps]"
-        lines.append(f"  {_short(n.name, 28):<28} {n.channels:>4} {rng:>19} {sci(n.kappa):>8} {sci(n.headroom):>9}  "
-                     f"{_short(n.fold, 90)}{extra}")
-    lines.append("")
-    lines.append(f"  layers ({len(report.layers)}): SQNR (dB) against float64, NaN/inf")
-    lines.append(f"  {'layer':<28} {'kind':<14} {'unfolded':>9} {'folded':>9} {'NaN/inf u':>10} {'NaN/inf f':>10}")
+        r = n.risk
+        pred = r.effective.loss_db if r is not None and r.effective is not None else None
+        meas = r.measured.loss_db if r is not None and r.measured is not None else None
+        loss = f"{db(pred)}|{db(meas)}"
+        scale = n.runtime_scale_max if rt and n.runtime_scale_max is not None else n.scale_max
+        krt = sci(n.runtime_kappa) if rt else ""
+        out.append(f"  {_short(n.name, 28):<28} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
+                   f"{sci(n.headroom):>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
+                   f"{_short(n.fold, 70)}")
+    return out
+
+
+def _layer_rows(report) -> list[str]:
+    out = [f"  layers ({len(report.layers)}): SQNR (dB) against float64.  cumulative: this output against the float64 "
+           "run of the whole model (carries upstream error); local: the error this layer adds by itself (its inputs "
+           "as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR"]
+    out.append(f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
+               f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}")
     for r in report.layers:
-        fd = db(r.folded.sqnr_db) if r.folded else "-"
-        fn = f"{r.folded.nan}/{r.folded.inf}" if r.folded else "-"
-        un = f"{r.unfolded.nan}/{r.unfolded.inf}"
         kind = r.kind + ("+bn" if r.norm and r.kind != "batch_norm" else "")
-        lines.append(f"  {_short(r.label or r.name, 28):<28} {kind:<14} {db(r.unfolded.sqnr_db):>9} {fd:>9} "
-                     f"{un:>10} {fn:>10}")
+        out.append(f"  {_short(r.title, 28):<28} {kind:<14} {sqnr(r.unfolded):>10} {sqnr(r.folded):>10} "
+                   f"{sqnr(r.local_unfolded):>10} {sqnr(r.local_folded):>10} {nonfinite(r.unfolded):>18} "
+                   f"{nonfinite(r.folded):>16}")
+    return out
+
+
+def audit_table(report) -> str:
+    eps = "model eps" if report.bn_eps is None else f"runtime bn_eps={report.bn_eps:g}"
+    rand = ", random inputs" if report.random_inputs else ""
+    lines = [f"bnfold audit: {report.name}, profile {report.profile}, {eps}, {report.samples} samples in "
+             f"{report.batches} batch(es){rand}", ""]
+    lines += _end_to_end(report)
+    lines.append("")
+    lines += _norm_rows(report)
+    lines.append("")
+    lines += _layer_rows(report)
+    lines.append("")
+    lines.append("  what to do:")
+    lines += [f"  - {a}" for a in report.advice()]
     return "\n".join(lines)

@@ -1,0 +1,65 @@
+"""Per-channel ranges of each batch norm's input, in the reference and in the emulated run.
+
+The risk model (:mod:`bnfold.numerics.risk`) reads the overflow headroom of the
+intermediates a runtime computes (``x*scale``, ``bias'``, their sum) from these
+ranges: for a per-channel affine ``a*x + b`` the largest ``|a*x + b|`` over
+``x`` in ``[lo, hi]`` is at ``lo`` or ``hi``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+def _channel_range(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Per-channel ``(min, max)`` along ``axis`` as float64 (inf kept, NaN ignored), and the NaN count."""
+    x = x.detach()
+    nan = torch.isnan(x)
+    n_nan = int(nan.sum())
+    moved = x.movedim(axis, 0).reshape(x.shape[axis], -1).to(torch.float64)
+    if n_nan:
+        nan_m = torch.isnan(moved)
+        lo = moved.masked_fill(nan_m, torch.inf).amin(1)
+        hi = moved.masked_fill(nan_m, -torch.inf).amax(1)
+    elif moved.shape[1] == 0:
+        lo = torch.full((moved.shape[0],), torch.inf, dtype=torch.float64)
+        hi = -lo
+    else:
+        lo, hi = torch.aminmax(moved, dim=1)
+    return lo, hi, n_nan
+
+
+@dataclass
+class NormProbe:
+    """The input range of one batch norm (graph node ``node``), per channel, merged over batches."""
+
+    node: str
+    lo_ref: torch.Tensor
+    hi_ref: torch.Tensor
+    lo_emu: torch.Tensor
+    hi_emu: torch.Tensor
+    nan_emu: int = 0
+
+    @classmethod
+    def of(cls, node: str, emulated: torch.Tensor, ref: torch.Tensor, axis: int) -> NormProbe:
+        lo_r, hi_r, _ = _channel_range(ref, axis)
+        lo_e, hi_e, nan = _channel_range(emulated, axis)
+        return cls(node, lo_r, hi_r, lo_e, hi_e, nan)
+
+    def merge(self, other: NormProbe) -> None:
+        self.lo_ref = torch.minimum(self.lo_ref, other.lo_ref)
+        self.hi_ref = torch.maximum(self.hi_ref, other.hi_ref)
+        self.lo_emu = torch.minimum(self.lo_emu, other.lo_emu)
+        self.hi_emu = torch.maximum(self.hi_emu, other.hi_emu)
+        self.nan_emu += other.nan_emu
+
+
+def affine_max_abs(scale: torch.Tensor, shift: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> float:
+    """``max |scale_c * x + shift_c|`` over channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (inf when a bound is)."""
+    with torch.no_grad():
+        a = (scale * lo + shift).abs()
+        b = (scale * hi + shift).abs()
+        both = torch.maximum(torch.nan_to_num(a, nan=torch.inf), torch.nan_to_num(b, nan=torch.inf))
+        return float(both.max()) if both.numel() else 0.0

@@ -1,0 +1,317 @@
+"""The risk of each batch norm under a precision profile, predicted from its statistics.
+
+Before anything runs, a batch norm's statistics say what a runtime will compute
+for it.  Per channel ``c``, with ``s = gamma / sqrt(var + eps)``,
+``bias' = beta - mean * s`` and an input ``x`` of mean ``mean`` and variance
+``var``:
+
+* **overflow**: the ``htp`` form computes ``x*s``, stores ``bias'`` and adds
+  them, all in fp16.  Their largest magnitudes are predicted with ``x`` in
+  ``mean +- 4 sqrt(var)``; the headroom is ``65504`` over the largest.
+  The ``fp16`` form computes in float32 and stores only its input and output.
+* **SQNR**: each fp16 rounding of a value ``v`` adds an error of mean square
+  ``ulp(v)^2 / 12`` (``v`` nearly constant) or ``0.18 u^2 E[v^2]`` (``v``
+  spread over binades; ``u = 2^-11``).  Unfolded, the rounding of the input,
+  of ``x*s``, of the stored ``s`` and ``bias'`` and of the sum all reach the
+  output; a runtime eps that differs from the model's adds the systematic
+  ``(s_runtime - s)^2 var``.  Folded, the conv computes the normalized value
+  and rounds it once (plus its stored bias).  Both carry the rounding of the
+  layer's weights (``0.18 u^2`` of its output's mean square).  The predicted local SQNR loss is
+  the difference of the two; kappa ``= |mean| / sqrt(var + eps)`` is the factor
+  by which the input's rounding error grows.
+
+The emulated run then measures the same intermediates from the per-channel
+range of the input (:class:`~bnfold.numerics.probe.NormProbe`) in the float64
+reference and in the emulated run, and the local SQNR loss of the layer row
+the batch norm belongs to.  ``verdict`` puts prediction and measurement
+together: ``overflows`` / ``degrades`` (by about N dB) / ``safe``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ..errors import FoldError
+from ..fold_math import batch_norm_affine
+from .probe import NormProbe, affine_max_abs
+from .profiles import FP16_MAX, Profile
+
+U_FP16 = 2.0**-11
+FP32_MAX = float(torch.finfo(torch.float32).max)
+#: mean square relative rounding error of fp16 values spread evenly over binades (log-uniform): 0.18 u^2
+SPREAD = 0.18
+#: a batch norm whose predicted (or measured) local SQNR loss reaches this many dB "degrades": the htp form's
+#: own extra roundings cost up to ~7 dB at kappa <= 1, so 10 dB (noise x10) marks what kappa or an eps adds
+DEGRADE_DB = 10.0
+#: the eps ExecuTorch's QNN batch-norm builder applies whatever the model says
+QNN_EPS = 1e-9
+#: the x range the prediction assumes around the running mean, in standard deviations
+SIGMAS = 4.0
+
+
+def _ulp(v: torch.Tensor, mant_bits: int) -> torch.Tensor:
+    """The spacing of floating-point numbers with ``mant_bits`` fraction bits at ``|v|`` (fp16: 10)."""
+    a = v.abs().clamp_min(2.0**-14)
+    return torch.exp2(torch.floor(torch.log2(a)) - mant_bits)
+
+
+def rounding_noise(const: torch.Tensor, var: torch.Tensor, mant_bits: int = 10) -> torch.Tensor:
+    """Expected squared error of rounding values of mean ``const`` and variance ``var`` (per channel)."""
+    const, var = torch.as_tensor(const, dtype=torch.float64), torch.as_tensor(var, dtype=torch.float64)
+    u = 2.0 ** -(mant_bits + 1)
+    spread = SPREAD * u * u * (const * const + var)
+    tight = _ulp(const, mant_bits) ** 2 / 12
+    return torch.where(var.sqrt() * 8 < const.abs(), tight, spread)
+
+
+@dataclass
+class EpsRisk:
+    """What the statistics predict at one eps (the model's, or a runtime's)."""
+
+    eps: float
+    scale_max: float
+    kappa: float
+    kappa_channel: int
+    intermediates: dict[str, float]  # predicted max |value| of each intermediate the profile stores
+    headroom: float  # 65504 / the largest of them (the float32 max for fp32)
+    unfolded_sqnr_db: float  # predicted local SQNR of the normalized output, unfolded
+    folded_sqnr_db: float  # the same, computed by the folded layer (rounded once)
+    cause: str = ""  # the largest term of the unfolded error
+
+    @property
+    def loss_db(self) -> float:
+        return self.folded_sqnr_db - self.unfolded_sqnr_db
+
+    @property
+    def overflows(self) -> bool:
+        return self.headroom < 1.0
+
+    def to_dict(self) -> dict:
+        from .errors import json_float
+
+        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+        out["intermediates"] = {k: json_float(v) for k, v in self.intermediates.items()}
+        out["loss_db"] = json_float(self.loss_db)
+        out["overflows"] = self.overflows
+        return out
+
+
+@dataclass
+class Measured:
+    """The same intermediates measured on the audit's batches, at the eps the emulated run used."""
+
+    reference: dict[str, float]  # max |value| computed from the float64 reference input
+    emulated: dict[str, float]  # max |value| computed from the emulated input
+    headroom_reference: float
+    headroom_emulated: float
+    output_nonfinite: int = 0  # NaN/inf in the emulated normalized output
+    loss_db: float | None = None  # folded minus unfolded local SQNR of the row (None: not measured)
+    nan_input: int = 0
+
+    def to_dict(self) -> dict:
+        from .errors import json_float
+
+        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
+        out["reference"] = {k: json_float(v) for k, v in self.reference.items()}
+        out["emulated"] = {k: json_float(v) for k, v in self.emulated.items()}
+        return out
+
+
+@dataclass
+class NormStats:
+    """A batch norm's constants as float64 per-channel tensors (``bias`` of the layer before it, if any)."""
+
+    mean: torch.Tensor
+    var: torch.Tensor
+    gamma: torch.Tensor | None
+    beta: torch.Tensor | None
+    eps: float
+    layer_bias: torch.Tensor | None = None
+    rounded_input: bool = True  # the input is a layer's output stored in fp16 within the same row
+
+    def affine(self, eps: float):
+        """``(scale, shift)`` of ``fold_math.batch_norm_affine`` at ``eps``, or None where undefined."""
+        try:
+            a = batch_norm_affine(self.mean, self.var, eps, self.gamma, self.beta)
+        except FoldError:
+            return None
+        return a.scale, a.shift
+
+
+def _intermediates(profile: Profile, s, b, lo, hi) -> dict[str, float]:
+    """Max |value| of what ``profile`` stores for ``s*x + b`` with ``x`` in ``[lo, hi]`` per channel."""
+    zero = torch.zeros_like(s)
+    x = affine_max_abs(torch.ones_like(s), zero, lo, hi)
+    y = affine_max_abs(s, b, lo, hi)
+    if not profile.fp16_storage:
+        return {"output": y}
+    if profile.htp_batch_norm:
+        return {"input": x, "x*scale": affine_max_abs(s, zero, lo, hi), "bias'": float(b.abs().max()), "sum": y}
+    return {"input": x, "output": y}
+
+
+def headroom(profile: Profile, values: dict[str, float]) -> float:
+    top = max(values.values(), default=0.0)
+    limit = FP16_MAX if profile.fp16_storage else FP32_MAX
+    if math.isnan(top):
+        return 0.0
+    return limit / top if top > 0 else math.inf
+
+
+#: the causes the unfolded error's terms add up to: roundings of values near the mean, multiplied by the scale
+#: (they grow with kappa^2), the runtime eps (a systematic change of the scale), and plain fp16 rounding
+CAUSES = {
+    "input rounding x scale": "kappa",
+    "x*scale rounding": "kappa",
+    "stored scale": "kappa",
+    "stored bias'": "kappa",
+    "stored statistics": "kappa",
+    "runtime eps": "runtime eps",
+    "output rounding": "fp16 rounding",
+    "weights": "fp16 rounding",
+}
+
+
+def _noise_terms(stats: NormStats, profile: Profile, s, b, s_m, b_m) -> tuple[dict, dict, torch.Tensor]:
+    """The expected squared errors (per channel) the unfolded and the folded form add, by cause, and
+    the output's mean square (the signal)."""
+    mean, var = stats.mean, stats.var.clamp_min(0)
+    bits = 10 if profile.fp16_storage else 23
+    zero = 0 * var
+    beta = stats.beta if stats.beta is not None else torch.zeros_like(mean)
+    layer_bias = stats.layer_bias if stats.layer_bias is not None else torch.zeros_like(mean)
+    out = rounding_noise(beta, s_m**2 * var, bits)
+    unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
+    fold = {"output rounding": out}
+    if stats.rounded_input:
+        # the stored input (and the layer's stored bias), times the scale: kappa's share
+        stored = rounding_noise(mean, var, bits) + rounding_noise(layer_bias, zero, bits)
+        unf["input rounding x scale"] = s**2 * stored
+        # the layer's rounded weights: a relative error of its weighted sum (output less bias), in both programs
+        u = 2.0 ** -(bits + 1)
+        unf["weights"] = fold["weights"] = s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
+    if profile.htp_batch_norm:  # x*s rounded; s stored (a constant relative error per channel); bias' stored
+        unf["x*scale rounding"] = rounding_noise(s * mean, s**2 * var)
+        unf["stored scale"] = rounding_noise(s, zero) * (mean**2 + var)
+        unf["stored bias'"] = rounding_noise(b, zero)
+    elif profile.fp16_storage:  # running statistics stored in fp16, computed in float32
+        unf["stored statistics"] = s**2 * rounding_noise(mean, zero) + rounding_noise(s, zero) * var
+    if profile.fp16_storage:
+        fold["stored bias"] = rounding_noise(b_m + s_m * layer_bias, zero, bits)
+    return unf, fold, beta**2 + s_m**2 * var
+
+
+def predict(stats: NormStats, profile: Profile, eps: float) -> EpsRisk | None:
+    """The risk of the batch norm at ``eps`` under ``profile``, from its statistics alone."""
+    at_eps, at_model = stats.affine(eps), stats.affine(stats.eps)
+    bare = NormStats(stats.mean, stats.var, None, None, eps).affine(eps)
+    if at_eps is None or at_model is None or bare is None:
+        return None
+    s, b = at_eps
+    s_m, b_m = at_model
+    sd = stats.var.clamp_min(0).sqrt()
+    inter = _intermediates(profile, s, b, stats.mean - SIGMAS * sd, stats.mean + SIGMAS * sd)
+    kappa = bare[1].abs()
+    unf, fold, signal = _noise_terms(stats, profile, s, b, s_m, b_m)
+    sums = {k: float(v.sum()) for k, v in unf.items()}
+    causes: dict[str, float] = {}
+    for k, v in sums.items():
+        causes[CAUSES.get(k, k)] = causes.get(CAUSES.get(k, k), 0.0) + v
+    total = float(signal.sum())
+    return EpsRisk(
+        eps=float(eps),
+        scale_max=float(s.abs().max()),
+        kappa=float(kappa.max()),
+        kappa_channel=int(kappa.argmax()),
+        intermediates=inter,
+        headroom=headroom(profile, inter),
+        unfolded_sqnr_db=_db(total, sum(sums.values())),
+        folded_sqnr_db=_db(total, sum(float(v.sum()) for v in fold.values())),
+        cause=max(causes, key=causes.get),
+    )
+
+
+def _db(signal: float, noise: float) -> float:
+    if noise <= 0:
+        return math.inf
+    if signal <= 0:
+        return -math.inf
+    return 10 * math.log10(signal / noise)
+
+
+def measure_intermediates(stats: NormStats, profile: Profile, eps: float, probe: NormProbe) -> Measured | None:
+    """The intermediates at ``eps`` from the input ranges the emulated run recorded."""
+    ab = stats.affine(eps)
+    if ab is None:
+        return None
+    s, b = ab
+    ref = _intermediates(profile, s, b, probe.lo_ref, probe.hi_ref)
+    emu = _intermediates(profile, s, b, probe.lo_emu, probe.hi_emu)
+    return Measured(ref, emu, headroom(profile, ref), headroom(profile, emu), nan_input=probe.nan_emu)
+
+
+@dataclass
+class Risk:
+    """The verdict on one batch norm: predicted at the model's eps, at the runtime eps (``bn_eps``) and,
+    when none is given, at the QNN builder's eps as a what-if; measured at the eps the run used."""
+
+    model: EpsRisk | None
+    runtime: EpsRisk | None
+    what_if: EpsRisk | None
+    measured: Measured | None
+    verdict: str = "unknown"
+    detail: str = ""
+    cause: str = ""  # what overflows, or the largest term of the error
+    risky_at_what_if: bool = False
+    notes: list = field(default_factory=list)
+
+    @property
+    def effective(self) -> EpsRisk | None:
+        return self.runtime or self.model
+
+    def to_dict(self) -> dict:
+        return {
+            "verdict": self.verdict,
+            "detail": self.detail,
+            "cause": self.cause,
+            "predicted_model_eps": self.model and self.model.to_dict(),
+            "predicted_runtime_eps": self.runtime and self.runtime.to_dict(),
+            "predicted_qnn_eps_what_if": self.what_if and self.what_if.to_dict(),
+            "measured": self.measured and self.measured.to_dict(),
+        }
+
+
+def judge(risk: Risk) -> Risk:
+    """Set ``risk.verdict`` (``overflows`` / ``degrades`` / ``safe``) and its one-line ``detail``."""
+    pred, meas = risk.effective, risk.measured
+    over_pred = pred is not None and pred.overflows
+    over_meas = meas is not None and (min(meas.headroom_reference, meas.headroom_emulated) < 1
+                                      or meas.output_nonfinite > 0)
+    if over_pred or over_meas:
+        risk.verdict = "overflows"
+        which = []
+        if over_pred:
+            which.append(f"predicted headroom {pred.headroom:.2g}x")
+        if meas is not None:
+            which.append(f"measured headroom {min(meas.headroom_reference, meas.headroom_emulated):.2g}x"
+                         + (f", {meas.output_nonfinite} NaN/inf in its output" if meas.output_nonfinite else ""))
+        risk.detail = "; ".join(which)
+        values = dict(pred.intermediates) if over_pred else {}
+        if meas is not None:
+            for k, v in list(meas.reference.items()) + list(meas.emulated.items()):
+                values[k] = max(values.get(k, 0.0), v)
+        top = max(values, key=values.get, default="")
+        risk.cause = f"{top} overflows" if top and values[top] > FP16_MAX else "NaN/inf in the output"
+    elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas and meas.loss_db and meas.loss_db >= DEGRADE_DB)):
+        risk.verdict = "degrades"
+        risk.detail = f"by ~{pred.loss_db:.0f} dB, mostly {pred.cause}"
+        risk.cause = pred.cause
+    elif pred is not None:
+        risk.verdict = "safe"
+        risk.detail = f"predicted loss {pred.loss_db:.1f} dB"
+    if risk.what_if is not None:
+        risk.risky_at_what_if = risk.what_if.overflows or risk.what_if.loss_db >= DEGRADE_DB
+    return risk

@@ -1,0 +1,84 @@
+"""NaN/inf is reported as such (count and share), never as an SQNR: not "exact", not a finite number.
+
+The outputs come from a real emulated failure: a batch norm whose dead channel (running variance 0,
+constant input 5) overflows fp16 under ``htp`` at a runtime eps of 1e-9 (see ``test_risk``), so that
+channel turns to NaN (``inf - inf``).  Summed over channels, every output is NaN; per channel, half.
+"""
+
+import json
+import math
+
+import pytest
+import torch
+from test_risk import DeadChannel
+from torch import nn
+
+import bnfold
+from bnfold.numerics.errors import TensorError, measure
+from bnfold.numerics.table import sqnr
+
+
+class Summed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = DeadChannel()
+
+    def forward(self, x):
+        return self.body(x).sum((1, 2, 3)).unsqueeze(1)
+
+
+def _audit(model):
+    torch.manual_seed(0)
+    return bnfold.audit(model, [(torch.randn(4, 3, 6, 6) * 0.5,)], profile="htp", bn_eps=1e-9)
+
+
+def test_measure_all_and_partly_nan():
+    ref = torch.arange(1.0, 9.0, dtype=torch.float64)
+    all_nan = measure("y", "op", torch.full((8,), math.nan), ref, exact_diff=True)
+    assert (all_nan.nan, all_nan.nonfinite_share) == (8, 1.0)
+    assert math.isnan(all_nan.sqnr_db) and math.isnan(all_nan.finite_sqnr_db)  # not +inf ("exact")
+    half = torch.tensor([1.0, 2, 3, 4, math.nan, math.inf, math.nan, -math.inf])
+    part = measure("y", "op", half, ref, exact_diff=False)
+    assert (part.nan, part.inf, part.nonfinite_share) == (2, 2, 0.5)
+    assert math.isnan(part.sqnr_db) and part.finite_sqnr_db == math.inf  # the finite half is exact
+    assert sqnr(all_nan) == "NaN 100%" and sqnr(part) == "NaN 50%"
+    d = part.to_dict()
+    assert d["sqnr_db"] is None and (d["nan"], d["inf"], d["elements"]) == (2, 2, 8)
+    clean = TensorError("y", "op", (8,), 8, signal=1.0, noise=0.0)
+    clean.merge(all_nan)  # one bad batch spoils the merged figure
+    assert math.isnan(clean.sqnr_db) and clean.nonfinite_share == pytest.approx(0.5)
+
+
+def test_all_nan_output_is_not_exact():
+    rep = _audit(Summed())
+    out = rep.unfolded.output
+    assert out.nonfinite == out.count == 4 and out.nonfinite_share == 1.0
+    assert math.isnan(out.sqnr_db)
+    (line,) = [ln for ln in rep.table().splitlines() if ln.strip().startswith("output SQNR")]
+    assert "NaN 100%" in line and "exact" not in line
+    doc = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    e2e = doc["end_to_end"]["unfolded"]
+    assert e2e["output_sqnr_db"] is None and e2e["nonfinite_share"] == 1.0 and e2e["nan"] == 4
+    assert doc["end_to_end"]["folded"]["output_sqnr_db"] is not None  # folded, nothing overflows
+    assert any("100% NaN/inf" in line for line in rep.advice())
+
+
+def test_partly_nan_output_counts_its_share():
+    rep = _audit(DeadChannel())
+    out = rep.unfolded.output
+    assert out.nonfinite_share == pytest.approx(0.5)  # channel 0 of 2
+    assert math.isnan(out.sqnr_db) and math.isfinite(out.finite_sqnr_db)
+    (row,) = rep.layers
+    assert row.unfolded.nonfinite_share == pytest.approx(0.5) and math.isnan(row.unfolded.sqnr_db)
+    assert row.local_unfolded.nonfinite_share == pytest.approx(0.5)
+    assert rep.worst_layers(1)[0] is row
+    doc = json.loads(json.dumps(rep.to_dict(), allow_nan=False))
+    assert doc["layers"][0]["cumulative"]["unfolded"]["sqnr_db"] is None
+
+
+def test_plot_marks_nan_layers(tmp_path):
+    pytest.importorskip("matplotlib")
+    rep = _audit(DeadChannel())
+    png = tmp_path / "nan.png"
+    rep.plot(png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
