@@ -7,7 +7,10 @@ STAMP := $(VENV)/.bnfold-installed
 # torch is pinned to the CPU wheel these machines carry; executorch 1.5.1 works with it.
 TORCH_PIN := torch==2.13.0
 
-.PHONY: demo test bench install clean
+.PHONY: demo test lint readme bench bench-update install clean
+
+# `make bench` writes here (ignored by git); `make bench-update` refreshes the committed tables.
+BENCH_OUT := benchmarks/results/local
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,7 +27,19 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# ruff checks and format checks only: it never rewrites files (run `ruff format` yourself).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# rewrite the command outputs README.md shows with what the commands print now (tests/readme checks them)
+readme: $(STAMP)
+	$(PY) tests/readme/readme_blocks.py --update
+
 bench: $(STAMP)
+	$(PY) benchmarks/run_all.py --out $(BENCH_OUT)
+
+bench-update: $(STAMP)
 	$(PY) benchmarks/run_all.py
 
 clean:

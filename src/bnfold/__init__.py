@@ -1,12 +1,36 @@
-"""bnfold: fold BatchNorm and per-channel affines into neighbouring layers."""
+"""bnfold: fold BatchNorm and per-channel affines into neighbouring layers.
 
-from .api import PRODUCER_KINDS, fold
+``import bnfold`` does not import torch: the fold functions import it when
+called.  The version comes from the installed package's metadata (pyproject's
+``version`` is the one source).
+"""
+
+from importlib import metadata as _metadata
+
+from .api import PRODUCER_KINDS, check, fold
+from .checks import CheckResult
 from .errors import FoldError
-from .report import Folded, FoldReport, FoldResult, Skipped
+from .report import Folded, FoldReport, FoldResult, FoldStats, Skipped
 
-__version__ = "0.1.0"
+try:
+    __version__ = _metadata.version("bnfold")
+except _metadata.PackageNotFoundError:  # running from a source tree that was never installed
+    __version__ = "0+unknown"
 
-__all__ = ["fold", "FoldResult", "FoldReport", "Folded", "Skipped", "FoldError", "PRODUCER_KINDS", "__version__"]
+__all__ = [
+    "CheckResult",
+    "FoldError",
+    "FoldReport",
+    "FoldResult",
+    "FoldStats",
+    "Folded",
+    "PRODUCER_KINDS",
+    "Skipped",
+    "__version__",
+    "audit",
+    "check",
+    "fold",
+]
 
 
 def __getattr__(name):

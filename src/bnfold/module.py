@@ -2,25 +2,45 @@
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 from .report import FoldResult
 from .torch_export import fold_program
 
+#: The note a report carries when the module was folded as an eval-mode copy.
+EVAL_COPY_NOTE = (
+    "the module was in training mode: bnfold folded an eval-mode copy (model.eval()); "
+    "the module you passed is unchanged"
+)
 
-def fold_module(module: torch.nn.Module, example_inputs, only=None) -> FoldResult:
+
+def _in_training(module: torch.nn.Module) -> bool:
+    return any(m.training for m in module.modules())
+
+
+def fold_module(module: torch.nn.Module, example_inputs: tuple, only=None, exclude=()) -> FoldResult:
     """Fold ``module`` through ``torch.export``; ``module`` itself is not modified.
 
     ``.model`` of the result is the ``torch.fx.GraphModule`` that
     ``ExportedProgram.module()`` returns for the folded program: it computes
-    the same function as ``module`` on inputs shaped like ``example_inputs``
-    (shapes are static, as ``torch.export.export`` makes them by default), its
-    parameters keep their state_dict names, and it holds no batch norm that
-    could be folded.  Export a model in eval mode: a batch norm in training
-    mode is reported, not folded.
+    the same function as ``module.eval()`` on inputs shaped like
+    ``example_inputs`` (shapes are static, as ``torch.export.export`` makes
+    them by default), its parameters keep their state_dict names, and it holds
+    no batch norm that could be folded.  A module in training mode (any of its
+    submodules) is copied and the copy put in eval mode before export; the
+    report's ``notes`` says so.
     """
+    from .api import _measured
+
     if not isinstance(example_inputs, tuple):
-        example_inputs = tuple(example_inputs) if isinstance(example_inputs, list) else (example_inputs,)
+        raise TypeError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
+    notes = []
+    if _in_training(module):
+        module = copy.deepcopy(module).eval()
+        notes.append(EVAL_COPY_NOTE)
     ep = torch.export.export(module, example_inputs)
-    result = fold_program(ep, only=only)
+    result = _measured(ep, lambda: fold_program(ep, only=only, exclude=exclude))
+    result.report.notes.extend(notes)
     return FoldResult(result.model.module(), result.report)

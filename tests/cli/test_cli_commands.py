@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 
-import cli_helpers as h
 import pytest
 import torch
 
 import bnfold
+import cli_helpers as h
 
 
 def test_version(run):
@@ -50,7 +50,10 @@ def test_fold_writes_an_equivalent_program_without_batch_norm(run, models, tmp_p
     torch.testing.assert_close(after.module()(x), before.module()(x), rtol=1e-5, atol=1e-5)
 
     data = json.loads(report.read_text())
-    assert data["summary"] == {"folded": 1, "skipped": 0, "extra_bytes": 0}
+    summary = data["summary"]
+    assert (summary["folded"], summary["skipped"], summary["extra_bytes"]) == (1, 0, 0)
+    assert summary["nodes_removed"] > 0 and summary["params_saved"] == 4 * 4 + 1  # BN's 4 x 4 tensors + counter
+    assert summary["bytes_saved"] > 0 and summary["seconds"] >= 0
     assert data["input"] == str(src) and data["output"] == str(out)
     assert data["folded"][0]["norm"] == "bn"
     assert h.listing(tmp_path) == {src.name, out.name, report.name}  # no temporary files left
@@ -90,6 +93,7 @@ def test_fold_writes_an_unfoldable_model_unchanged_with_the_reason(run, models, 
     code, stdout, _ = run("fold", src, "-o", out)
     assert code == 0
     assert "folded 0, skipped 1" in stdout
+    assert f"nothing to fold in {src}" in stdout
     reason = bnfold.fold(torch.export.load(str(src))).report.skipped[0].reason
     assert reason in stdout
     assert h.norm_count(torch.export.load(str(out))) == 1
@@ -115,22 +119,43 @@ def test_check_passes_a_model_without_norms(run, models):
     assert code == 0, stdout
 
 
-def test_check_reports_the_skip_reason(run, models):
+def test_check_lists_an_unfoldable_norm_and_passes_unless_strict(run, models):
     reason = bnfold.fold(torch.export.load(str(models["bn_only"]))).report.skipped[0].reason
     code, stdout, _ = run("check", models["bn_only"], "--json")
-    assert code == 1
+    assert code == 0
     data = json.loads(stdout)
-    assert data["ok"] is False
-    [survivor] = data["survivors"]
+    assert data["ok"] is True and data["strict"] is False
+    [file] = data["files"]
+    [survivor] = file["survivors"]
     assert (survivor["norm"], survivor["status"], survivor["reason"]) == ("bn", "skipped", reason)
+    code, stdout, _ = run("check", models["bn_only"])
+    assert code == 0 and "ok, 1 normalization left that bnfold cannot fold" in stdout and reason in stdout
+    code, stdout, _ = run("check", "--strict", models["bn_only"])
+    assert code == 1 and "(failing: --strict)" in stdout and reason in stdout
 
 
 def test_check_json_foldable(run, models):
     code, stdout, _ = run("check", models["conv_bn"], "--json")
     assert code == 1
+    [file] = json.loads(stdout)["files"]
+    assert [s["status"] for s in file["survivors"]] == ["foldable"]
+    assert file["survivors"][0]["reason"] == "foldable: run bnfold fold"
+    assert (file["foldable"], file["unfoldable"], file["exit_code"]) == (1, 0, 1)
+
+
+def test_check_several_files_exits_with_the_worst_status(run, models, tmp_path):
+    missing = tmp_path / "missing.pt2"
+    code, stdout, err = run("check", models["conv"], models["bn_only"])
+    assert code == 0 and stdout.count(": ok") == 2
+    code, stdout, err = run("check", models["conv"], models["conv_bn"], models["bn_only"])
+    assert code == 1 and "foldable: run bnfold fold" in stdout
+    code, stdout, err = run("check", models["conv_bn"], missing, models["conv"])
+    assert code == 2
+    assert f"{models['conv']}: ok" in stdout  # the files after the bad one are still checked
+    h.one_error_line(err, "missing.pt2", "no such file")
+    code, stdout, _ = run("check", models["conv"], missing, "--json")
     data = json.loads(stdout)
-    assert [s["status"] for s in data["survivors"]] == ["foldable"]
-    assert data["survivors"][0]["reason"] == "foldable: run bnfold fold"
+    assert code == 2 and [f["exit_code"] for f in data["files"]] == [0, 2] and data["ok"] is False
 
 
 def test_dynamic_shapes_and_guards_are_not_mistaken_for_code(run, models, tmp_path):
@@ -151,7 +176,7 @@ def test_dynamic_shapes_and_guards_are_not_mistaken_for_code(run, models, tmp_pa
 
 
 def test_json_error_is_machine_readable(run, tmp_path):
-    code, stdout, err = run("check", tmp_path / "missing.pt2", "--json")
+    code, stdout, err = run("fold", tmp_path / "missing.pt2", "-o", tmp_path / "out.pt2", "--json")
     assert code == 2
     data = json.loads(stdout)
     assert data["exit_code"] == 2 and data["error"].startswith(f"{tmp_path / 'missing.pt2'}: no such file")

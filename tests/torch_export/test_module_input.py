@@ -1,11 +1,14 @@
 """bnfold.fold(nn.Module, example_inputs): export, fold, hand back a module."""
 
 import copy
+import json
 
+import pytest
 import torch
 import torch.nn as nn
 
 import bnfold
+from bnfold.module import EVAL_COPY_NOTE
 from bnfold_testutil import assert_matches, randomize_bn, reference
 
 
@@ -49,21 +52,37 @@ def test_shared_conv_regression_against_fx_fuse_bug():
     assert {"conv.weight_folded_bn_a", "conv.weight"} <= names  # the last consumer keeps the original key
 
 
-def test_module_in_training_mode_is_reported_not_folded():
+def test_module_in_training_mode_is_folded_as_an_eval_copy_and_the_report_says_so():
     model = randomize_bn(SharedConv()).train()
-    result = bnfold.fold(model, (torch.randn(2, 3, 8, 8),))
-    assert result.report.folded == []
-    assert all("training mode" in s.reason for s in result.report.skipped)
-    assert model.training  # the caller's mode is left alone
+    x = torch.randn(2, 3, 8, 8)
+    result = bnfold.fold(model, (x,))
+    assert len(result.report.folded) == 2 and result.report.skipped == []
+    assert result.report.notes == [EVAL_COPY_NOTE]
+    assert json.loads(json.dumps(result.report.to_dict()))["notes"] == [EVAL_COPY_NOTE]
+    assert model.training and all(m.training for m in model.modules())  # the caller's module is left alone
+    assert_matches(result.model(x), reference(model.eval(), x))
+    assert bnfold.fold(model.eval(), (x,)).report.notes == []  # no note for a module already in eval mode
 
 
-def test_single_tensor_example_input_and_bad_calls():
+def test_example_inputs_must_be_a_tuple():
     model = randomize_bn(SharedConv()).eval()
     x = torch.randn(1, 3, 5, 5)
-    assert_matches(bnfold.fold(model, x).model(x), reference(model, x))
-    import pytest
-
+    assert_matches(bnfold.fold(model, (x,)).model(x), reference(model, x))
+    for bad in (x, [x]):
+        with pytest.raises(TypeError, match=r"example_inputs must be a tuple .* pass \(x,\)"):
+            bnfold.fold(model, bad)
     with pytest.raises(TypeError, match="example inputs"):
         bnfold.fold(model)
     with pytest.raises(TypeError, match="cannot fold"):
         bnfold.fold(42)
+
+
+def test_module_report_carries_sizes_and_time():
+    model = randomize_bn(SharedConv()).eval()
+    report = bnfold.fold(model, (torch.randn(1, 3, 6, 6),)).report
+    stats = report.stats
+    assert stats.nodes_removed > 0 and stats.seconds >= 0
+    # bn_a and bn_b go (2 x 4 float32 tensors of 4, and 2 int64 counters); a private copy of conv's weight
+    # and bias comes in (the report's extra_bytes)
+    assert stats.params_saved == 2 * (4 * 4 + 1) - (4 * 3 * 3 * 3 + 4)
+    assert stats.bytes_saved == 2 * (4 * 4 * 4 + 8) - report.extra_bytes and report.extra_bytes == (108 + 4) * 4

@@ -106,7 +106,7 @@ def test_one_bias_free_conv_on_two_paths_folds_into_private_copies(ir):
     _, result = _fold(case, ir, False)
     report = result.report
     assert sorted(f.norm for f in report.folded) == ["bn1", "bn2"], report
-    assert len({f.into for f in report.folded}) == 2, report  # two conv nodes, one per path
+    assert len({f.into_node for f in report.folded}) == 2, report  # two conv nodes, one per path
     weight_bytes = model.conv.weight.numel() * model.conv.weight.element_size()
     assert report.extra_bytes >= weight_bytes, report.to_dict()  # one private copy of the weight at least
     weights = [k for k in result.model.state_dict if k.startswith("conv.weight")]
@@ -125,7 +125,7 @@ def test_shared_head_keeps_the_original_names(ir):
     one of them keeps the original ``head.conv.weight`` / ``head.conv.bias`` names."""
     case = BY_NAME["efficientdet_shared_head"]
     _, result = _fold(case, ir, False)
-    assert len(result.report.folded) == 3 and len({f.into for f in result.report.folded}) == 3, result.report
+    assert len(result.report.folded) == 3 and len({f.into_node for f in result.report.folded}) == 3, result.report
     keys = sorted(result.model.state_dict)
     assert "head.conv.weight" in keys and "head.conv.bias" in keys, keys
     assert len([k for k in keys if k.startswith("head.conv.weight")]) == 3, keys

@@ -1,27 +1,111 @@
 """The fold driver: apply the rules to every layer until nothing changes, then
-report every normalization (and every elementwise op a rule tried) that stays."""
+report every normalization (and every elementwise op a rule tried) that stays.
+
+``exclude`` holds fnmatch patterns on the names people know (module paths for
+torch programs, node names for ONNX): a layer whose ``op_label`` matches gets
+nothing folded into it, and a normalization whose ``norm_label`` matches is
+left where it is; both are reported as "excluded by --exclude PATTERN".
+"""
 
 from __future__ import annotations
 
+import fnmatch
+from collections.abc import Iterable
 from typing import Any
 
 from ..report import FoldReport, Skipped
-from .graph import GraphAdapter
+from .graph import GraphAdapter, Norm
+from .fanout import fold_fanout
+from .lower import lower_unfoldable
 from .rules import fold_input, fold_output
 
 #: The rules, in the order they run on each layer: output side first, so that
-#: a batch norm between two layers goes into the one before it (no padding issue).
-RULES = (fold_output, fold_input)
+#: a batch norm between two layers goes into the one before it (no padding issue);
+#: then a chain that feeds several layers, then one that feeds this layer alone.
+RULES = (fold_output, fold_fanout, fold_input)
 
 #: Each round folds at least one node, so this bound is never reached in practice.
 MAX_ROUNDS = 64
 
 
-def fold_graph(graph: GraphAdapter, only=None) -> FoldReport:
-    """Fold every foldable chain of ``graph`` in place; return the report."""
+def excluded_by(label: str, patterns: Iterable[str]) -> str | None:
+    """The first pattern of ``patterns`` that ``label`` matches (fnmatch, case-sensitive), or None."""
+    return next((p for p in patterns if fnmatch.fnmatchcase(label, p)), None)
+
+
+def exclusion_reason(pattern: str, what: str = "") -> str:
+    """The skip reason of an excluded normalization (``what``: the excluded layer, if it was the layer)."""
+    return f"excluded by --exclude {pattern}" + (f" (layer {what})" if what else "")
+
+
+class _Excluding:
+    """The adapter as the rules see it when normalizations are excluded: those are not normalizations
+    (so no chain goes through them); every other call goes to the adapter."""
+
+    def __init__(self, graph: GraphAdapter, patterns: tuple[str, ...]):
+        self._graph = graph
+        self._patterns = patterns
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._graph, name)
+
+    def norm(self, node: Any) -> Norm | None:
+        norm = self._graph.norm(node)
+        if norm is not None and excluded_by(self._graph.norm_label(norm), self._patterns):
+            return None
+        return norm
+
+
+def _excluded_layers(graph: GraphAdapter, nodes: list, patterns: tuple[str, ...], reasons: dict) -> set:
+    """The layer nodes whose label matches a pattern; their neighbouring normalizations get the reason."""
+    out = set()
+    for node in nodes:
+        label = graph.op_label(node)
+        pattern = excluded_by(label, patterns)
+        if pattern is None:
+            continue
+        out.add(node)
+        layer = graph.layer(node)
+        neighbours = list(graph.users(layer.output)) + [graph.producer(layer.input)]
+        for other in neighbours:
+            if other is not None and graph.norm(other) is not None:
+                reasons.setdefault(other, exclusion_reason(pattern, label))
+    return out
+
+
+def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lower: bool = False) -> FoldReport:
+    """Fold every foldable chain of ``graph`` in place; return the report.  ``lower``: rewrite each
+    eval batch norm that stays as ``x * scale + shift`` (``bnfold.engine.lower``)."""
+    patterns = tuple(exclude or ())
     report = FoldReport()
     reasons: dict[Any, str] = {}
     nodes = [layer.node for layer in graph.layers()]  # a fold never makes or removes a layer
+    view: Any = graph
+    if patterns:
+        skip = _excluded_layers(graph, nodes, patterns, reasons)
+        nodes = [n for n in nodes if n not in skip]
+        view = _Excluding(graph, patterns)
+    _run_rules(view, nodes, only, report, reasons)
+    if lower:
+        keep = (lambda norm: not excluded_by(graph.norm_label(norm), patterns)) if patterns else None
+        why = lambda norm: reasons.get(norm.node) or no_neighbour(graph, norm)  # noqa: E731
+        report.lowered, refused = lower_unfoldable(graph, why, keep)
+        for node, why in refused.items():
+            reasons[node] = f"{reasons[node]}; {why}" if node in reasons else why
+    for norm in graph.norms():
+        label = graph.norm_label(norm)
+        pattern = excluded_by(label, patterns) if patterns else None
+        reason = norm.problem or (pattern and exclusion_reason(pattern)) or reasons.get(norm.node) \
+            or no_neighbour(graph, norm)
+        report.skipped.append(Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node)))
+    for node, reason in reasons.items():
+        if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
+            report.skipped.append(Skipped(graph.op_label(node), reason, "", graph.node_name(node)))
+    return report
+
+
+def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict) -> None:
+    """The rules on every layer node, round after round, until a round folds nothing."""
     for _ in range(MAX_ROUNDS):
         changed = False
         for rule in RULES:
@@ -30,21 +114,13 @@ def fold_graph(graph: GraphAdapter, only=None) -> FoldReport:
                 if layer is None:
                     continue
                 outcome = rule(graph, layer, only)
-                for node, reason in outcome.reasons.items():
-                    reasons.setdefault(node, reason)
+                for step, reason in outcome.reasons.items():
+                    reasons.setdefault(step, reason)
                 if outcome.folded:
                     report.folded.extend(outcome.folded)
                     changed = True
         if not changed:
             break
-    for norm in graph.norms():
-        reason = norm.problem or reasons.get(norm.node) or no_neighbour(graph, norm)
-        report.skipped.append(Skipped(graph.norm_label(norm), reason, _layer_name(graph, norm.input),
-                                      graph.node_name(norm.node)))
-    for node, reason in reasons.items():
-        if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
-            report.skipped.append(Skipped(graph.op_label(node), reason, "", graph.node_name(node)))
-    return report
 
 
 def _layer_name(graph: GraphAdapter, value: Any) -> str:

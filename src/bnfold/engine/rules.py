@@ -108,10 +108,12 @@ def _fold(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, param
             _trim_hops(steps, far)
             continue
         label = _label(graph, steps)
+        entries = _entries(graph, layer, steps, side, 0)  # named while the chain is still in the graph
         # the chain goes first: a parameter the layer shared only with removed nodes is then no longer shared
         end = graph.remove_steps(steps)
         extra, pending = graph.write_layer(layer, new_w, new_b, label)
-        out.folded.extend(_entries(graph, layer, steps, side, extra))
+        entries[0].extra_bytes = extra
+        out.folded.extend(entries)
         if pending is not None:  # the layer holds no bias: add it where the chain ended
             if side == "output":
                 axis, rank = steps[-1].axis, steps[-1].rank
@@ -136,7 +138,8 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         w = check_layer(graph, layer, only)
     except Stop as stop:
         for user in graph.users(layer.output):
-            if user is not None:
+            norm = graph.norm(user) if user is not None else None
+            if user is not None and not (norm is not None and norm.affine_only):
                 _note(graph, out, user, stop.reason)
         return out
     channels = fold_math.out_channels(layer.kind, tuple(w.weight.shape), layer.groups)
@@ -180,15 +183,16 @@ def _label(graph: GraphAdapter, steps: list[Step]) -> str:
 def _entries(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, extra: int) -> list[Folded]:
     ops = [s.op for s in steps]
     pattern = "+".join([layer.op] + ops if side == "output" else ops + [layer.op])
-    into = graph.node_name(layer.node)
+    into, into_node = graph.op_label(layer.node), graph.node_name(layer.node)  # the name people know, the node
     norms = [s for s in steps if s.norm is not None]
     if norms:
-        entries = [Folded(graph.norm_label(s.norm), into, pattern, side, 0, graph.node_name(s.node)) for s in norms]
+        entries = [Folded(graph.norm_label(s.norm), into, pattern, side, 0, graph.node_name(s.node), into_node)
+                   for s in norms]
     else:
         affine = [s for s in steps if s.affine is not None]
         names = "+".join(graph.node_name(s.node) for s in affine)
         path = graph.op_label(affine[0].node)
         label = f"{path} ({names})" if path != graph.node_name(affine[0].node) else f"affine {names}"
-        entries = [Folded(label, into, pattern, side, 0, graph.node_name(affine[0].node))]
+        entries = [Folded(label, into, pattern, side, 0, graph.node_name(affine[0].node), into_node)]
     entries[0].extra_bytes = extra
     return entries

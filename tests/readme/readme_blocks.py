@@ -1,0 +1,191 @@
+"""README.md's fenced code blocks, and how the README test runs each kind.
+
+A block is skipped only when the line before its fence is ``<!-- readme-test: skip (REASON) -->``.
+Kinds: ``python`` (run in one namespace shared by every python block), ``sh`` (each line in bash),
+``console`` (``$ command`` lines, each followed by the output it prints; ``# exit N`` at the end
+of a command gives its exit status, 0 otherwise), ``yaml`` (a CI snippet or a pre-commit
+config: checked by the test), and ``text`` or no language (not code).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+README = ROOT / "README.md"
+SKIP = re.compile(r"^<!-- readme-test: skip \((?P<reason>[^)]+)\) -->$")
+EXIT = re.compile(r"\s+#\s*exit (?P<code>\d+)\s*$")
+KINDS = {"python", "sh", "console", "yaml", "text", ""}
+
+
+@dataclass
+class Block:
+    kind: str
+    code: str
+    line: int  # 1-based line of the opening fence
+    skip: str | None = None  # the reason, when marked
+
+
+@dataclass
+class Command:
+    command: str
+    exit_code: int = 0
+    output: list[str] = field(default_factory=list)
+
+
+def blocks(text: str | None = None) -> list[Block]:
+    """Every fenced block of the README, in order."""
+    lines = (README.read_text() if text is None else text).splitlines()
+    out, i = [], 0
+    while i < len(lines):
+        if lines[i].startswith("```"):
+            kind, start = lines[i][3:].strip(), i
+            end = next(j for j in range(i + 1, len(lines)) if lines[j].startswith("```"))
+            prev = next((lines[k].strip() for k in range(start - 1, -1, -1) if lines[k].strip()), "")
+            marker = SKIP.match(prev)
+            out.append(Block(kind, "\n".join(lines[start + 1 : end]) + "\n", start + 1, marker and marker["reason"]))
+            i = end
+        i += 1
+    return out
+
+
+def commands(block: Block) -> list[Command]:
+    """The ``$`` commands of a console block, with their expected exit status and output lines."""
+    out: list[Command] = []
+    for line in block.code.splitlines():
+        if line.startswith("$ "):
+            command, code = line[2:], 0
+            match = EXIT.search(command)
+            if match:
+                command, code = command[: match.start()], int(match["code"])
+            out.append(Command(command.strip(), code))
+        elif line.strip():
+            out[-1].output.append(line)
+    return out
+
+
+def shell(command: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``command`` in bash, in ``cwd``, with this interpreter's ``bnfold`` first on PATH."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}")
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+
+
+#: Durations ("(13 s)", "in 0.01 s") differ from run to run: compared as "<time> s".
+DURATION = re.compile(r"\b\d+(\.\d+)? s\b")
+
+
+def _normal(line: str) -> str:
+    return DURATION.sub("<time> s", " ".join(line.split()))
+
+
+def in_order(expected: list[str], actual: list[str]) -> list[str]:
+    """The expected lines not found, in order, among the actual lines (whitespace runs are one space,
+    durations are not compared)."""
+    norm = [_normal(a) for a in actual]
+    missing, at = [], 0
+    for line in expected:
+        want = _normal(line)
+        try:
+            at = norm.index(want, at) + 1
+        except ValueError:
+            missing.append(line)
+    return missing
+
+
+# ----------------------------------------------------------------------------- running the README
+
+
+def run_python(block: Block, namespace: dict) -> None:
+    """A python block in ``namespace`` (shared by all of them), its prints swallowed."""
+    import contextlib
+    import io
+
+    with contextlib.redirect_stdout(io.StringIO()):
+        exec(compile(block.code, f"README.md:{block.line}", "exec"), namespace)  # noqa: S102 - the README's own code
+
+
+def run_readme(cwd: Path, on_console, on_yaml=None) -> dict[str, int]:
+    """Run the README's blocks in order in ``cwd``: python blocks here, each console command through
+    ``on_console(block, command, completed_process)``, each yaml block through ``on_yaml(block)``.
+    Returns how many blocks of each kind ran."""
+    namespace: dict = {"__name__": "__readme__"}
+    ran = {"python": 0, "console": 0, "yaml": 0, "sh": 0}
+    for block in blocks():
+        if block.skip or block.kind in ("text", ""):
+            continue
+        if block.kind == "python":
+            run_python(block, namespace)
+        elif block.kind == "console":
+            for cmd in commands(block):
+                on_console(block, cmd, shell(cmd.command, cwd))
+        elif block.kind == "sh":
+            for line in block.code.splitlines():
+                if line.strip() and not line.lstrip().startswith("#"):
+                    proc = shell(line, cwd)
+                    assert proc.returncode == 0, f"README.md:{block.line}: {line}: exit {proc.returncode}"
+        elif block.kind == "yaml" and on_yaml is not None:
+            on_yaml(block)
+        ran[block.kind] += 1
+    return ran
+
+
+def update_readme() -> None:
+    """Rewrite the output shown under each console command with what it prints now (stdout, or stderr
+    when it prints nothing on stdout).  A command shown without output stays without.  ``make readme`` runs this."""
+    import tempfile
+    import warnings
+
+    printed: list[tuple[str, list[str]]] = []  # (command, its output lines), in README order
+
+    def record(block: Block, cmd: Command, proc: subprocess.CompletedProcess) -> None:
+        if proc.returncode != cmd.exit_code:
+            raise SystemExit(f"README.md:{block.line}: $ {cmd.command}: exit {proc.returncode}\n{proc.stderr}")
+        text = (proc.stdout or proc.stderr).rstrip()
+        printed.append((cmd.command, [ln.rstrip() for ln in text.splitlines()]))
+
+    warnings.simplefilter("ignore")
+    here = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            run_readme(Path(tmp), record)
+        finally:
+            os.chdir(here)
+    README.write_text(_with_outputs(README.read_text(), printed))
+
+
+def _with_outputs(text: str, printed: list[tuple[str, list[str]]]) -> str:
+    """``text`` with each console command's shown output replaced by the next entry of ``printed``."""
+    lines, out, console, queue = text.splitlines(), [], None, list(printed)
+    for n, line in enumerate(lines, 1):
+        if console is None and line.startswith("```console"):
+            console, command = n, None
+        elif console is not None and line.startswith("```"):
+            console = None
+        elif console is not None and line.startswith("$ "):
+            command = commands(Block("console", line + "\n", console))[0]
+            following = lines[n] if n < len(lines) else "```"
+            ran, output = queue.pop(0)
+            if ran != command.command:
+                raise SystemExit(f"README.md changed while it ran ({ran!r} is not {command.command!r}); run it again")
+            out.append(line)
+            if not following.startswith(("$ ", "```")):  # a command shown without output stays so
+                out.extend(output)
+            continue
+        elif console is not None:
+            continue  # an old output line
+        out.append(line)
+    return "\n".join(out) + "\n"
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["--update"]:
+        raise SystemExit(
+            "usage: python tests/readme/readme_blocks.py --update   (rewrites README.md's console outputs)"
+        )
+    update_readme()
