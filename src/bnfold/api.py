@@ -59,6 +59,7 @@ def fold(
     *,
     only: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
+    lower_unfoldable: bool = False,
 ) -> FoldResult:
     """Fold normalizations into neighbouring conv / transposed conv / linear layers.
 
@@ -69,8 +70,11 @@ def fold(
     or the path of a ``.pt2`` (read with the safe loader) or ``.onnx`` file.
     ``only`` restricts the layers folded into (``"conv"``, ``"conv,linear"`` or
     ``{"conv", "linear"}``); ``exclude`` holds fnmatch patterns on module paths
-    (node names for ONNX) of layers and normalizations to leave alone.  The
-    input is never mutated.
+    (node names for ONNX) of layers and normalizations to leave alone.
+    ``lower_unfoldable`` rewrites each eval batch norm that cannot fold as a
+    multiply and an add by per-channel constants computed in float64 with the
+    model's eps (``report.lowered``), so no backend can recompute it with its
+    own eps.  The input is never mutated.
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
     if isinstance(model, (str, os.PathLike)):
@@ -79,20 +83,23 @@ def fold(
         from .onnx import fold_onnx
 
         _no_inputs(example_inputs, "an ONNX model")
-        return _measured(model, lambda: fold_onnx(model, only=kinds, exclude=patterns))
+        return _measured(model, lambda: fold_onnx(model, only=kinds, exclude=patterns,
+                                                  lower_unfoldable=lower_unfoldable))
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):
         from .torch_export import fold_program
 
         _no_inputs(example_inputs, "an ExportedProgram")
-        return _measured(model, lambda: fold_program(model, only=kinds, exclude=patterns))
+        return _measured(model, lambda: fold_program(model, only=kinds, exclude=patterns,
+                                                     lower_unfoldable=lower_unfoldable))
     if isinstance(model, torch.nn.Module):
         from .module import fold_module
 
         if example_inputs is None:
             raise TypeError("fold(module, example_inputs): an nn.Module needs example inputs (a tuple) to export")
-        return fold_module(model, _check_inputs(example_inputs), only=kinds, exclude=patterns)
+        return fold_module(model, _check_inputs(example_inputs), only=kinds, exclude=patterns,
+                           lower_unfoldable=lower_unfoldable)
     raise TypeError(
         f"cannot fold a {type(model).__name__}: pass a torch.export.ExportedProgram, "
         "an nn.Module with example inputs, an ONNX model, or a .pt2 / .onnx path"

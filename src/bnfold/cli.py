@@ -215,6 +215,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="leave layers and normalizations whose module path (ONNX: node name) matches these "
         "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable",
     )
+    p.add_argument(
+        "--lower-unfoldable",
+        action="store_true",
+        help="rewrite each batch norm that cannot fold as mul + add by constants computed with the model's eps "
+        "(no backend can then apply its own eps)",
+    )
     p.add_argument("--force", action="store_true", help="replace OUT if it exists")
     p.add_argument("--in-place", action="store_true", help="overwrite IN with the folded model (OUT defaults to IN)")
     p.set_defaults(func=cmd_fold)
@@ -298,11 +304,11 @@ def _print_json(payload: Any) -> None:
     print(_json_text(payload))
 
 
-def _fold(model: Any, only, debug: bool, exclude=None, label: str = ""):
+def _fold(model: Any, only, debug: bool, exclude=None, label: str = "", lower_unfoldable: bool = False):
     from . import fold
 
     with quiet(not debug), _Heartbeat(f"folding {label}" if label else "folding"):
-        return fold(model, only=only, exclude=exclude)
+        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)
 
 
 def _exclude(args: argparse.Namespace) -> tuple[str, ...]:
@@ -371,7 +377,7 @@ def cmd_fold(args: argparse.Namespace) -> int:
     if args.report:
         files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = models.load_model(args.input, trust=_opt(args, "trust"), debug=debug, max_bytes=_opt(args, "max_bytes"))
-    result = _fold(loaded.model, args.only, debug, _exclude(args), args.input)
+    result = _fold(loaded.model, args.only, debug, _exclude(args), args.input, args.lower_unfoldable)
     refuse_training(loaded.model, args.input, result.report)
     payload = _report_payload(args.input, plan.path, result.report)
     texts = {args.report: _json_text(payload) + "\n"} if args.report else None
@@ -380,7 +386,7 @@ def cmd_fold(args: argparse.Namespace) -> int:
         _print_json(payload)
     else:
         print(result.report.table())
-        if not result.report.folded:
+        if not result.report.folded and not result.report.lowered:
             print(f"nothing to fold in {args.input}: no normalization could be folded; wrote an unchanged copy")
         extra = f" (report: {args.report})" if args.report else ""
         print(f"wrote {plan.path}{extra}")

@@ -20,7 +20,8 @@ def _in_training(module: torch.nn.Module) -> bool:
     return any(m.training for m in module.modules())
 
 
-def fold_module(module: torch.nn.Module, example_inputs: tuple, only=None, exclude=()) -> FoldResult:
+def fold_module(module: torch.nn.Module, example_inputs: tuple, only=None, exclude=(),
+                lower_unfoldable: bool = False) -> FoldResult:
     """Fold ``module`` through ``torch.export``; ``module`` itself is not modified.
 
     ``.model`` of the result is the ``torch.fx.GraphModule`` that
@@ -41,6 +42,6 @@ def fold_module(module: torch.nn.Module, example_inputs: tuple, only=None, exclu
         module = copy.deepcopy(module).eval()
         notes.append(EVAL_COPY_NOTE)
     ep = torch.export.export(module, example_inputs)
-    result = _measured(ep, lambda: fold_program(ep, only=only, exclude=exclude))
+    result = _measured(ep, lambda: fold_program(ep, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable))
     result.report.notes.extend(notes)
     return FoldResult(result.model.module(), result.report)

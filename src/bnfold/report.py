@@ -101,6 +101,7 @@ class FoldReport:
         summary: dict[str, Any] = {
             "folded": len(self.folded),
             "skipped": len(self.skipped),
+            "lowered": len(self.lowered),
             "extra_bytes": self.extra_bytes,
         }
         if self.stats is not None:
@@ -116,6 +117,8 @@ class FoldReport:
     def summary_line(self) -> str:
         """One line: folded / skipped, then nodes removed, parameters and bytes saved and time when measured."""
         line = f"folded {len(self.folded)}, skipped {len(self.skipped)}"
+        if self.lowered:
+            line += f", lowered {len(self.lowered)}"
         if self.stats is not None:
             s = self.stats
             line += (
@@ -126,9 +129,10 @@ class FoldReport:
 
     def table(self) -> str:
         """A short human-readable table."""
-        lines = [f"folded {len(self.folded)}, skipped {len(self.skipped)}"]
+        lines = [f"folded {len(self.folded)}, skipped {len(self.skipped)}"
+                 + (f", lowered {len(self.lowered)}" if self.lowered else "")]
         lines += [f"  note: {n}" for n in self.notes]
-        width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped)])
+        width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
         into = max([24] + [len(f.into) for f in self.folded])
         for f in self.folded:
             extra = f"  (+{f.extra_bytes} bytes for a private weight copy)" if f.extra_bytes else ""

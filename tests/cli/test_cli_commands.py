@@ -220,3 +220,28 @@ def test_json_output_is_strict_json():
     text = _json_text({"sqnr": float("inf"), "err": [float("nan"), 1.5], "pair": (1, 2)})
     assert json.loads(text) == {"sqnr": "inf", "err": ["nan", 1.5], "pair": [1, 2]}
     assert "NaN" not in text and "Infinity" not in text
+
+
+def test_fold_lower_unfoldable(run, tmp_path):
+    """``--lower-unfoldable``: the pre-activation BN that cannot fold becomes mul + add; nothing is left."""
+    from torch import nn
+
+    class PreAct(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bn, self.conv = nn.BatchNorm2d(3), nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(torch.relu(self.bn(x)))
+
+    model = h.randomize_bn(PreAct()).eval()
+    x = torch.randn(2, 3, 6, 6)
+    src, out = tmp_path / "pre.pt2", tmp_path / "out.pt2"
+    torch.export.save(torch.export.export(model, (x,)), str(src))
+    code, stdout, err = run("fold", src, "-o", out, "--lower-unfoldable", "--json")
+    assert code == 0, err
+    data = json.loads(stdout)
+    assert data["summary"]["lowered"] == 1 and [e["norm"] for e in data["lowered"]] == ["bn"]
+    folded = torch.export.load(str(out))
+    assert not [n for n in folded.graph.nodes if "batch_norm" in str(n.target)]
+    torch.testing.assert_close(folded.module()(x), model(x), rtol=1e-5, atol=1e-5)
