@@ -17,8 +17,8 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 RESULTS = HERE / "results"
@@ -54,8 +54,9 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - t, out
 
 
-def round_robin(fns: dict[str, Callable[[], float]], rounds: int, budget_s: float | None = None,
-                min_rounds: int = 1) -> dict[str, list[float]]:
+def round_robin(
+    fns: dict[str, Callable[[], float]], rounds: int, budget_s: float | None = None, min_rounds: int = 1
+) -> dict[str, list[float]]:
     """Call every ``fn`` once per round, in order, for ``rounds`` rounds (fewer when ``budget_s``
     runs out, but at least ``min_rounds``).  Each ``fn`` returns the seconds it measured itself
     (so set-up work such as copying the input stays out of the time)."""
@@ -100,8 +101,20 @@ def machine() -> dict:
         pass
     try:
         out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
-        keep = ("Architecture", "Model name", "CPU(s)", "Thread(s) per core", "Core(s) per socket", "Socket(s)",
-                "CPU max MHz", "L1d cache", "L2 cache", "L3 cache", "Hypervisor vendor", "Flags")
+        keep = (
+            "Architecture",
+            "Model name",
+            "CPU(s)",
+            "Thread(s) per core",
+            "Core(s) per socket",
+            "Socket(s)",
+            "CPU max MHz",
+            "L1d cache",
+            "L2 cache",
+            "L3 cache",
+            "Hypervisor vendor",
+            "Flags",
+        )
         rows = {}
         for line in out.splitlines():
             k, _, v = line.partition(":")
@@ -140,9 +153,15 @@ def table(headers: list[str], rows: list[list], align: str | None = None) -> str
     cells = [[str(c) for c in r] for r in rows]
     widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
     align = align or "l" + "r" * (len(headers) - 1)
+
     def fmt(r):
         return "| " + " | ".join(c.ljust(w) if a == "l" else c.rjust(w) for c, w, a in zip(r, widths, align)) + " |"
-    sep = "|" + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align)) + "|"
+
+    sep = (
+        "|"
+        + "|".join(("-" * (w + 1) + ":") if a == "r" else (":" + "-" * (w + 1)) for w, a in zip(widths, align))
+        + "|"
+    )
     return "\n".join([fmt(headers), sep, *(fmt(r) for r in cells)])
 
 

@@ -34,13 +34,28 @@ def resnetish() -> nn.Module:
     def block(cin, cout, stride):
         return [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU()]
 
-    return nn.Sequential(*block(3, 32, 1), *block(32, 32, 1), *block(32, 64, 2), *block(64, 64, 1),
-                         *block(64, 128, 2), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(128, 10))
+    return nn.Sequential(
+        *block(3, 32, 1),
+        *block(32, 32, 1),
+        *block(32, 64, 2),
+        *block(64, 64, 1),
+        *block(64, 128, 2),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(128, 10),
+    )
 
 
 def mlp() -> nn.Module:
-    return nn.Sequential(nn.Linear(256, 1024), nn.BatchNorm1d(1024), nn.ReLU(),
-                         nn.Linear(1024, 1024), nn.BatchNorm1d(1024), nn.ReLU(), nn.Linear(1024, 10))
+    return nn.Sequential(
+        nn.Linear(256, 1024),
+        nn.BatchNorm1d(1024),
+        nn.ReLU(),
+        nn.Linear(1024, 1024),
+        nn.BatchNorm1d(1024),
+        nn.ReLU(),
+        nn.Linear(1024, 10),
+    )
 
 
 MODELS = {
@@ -101,8 +116,10 @@ def main() -> None:
         t32, t64 = t["fp32"], t["f64"]
         for prof in profiles:
             te, tr = t[prof], t[prof + "+ref"]
-            print(f"{name:<24} {prof:<9} {1e3 * t32:>9.1f} {1e3 * te:>8.1f} ({te / t32:>4.1f}x) "
-                  f"{1e3 * tr:>8.1f} ({tr / t32:>4.1f}x) {1e3 * t64:>8.1f} ({t64 / t32:>4.1f}x)")
+            print(
+                f"{name:<24} {prof:<9} {1e3 * t32:>9.1f} {1e3 * te:>8.1f} ({te / t32:>4.1f}x) "
+                f"{1e3 * tr:>8.1f} ({tr / t32:>4.1f}x) {1e3 * t64:>8.1f} ({t64 / t32:>4.1f}x)"
+            )
 
 
 if __name__ == "__main__":

@@ -46,17 +46,42 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (RESULTS, fmt_pct, fmt_s, fmt_x, load_now, log, machine, median, paired_ratio, quiet,  # noqa: E402
-                    round_robin, table, write_json, write_text)
+from common import (
+    RESULTS,
+    fmt_pct,
+    fmt_s,
+    fmt_x,
+    load_now,
+    log,
+    machine,
+    median,
+    paired_ratio,
+    quiet,  # noqa: E402
+    round_robin,
+    table,
+    write_json,
+    write_text,
+)
 from common import timed as _timed  # noqa: E402
 
-DEFAULT_MODELS = ("resnet18", "resnet50", "r3d_18", "efficientnet_v2_s", "mobilenet_v3_large", "fcn_resnet50",
-                  "levit_128s")
+DEFAULT_MODELS = (
+    "resnet18",
+    "resnet50",
+    "r3d_18",
+    "efficientnet_v2_s",
+    "mobilenet_v3_large",
+    "fcn_resnet50",
+    "levit_128s",
+)
 QUICK_MODELS = ("resnet18", "levit_128s")
 EXTRA_MODELS = ("chain800",)
 LARGE_WEIGHT_PARAMS = 10_000_000
-GOALS = {"fold_over_export": 0.10, "fold_over_export_synthetic": 0.05, "edge_over_default": 2.0,
-         "fold_over_weight_io": 3.0}
+GOALS = {
+    "fold_over_export": 0.10,
+    "fold_over_export_synthetic": 0.05,
+    "edge_over_default": 2.0,
+    "fold_over_weight_io": 3.0,
+}
 COLUMNS = ("export", "fold", "fold_edge", "weight_io", "f64_io")
 SUBDIR = "fold_real"
 
@@ -83,11 +108,18 @@ def build(name: str) -> dict:
     if name.startswith("chain"):
         from models import chain
 
-        n = int(name[len("chain"):])
+        n = int(name[len("chain") :])
         model, x = chain(n)
-        return {"model": model, "example": x, "shape": tuple(x[0].shape), "description":
-                f"part A's synthetic chain: {n} conv-BN-ReLU blocks (8 channels, every second conv depthwise)",
-                "batchnorms": n, "parameters": sum(p.numel() for p in model.parameters()), "synthetic": True}
+        return {
+            "model": model,
+            "example": x,
+            "shape": tuple(x[0].shape),
+            "description": f"part A's synthetic chain: {n} conv-BN-ReLU blocks "
+            "(8 channels, every second conv depthwise)",
+            "batchnorms": n,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "synthetic": True,
+        }
     import real_models
 
     torch.manual_seed(0)
@@ -180,24 +212,36 @@ def measure(name: str, rounds: int) -> dict:
     pairs = weight_io_pairs(written)
     written_bytes = sum(w.numel() * w.element_size() for w in written)
     info = {
-        "model": name, "description": b["description"], "input_shape": list(b["shape"]),
-        "calib_shape": list(b.get("calib_shape") or []), "synthetic": b["synthetic"],
-        "parameters": b["parameters"], "batchnorm_modules": b["batchnorms"],
+        "model": name,
+        "description": b["description"],
+        "input_shape": list(b["shape"]),
+        "calib_shape": list(b.get("calib_shape") or []),
+        "synthetic": b["synthetic"],
+        "parameters": b["parameters"],
+        "batchnorm_modules": b["batchnorms"],
         "large_weight": b["parameters"] >= LARGE_WEIGHT_PARAMS,
-        "nodes_aten": len(ep.graph.nodes), "nodes_edge": len(eep.graph.nodes),
-        "batch_norm_nodes_aten": _bn_nodes(ep), "batch_norm_nodes_edge": _bn_nodes(eep),
+        "nodes_aten": len(ep.graph.nodes),
+        "nodes_edge": len(eep.graph.nodes),
+        "batch_norm_nodes_aten": _bn_nodes(ep),
+        "batch_norm_nodes_edge": _bn_nodes(eep),
         # folds whose pattern holds a batch_norm; the rest are other per-channel affines bnfold also folds
         # (e.g. the ``/ 6`` of a decomposed hardswish in the edge program)
-        "folded": _bn_folds(res.report), "folded_other": len(res.report.folded) - _bn_folds(res.report),
+        "folded": _bn_folds(res.report),
+        "folded_other": len(res.report.folded) - _bn_folds(res.report),
         "skipped": len(res.report.skipped),
         "skipped_reasons": [f"{s.norm}: {s.reason}" for s in res.report.skipped],
         "folded_edge": _bn_folds(res_edge.report),
         "folded_other_edge": len(res_edge.report.folded) - _bn_folds(res_edge.report),
         "skipped_edge": len(res_edge.report.skipped),
-        "patterns": _patterns(res.report), "patterns_edge": _patterns(res_edge.report),
-        "batch_norm_nodes_left": _bn_nodes(res.model), "batch_norm_nodes_left_edge": _bn_nodes(res_edge.model),
-        "written_tensors": len(written), "written_bytes": written_bytes,
-        "to_edge_s": t_edge, "to_edge_validated": validated, "build_s": t_build,
+        "patterns": _patterns(res.report),
+        "patterns_edge": _patterns(res_edge.report),
+        "batch_norm_nodes_left": _bn_nodes(res.model),
+        "batch_norm_nodes_left_edge": _bn_nodes(res_edge.model),
+        "written_tensors": len(written),
+        "written_bytes": written_bytes,
+        "to_edge_s": t_edge,
+        "to_edge_validated": validated,
+        "build_s": t_build,
     }
     del res, res_edge
 
@@ -207,9 +251,13 @@ def measure(name: str, rounds: int) -> dict:
     def t_fold_edge():
         return timed(lambda: bnfold.fold(eep))[0]
 
-    fns = {"export": lambda: timed(lambda: torch.export.export(model, x))[0], "fold": t_fold,
-           "fold_edge": t_fold_edge, "weight_io": lambda: timed(lambda: weight_io(pairs))[0],
-           "f64_io": lambda: timed(lambda: f64_io(pairs))[0]}
+    fns = {
+        "export": lambda: timed(lambda: torch.export.export(model, x))[0],
+        "fold": t_fold,
+        "fold_edge": t_fold_edge,
+        "weight_io": lambda: timed(lambda: weight_io(pairs))[0],
+        "f64_io": lambda: timed(lambda: f64_io(pairs))[0],
+    }
     t1 = time.perf_counter()
     times = round_robin(fns, rounds)
     med = {k: median(v) for k, v in times.items()}
@@ -231,21 +279,43 @@ def measure(name: str, rounds: int) -> dict:
     }
     export_goal = GOALS["fold_over_export_synthetic"] if b["synthetic"] else GOALS["fold_over_export"]
     goals = {
-        "fold_over_export": {"target": export_goal, "value": ratios["fold_over_export"],
-                             "pass": ratios["fold_over_export"] <= export_goal},
-        "edge_over_default": {"target": GOALS["edge_over_default"], "value": ratios["edge_over_default"],
-                              "pass": ratios["edge_over_default"] <= GOALS["edge_over_default"]},
-        "fold_over_weight_io": ({"target": GOALS["fold_over_weight_io"], "value": ratios["fold_over_weight_io"],
-                                 "pass": ratios["fold_over_weight_io"] <= GOALS["fold_over_weight_io"]}
-                                if info["large_weight"] else {"target": None, "value": ratios["fold_over_weight_io"],
-                                                              "pass": None}),
+        "fold_over_export": {
+            "target": export_goal,
+            "value": ratios["fold_over_export"],
+            "pass": ratios["fold_over_export"] <= export_goal,
+        },
+        "edge_over_default": {
+            "target": GOALS["edge_over_default"],
+            "value": ratios["edge_over_default"],
+            "pass": ratios["edge_over_default"] <= GOALS["edge_over_default"],
+        },
+        "fold_over_weight_io": (
+            {
+                "target": GOALS["fold_over_weight_io"],
+                "value": ratios["fold_over_weight_io"],
+                "pass": ratios["fold_over_weight_io"] <= GOALS["fold_over_weight_io"],
+            }
+            if info["large_weight"]
+            else {"target": None, "value": ratios["fold_over_weight_io"], "pass": None}
+        ),
     }
-    log(f"  {name}: " + ", ".join(f"{k} {med[k]:.3f}s" for k in COLUMNS)
+    log(
+        f"  {name}: "
+        + ", ".join(f"{k} {med[k]:.3f}s" for k in COLUMNS)
         + f"; to_edge {t_edge:.1f}s; fold/export {fmt_pct(ratios['fold_over_export'])}, edge/default "
-          f"{fmt_x(ratios['edge_over_default'])}, fold/weight I/O {fmt_x(ratios['fold_over_weight_io'])}; "
-          f"{len(times['export'])} rounds in {time.perf_counter() - t1:.0f}s; load {load_now()}")
-    return {**info, "rounds": len(times["export"]), "times_s": times, "median_s": med,
-            "fold_back_to_back_s": warm, "fold_back_to_back_min_s": min(warm), "ratios": ratios, "goals": goals}
+        f"{fmt_x(ratios['edge_over_default'])}, fold/weight I/O {fmt_x(ratios['fold_over_weight_io'])}; "
+        f"{len(times['export'])} rounds in {time.perf_counter() - t1:.0f}s; load {load_now()}"
+    )
+    return {
+        **info,
+        "rounds": len(times["export"]),
+        "times_s": times,
+        "median_s": med,
+        "fold_back_to_back_s": warm,
+        "fold_back_to_back_min_s": min(warm),
+        "ratios": ratios,
+        "goals": goals,
+    }
 
 
 def _src_dirty() -> list[str]:
@@ -254,8 +324,13 @@ def _src_dirty() -> list[str]:
     import subprocess
 
     try:
-        out = subprocess.run(["git", "status", "--porcelain", "--", "src"], capture_output=True, text=True, timeout=10,
-                             cwd=Path(__file__).resolve().parent.parent).stdout
+        out = subprocess.run(
+            ["git", "status", "--porcelain", "--", "src"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            cwd=Path(__file__).resolve().parent.parent,
+        ).stdout
     except Exception:
         return []
     return [line[3:] for line in out.splitlines() if line.strip()]
@@ -264,8 +339,12 @@ def _src_dirty() -> list[str]:
 def _verdict(rows: list[dict]) -> dict:
     def status(goal):
         marks = [r["goals"][goal]["pass"] for r in rows if r["goals"][goal]["pass"] is not None]
-        return {"checked": len(marks), "passed": sum(marks), "all_pass": all(marks),
-                "missed": [r["model"] for r in rows if r["goals"][goal]["pass"] is False]}
+        return {
+            "checked": len(marks),
+            "passed": sum(marks),
+            "all_pass": all(marks),
+            "missed": [r["model"] for r in rows if r["goals"][goal]["pass"] is False],
+        }
 
     return {g: status(g) for g in ("fold_over_export", "edge_over_default", "fold_over_weight_io")}
 
@@ -276,54 +355,98 @@ def _mark(p) -> str:
 
 def render(doc: dict) -> str:
     rows = doc["rows"]
-    head = ["model", "params", "BN folded/skipped (ATen)", "BN folded/skipped (edge)", "export s", "fold s", "fold edge s",
-            "weight I/O s", "f64 I/O s", "to_edge s (1x)", "fold / export", "goal", "edge / default", "goal <= 2x",
-            "fold / weight I/O", "goal <= 3x"]
+    head = [
+        "model",
+        "params",
+        "BN folded/skipped (ATen)",
+        "BN folded/skipped (edge)",
+        "export s",
+        "fold s",
+        "fold edge s",
+        "weight I/O s",
+        "f64 I/O s",
+        "to_edge s (1x)",
+        "fold / export",
+        "goal",
+        "edge / default",
+        "goal <= 2x",
+        "fold / weight I/O",
+        "goal <= 3x",
+    ]
     body = []
     for r in rows:
         m, q, g = r["median_s"], r["ratios"], r["goals"]
-        body.append([r["model"], f"{r['parameters'] / 1e6:.2f}M", f"{r['folded']}/{r['skipped']}",
-                     f"{r['folded_edge']}/{r['skipped_edge']}", fmt_s(m["export"]), fmt_s(m["fold"]),
-                     fmt_s(m["fold_edge"]), fmt_s(m["weight_io"]), fmt_s(m["f64_io"]), fmt_s(r["to_edge_s"]),
-                     fmt_pct(q["fold_over_export"]),
-                     f"{_mark(g['fold_over_export']['pass'])} (<= {g['fold_over_export']['target']:.0%})",
-                     fmt_x(q["edge_over_default"]), _mark(g["edge_over_default"]["pass"]),
-                     fmt_x(q["fold_over_weight_io"], 1), _mark(g["fold_over_weight_io"]["pass"])])
+        body.append(
+            [
+                r["model"],
+                f"{r['parameters'] / 1e6:.2f}M",
+                f"{r['folded']}/{r['skipped']}",
+                f"{r['folded_edge']}/{r['skipped_edge']}",
+                fmt_s(m["export"]),
+                fmt_s(m["fold"]),
+                fmt_s(m["fold_edge"]),
+                fmt_s(m["weight_io"]),
+                fmt_s(m["f64_io"]),
+                fmt_s(r["to_edge_s"]),
+                fmt_pct(q["fold_over_export"]),
+                f"{_mark(g['fold_over_export']['pass'])} (<= {g['fold_over_export']['target']:.0%})",
+                fmt_x(q["edge_over_default"]),
+                _mark(g["edge_over_default"]["pass"]),
+                fmt_x(q["fold_over_weight_io"], 1),
+                _mark(g["fold_over_weight_io"]["pass"]),
+            ]
+        )
     notes = []
     for r in rows:
-        notes.append(f"- **{r['model']}**: {r['description']}; input {'x'.join(map(str, r['input_shape']))}"
-                     + (f" (BN calibrated at {'x'.join(map(str, r['calib_shape'][1:]))})" if r["calib_shape"] else "")
-                     + f"; {r['nodes_aten']} ATen / {r['nodes_edge']} edge nodes, {r['batch_norm_nodes_aten']} "
-                     f"batch_norm nodes ({r['batch_norm_nodes_left']} left after the fold, "
-                     f"{r['batch_norm_nodes_left_edge']} in the edge program); the fold writes "
-                     f"{r['written_tensors']} tensors, {r['written_bytes'] / 2 ** 20:.1f} MiB"
-                     + (f"; other affines folded: {r['folded_other']} (ATen), {r['folded_other_edge']} (edge: "
-                        + ", ".join(f"{k} x{v}" for k, v in r["patterns_edge"].items() if "batch_norm" not in k) + ")"
-                        if r["folded_other"] or r["folded_other_edge"] else "")
-                     + f"; fold back-to-back min "
-                     f"{fmt_s(r['fold_back_to_back_min_s'])} s = {fmt_pct(r['ratios']['fold_back_to_back_over_export'])}"
-                     f" of export; fold / f64 I/O {fmt_x(r['ratios']['fold_over_f64_io'], 1)}"
-                     + (f"; skipped: {'; '.join(r['skipped_reasons'])}" if r["skipped_reasons"] else "")
-                     + ("" if r["to_edge_validated"] else "; to_edge without IR validation"))
+        notes.append(
+            f"- **{r['model']}**: {r['description']}; input {'x'.join(map(str, r['input_shape']))}"
+            + (f" (BN calibrated at {'x'.join(map(str, r['calib_shape'][1:]))})" if r["calib_shape"] else "")
+            + f"; {r['nodes_aten']} ATen / {r['nodes_edge']} edge nodes, {r['batch_norm_nodes_aten']} "
+            f"batch_norm nodes ({r['batch_norm_nodes_left']} left after the fold, "
+            f"{r['batch_norm_nodes_left_edge']} in the edge program); the fold writes "
+            f"{r['written_tensors']} tensors, {r['written_bytes'] / 2**20:.1f} MiB"
+            + (
+                f"; other affines folded: {r['folded_other']} (ATen), {r['folded_other_edge']} (edge: "
+                + ", ".join(f"{k} x{v}" for k, v in r["patterns_edge"].items() if "batch_norm" not in k)
+                + ")"
+                if r["folded_other"] or r["folded_other_edge"]
+                else ""
+            )
+            + f"; fold back-to-back min "
+            f"{fmt_s(r['fold_back_to_back_min_s'])} s = {fmt_pct(r['ratios']['fold_back_to_back_over_export'])}"
+            f" of export; fold / f64 I/O {fmt_x(r['ratios']['fold_over_f64_io'], 1)}"
+            + (f"; skipped: {'; '.join(r['skipped_reasons'])}" if r["skipped_reasons"] else "")
+            + ("" if r["to_edge_validated"] else "; to_edge without IR validation")
+        )
     v = doc["verdict"]
-    summary = "; ".join(f"{g}: {s['passed']}/{s['checked']} pass" + (f" (MISS: {', '.join(s['missed'])})"
-                                                                     if s["missed"] else "") for g, s in v.items())
+    summary = "; ".join(
+        f"{g}: {s['passed']}/{s['checked']} pass" + (f" (MISS: {', '.join(s['missed'])})" if s["missed"] else "")
+        for g, s in v.items()
+    )
     rounds = ", ".join(sorted({str(r["rounds"]) for r in rows}))
-    return "\n".join([
-        "### D. Fold speed on real architectures (seconds, median of rounds; round robin in one process, 1 torch thread)",
-        "",
-        table(head, body),
-        "",
-        f"Rounds: {rounds}. Ratios are medians of per-round ratios. weight I/O = `w * s` (s: per-output-channel "
-        "scale in w's dtype) over every tensor the fold writes, all products kept alive until the timed call "
-        "returns: one read and one write (to fresh memory) of each. f64 I/O = "
-        "`(w.double() * s).to(w.dtype)` over the same tensors (context). The weight-I/O goal applies to models with "
-        ">= 10M parameters." + (f" Working tree: uncommitted changes in {', '.join(doc['src_dirty'])} at the start "
-                                "(numbers are for the working tree, not HEAD)." if doc.get("src_dirty") else ""),
-        f"Goals: {summary}.",
-        "",
-        *notes,
-    ])
+    return "\n".join(
+        [
+            "### D. Fold speed on real architectures "
+            "(seconds, median of rounds; round robin in one process, 1 torch thread)",
+            "",
+            table(head, body),
+            "",
+            f"Rounds: {rounds}. Ratios are medians of per-round ratios. weight I/O = `w * s` (s: per-output-channel "
+            "scale in w's dtype) over every tensor the fold writes, all products kept alive until the timed call "
+            "returns: one read and one write (to fresh memory) of each. f64 I/O = "
+            "`(w.double() * s).to(w.dtype)` over the same tensors (context). "
+            "The weight-I/O goal applies to models with >= 10M parameters."
+            + (
+                f" Working tree: uncommitted changes in {', '.join(doc['src_dirty'])} at the start "
+                "(numbers are for the working tree, not HEAD)."
+                if doc.get("src_dirty")
+                else ""
+            ),
+            f"Goals: {summary}.",
+            "",
+            *notes,
+        ]
+    )
 
 
 def run(models=DEFAULT_MODELS, rounds: int = 3, quick: bool = False, out=None) -> dict:
@@ -331,8 +454,9 @@ def run(models=DEFAULT_MODELS, rounds: int = 3, quick: bool = False, out=None) -
     import torch
 
     torch.set_num_threads(1)
-    import bnfold
     from models import chain
+
+    import bnfold
 
     src_dirty, info = _src_dirty(), machine()  # at the start: the code the numbers belong to
     log("D. fold speed on real models: warm-up")
@@ -345,9 +469,17 @@ def run(models=DEFAULT_MODELS, rounds: int = 3, quick: bool = False, out=None) -
         log(f"  {name} ...")
         rows.append(measure(name, rounds))
         gc.collect()
-    doc = {"benchmark": "fold_real", "quick": quick, "machine": info, "src_dirty": src_dirty, "goals": GOALS,
-           "large_weight_params": LARGE_WEIGHT_PARAMS, "rows": rows, "verdict": _verdict(rows),
-           "load_end": load_now()}
+    doc = {
+        "benchmark": "fold_real",
+        "quick": quick,
+        "machine": info,
+        "src_dirty": src_dirty,
+        "goals": GOALS,
+        "large_weight_params": LARGE_WEIGHT_PARAMS,
+        "rows": rows,
+        "verdict": _verdict(rows),
+        "load_end": load_now(),
+    }
     folder = out_folder(out)
     suffix = "_quick" if quick else ""
     text = render(doc)
@@ -372,7 +504,7 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
     for name in names:
         b = build(name)
         ep = torch.export.export(b["model"], b["example"])
-        t_export, _ = timed(lambda: torch.export.export(b["model"], b["example"]))
+        t_export, _ = timed(lambda b=b: torch.export.export(b["model"], b["example"]))
         if ir == "edge":
             ep = to_edge_program(ep)[0]
         res = bnfold.fold(ep)  # warm
@@ -384,7 +516,7 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
             if not gc_on:
                 gc.disable()
             try:
-                walls.append((gc_on, _timed(lambda: bnfold.fold(ep))[0]))
+                walls.append((gc_on, _timed(lambda ep=ep: bnfold.fold(ep))[0]))
             finally:
                 gc.enable()
         gc.collect()
@@ -397,9 +529,11 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
         finally:
             gc.enable()
         s = io.StringIO()
-        s.write(f"## {name}: bnfold.fold on the {ir}-IR program ({len(ep.graph.nodes)} nodes, "
-                f"{_bn_nodes(ep)} batch_norm nodes, {b['parameters'] / 1e6:.2f}M parameters, fold writes "
-                f"{len(written)} tensors / {sum(w.numel() * w.element_size() for w in written) / 2 ** 20:.1f} MiB)\n")
+        s.write(
+            f"## {name}: bnfold.fold on the {ir}-IR program ({len(ep.graph.nodes)} nodes, "
+            f"{_bn_nodes(ep)} batch_norm nodes, {b['parameters'] / 1e6:.2f}M parameters, fold writes "
+            f"{len(written)} tensors / {sum(w.numel() * w.element_size() for w in written) / 2**20:.1f} MiB)\n"
+        )
         s.write(f"torch.export.export once: {t_export:.3f} s\n")
         for gc_on, t in walls:
             s.write(f"  fold wall {t:.3f} s with GC {'on' if gc_on else 'off'}\n")
@@ -411,8 +545,10 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
         del ep, b
         gc.collect()
     info = machine()
-    head = (f"bnfold {info.get('bnfold')}, git HEAD {info.get('git_head')}, torch {info.get('torch')}, executorch "
-            f"{info.get('executorch')}; uncommitted changes under src/: {', '.join(_src_dirty()) or 'none'}\n\n")
+    head = (
+        f"bnfold {info.get('bnfold')}, git HEAD {info.get('git_head')}, torch {info.get('torch')}, executorch "
+        f"{info.get('executorch')}; uncommitted changes under src/: {', '.join(_src_dirty()) or 'none'}\n\n"
+    )
     text = head + "\n".join(parts)
     path = out_folder(out) / f"fold_real_profile{'_edge' if ir == 'edge' else ''}.txt"
     path.write_text(text)
@@ -423,16 +559,28 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--models", default=None,
-                    help=f"comma-separated, from {', '.join(DEFAULT_MODELS + EXTRA_MODELS)} (default: all but chain800)")
+    ap.add_argument(
+        "--models",
+        default=None,
+        help=f"comma-separated, from {', '.join(DEFAULT_MODELS + EXTRA_MODELS)} (default: all but chain800)",
+    )
     ap.add_argument("--rounds", type=int, default=3, help="round-robin rounds per model")
     ap.add_argument("--quick", action="store_true", help=f"smoke run: {', '.join(QUICK_MODELS)}, 1 round")
-    ap.add_argument("--profile", default=None, metavar="NAME[,NAME]",
-                    help="only cProfile the default-IR fold of these models (top 30 cumulative)")
-    ap.add_argument("--profile-ir", choices=("default", "edge"), default="default",
-                    help="with --profile: profile the fold of the default-IR (ATen) or the edge program")
-    ap.add_argument("--out", default=None, help="results folder (default benchmarks/results); files go to its "
-                                                "fold_real/ subfolder")
+    ap.add_argument(
+        "--profile",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="only cProfile the default-IR fold of these models (top 30 cumulative)",
+    )
+    ap.add_argument(
+        "--profile-ir",
+        choices=("default", "edge"),
+        default="default",
+        help="with --profile: profile the fold of the default-IR (ATen) or the edge program",
+    )
+    ap.add_argument(
+        "--out", default=None, help="results folder (default benchmarks/results); files go to its fold_real/ subfolder"
+    )
     args = ap.parse_args(argv)
     known = DEFAULT_MODELS + EXTRA_MODELS
 

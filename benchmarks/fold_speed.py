@@ -37,8 +37,22 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (RESULTS, fmt_pct, fmt_s, fmt_x, load_now, log, machine, median, paired_ratio, quiet,  # noqa: E402
-                    round_robin, table, write_json, write_text)
+from common import (
+    RESULTS,
+    fmt_pct,
+    fmt_s,
+    fmt_x,
+    load_now,
+    log,
+    machine,
+    median,
+    paired_ratio,
+    quiet,  # noqa: E402
+    round_robin,
+    table,
+    write_json,
+    write_text,
+)
 from common import timed as _timed  # noqa: E402
 
 
@@ -48,11 +62,17 @@ def timed(fn):
     gc.collect()
     return _timed(fn)
 
+
 FULL_SIZES = (50, 200, 800)
 QUICK_SIZES = (4, 16)
 COLUMNS = ("export", "bnfold", "bnfold_edge", "et_pass", "fx_fuse")
-LABELS = {"export": "torch.export", "bnfold": "bnfold", "bnfold_edge": "bnfold (edge)", "et_pass": "ET pass",
-          "fx_fuse": "fx fuse"}
+LABELS = {
+    "export": "torch.export",
+    "bnfold": "bnfold",
+    "bnfold_edge": "bnfold (edge)",
+    "et_pass": "ET pass",
+    "fx_fuse": "fx fuse",
+}
 
 
 def _count_bn_nodes(gm) -> int:
@@ -74,10 +94,10 @@ def _to_edge(ep, validate: bool):
 def measure(n: int, rounds: int, validate_edge: bool, budget_s: float | None) -> dict:
     import torch
     from executorch.backends.transforms.fuse_batch_norm_with_conv import FuseBatchNormWithConvPass
+    from models import chain
     from torch.fx.experimental.optimization import fuse
 
     import bnfold
-    from models import chain
 
     model, x = chain(n)
     ep = torch.export.export(model, x)
@@ -140,17 +160,32 @@ def measure(n: int, rounds: int, validate_edge: bool, budget_s: float | None) ->
     finally:
         gc.enable()
     calls = pstats.Stats(pr).total_calls
-    log(f"  N={n}: " + ", ".join(f"{LABELS[k]} {med[k]:.3f}s" for k in COLUMNS)
-        + f"; to_edge {t_edge:.1f}s; {len(times['export'])} rounds in {time.perf_counter() - t0:.0f}s; load {load_now()}")
-    return {"blocks": n, "batchnorms": n, "nodes_aten": len(ep.graph.nodes), "nodes_edge": len(eep.graph.nodes),
-            "to_edge_s": t_edge, "to_edge_validated": validate_edge, "rounds": len(times["export"]),
-            "bnfold_calls": calls, "bnfold_back_to_back_s": warm, "bnfold_back_to_back_min_s": min(warm),
-            "bnfold_back_to_back_over_export": min(warm) / med["export"],
-            "times_s": times, "median_s": med,
-            "bnfold_over_export": paired_ratio(times["bnfold"], times["export"]),
-            "bnfold_over_et_pass": paired_ratio(times["bnfold"], times["et_pass"]),
-            "bnfold_edge_over_et_pass": paired_ratio(times["bnfold_edge"], times["et_pass"]),
-            "checks": checks, "_programs": (ep, eep)}
+    log(
+        f"  N={n}: "
+        + ", ".join(f"{LABELS[k]} {med[k]:.3f}s" for k in COLUMNS)
+        + f"; to_edge {t_edge:.1f}s; {len(times['export'])} rounds in {time.perf_counter() - t0:.0f}s"
+        + f"; load {load_now()}"
+    )
+    return {
+        "blocks": n,
+        "batchnorms": n,
+        "nodes_aten": len(ep.graph.nodes),
+        "nodes_edge": len(eep.graph.nodes),
+        "to_edge_s": t_edge,
+        "to_edge_validated": validate_edge,
+        "rounds": len(times["export"]),
+        "bnfold_calls": calls,
+        "bnfold_back_to_back_s": warm,
+        "bnfold_back_to_back_min_s": min(warm),
+        "bnfold_back_to_back_over_export": min(warm) / med["export"],
+        "times_s": times,
+        "median_s": med,
+        "bnfold_over_export": paired_ratio(times["bnfold"], times["export"]),
+        "bnfold_over_et_pass": paired_ratio(times["bnfold"], times["et_pass"]),
+        "bnfold_edge_over_et_pass": paired_ratio(times["bnfold_edge"], times["et_pass"]),
+        "checks": checks,
+        "_programs": (ep, eep),
+    }
 
 
 class _GcClock:
@@ -194,10 +229,15 @@ def profile_fold(ep, label: str, top: int = 30) -> str:
         finally:
             gc.enable()
         walls.append((gc_on, t, clock.total, clock.count))
-    head = [f"N={n}, {label} program, {len(ep.graph.nodes)} nodes, "
-            f"{len(gc.get_objects())} live Python objects tracked by gc"]
+    head = [
+        f"N={n}, {label} program, {len(ep.graph.nodes)} nodes, "
+        f"{len(gc.get_objects())} live Python objects tracked by gc"
+    ]
     for gc_on, t, g, c in walls:
-        head.append(f"  wall {t:.3f} s with GC {'on ' if gc_on else 'off'}" + (f" ({c} collections, {g:.3f} s)" if gc_on else ""))
+        head.append(
+            f"  wall {t:.3f} s with GC {'on ' if gc_on else 'off'}"
+            + (f" ({c} collections, {g:.3f} s)" if gc_on else "")
+        )
     gc.collect()
     gc.disable()
     try:
@@ -220,7 +260,6 @@ def profile_et_pass(n: int, validate_edge: bool, top: int = 25) -> str:
     """cProfile of ExecuTorch's FuseBatchNormWithConvPass at N blocks (GC off), to see where its time goes."""
     import torch
     from executorch.backends.transforms.fuse_batch_norm_with_conv import FuseBatchNormWithConvPass
-
     from models import chain
 
     model, x = chain(n)
@@ -239,9 +278,11 @@ def profile_et_pass(n: int, validate_edge: bool, top: int = 25) -> str:
     total = max(v[3] for k, v in st.stats.items() if k[2] == "__call__" and "pass_base" in k[0])
     sig = sum(v[3] for k, v in st.stats.items() if "graph_signature" in k[0] and k[2].startswith("inputs_to_"))
     calls = sum(v[1] for k, v in st.stats.items() if "graph_signature" in k[0] and k[2].startswith("inputs_to_"))
-    out.write(f"N={n}: FuseBatchNormWithConvPass {total:.3f} s under cProfile; ExportGraphSignature.inputs_to_* "
-              f"properties (each call rebuilds a dict over all input specs): {sig:.3f} s in {calls} calls "
-              f"({100 * sig / total:.0f}%)\n\n")
+    out.write(
+        f"N={n}: FuseBatchNormWithConvPass {total:.3f} s under cProfile; ExportGraphSignature.inputs_to_* "
+        f"properties (each call rebuilds a dict over all input specs): {sig:.3f} s in {calls} calls "
+        f"({100 * sig / total:.0f}%)\n\n"
+    )
     st.sort_stats("cumulative").print_stats(top)
     return out.getvalue()
 
@@ -249,16 +290,29 @@ def profile_et_pass(n: int, validate_edge: bool, top: int = 25) -> str:
 #: (label, file suffix, function name): where bnfold.fold spends its time (cumulative, under cProfile)
 BREAKDOWN = (
     ("copy the input graph (ProgramEditor.__init__: deepcopy of the fx graph)", "torch_export/program.py", "__init__"),
-    ("build the output ExportedProgram (ProgramEditor.build: GraphModule codegen + verifier)",
-     "torch_export/program.py", "build"),
-    ("rules: fold_after (whole output-side rule; the indented rows are inside it)", "torch_export/rules.py", "fold_after"),
-    ("  walk the chain after each producer (chain.next_step, incl. BN -> affine)", "torch_export/chain.py",
-     "next_step"),
+    (
+        "build the output ExportedProgram (ProgramEditor.build: GraphModule codegen + verifier)",
+        "torch_export/program.py",
+        "build",
+    ),
+    (
+        "rules: fold_after (whole output-side rule; the indented rows are inside it)",
+        "torch_export/rules.py",
+        "fold_after",
+    ),
+    (
+        "  walk the chain after each producer (chain.next_step, incl. BN -> affine)",
+        "torch_export/chain.py",
+        "next_step",
+    ),
     ("  fold arithmetic (fold_math.fold_output_affine)", "bnfold/fold_math.py", "fold_output_affine"),
     ("  cast + overflow/underflow checks (rules._cast -> fold_math.cast_checked)", "torch_export/rules.py", "_cast"),
     ("  write tensors (rules._write; includes the next row)", "torch_export/rules.py", "_write"),
-    ("    fake-tensor meta of new tensors (ProgramEditor._set_val, FakeTensorMode dispatch)",
-     "torch_export/program.py", "_set_val"),
+    (
+        "    fake-tensor meta of new tensors (ProgramEditor._set_val, FakeTensorMode dispatch)",
+        "torch_export/program.py",
+        "_set_val",
+    ),
     ("  erase folded nodes (rules._remove_steps)", "torch_export/rules.py", "_remove_steps"),
     ("rules: fold_before (input-side rule, tried on every producer)", "torch_export/rules.py", "fold_before"),
     ("parse_producer over all nodes, every round (ops.parse_producer)", "torch_export/ops.py", "parse_producer"),
@@ -270,7 +324,9 @@ def breakdown(st: pstats.Stats) -> str:
     total = max((v[3] for k, v in st.stats.items() if k[2] == "fold_program"), default=None)
     if not total:
         return "(fold_program not found in the profile)"
-    lines = [f"breakdown of bnfold.fold ({total:.3f} s under cProfile; cumulative time per function, % of fold_program):"]
+    lines = [
+        f"breakdown of bnfold.fold ({total:.3f} s under cProfile; cumulative time per function, % of fold_program):"
+    ]
     for label, suffix, func in BREAKDOWN:
         ct = sum(v[3] for k, v in st.stats.items() if k[0].replace("\\", "/").endswith(suffix) and k[2] == func)
         calls = sum(v[1] for k, v in st.stats.items() if k[0].replace("\\", "/").endswith(suffix) and k[2] == func)
@@ -278,14 +334,24 @@ def breakdown(st: pstats.Stats) -> str:
     return "\n".join(lines)
 
 
-def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = False, profile: bool = False,
-        validate_edge: bool = False, out_dir=None, budget_s: float | None = None, profile_et: int | None = None) -> dict:
+def run(
+    sizes=FULL_SIZES,
+    rounds: int = 5,
+    big_rounds: int = 3,
+    quick: bool = False,
+    profile: bool = False,
+    validate_edge: bool = False,
+    out_dir=None,
+    budget_s: float | None = None,
+    profile_et: int | None = None,
+) -> dict:
     quiet()
     import torch
 
     torch.set_num_threads(1)
-    import bnfold  # noqa: F401
     from models import chain
+
+    import bnfold  # noqa: F401
 
     # warm up export / fold / to_edge / the ET pass once on a tiny chain, so the first size pays no import cost
     log("A. fold speed: warm-up")
@@ -308,8 +374,9 @@ def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = Fa
         base = rows.get(n // 4) if n % 4 == 0 else None
         row["scaling"] = {k: (row["median_s"][k] / base["median_s"][k]) if base else None for k in COLUMNS}
         row["scaling"]["to_edge"] = row["to_edge_s"] / base["to_edge_s"] if base else None
-        row["scaling"]["bnfold_back_to_back"] = (row["bnfold_back_to_back_min_s"] / base["bnfold_back_to_back_min_s"]
-                                                 if base else None)
+        row["scaling"]["bnfold_back_to_back"] = (
+            row["bnfold_back_to_back_min_s"] / base["bnfold_back_to_back_min_s"] if base else None
+        )
         row["scaling"]["bnfold_calls"] = row["bnfold_calls"] / base["bnfold_calls"] if base else None
     largest = rows[max(rows)]
     scale = largest["scaling"]["bnfold"]
@@ -329,22 +396,33 @@ def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = Fa
     # "linear" read generously on a noisy machine: a 4x larger chain costs at most 5x
     # "linear" is judged on the two noise-robust measures: the function-call count (deterministic) and the
     # back-to-back minimum; the round-robin medians (3 rounds at the largest N) are shown next to them
-    linear = ((largest["scaling"]["bnfold_calls"] or 0) <= 4.4
-              and (largest["scaling"]["bnfold_back_to_back"] or 0) <= 5.0)
+    linear = (largest["scaling"]["bnfold_calls"] or 0) <= 4.4 and (
+        largest["scaling"]["bnfold_back_to_back"] or 0
+    ) <= 5.0
     under_5pct = largest["bnfold_over_export"] < 0.05
     missed = not (linear and under_5pct)
     verdict.update(target_met=not missed, linear=linear, under_5pct=under_5pct)
-    doc = {"benchmark": "fold_speed", "quick": quick, "machine": machine(), "rows": list(rows.values()),
-           "verdict": verdict, "load_end": load_now()}
+    doc = {
+        "benchmark": "fold_speed",
+        "quick": quick,
+        "machine": machine(),
+        "rows": list(rows.values()),
+        "verdict": verdict,
+        "load_end": load_now(),
+    }
     text = render(doc)
     if missed or profile or profile_et:
         log(f"  profiling bnfold.fold at N={largest['blocks']} (ATen and edge programs)")
-        prof = ("## bnfold.fold on the ATen program\n\n" + profile_fold(programs[0], "ATen")
-                + "\n## bnfold.fold on the edge program\n\n" + profile_fold(programs[1], "edge"))
+        prof = (
+            "## bnfold.fold on the ATen program\n\n"
+            + profile_fold(programs[0], "ATen")
+            + "\n## bnfold.fold on the edge program\n\n"
+            + profile_fold(programs[1], "edge")
+        )
         if profile_et:
             log(f"  profiling ExecuTorch's pass at N={profile_et}")
             prof += "\n## ExecuTorch FuseBatchNormWithConvPass\n\n" + profile_et_pass(profile_et, validate_edge)
-        p = (RESULTS if out_dir is None else out_dir)
+        p = RESULTS if out_dir is None else out_dir
         os.makedirs(p, exist_ok=True)
         path = os.path.join(p, f"fold_profile{'_quick' if quick else ''}.txt")
         with open(path, "w") as f:
@@ -359,25 +437,60 @@ def run(sizes=FULL_SIZES, rounds: int = 5, big_rounds: int = 3, quick: bool = Fa
 
 def render(doc: dict) -> str:
     rows = doc["rows"]
-    head = ["N blocks", "torch.export s", "bnfold s", "bnfold (edge) s", "ET pass s", "fx fuse s", "to_edge s (1x)",
-            "bnfold / export", "ET pass / bnfold (edge)", "bnfold back-to-back min s", "back-to-back / export"]
+    head = [
+        "N blocks",
+        "torch.export s",
+        "bnfold s",
+        "bnfold (edge) s",
+        "ET pass s",
+        "fx fuse s",
+        "to_edge s (1x)",
+        "bnfold / export",
+        "ET pass / bnfold (edge)",
+        "bnfold back-to-back min s",
+        "back-to-back / export",
+    ]
     body = []
     for r in rows:
         m = r["median_s"]
-        body.append([r["blocks"], fmt_s(m["export"]), fmt_s(m["bnfold"]), fmt_s(m["bnfold_edge"]), fmt_s(m["et_pass"]),
-                     fmt_s(m["fx_fuse"]), fmt_s(r["to_edge_s"]), fmt_pct(r["bnfold_over_export"]),
-                     fmt_x(1 / r["bnfold_edge_over_et_pass"], 1), fmt_s(r["bnfold_back_to_back_min_s"]),
-                     fmt_pct(r["bnfold_back_to_back_over_export"])])
+        body.append(
+            [
+                r["blocks"],
+                fmt_s(m["export"]),
+                fmt_s(m["bnfold"]),
+                fmt_s(m["bnfold_edge"]),
+                fmt_s(m["et_pass"]),
+                fmt_s(m["fx_fuse"]),
+                fmt_s(r["to_edge_s"]),
+                fmt_pct(r["bnfold_over_export"]),
+                fmt_x(1 / r["bnfold_edge_over_et_pass"], 1),
+                fmt_s(r["bnfold_back_to_back_min_s"]),
+                fmt_pct(r["bnfold_back_to_back_over_export"]),
+            ]
+        )
     t1 = table(head, body)
-    head2 = ["N / (N/4)", "torch.export", "bnfold", "bnfold (edge)", "ET pass", "fx fuse", "to_edge",
-             "bnfold back-to-back min", "bnfold Python calls"]
+    head2 = [
+        "N / (N/4)",
+        "torch.export",
+        "bnfold",
+        "bnfold (edge)",
+        "ET pass",
+        "fx fuse",
+        "to_edge",
+        "bnfold back-to-back min",
+        "bnfold Python calls",
+    ]
     body2 = []
     for r in rows:
         s = r["scaling"]
         if s["export"] is None:
             continue
-        body2.append([f"{r['blocks']} / {r['blocks'] // 4}",
-                      *(fmt_x(s[k], 2) for k in (*COLUMNS, "to_edge", "bnfold_back_to_back", "bnfold_calls"))])
+        body2.append(
+            [
+                f"{r['blocks']} / {r['blocks'] // 4}",
+                *(fmt_x(s[k], 2) for k in (*COLUMNS, "to_edge", "bnfold_back_to_back", "bnfold_calls")),
+            ]
+        )
     t2 = table(head2, body2) if body2 else "(no N/4 pair among the sizes)"
     rounds = ", ".join(f"N={r['blocks']}: {r['rounds']}" for r in rows)
     checks = "; ".join(f"N={r['blocks']}: " + ", ".join(f"{k}={v}" for k, v in r["checks"].items()) for r in rows)
@@ -414,18 +527,34 @@ def main(argv=None):
     ap.add_argument("--big-rounds", type=int, default=3, help="rounds for N >= 800")
     ap.add_argument("--quick", action="store_true", help=f"tiny sizes {QUICK_SIZES}, 3 rounds")
     ap.add_argument("--profile", action="store_true", help="always write the cProfile of bnfold.fold at the largest N")
-    ap.add_argument("--profile-et", type=int, default=None, metavar="N",
-                    help="also cProfile ExecuTorch's pass at N blocks (written with the bnfold profile)")
-    ap.add_argument("--validate-edge", action="store_true",
-                    help="to_edge with IR validity checks (slower; the edge program is the same)")
+    ap.add_argument(
+        "--profile-et",
+        type=int,
+        default=None,
+        metavar="N",
+        help="also cProfile ExecuTorch's pass at N blocks (written with the bnfold profile)",
+    )
+    ap.add_argument(
+        "--validate-edge",
+        action="store_true",
+        help="to_edge with IR validity checks (slower; the edge program is the same)",
+    )
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     sizes = QUICK_SIZES if args.quick else FULL_SIZES
     if args.sizes:
         sizes = tuple(int(s) for s in args.sizes.split(","))
     rounds = 3 if args.quick else args.rounds
-    run(sizes, rounds, args.big_rounds, args.quick, args.profile, args.validate_edge, args.out,
-        profile_et=args.profile_et)
+    run(
+        sizes,
+        rounds,
+        args.big_rounds,
+        args.quick,
+        args.profile,
+        args.validate_edge,
+        args.out,
+        profile_et=args.profile_et,
+    )
 
 
 if __name__ == "__main__":

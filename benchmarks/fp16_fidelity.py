@@ -43,8 +43,10 @@ def _audit_fn():
 
         return bnfold.audit
     except (AttributeError, ImportError) as e:
-        raise SystemExit("part C needs bnfold.audit (bnfold.numerics), which this checkout does not provide "
-                         f"({type(e).__name__}: {e}); install bnfold with its 'numerics' extra") from e
+        raise SystemExit(
+            "part C needs bnfold.audit (bnfold.numerics), which this checkout does not provide "
+            f"({type(e).__name__}: {e}); install bnfold with its 'numerics' extra"
+        ) from e
 
 
 def _demo():
@@ -64,9 +66,19 @@ def _rows_of(rep, label: str) -> list[dict]:
         e = getattr(rep, which)
         if e is None:
             continue
-        rows.append({"model": label, "profile": rep.profile, "program": which, "samples": rep.samples,
-                     "top1_agreement": e.top1_agreement, "accuracy": e.accuracy,
-                     "output_sqnr_db": e.output.sqnr_db, "nan": e.output.nan, "inf": e.output.inf})
+        rows.append(
+            {
+                "model": label,
+                "profile": rep.profile,
+                "program": which,
+                "samples": rep.samples,
+                "top1_agreement": e.top1_agreement,
+                "accuracy": e.accuracy,
+                "output_sqnr_db": e.output.sqnr_db,
+                "nan": e.output.nan,
+                "inf": e.output.inf,
+            }
+        )
     return rows
 
 
@@ -83,10 +95,13 @@ def audit_model(name: str, quick: bool, samples: int, batch: int, out_dir) -> di
         size = 32 if quick else 150
         batches = [(b,) for b in x.split(size)]
         labels = y
-        info = {"description": "DigitNet (bnfold.demo): EfficientNet-style 8x8 digits classifier, trained "
-                               f"({meta.get('epochs', '?')} epochs, seed {meta.get('seed', '?')}; checkpoint "
-                               f"{ckpt.name}); held-out split of scikit-learn digits",
-                "bn_stats_source": "training (the checkpoint's running statistics)", "input_shape": list(x.shape[1:])}
+        info = {
+            "description": "DigitNet (bnfold.demo): EfficientNet-style 8x8 digits classifier, trained "
+            f"({meta.get('epochs', '?')} epochs, seed {meta.get('seed', '?')}; checkpoint "
+            f"{ckpt.name}); held-out split of scikit-learn digits",
+            "bn_stats_source": "training (the checkpoint's running statistics)",
+            "input_shape": list(x.shape[1:]),
+        }
         dynamic = ({0: torch.export.Dim("batch")},) if len({b[0].shape[0] for b in batches}) > 1 else None
         ep = torch.export.export(model, batches[0], dynamic_shapes=dynamic)
     else:
@@ -95,11 +110,13 @@ def audit_model(name: str, quick: bool, samples: int, batch: int, out_dir) -> di
         b = build(name, QUICK_SHAPES[name] if quick else None, calib_batches=2 if quick else 8)
         shape = (batch, *b["shape"][1:])
         batches = [(t,) for t in structured_inputs(shape, max(1, samples // batch), seed=12345)]
-        info = {"description": DESCRIPTIONS[name],
-                "bn_stats_source": "calibrated: train mode, momentum=None (cumulative), "
-                                   f"{2 if quick else 8} batches of 16 structured random inputs, then eval; "
-                                   "gamma ~ U(0.5, 1.5), beta ~ U(-0.3, 0.3)",
-                "input_shape": list(b["shape"][1:])}
+        info = {
+            "description": DESCRIPTIONS[name],
+            "bn_stats_source": "calibrated: train mode, momentum=None (cumulative), "
+            f"{2 if quick else 8} batches of 16 structured random inputs, then eval; "
+            "gamma ~ U(0.5, 1.5), beta ~ U(-0.3, 0.3)",
+            "input_shape": list(b["shape"][1:]),
+        }
         ep = torch.export.export(b["model"], batches[0])
     reports = {}
     for prof in PROFILES:
@@ -109,16 +126,30 @@ def audit_model(name: str, quick: bool, samples: int, batch: int, out_dir) -> di
     rows = [r for prof in PROFILES for r in _rows_of(reports[prof], name)]
     rep = reports["htp"]
     norms = rep.norms
-    out = {"model": name, **info, "samples": rep.samples, "batches": rep.batches, "rows": rows,
-           "batchnorms": len(norms), "folded": len(rep.fold_report.folded) if rep.fold_report else None,
-           "skipped": len(rep.fold_report.skipped) if rep.fold_report else None,
-           "max_kappa": max((n.kappa for n in norms), default=None),
-           "median_kappa": median([n.kappa for n in norms]) if norms else None,
-           "min_headroom": min((n.headroom for n in norms), default=None),
-           "fp32_accuracy": rep.fp32_accuracy, "seconds": time.perf_counter() - t0}
+    out = {
+        "model": name,
+        **info,
+        "samples": rep.samples,
+        "batches": rep.batches,
+        "rows": rows,
+        "batchnorms": len(norms),
+        "folded": len(rep.fold_report.folded) if rep.fold_report else None,
+        "skipped": len(rep.fold_report.skipped) if rep.fold_report else None,
+        "max_kappa": max((n.kappa for n in norms), default=None),
+        "median_kappa": median([n.kappa for n in norms]) if norms else None,
+        "min_headroom": min((n.headroom for n in norms), default=None),
+        "fp32_accuracy": rep.fp32_accuracy,
+        "seconds": time.perf_counter() - t0,
+    }
     detail_dir = os.path.join(str(out_dir), "audits") if out_dir else None
-    out["audit_json"] = {p: str(write_json(f"audit_{name}_{p}{'_quick' if quick else ''}", reports[p].to_dict(),
-                                           detail_dir or _default_audits())) for p in PROFILES}
+    out["audit_json"] = {
+        p: str(
+            write_json(
+                f"audit_{name}_{p}{'_quick' if quick else ''}", reports[p].to_dict(), detail_dir or _default_audits()
+            )
+        )
+        for p in PROFILES
+    }
     return out
 
 
@@ -139,8 +170,13 @@ def run(models=("demo", *ARCH_MODELS), quick=False, samples=256, batch=32, out_d
         results = [audit_model(m, quick, 64 if quick else samples, 16 if quick else batch, out_dir) for m in models]
     finally:
         torch.set_num_threads(threads)
-    doc = {"benchmark": "fp16_fidelity", "quick": quick, "machine": machine(), "models": results,
-           "load_end": load_now()}
+    doc = {
+        "benchmark": "fp16_fidelity",
+        "quick": quick,
+        "machine": machine(),
+        "models": results,
+        "load_end": load_now(),
+    }
     doc["summary"] = summary(results)
     text = render(doc)
     suffix = "_quick" if quick else ""
@@ -153,46 +189,87 @@ def run(models=("demo", *ARCH_MODELS), quick=False, samples=256, batch=32, out_d
 def summary(results) -> dict:
     out = {}
     for prof in PROFILES:
-        agree = {w: [r["top1_agreement"] for m in results for r in m["rows"] if r["profile"] == prof
-                     and r["program"] == w] for w in ("unfolded", "folded")}
-        sq = {w: [r["output_sqnr_db"] for m in results for r in m["rows"] if r["profile"] == prof
-                  and r["program"] == w] for w in ("unfolded", "folded")}
-        nan = {w: sum(r["nan"] + r["inf"] for m in results for r in m["rows"] if r["profile"] == prof
-                      and r["program"] == w) for w in ("unfolded", "folded")}
-        per_model = {m["model"]: {r["program"]: r["top1_agreement"] for r in m["rows"] if r["profile"] == prof}
-                     for m in results}
-        out[prof] = {"min_agreement": {w: min(v) if v else None for w, v in agree.items()},
-                     "agreement_per_model": per_model,
-                     "median_sqnr_db": {w: median(v) for w, v in sq.items()},
-                     "sqnr_gain_db": [f - u for f, u in zip(sq["folded"], sq["unfolded"])],
-                     "nonfinite": nan}
+        agree = {
+            w: [r["top1_agreement"] for m in results for r in m["rows"] if r["profile"] == prof and r["program"] == w]
+            for w in ("unfolded", "folded")
+        }
+        sq = {
+            w: [r["output_sqnr_db"] for m in results for r in m["rows"] if r["profile"] == prof and r["program"] == w]
+            for w in ("unfolded", "folded")
+        }
+        nan = {
+            w: sum(
+                r["nan"] + r["inf"] for m in results for r in m["rows"] if r["profile"] == prof and r["program"] == w
+            )
+            for w in ("unfolded", "folded")
+        }
+        per_model = {
+            m["model"]: {r["program"]: r["top1_agreement"] for r in m["rows"] if r["profile"] == prof} for m in results
+        }
+        out[prof] = {
+            "min_agreement": {w: min(v) if v else None for w, v in agree.items()},
+            "agreement_per_model": per_model,
+            "median_sqnr_db": {w: median(v) for w, v in sq.items()},
+            "sqnr_gain_db": [f - u for f, u in zip(sq["folded"], sq["unfolded"])],
+            "nonfinite": nan,
+        }
     return out
 
 
 def render(doc: dict) -> str:
-    head = ["model", "profile", "program", "samples", "top-1 agreement w/ fp32", "accuracy", "output SQNR dB",
-            "NaN", "inf"]
+    head = [
+        "model",
+        "profile",
+        "program",
+        "samples",
+        "top-1 agreement w/ fp32",
+        "accuracy",
+        "output SQNR dB",
+        "NaN",
+        "inf",
+    ]
     body = []
     for m in doc["models"]:
         for r in m["rows"]:
-            body.append([m["model"], r["profile"], r["program"], r["samples"], fmt_pct(r["top1_agreement"], 2),
-                         fmt_pct(r["accuracy"], 2), fmt_db(r["output_sqnr_db"]), r["nan"], r["inf"]])
+            body.append(
+                [
+                    m["model"],
+                    r["profile"],
+                    r["program"],
+                    r["samples"],
+                    fmt_pct(r["top1_agreement"], 2),
+                    fmt_pct(r["accuracy"], 2),
+                    fmt_db(r["output_sqnr_db"]),
+                    r["nan"],
+                    r["inf"],
+                ]
+            )
     notes = []
     for m in doc["models"]:
-        notes.append(f"- **{m['model']}**: {m['description']}; input {'x'.join(map(str, m['input_shape']))}; "
-                     f"{m['batchnorms']} BatchNorms ({m['folded']} folded, {m['skipped']} skipped); BN statistics: "
-                     f"{m['bn_stats_source']}; max kappa {m['max_kappa']:.3g}, min fp16 headroom "
-                     f"{m['min_headroom']:.3g}x"
-                     + (f"; fp32 accuracy {fmt_pct(m['fp32_accuracy'], 2)}" if m["fp32_accuracy"] is not None else ""))
+        notes.append(
+            f"- **{m['model']}**: {m['description']}; input {'x'.join(map(str, m['input_shape']))}; "
+            f"{m['batchnorms']} BatchNorms ({m['folded']} folded, {m['skipped']} skipped); BN statistics: "
+            f"{m['bn_stats_source']}; max kappa {m['max_kappa']:.3g}, min fp16 headroom "
+            f"{m['min_headroom']:.3g}x"
+            + (f"; fp32 accuracy {fmt_pct(m['fp32_accuracy'], 2)}" if m["fp32_accuracy"] is not None else "")
+        )
     s = doc["summary"]
-    lines = ["### C. fp16 fidelity (bnfold.audit; SQNR of the end-to-end output against float64)", "",
-             table(head, body, "lllrrrrrr"), "", *notes, ""]
+    lines = [
+        "### C. fp16 fidelity (bnfold.audit; SQNR of the end-to-end output against float64)",
+        "",
+        table(head, body, "lllrrrrrr"),
+        "",
+        *notes,
+        "",
+    ]
     for prof, v in s.items():
         gains = ", ".join(f"{g:+.1f}" for g in v["sqnr_gain_db"])
-        lines.append(f"- {prof}: lowest top-1 agreement unfolded {fmt_pct(v['min_agreement']['unfolded'], 2)}, "
-                     f"folded {fmt_pct(v['min_agreement']['folded'], 2)}; SQNR change from folding per model "
-                     f"({', '.join(m['model'] for m in doc['models'])}): {gains} dB; NaN+inf unfolded "
-                     f"{v['nonfinite']['unfolded']}, folded {v['nonfinite']['folded']}.")
+        lines.append(
+            f"- {prof}: lowest top-1 agreement unfolded {fmt_pct(v['min_agreement']['unfolded'], 2)}, "
+            f"folded {fmt_pct(v['min_agreement']['folded'], 2)}; SQNR change from folding per model "
+            f"({', '.join(m['model'] for m in doc['models'])}): {gains} dB; NaN+inf unfolded "
+            f"{v['nonfinite']['unfolded']}, folded {v['nonfinite']['folded']}."
+        )
     return "\n".join(lines)
 
 

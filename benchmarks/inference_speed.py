@@ -43,8 +43,19 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import (fmt_x, load_now, log, machine, median, paired_ratio, percentile, quiet, table,  # noqa: E402
-                    write_json, write_text)
+from common import (
+    fmt_x,
+    load_now,
+    log,
+    machine,
+    median,
+    paired_ratio,
+    percentile,
+    quiet,
+    table,  # noqa: E402
+    write_json,
+    write_text,
+)
 
 VARIANTS = ("unfolded", "folded", "ideal", "ideal_bias")
 RUNTIMES = ("eager", "portable", "xnnpack")
@@ -78,7 +89,7 @@ def interleaved(fns: dict, rounds: int, k: int) -> dict[str, list[float]]:
     gc.disable()  # no collection lands inside a sample (a fold's garbage is not the runtime's cost)
     try:
         for r in range(rounds):
-            order = names[r % len(names):] + names[: r % len(names)]
+            order = names[r % len(names) :] + names[: r % len(names)]
             for n in order:
                 fn = fns[n]
                 t = time.perf_counter()
@@ -122,19 +133,29 @@ def _lower_xnnpack(ep):
 
     edge = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()])
     gm = edge.exported_program().graph_module
-    delegated = sum(1 for n in gm.graph.nodes if n.op == "call_function" and "executorch_call_delegate" in str(n.target))
-    left = [getattr(n.target, "__name__", str(n.target)) for n in gm.graph.nodes if n.op == "call_function"
-            and "executorch_call_delegate" not in str(n.target) and "getitem" not in str(n.target)]
-    return edge.to_executorch().buffer, {"delegate_calls": delegated, "ops_outside_delegate": len(left),
-                                          "outside": sorted(set(left)),
-                                          "batch_norm_outside": _bn_nodes(edge.exported_program())}
+    delegated = sum(
+        1 for n in gm.graph.nodes if n.op == "call_function" and "executorch_call_delegate" in str(n.target)
+    )
+    left = [
+        getattr(n.target, "__name__", str(n.target))
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and "executorch_call_delegate" not in str(n.target)
+        and "getitem" not in str(n.target)
+    ]
+    return edge.to_executorch().buffer, {
+        "delegate_calls": delegated,
+        "ops_outside_delegate": len(left),
+        "outside": sorted(set(left)),
+        "batch_norm_outside": _bn_nodes(edge.exported_program()),
+    }
 
 
 def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: int, et_archs=None) -> dict:
     import torch
+    from models import DESCRIPTIONS, QUICK_SHAPES, bn_stats_summary, build, ideal_with_bias
 
     import bnfold
-    from models import DESCRIPTIONS, QUICK_SHAPES, bn_stats_summary, build, ideal_with_bias
 
     t0 = time.perf_counter()
     b = build(arch, QUICK_SHAPES[arch] if quick else None, calib_batches=2 if quick else 8)
@@ -142,16 +163,30 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
     ep = torch.export.export(b["model"], x)
     fold = bnfold.fold(ep)
     ideal_bias = ideal_with_bias(arch, dict(fold.model.state_dict))
-    eps = {"unfolded": ep, "folded": fold.model, "ideal": torch.export.export(b["ideal"], x),
-           "ideal_bias": torch.export.export(ideal_bias, x)}
+    eps = {
+        "unfolded": ep,
+        "folded": fold.model,
+        "ideal": torch.export.export(b["ideal"], x),
+        "ideal_bias": torch.export.export(ideal_bias, x),
+    }
     with torch.no_grad():
         ref = eps["unfolded"].module()(*x)
-    res = {"arch": arch, "description": DESCRIPTIONS[arch], "input_shape": list(b["shape"]),
-           "batchnorms": b["batchnorms"], "parameters": b["parameters"], "bn_stats": bn_stats_summary(b["model"]),
-           "folded": len(fold.report.folded), "skipped": [s.__dict__ for s in fold.report.skipped],
-           "batch_norm_nodes": {v: _bn_nodes(e) for v, e in eps.items()}, "runtimes": {}}
-    log(f"  {arch}: input {tuple(b['shape'])}, {b['batchnorms']} BatchNorms, {len(fold.report.folded)} folded, "
-        f"{len(fold.report.skipped)} skipped")
+    res = {
+        "arch": arch,
+        "description": DESCRIPTIONS[arch],
+        "input_shape": list(b["shape"]),
+        "batchnorms": b["batchnorms"],
+        "parameters": b["parameters"],
+        "bn_stats": bn_stats_summary(b["model"]),
+        "folded": len(fold.report.folded),
+        "skipped": [s.__dict__ for s in fold.report.skipped],
+        "batch_norm_nodes": {v: _bn_nodes(e) for v, e in eps.items()},
+        "runtimes": {},
+    }
+    log(
+        f"  {arch}: input {tuple(b['shape'])}, {b['batchnorms']} BatchNorms, {len(fold.report.folded)} folded, "
+        f"{len(fold.report.skipped)} skipped"
+    )
 
     if "eager" in runtimes:
         mods = {v: e.module() for v, e in eps.items()}
@@ -162,8 +197,13 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
                 fn()
             times = interleaved(calls, rounds, k)
             errs = {v: _rel_err(m(*x), ref) for v, m in mods.items()}
-        res["runtimes"]["eager"] = {**_summary(times), "rounds": rounds, "calls_per_sample": k, "times_s": times,
-                                    "rel_err_vs_unfolded": errs}
+        res["runtimes"]["eager"] = {
+            **_summary(times),
+            "rounds": rounds,
+            "calls_per_sample": k,
+            "times_s": times,
+            "rel_err_vs_unfolded": errs,
+        }
         log(f"    eager    {_line(res['runtimes']['eager'])}")
 
     from executorch.runtime import Runtime
@@ -189,9 +229,16 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
                 fn()
             times = interleaved(calls, n_rounds, k)
             errs = {v: _rel_err(m.execute(list(x)), ref) for v, m in methods.items()}
-            res["runtimes"][name] = {**_summary(times), "rounds": n_rounds, "calls_per_sample": k, "times_s": times,
-                                     "rel_err_vs_unfolded": errs, "pte_bytes": sizes, "lower_s": lower_s,
-                                     "lowered": info}
+            res["runtimes"][name] = {
+                **_summary(times),
+                "rounds": n_rounds,
+                "calls_per_sample": k,
+                "times_s": times,
+                "rel_err_vs_unfolded": errs,
+                "pte_bytes": sizes,
+                "lower_s": lower_s,
+                "lowered": info,
+            }
             log(f"    {name:<8} {_line(res['runtimes'][name])}")
         except Exception as e:  # a runtime that does not run this model: say so, keep going
             res["runtimes"][name] = {"error": f"{type(e).__name__}: {e}"}
@@ -202,14 +249,23 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
 
 def _line(r: dict) -> str:
     m = r["median_ms"]
-    return (f"unfolded {m['unfolded']:.3f} ms, folded {m['folded']:.3f} ms, ideal {m['ideal']:.3f} ms, "
-            f"ideal+bias {m['ideal_bias']:.3f} ms; speedup {r['speedup']:.3f}x, folded/ideal "
-            f"{r['folded_over_ideal']:.3f}, folded/(ideal+bias) {r['folded_over_ideal_bias']:.3f} "
-            f"({r['rounds']} rounds x {r['calls_per_sample']} calls; load {load_now()})")
+    return (
+        f"unfolded {m['unfolded']:.3f} ms, folded {m['folded']:.3f} ms, ideal {m['ideal']:.3f} ms, "
+        f"ideal+bias {m['ideal_bias']:.3f} ms; speedup {r['speedup']:.3f}x, folded/ideal "
+        f"{r['folded_over_ideal']:.3f}, folded/(ideal+bias) {r['folded_over_ideal_bias']:.3f} "
+        f"({r['rounds']} rounds x {r['calls_per_sample']} calls; load {load_now()})"
+    )
 
 
-def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=False, rounds=30, portable_rounds=15,
-        out_dir=None, et_archs=None) -> dict:
+def run(
+    archs=("efficientnet", "resnet", "audio"),
+    runtimes=RUNTIMES,
+    quick=False,
+    rounds=30,
+    portable_rounds=15,
+    out_dir=None,
+    et_archs=None,
+) -> dict:
     quiet()
     import torch
 
@@ -224,8 +280,15 @@ def run(archs=("efficientnet", "resnet", "audio"), runtimes=RUNTIMES, quick=Fals
         et_threads = f"default (could not reset: {e})"
     log("B. inference speed")
     rows = [bench_arch(a, quick, runtimes, rounds, portable_rounds, et_archs) for a in archs]
-    doc = {"benchmark": "inference_speed", "quick": quick, "machine": machine(), "torch_threads": 1,
-           "executorch_threads": et_threads, "rows": rows, "load_end": load_now()}
+    doc = {
+        "benchmark": "inference_speed",
+        "quick": quick,
+        "machine": machine(),
+        "torch_threads": 1,
+        "executorch_threads": et_threads,
+        "rows": rows,
+        "load_end": load_now(),
+    }
     doc["summary"] = summary(rows)
     text = render(doc)
     suffix = "_quick" if quick else ""
@@ -240,18 +303,32 @@ def summary(rows) -> dict:
     for rt in RUNTIMES:
         vals = [r["runtimes"][rt] for r in rows if rt in r["runtimes"] and "error" not in r["runtimes"][rt]]
         if vals:
-            out[rt] = {"worst_folded_over_ideal": max(v["folded_over_ideal"] for v in vals),
-                       "median_folded_over_ideal": median([v["folded_over_ideal"] for v in vals]),
-                       "median_speedup": median([v["speedup"] for v in vals]),
-                       "worst_folded_over_ideal_bias": max(v["folded_over_ideal_bias"] for v in vals),
-                       "median_ideal_bias_over_ideal": median([v["ideal_bias_over_ideal"] for v in vals]),
-                       "within_target": all(v["folded_over_ideal"] <= 1.02 for v in vals)}
+            out[rt] = {
+                "worst_folded_over_ideal": max(v["folded_over_ideal"] for v in vals),
+                "median_folded_over_ideal": median([v["folded_over_ideal"] for v in vals]),
+                "median_speedup": median([v["speedup"] for v in vals]),
+                "worst_folded_over_ideal_bias": max(v["folded_over_ideal_bias"] for v in vals),
+                "median_ideal_bias_over_ideal": median([v["ideal_bias_over_ideal"] for v in vals]),
+                "within_target": all(v["folded_over_ideal"] <= 1.02 for v in vals),
+            }
     return out
 
 
 def render(doc: dict) -> str:
-    head = ["model", "runtime", "unfolded ms", "folded ms", "ideal ms", "ideal+bias ms", "speedup unf/fold",
-            "folded/ideal", "unfolded/ideal", "folded/(ideal+bias)", "rounds x calls", "max rel. err folded"]
+    head = [
+        "model",
+        "runtime",
+        "unfolded ms",
+        "folded ms",
+        "ideal ms",
+        "ideal+bias ms",
+        "speedup unf/fold",
+        "folded/ideal",
+        "unfolded/ideal",
+        "folded/(ideal+bias)",
+        "rounds x calls",
+        "max rel. err folded",
+    ]
     body = []
     for r in doc["rows"]:
         for rt in RUNTIMES:
@@ -262,23 +339,42 @@ def render(doc: dict) -> str:
                 body.append([r["arch"], rt, "failed: " + v["error"][:60], *([""] * 9)])
                 continue
             m = v["median_ms"]
-            body.append([r["arch"], rt, f"{m['unfolded']:.3f}", f"{m['folded']:.3f}", f"{m['ideal']:.3f}",
-                         f"{m['ideal_bias']:.3f}", fmt_x(v["speedup"], 3), f"{v['folded_over_ideal']:.3f}",
-                         f"{v['unfolded_over_ideal']:.3f}", f"{v['folded_over_ideal_bias']:.3f}",
-                         f"{v['rounds']} x {v['calls_per_sample']}", f"{v['rel_err_vs_unfolded']['folded']:.1e}"])
-    models = "\n".join(f"- **{r['arch']}**: {r['description']}; input {'x'.join(map(str, r['input_shape']))}; "
-                       f"{r['batchnorms']} BatchNorms ({r['folded']} folded, {len(r['skipped'])} skipped), "
-                       f"{r['parameters']:,} parameters; calibrated BN stats: max kappa "
-                       f"{r['bn_stats']['max_kappa']:.2f}, max |gamma|/sqrt(var+eps) {r['bn_stats']['max_scale']:.2f}"
-                       for r in doc["rows"])
+            body.append(
+                [
+                    r["arch"],
+                    rt,
+                    f"{m['unfolded']:.3f}",
+                    f"{m['folded']:.3f}",
+                    f"{m['ideal']:.3f}",
+                    f"{m['ideal_bias']:.3f}",
+                    fmt_x(v["speedup"], 3),
+                    f"{v['folded_over_ideal']:.3f}",
+                    f"{v['unfolded_over_ideal']:.3f}",
+                    f"{v['folded_over_ideal_bias']:.3f}",
+                    f"{v['rounds']} x {v['calls_per_sample']}",
+                    f"{v['rel_err_vs_unfolded']['folded']:.1e}",
+                ]
+            )
+    models = "\n".join(
+        f"- **{r['arch']}**: {r['description']}; input {'x'.join(map(str, r['input_shape']))}; "
+        f"{r['batchnorms']} BatchNorms ({r['folded']} folded, {len(r['skipped'])} skipped), "
+        f"{r['parameters']:,} parameters; calibrated BN stats: max kappa "
+        f"{r['bn_stats']['max_kappa']:.2f}, max |gamma|/sqrt(var+eps) {r['bn_stats']['max_scale']:.2f}"
+        for r in doc["rows"]
+    )
     xnn = []
     for r in doc["rows"]:
         v = r["runtimes"].get("xnnpack")
         if v and "lowered" in v:
             lw = v["lowered"]
-            xnn.append(f"{r['arch']}: " + ", ".join(
-                f"{k} {lw[k]['delegate_calls']} delegate call(s) + {lw[k]['ops_outside_delegate']} op(s) outside "
-                f"({', '.join(lw[k]['outside']) or '-'})" for k in VARIANTS))
+            xnn.append(
+                f"{r['arch']}: "
+                + ", ".join(
+                    f"{k} {lw[k]['delegate_calls']} delegate call(s) + {lw[k]['ops_outside_delegate']} op(s) outside "
+                    f"({', '.join(lw[k]['outside']) or '-'})"
+                    for k in VARIANTS
+                )
+            )
     s = doc["summary"]
     lines = [
         "### B. Inference latency (ms per call, batch 1, median; variants interleaved, 1 thread)",
@@ -292,10 +388,12 @@ def render(doc: dict) -> str:
     if xnn:
         lines += ["XNNPACK partitioning: " + "; ".join(xnn) + "."]
     for rt, v in s.items():
-        lines.append(f"- {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} "
-                     f"({'all within' if v['within_target'] else 'NOT all within'} 1.02), median speedup "
-                     f"{v['median_speedup']:.3f}x; folded/(ideal+bias) worst {v['worst_folded_over_ideal_bias']:.3f}; "
-                     f"price of the conv biases (ideal+bias)/ideal, median {v['median_ideal_bias_over_ideal']:.3f}.")
+        lines.append(
+            f"- {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} "
+            f"({'all within' if v['within_target'] else 'NOT all within'} 1.02), median speedup "
+            f"{v['median_speedup']:.3f}x; folded/(ideal+bias) worst {v['worst_folded_over_ideal_bias']:.3f}; "
+            f"price of the conv biases (ideal+bias)/ideal, median {v['median_ideal_bias_over_ideal']:.3f}."
+        )
     return "\n".join(lines)
 
 
@@ -305,16 +403,26 @@ def main(argv=None):
     ap.add_argument("--runtimes", default=",".join(RUNTIMES))
     ap.add_argument("--rounds", type=int, default=30, help="rounds for eager and xnnpack")
     ap.add_argument("--portable-rounds", type=int, default=15)
-    ap.add_argument("--et-archs", default=None,
-                    help="architectures that also run on ExecuTorch (default: all; --quick: audio only, since "
-                         "lowering 4 programs x 2 runtimes dominates a smoke run)")
+    ap.add_argument(
+        "--et-archs",
+        default=None,
+        help="architectures that also run on ExecuTorch (default: all; --quick: audio only, since "
+        "lowering 4 programs x 2 runtimes dominates a smoke run)",
+    )
     ap.add_argument("--quick", action="store_true", help="tiny inputs, 5 rounds (3 portable)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     rounds, prounds = (5, 3) if args.quick else (args.rounds, args.portable_rounds)
     et_archs = args.et_archs or ("audio" if args.quick else None)
-    run(tuple(args.archs.split(",")), tuple(args.runtimes.split(",")), args.quick, rounds, prounds, args.out,
-        tuple(et_archs.split(",")) if et_archs else None)
+    run(
+        tuple(args.archs.split(",")),
+        tuple(args.runtimes.split(",")),
+        args.quick,
+        rounds,
+        prounds,
+        args.out,
+        tuple(et_archs.split(",")) if et_archs else None,
+    )
 
 
 if __name__ == "__main__":

@@ -56,8 +56,12 @@ class DenseNet(nn.Module):
     def __init__(self, blocks=(6, 12, 24, 16), growth: int = 32, classes: int = 1000):
         super().__init__()
         c = 2 * growth
-        layers: list[nn.Module] = [nn.Conv2d(3, c, 7, 2, 3, bias=False), nn.BatchNorm2d(c), nn.ReLU(),
-                                   nn.MaxPool2d(3, 2, 1)]
+        layers: list[nn.Module] = [
+            nn.Conv2d(3, c, 7, 2, 3, bias=False),
+            nn.BatchNorm2d(c),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2, 1),
+        ]
         for i, n in enumerate(blocks):
             for _ in range(n):
                 layers.append(DenseLayer(c, growth))
@@ -96,17 +100,23 @@ def run(blocks, size: int, batches: int) -> dict:
     folded = fold_program(ep)
     lowered = fold_program(ep, lower_unfoldable=True)
     variants = {"unfolded": ep, "folded": folded.model, "folded + lowered": lowered.model}
-    counts = {"batch_norms": sum("batch_norm" in str(n.target) for n in ep.graph.nodes),
-              "folded": len(folded.report.folded), "skipped": len(folded.report.skipped),
-              "lowered": len(lowered.report.lowered)}
+    counts = {
+        "batch_norms": sum("batch_norm" in str(n.target) for n in ep.graph.nodes),
+        "folded": len(folded.report.folded),
+        "skipped": len(folded.report.skipped),
+        "lowered": len(lowered.report.lowered),
+    }
     rows = {}
     for name, prog in variants.items():
         rows[name] = {}
         for profile, eps in (("fp16", None), ("htp", QNN_EPS)):
             t = time.perf_counter()
             sqnr, bad = _sqnr(emulate(prog, inputs, profile, bn_eps=eps))
-            rows[name][f"{profile}{'' if eps is None else f'@{eps:g}'}"] = {"sqnr_db": sqnr, "non_finite": bad,
-                                                                            "seconds": time.perf_counter() - t}
+            rows[name][f"{profile}{'' if eps is None else f'@{eps:g}'}"] = {
+                "sqnr_db": sqnr,
+                "non_finite": bad,
+                "seconds": time.perf_counter() - t,
+            }
             log(f"    {name:<17} {profile:<4} SQNR {sqnr if sqnr is None else round(sqnr, 1)} dB, non-finite {bad}")
     return {"counts": counts, "rows": rows}
 
@@ -137,8 +147,10 @@ def main(argv=None) -> int:
     log(f"  DenseNet blocks {blocks} at {size}x{size}, {args.batches} batches")
     doc = run(blocks, size, args.batches)
     c = doc["counts"]
-    text = (f"### F. Lowering what cannot fold: DenseNet{'-121' if not args.quick else ' (small)'}-shaped, "
-            f"{c['batch_norms']} BNs: {c['folded']} fold, {c['skipped']} stay; lowered: {c['lowered']}\n\n")
+    text = (
+        f"### F. Lowering what cannot fold: DenseNet{'-121' if not args.quick else ' (small)'}-shaped, "
+        f"{c['batch_norms']} BNs: {c['folded']} fold, {c['skipped']} stay; lowered: {c['lowered']}\n\n"
+    )
     text += render(doc) + "\n"
     print(text)
     out = os.path.abspath(args.out)

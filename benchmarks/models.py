@@ -40,8 +40,11 @@ class Chain(nn.Module):
         layers = []
         for i in range(blocks):
             groups = channels if i % 2 else 1
-            layers += [nn.Conv2d(channels, channels, 3, padding=1, groups=groups, bias=False),
-                       nn.BatchNorm2d(channels), nn.ReLU()]
+            layers += [
+                nn.Conv2d(channels, channels, 3, padding=1, groups=groups, bias=False),
+                nn.BatchNorm2d(channels),
+                nn.ReLU(),
+            ]
         self.body = nn.Sequential(*layers)
 
     def forward(self, x):
@@ -149,8 +152,10 @@ class ResNetish(nn.Module):
 class ConvBN1d(nn.Sequential):
     def __init__(self, cin, cout, k, stride=1, groups=1, dilation=1, bn=True, act=True):
         pad = dilation * (k // 2)
-        layers = [nn.Conv1d(cin, cout, k, stride, pad, dilation=dilation, groups=groups, bias=False),
-                  _norm("1d", cout, bn)]
+        layers = [
+            nn.Conv1d(cin, cout, k, stride, pad, dilation=dilation, groups=groups, bias=False),
+            _norm("1d", cout, bn),
+        ]
         if act:
             layers.append(nn.ReLU())
         super().__init__(*layers)
@@ -160,8 +165,10 @@ class Separable1d(nn.Sequential):
     """Time-channel separable conv: depthwise Conv1d + BN1d, pointwise Conv1d + BN1d (+ ReLU)."""
 
     def __init__(self, cin, cout, k, stride=1, dilation=1, bn=True, act=True):
-        super().__init__(ConvBN1d(cin, cin, k, stride, groups=cin, dilation=dilation, bn=bn, act=False),
-                         ConvBN1d(cin, cout, 1, bn=bn, act=act))
+        super().__init__(
+            ConvBN1d(cin, cin, k, stride, groups=cin, dilation=dilation, bn=bn, act=False),
+            ConvBN1d(cin, cout, 1, bn=bn, act=act),
+        )
 
 
 class AudioNet(nn.Module):
@@ -177,9 +184,13 @@ class AudioNet(nn.Module):
         for i in range(blocks):
             k = (13, 15, 17, 19, 21, 23)[i % 6]
             subs = [Separable1d(width, width, k, bn=bn, act=j < sub_blocks - 1) for j in range(sub_blocks)]
-            body.append(nn.ModuleDict({"main": nn.Sequential(*subs), "res": ConvBN1d(width, width, 1, bn=bn, act=False)}))
+            body.append(
+                nn.ModuleDict({"main": nn.Sequential(*subs), "res": ConvBN1d(width, width, 1, bn=bn, act=False)})
+            )
         self.body = nn.ModuleList(body)
-        self.head = nn.Sequential(Separable1d(width, width, 29, dilation=2, bn=bn), ConvBN1d(width, 2 * width, 1, bn=bn))
+        self.head = nn.Sequential(
+            Separable1d(width, width, 29, dilation=2, bn=bn), ConvBN1d(width, 2 * width, 1, bn=bn)
+        )
         self.out = nn.Conv1d(2 * width, classes, 1)
 
     def forward(self, x):
@@ -198,10 +209,10 @@ ARCHS = {
 QUICK_SHAPES = {"efficientnet": (1, 3, 32, 32), "resnet": (1, 3, 16, 16), "audio": (1, 40, 48)}
 DESCRIPTIONS = {
     "efficientnet": "EfficientNet-B0-like (stem, 8 MBConv blocks: 1x1 expand, depthwise 3x3, SE, 1x1 project; head), "
-                    "SiLU, 100 classes",
+    "SiLU, 100 classes",
     "resnet": "ResNet-18-like at width 16 (3x3 stem, 8 basic blocks, 1x1 conv+BN downsample), ReLU, 100 classes",
     "audio": "MatchboxNet-3x2-like 1-D net on 40 log-mel channels (separable Conv1d+BatchNorm1d "
-             "prologue k=11/2, 3 residual blocks of 2 separable sub-blocks, epilogue k=29 dil. 2), 35 classes",
+    "prologue k=11/2, 3 residual blocks of 2 separable sub-blocks, epilogue k=29 dil. 2), 35 classes",
 }
 
 
@@ -271,8 +282,14 @@ def build(arch: str, shape: tuple | None = None, calib_batches: int = 8, seed: i
     example = (structured_inputs(shape, 1, seed=seed + 1000)[0],)
     n_bn = sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
     params = sum(p.numel() for p in model.parameters())
-    return {"model": model, "ideal": ideal, "example": example, "shape": shape, "batchnorms": n_bn,
-            "parameters": params}
+    return {
+        "model": model,
+        "ideal": ideal,
+        "example": example,
+        "shape": shape,
+        "batchnorms": n_bn,
+        "parameters": params,
+    }
 
 
 @torch.no_grad()
@@ -284,9 +301,11 @@ def bn_stats_summary(model: nn.Module) -> dict:
             std = torch.sqrt(m.running_var + m.eps)
             kappas.append(float((m.running_mean.abs() / std).max()))
             scales.append(float((m.weight.abs() / std).max()))
-    return {"max_kappa": max(kappas) if kappas else math.nan,
-            "median_kappa": sorted(kappas)[len(kappas) // 2] if kappas else math.nan,
-            "max_scale": max(scales) if scales else math.nan}
+    return {
+        "max_kappa": max(kappas) if kappas else math.nan,
+        "median_kappa": sorted(kappas)[len(kappas) // 2] if kappas else math.nan,
+        "max_scale": max(scales) if scales else math.nan,
+    }
 
 
 def clone(model: nn.Module) -> nn.Module:

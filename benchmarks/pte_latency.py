@@ -23,8 +23,9 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "executorch")]
 
-from bnfold_testutil import reference  # noqa: E402  (tests/bnfold_testutil.py)
 from et_models import MBConv, prepared  # noqa: E402  (tests/executorch/et_models.py)
+
+from bnfold_testutil import reference  # noqa: E402  (tests/bnfold_testutil.py)
 
 
 def lower(ep, fold: bool):
@@ -73,8 +74,15 @@ def main(argv=None):
         method = runtime.load_program(buffer).load_method("forward")
         out = method.execute([x])[0]
         err = ((out.double() - ref).abs().max() / ref.abs().max()).item()
-        variants[name] = {"method": method, "bytes": len(buffer), "norms": norms, "err": err, "times": [], "cpu": [],
-                          "report": report}
+        variants[name] = {
+            "method": method,
+            "bytes": len(buffer),
+            "norms": norms,
+            "err": err,
+            "times": [],
+            "cpu": [],
+            "report": report,
+        }
 
     for _ in range(args.warmup):
         for v in variants.values():
@@ -86,24 +94,32 @@ def main(argv=None):
             v["times"].append((time.perf_counter_ns() - t0) / 1e6)
             v["cpu"].append((time.thread_time_ns() - c0) / 1e6)
 
-    print(f"EfficientNet-style block: MBConv(c={args.channels}, expand={args.expand}), "
-          f"input 1x{args.channels}x{args.size}x{args.size}, portable kernels, "
-          f"{args.repeats} runs each (alternating, {args.warmup} warm-up)")
+    print(
+        f"EfficientNet-style block: MBConv(c={args.channels}, expand={args.expand}), "
+        f"input 1x{args.channels}x{args.size}x{args.size}, portable kernels, "
+        f"{args.repeats} runs each (alternating, {args.warmup} warm-up)"
+    )
     print(f"torch {torch.__version__}, threads {torch.get_num_threads()}, cpus {os.cpu_count()}")
-    header = f"{'variant':<10} {'batch_norm ops':>14} {'.pte bytes':>11} {'median ms':>10} {'min ms':>8} " \
-             f"{'p10 ms':>8} {'p90 ms':>8} {'cpu median ms':>14} {'rel. err':>9}"
+    header = (
+        f"{'variant':<10} {'batch_norm ops':>14} {'.pte bytes':>11} {'median ms':>10} {'min ms':>8} "
+        f"{'p10 ms':>8} {'p90 ms':>8} {'cpu median ms':>14} {'rel. err':>9}"
+    )
     print(header)
     print("-" * len(header))
     for name, v in variants.items():
         t = v["times"]
-        print(f"{name:<10} {v['norms']:>14} {v['bytes']:>11} {statistics.median(t):>10.3f} {min(t):>8.3f} "
-              f"{percentile(t, 0.1):>8.3f} {percentile(t, 0.9):>8.3f} {statistics.median(v['cpu']):>14.3f} "
-              f"{v['err']:>9.1e}")
+        print(
+            f"{name:<10} {v['norms']:>14} {v['bytes']:>11} {statistics.median(t):>10.3f} {min(t):>8.3f} "
+            f"{percentile(t, 0.1):>8.3f} {percentile(t, 0.9):>8.3f} {statistics.median(v['cpu']):>14.3f} "
+            f"{v['err']:>9.1e}"
+        )
     base, folded = (statistics.median(variants[k]["times"]) for k in ("unfolded", "folded"))
     cpu_base, cpu_folded = (statistics.median(variants[k]["cpu"]) for k in ("unfolded", "folded"))
-    print(f"speed-up, unfolded / folded: wall median {base / folded:.3f}x, "
-          f"wall min {min(variants['unfolded']['times']) / min(variants['folded']['times']):.3f}x, "
-          f"thread CPU median {cpu_base / cpu_folded:.3f}x")
+    print(
+        f"speed-up, unfolded / folded: wall median {base / folded:.3f}x, "
+        f"wall min {min(variants['unfolded']['times']) / min(variants['folded']['times']):.3f}x, "
+        f"thread CPU median {cpu_base / cpu_folded:.3f}x"
+    )
     print(variants["folded"]["report"].table())
 
 

@@ -89,8 +89,7 @@ class Bottleneck(nn.Module):
 
 
 class ResNet(nn.Module):
-    def __init__(self, block, layers, num_classes=1000, replace_stride_with_dilation=(False, False, False),
-                 head=True):
+    def __init__(self, block, layers, num_classes=1000, replace_stride_with_dilation=(False, False, False), head=True):
         super().__init__()
         self.inplanes, self.dilation = 64, 1
         self.conv1 = nn.Conv2d(3, 64, 7, 2, 3, bias=False)
@@ -112,8 +111,10 @@ class ResNet(nn.Module):
             stride = 1
         downsample = None
         if stride != 1 or self.inplanes != planes * block.expansion:
-            downsample = nn.Sequential(nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
-                                       nn.BatchNorm2d(planes * block.expansion))
+            downsample = nn.Sequential(
+                nn.Conv2d(self.inplanes, planes * block.expansion, 1, stride, bias=False),
+                nn.BatchNorm2d(planes * block.expansion),
+            )
         layers = [block(self.inplanes, planes, stride, downsample, previous_dilation)]
         self.inplanes = planes * block.expansion
         layers += [block(self.inplanes, planes, dilation=self.dilation) for _ in range(1, blocks)]
@@ -143,8 +144,13 @@ class FCN(nn.Module):
     def __init__(self, num_classes=21):
         super().__init__()
         self.backbone = ResNet(Bottleneck, [3, 4, 6, 3], replace_stride_with_dilation=(False, True, True), head=False)
-        self.classifier = nn.Sequential(nn.Conv2d(2048, 512, 3, padding=1, bias=False), nn.BatchNorm2d(512), nn.ReLU(),
-                                        nn.Dropout(0.1), nn.Conv2d(512, num_classes, 1))
+        self.classifier = nn.Sequential(
+            nn.Conv2d(2048, 512, 3, padding=1, bias=False),
+            nn.BatchNorm2d(512),
+            nn.ReLU(),
+            nn.Dropout(0.1),
+            nn.Conv2d(512, num_classes, 1),
+        )
 
     def forward(self, x):
         size = x.shape[-2:]
@@ -162,8 +168,9 @@ def fcn_resnet50() -> nn.Module:
 class BasicBlock3d(nn.Module):
     def __init__(self, inplanes, planes, stride=1, downsample=None):
         super().__init__()
-        self.conv1 = nn.Sequential(nn.Conv3d(inplanes, planes, 3, stride, 1, bias=False), nn.BatchNorm3d(planes),
-                                   nn.ReLU(inplace=True))
+        self.conv1 = nn.Sequential(
+            nn.Conv3d(inplanes, planes, 3, stride, 1, bias=False), nn.BatchNorm3d(planes), nn.ReLU(inplace=True)
+        )
         self.conv2 = nn.Sequential(nn.Conv3d(planes, planes, 3, 1, 1, bias=False), nn.BatchNorm3d(planes))
         self.relu = nn.ReLU(inplace=True)
         self.downsample = downsample
@@ -177,8 +184,9 @@ class VideoResNet(nn.Module):
     def __init__(self, layers=(2, 2, 2, 2), num_classes=400):
         super().__init__()
         self.inplanes = 64
-        self.stem = nn.Sequential(nn.Conv3d(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(64),
-                                  nn.ReLU(inplace=True))
+        self.stem = nn.Sequential(
+            nn.Conv3d(3, 64, (3, 7, 7), (1, 2, 2), (1, 3, 3), bias=False), nn.BatchNorm3d(64), nn.ReLU(inplace=True)
+        )
         self.layer1 = self._make_layer(64, layers[0], 1)
         self.layer2 = self._make_layer(128, layers[1], 2)
         self.layer3 = self._make_layer(256, layers[2], 2)
@@ -208,8 +216,10 @@ def r3d_18() -> nn.Module:
 
 
 def _cna(cin, cout, k=3, stride=1, groups=1, act: type | None = nn.SiLU, eps=1e-5, momentum=0.1) -> nn.Sequential:
-    layers = [nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
-              nn.BatchNorm2d(cout, eps=eps, momentum=momentum)]
+    layers = [
+        nn.Conv2d(cin, cout, k, stride, (k - 1) // 2, groups=groups, bias=False),
+        nn.BatchNorm2d(cout, eps=eps, momentum=momentum),
+    ]
     if act is not None:
         layers.append(act(inplace=True) if act in (nn.ReLU, nn.SiLU, nn.Hardswish) else act())
     return nn.Sequential(*layers)
@@ -231,8 +241,14 @@ class SqueezeExcitation(nn.Module):
 # -- EfficientNetV2-S (torchvision efficientnet_v2_s) ----------------------------------------------
 
 #: (block, expand_ratio, kernel, stride, in, out, layers): torchvision's _efficientnet_conf("efficientnet_v2_s")
-EFFNET_V2_S = (("fused", 1, 3, 1, 24, 24, 2), ("fused", 4, 3, 2, 24, 48, 4), ("fused", 4, 3, 2, 48, 64, 4),
-               ("mb", 4, 3, 2, 64, 128, 6), ("mb", 6, 3, 1, 128, 160, 9), ("mb", 6, 3, 2, 160, 256, 15))
+EFFNET_V2_S = (
+    ("fused", 1, 3, 1, 24, 24, 2),
+    ("fused", 4, 3, 2, 24, 48, 4),
+    ("fused", 4, 3, 2, 48, 64, 4),
+    ("mb", 4, 3, 2, 64, 128, 6),
+    ("mb", 6, 3, 1, 128, 160, 9),
+    ("mb", 6, 3, 2, 160, 256, 15),
+)
 _EFF_EPS = 1e-3
 
 
@@ -276,8 +292,9 @@ class EfficientNetV2(nn.Module):
         layers = [_cna(3, table[0][4], 3, 2, eps=_EFF_EPS)]
         for kind, e, k, s, cin, cout, n in table:
             cls = FusedMBConv if kind == "fused" else MBConv
-            layers.append(nn.Sequential(*(cls(e, k, s if i == 0 else 1, cin if i == 0 else cout, cout)
-                                          for i in range(n))))
+            layers.append(
+                nn.Sequential(*(cls(e, k, s if i == 0 else 1, cin if i == 0 else cout, cout) for i in range(n)))
+            )
         layers.append(_cna(table[-1][5], last, 1, eps=_EFF_EPS))
         self.features = nn.Sequential(*layers)
         self.classifier = nn.Sequential(nn.Dropout(0.2), nn.Linear(last, num_classes))
@@ -300,11 +317,21 @@ def _make_divisible(v: float, divisor: int = 8) -> int:
 
 #: (in, kernel, expanded, out, use_se, activation, stride): torchvision _mobilenet_v3_conf("mobilenet_v3_large")
 MOBILENET_V3_LARGE = (
-    (16, 3, 16, 16, False, "RE", 1), (16, 3, 64, 24, False, "RE", 2), (24, 3, 72, 24, False, "RE", 1),
-    (24, 5, 72, 40, True, "RE", 2), (40, 5, 120, 40, True, "RE", 1), (40, 5, 120, 40, True, "RE", 1),
-    (40, 3, 240, 80, False, "HS", 2), (80, 3, 200, 80, False, "HS", 1), (80, 3, 184, 80, False, "HS", 1),
-    (80, 3, 184, 80, False, "HS", 1), (80, 3, 480, 112, True, "HS", 1), (112, 3, 672, 112, True, "HS", 1),
-    (112, 5, 672, 160, True, "HS", 2), (160, 5, 960, 160, True, "HS", 1), (160, 5, 960, 160, True, "HS", 1),
+    (16, 3, 16, 16, False, "RE", 1),
+    (16, 3, 64, 24, False, "RE", 2),
+    (24, 3, 72, 24, False, "RE", 1),
+    (24, 5, 72, 40, True, "RE", 2),
+    (40, 5, 120, 40, True, "RE", 1),
+    (40, 5, 120, 40, True, "RE", 1),
+    (40, 3, 240, 80, False, "HS", 2),
+    (80, 3, 200, 80, False, "HS", 1),
+    (80, 3, 184, 80, False, "HS", 1),
+    (80, 3, 184, 80, False, "HS", 1),
+    (80, 3, 480, 112, True, "HS", 1),
+    (112, 3, 672, 112, True, "HS", 1),
+    (112, 5, 672, 160, True, "HS", 2),
+    (160, 5, 960, 160, True, "HS", 1),
+    (160, 5, 960, 160, True, "HS", 1),
 )
 _MB_BN = {"eps": 1e-3, "momentum": 0.01}
 
@@ -335,8 +362,12 @@ class MobileNetV3(nn.Module):
         layers += [InvertedResidual(*row) for row in table]
         layers.append(_cna(table[-1][3], 6 * table[-1][3], 1, act=nn.Hardswish, **_MB_BN))
         self.features = nn.Sequential(*layers)
-        self.classifier = nn.Sequential(nn.Linear(6 * table[-1][3], last_channel), nn.Hardswish(inplace=True),
-                                        nn.Dropout(0.2), nn.Linear(last_channel, num_classes))
+        self.classifier = nn.Sequential(
+            nn.Linear(6 * table[-1][3], last_channel),
+            nn.Hardswish(inplace=True),
+            nn.Dropout(0.2),
+            nn.Linear(last_channel, num_classes),
+        )
 
     def forward(self, x):
         return self.classifier(torch.flatten(F.adaptive_avg_pool2d(self.features(x), 1), 1))
@@ -382,8 +413,11 @@ class NormLinear(nn.Module):
 def _bias_idxs(resolution: int, q_resolution: int | None = None, stride: int = 1) -> torch.Tensor:
     q_res = q_resolution or resolution
     k_pos = torch.stack(torch.meshgrid(torch.arange(resolution), torch.arange(resolution), indexing="ij")).flatten(1)
-    q_pos = torch.stack(torch.meshgrid(torch.arange(0, resolution, stride)[:q_res],
-                                       torch.arange(0, resolution, stride)[:q_res], indexing="ij")).flatten(1)
+    q_pos = torch.stack(
+        torch.meshgrid(
+            torch.arange(0, resolution, stride)[:q_res], torch.arange(0, resolution, stride)[:q_res], indexing="ij"
+        )
+    ).flatten(1)
     rel = (q_pos[..., :, None] - k_pos[..., None, :]).abs()
     return rel[0] * resolution + rel[1]
 
@@ -391,12 +425,12 @@ def _bias_idxs(resolution: int, q_resolution: int | None = None, stride: int = 1
 class Attention(nn.Module):
     def __init__(self, dim, key_dim, num_heads, attn_ratio, resolution):
         super().__init__()
-        self.num_heads, self.key_dim, self.scale = num_heads, key_dim, key_dim ** -0.5
+        self.num_heads, self.key_dim, self.scale = num_heads, key_dim, key_dim**-0.5
         self.val_dim = int(attn_ratio * key_dim)
         self.val_attn_dim = self.val_dim * num_heads
         self.qkv = LinearNorm(dim, self.val_attn_dim + key_dim * num_heads * 2)
         self.proj = nn.Sequential(nn.Hardswish(), LinearNorm(self.val_attn_dim, dim))
-        self.attention_biases = nn.Parameter(torch.zeros(num_heads, resolution ** 2))
+        self.attention_biases = nn.Parameter(torch.zeros(num_heads, resolution**2))
         self.register_buffer("attention_bias_idxs", _bias_idxs(resolution), persistent=False)
 
     def forward(self, x):
@@ -411,22 +445,23 @@ class AttentionDownsample(nn.Module):
     def __init__(self, in_dim, out_dim, key_dim, num_heads, attn_ratio, resolution, stride=2):
         super().__init__()
         self.stride, self.resolution = stride, resolution
-        self.num_heads, self.key_dim, self.scale = num_heads, key_dim, key_dim ** -0.5
+        self.num_heads, self.key_dim, self.scale = num_heads, key_dim, key_dim**-0.5
         self.val_dim = int(attn_ratio * key_dim)
         self.val_attn_dim = self.val_dim * num_heads
         self.resolution_out = (resolution - 1) // stride + 1
         self.kv = LinearNorm(in_dim, self.val_attn_dim + key_dim * num_heads)
         self.q = LinearNorm(in_dim, key_dim * num_heads)
         self.proj = nn.Sequential(nn.Hardswish(), LinearNorm(self.val_attn_dim, out_dim))
-        self.attention_biases = nn.Parameter(torch.zeros(num_heads, resolution ** 2))
-        self.register_buffer("attention_bias_idxs", _bias_idxs(resolution, self.resolution_out, stride),
-                             persistent=False)
+        self.attention_biases = nn.Parameter(torch.zeros(num_heads, resolution**2))
+        self.register_buffer(
+            "attention_bias_idxs", _bias_idxs(resolution, self.resolution_out, stride), persistent=False
+        )
 
     def forward(self, x):
         b, n, c = x.shape
         k, v = self.kv(x).view(b, n, self.num_heads, -1).split([self.key_dim, self.val_dim], dim=3)
         k, v = k.permute(0, 2, 3, 1), v.permute(0, 2, 1, 3)
-        xs = x.view(b, self.resolution, self.resolution, c)[:, ::self.stride, ::self.stride].reshape(b, -1, c)
+        xs = x.view(b, self.resolution, self.resolution, c)[:, :: self.stride, :: self.stride].reshape(b, -1, c)
         q = self.q(xs).view(b, -1, self.num_heads, self.key_dim).permute(0, 2, 1, 3)
         attn = (q @ k * self.scale + self.attention_biases[:, self.attention_bias_idxs]).softmax(dim=-1)
         return self.proj((attn @ v).transpose(1, 2).reshape(b, -1, self.val_attn_dim))
@@ -453,12 +488,28 @@ class Residual(nn.Module):
 class LeViT(nn.Module):
     """timm LeViT (levit_128s config: embed 128/256/384, heads 4/6/8, depth 2/3/4, key_dim 16)."""
 
-    def __init__(self, img_size=224, embed_dim=(128, 256, 384), key_dim=16, num_heads=(4, 6, 8), depth=(2, 3, 4),
-                 attn_ratio=2.0, mlp_ratio=2.0, num_classes=1000):
+    def __init__(
+        self,
+        img_size=224,
+        embed_dim=(128, 256, 384),
+        key_dim=16,
+        num_heads=(4, 6, 8),
+        depth=(2, 3, 4),
+        attn_ratio=2.0,
+        mlp_ratio=2.0,
+        num_classes=1000,
+    ):
         super().__init__()
         e0 = embed_dim[0]
-        self.stem = nn.Sequential(ConvNorm(3, e0 // 8), nn.Hardswish(), ConvNorm(e0 // 8, e0 // 4), nn.Hardswish(),
-                                  ConvNorm(e0 // 4, e0 // 2), nn.Hardswish(), ConvNorm(e0 // 2, e0))
+        self.stem = nn.Sequential(
+            ConvNorm(3, e0 // 8),
+            nn.Hardswish(),
+            ConvNorm(e0 // 8, e0 // 4),
+            nn.Hardswish(),
+            ConvNorm(e0 // 4, e0 // 2),
+            nn.Hardswish(),
+            ConvNorm(e0 // 2, e0),
+        )
         res = img_size // 16
         blocks = []
         for i, (dim, heads, d) in enumerate(zip(embed_dim, num_heads, depth)):
@@ -490,17 +541,36 @@ def levit_128s() -> nn.Module:
 REAL_MODELS = {
     "resnet18": (resnet18, (1, 3, 224, 224), "torchvision resnet18: BasicBlock [2,2,2,2], 1000 classes"),
     "resnet50": (resnet50, (1, 3, 224, 224), "torchvision resnet50 (v1.5): Bottleneck [3,4,6,3], 1000 classes"),
-    "r3d_18": (r3d_18, (1, 3, 8, 112, 112), "torchvision video r3d_18: Conv3d 3x3x3 BasicBlock [2,2,2,2], "
-               "BatchNorm3d, 400 classes"),
-    "efficientnet_v2_s": (efficientnet_v2_s, (1, 3, 224, 224), "torchvision efficientnet_v2_s: 3 FusedMBConv + 3 "
-                          "MBConv(SE) stages, widths 24..256, repeats 2/4/4/6/9/15, SiLU, head 1280"),
-    "mobilenet_v3_large": (mobilenet_v3_large, (1, 3, 224, 224), "torchvision mobilenet_v3_large: 15 inverted "
-                           "residuals, hardswish, SE with hardsigmoid, 960-1280-1000 classifier"),
-    "fcn_resnet50": (fcn_resnet50, (1, 3, 224, 224), "torchvision fcn_resnet50 (no aux head): dilated ResNet-50 "
-                     "(output stride 8) + FCNHead 3x3 conv-BN-ReLU + 1x1 conv, 21 classes, bilinear upsample"),
-    "levit_128s": (levit_128s, (1, 3, 224, 224), "timm levit_128s: conv stem, 3 attention stages 128/256/384 "
-                   "(depth 2/3/4), LinearNorm (Linear -> flatten(0,1) -> BatchNorm1d -> reshape_as), "
-                   "NormLinear heads"),
+    "r3d_18": (
+        r3d_18,
+        (1, 3, 8, 112, 112),
+        "torchvision video r3d_18: Conv3d 3x3x3 BasicBlock [2,2,2,2], BatchNorm3d, 400 classes",
+    ),
+    "efficientnet_v2_s": (
+        efficientnet_v2_s,
+        (1, 3, 224, 224),
+        "torchvision efficientnet_v2_s: 3 FusedMBConv + 3 "
+        "MBConv(SE) stages, widths 24..256, repeats 2/4/4/6/9/15, SiLU, head 1280",
+    ),
+    "mobilenet_v3_large": (
+        mobilenet_v3_large,
+        (1, 3, 224, 224),
+        "torchvision mobilenet_v3_large: 15 inverted "
+        "residuals, hardswish, SE with hardsigmoid, 960-1280-1000 classifier",
+    ),
+    "fcn_resnet50": (
+        fcn_resnet50,
+        (1, 3, 224, 224),
+        "torchvision fcn_resnet50 (no aux head): dilated ResNet-50 "
+        "(output stride 8) + FCNHead 3x3 conv-BN-ReLU + 1x1 conv, 21 classes, bilinear upsample",
+    ),
+    "levit_128s": (
+        levit_128s,
+        (1, 3, 224, 224),
+        "timm levit_128s: conv stem, 3 attention stages 128/256/384 "
+        "(depth 2/3/4), LinearNorm (Linear -> flatten(0,1) -> BatchNorm1d -> reshape_as), "
+        "NormLinear heads",
+    ),
 }
 #: calibration shapes (batch taken from calibrate's batch_size); LeViT's attention biases fix its token grid
 CALIB_SHAPES = {"r3d_18": (1, 3, 4, 32, 32), "levit_128s": (1, 3, 224, 224)}
@@ -552,14 +622,22 @@ def build(name: str, calib_batches: int = 3, calib_batch_size: int = 8, seed: in
     calib_shape = CALIB_SHAPES.get(name, DEFAULT_CALIB_SHAPE)
     calibrate(model, calib_shape, calib_batches, calib_batch_size, seed)
     example = (smooth_inputs(shape, 1, seed + 1000)[0],)
-    return {"model": model, "example": example, "shape": shape, "calib_shape": calib_shape, "description": desc,
-            "batchnorms": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
-            "parameters": sum(p.numel() for p in model.parameters())}
+    return {
+        "model": model,
+        "example": example,
+        "shape": shape,
+        "calib_shape": calib_shape,
+        "description": desc,
+        "batchnorms": sum(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules()),
+        "parameters": sum(p.numel() for p in model.parameters()),
+    }
 
 
 if __name__ == "__main__":  # parameter / BatchNorm counts (torchvision: r18 11.69M, r50 25.56M, r3d 33.37M,
     for name in REAL_MODELS:  # effv2s 21.46M, mnv3l 5.48M, fcn_r50 32.96M (no aux); timm levit_128s 7.78M)
         ctor, shape, _ = REAL_MODELS[name]
         m = ctor()
-        print(f"{name:<20} {sum(p.numel() for p in m.parameters()) / 1e6:7.2f}M params, "
-              f"{sum(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in m.modules())} BatchNorms")
+        print(
+            f"{name:<20} {sum(p.numel() for p in m.parameters()) / 1e6:7.2f}M params, "
+            f"{sum(isinstance(x, nn.modules.batchnorm._BatchNorm) for x in m.modules())} BatchNorms"
+        )

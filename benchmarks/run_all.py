@@ -41,14 +41,22 @@ PARTS = {
     "D": ("fold_real.py", "fold_real/fold_real"),
 }
 # Lines native libraries print on import that say nothing about the benchmark.
-NOISE = re.compile(r"torchao/_C|_C_mxfp8|_C_cutlass|cpuinfo_utils\.cpp|register_constant\(\)|KernelPreference|"
-                   r"copyreg\.py|return cls\.__new__|LeafSpec|threadpool\.cpp")
+NOISE = re.compile(
+    r"torchao/_C|_C_mxfp8|_C_cutlass|cpuinfo_utils\.cpp|register_constant\(\)|KernelPreference|"
+    r"copyreg\.py|return cls\.__new__|LeafSpec|threadpool\.cpp"
+)
 
 
 def run_part(key: str, quick: bool, out: Path | None, extra: list[str]) -> tuple[int, float]:
     script, _ = PARTS[key]
-    cmd = [sys.executable, "-u", str(HERE / script), *(["--quick"] if quick else []),
-           *(["--out", str(out)] if out else []), *extra]
+    cmd = [
+        sys.executable,
+        "-u",
+        str(HERE / script),
+        *(["--quick"] if quick else []),
+        *(["--out", str(out)] if out else []),
+        *extra,
+    ]
     print(f"\n=== {key}: {' '.join(cmd[2:])}", flush=True)
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     t = time.perf_counter()
@@ -75,36 +83,59 @@ def headline(quick: bool, out: Path | None) -> dict:
     a = _load("fold_speed", quick, out)
     if a:
         v = a["verdict"]
-        h["A"] = {"largest_n": v["largest_n"],
-                  "et_pass_over_bnfold_edge": v["et_pass_over_bnfold_edge"],
-                  "et_pass_over_bnfold": v["et_pass_over_bnfold"],
-                  "bnfold_over_export": v["bnfold_over_export"],
-                  "bnfold_back_to_back_over_export": v.get("bnfold_back_to_back_over_export"),
-                  "bnfold_scaling": v["bnfold_scaling"], "bnfold_edge_scaling": v["bnfold_edge_scaling"],
-                  "bnfold_back_to_back_scaling": v.get("bnfold_back_to_back_scaling"),
-                  "bnfold_calls_scaling": v.get("bnfold_calls_scaling"),
-                  "et_pass_scaling": v["et_pass_scaling"], "target_met": v["target_met"],
-                  "linear": v.get("linear"), "under_5pct": v.get("under_5pct")}
+        h["A"] = {
+            "largest_n": v["largest_n"],
+            "et_pass_over_bnfold_edge": v["et_pass_over_bnfold_edge"],
+            "et_pass_over_bnfold": v["et_pass_over_bnfold"],
+            "bnfold_over_export": v["bnfold_over_export"],
+            "bnfold_back_to_back_over_export": v.get("bnfold_back_to_back_over_export"),
+            "bnfold_scaling": v["bnfold_scaling"],
+            "bnfold_edge_scaling": v["bnfold_edge_scaling"],
+            "bnfold_back_to_back_scaling": v.get("bnfold_back_to_back_scaling"),
+            "bnfold_calls_scaling": v.get("bnfold_calls_scaling"),
+            "et_pass_scaling": v["et_pass_scaling"],
+            "target_met": v["target_met"],
+            "linear": v.get("linear"),
+            "under_5pct": v.get("under_5pct"),
+        }
     b = _load("inference_speed", quick, out)
     if b:
-        h["B"] = {rt: {"worst_folded_over_ideal": s["worst_folded_over_ideal"],
-                       "median_speedup": s["median_speedup"],
-                       "worst_folded_over_ideal_bias": s["worst_folded_over_ideal_bias"],
-                       "within_1.02": s["within_target"]} for rt, s in b["summary"].items()}
+        h["B"] = {
+            rt: {
+                "worst_folded_over_ideal": s["worst_folded_over_ideal"],
+                "median_speedup": s["median_speedup"],
+                "worst_folded_over_ideal_bias": s["worst_folded_over_ideal_bias"],
+                "within_1.02": s["within_target"],
+            }
+            for rt, s in b["summary"].items()
+        }
     c = _load("fp16_fidelity", quick, out)
     if c:
-        h["C"] = {p: {"min_agreement_unfolded": s["min_agreement"]["unfolded"],
-                      "min_agreement_folded": s["min_agreement"]["folded"],
-                      "agreement_per_model": s.get("agreement_per_model", {}),
-                      "sqnr_gain_db": s["sqnr_gain_db"], "nonfinite": s["nonfinite"]}
-                  for p, s in c["summary"].items()}
+        h["C"] = {
+            p: {
+                "min_agreement_unfolded": s["min_agreement"]["unfolded"],
+                "min_agreement_folded": s["min_agreement"]["folded"],
+                "agreement_per_model": s.get("agreement_per_model", {}),
+                "sqnr_gain_db": s["sqnr_gain_db"],
+                "nonfinite": s["nonfinite"],
+            }
+            for p, s in c["summary"].items()
+        }
     d = _load("fold_real/fold_real", quick, out)
     if d:
-        h["D"] = {"verdict": d["verdict"], "goals": d["goals"],
-                  "rows": {r["model"]: {"fold_over_export": r["ratios"]["fold_over_export"],
-                                        "edge_over_default": r["ratios"]["edge_over_default"],
-                                        "fold_over_weight_io": r["ratios"]["fold_over_weight_io"],
-                                        "large_weight": r["large_weight"]} for r in d["rows"]}}
+        h["D"] = {
+            "verdict": d["verdict"],
+            "goals": d["goals"],
+            "rows": {
+                r["model"]: {
+                    "fold_over_export": r["ratios"]["fold_over_export"],
+                    "edge_over_default": r["ratios"]["edge_over_default"],
+                    "fold_over_weight_io": r["ratios"]["fold_over_weight_io"],
+                    "large_weight": r["large_weight"],
+                }
+                for r in d["rows"]
+            },
+        }
     return h
 
 
@@ -112,39 +143,51 @@ def render_headline(h: dict) -> str:
     lines = ["### Headline ratios", ""]
     if "A" in h:
         a = h["A"]
-        lines.append(f"- A, N={a['largest_n']} blocks: ExecuTorch FuseBatchNormWithConvPass takes "
-                     f"{fmt_x(a['et_pass_over_bnfold_edge'], 1)} the bnfold fold time on the same edge program "
-                     f"({fmt_x(a['et_pass_over_bnfold'], 1)} bnfold on the ATen program); bnfold = "
-                     f"{fmt_pct(a['bnfold_over_export'])} of torch.export ("
-                     f"{fmt_pct(a['bnfold_back_to_back_over_export'])} back-to-back; target < 5%); scaling N/(N/4): bnfold "
-                     f"{fmt_x(a['bnfold_scaling'])} (ATen, round-robin median), {fmt_x(a['bnfold_edge_scaling'])} (edge), "
-                     f"{fmt_x(a['bnfold_back_to_back_scaling'])} (back-to-back min), "
-                     f"{fmt_x(a['bnfold_calls_scaling'])} (Python calls), ET pass "
-                     f"{fmt_x(a['et_pass_scaling'])}. Target {'met' if a['target_met'] else 'missed'} (linear: "
-                     f"{'yes' if a['linear'] else 'no'}; under 5% of export: {'yes' if a['under_5pct'] else 'no'}).")
+        lines.append(
+            f"- A, N={a['largest_n']} blocks: ExecuTorch FuseBatchNormWithConvPass takes "
+            f"{fmt_x(a['et_pass_over_bnfold_edge'], 1)} the bnfold fold time on the same edge program "
+            f"({fmt_x(a['et_pass_over_bnfold'], 1)} bnfold on the ATen program); bnfold = "
+            f"{fmt_pct(a['bnfold_over_export'])} of torch.export ("
+            f"{fmt_pct(a['bnfold_back_to_back_over_export'])} back-to-back; target < 5%); scaling N/(N/4): bnfold "
+            f"{fmt_x(a['bnfold_scaling'])} (ATen, round-robin median), {fmt_x(a['bnfold_edge_scaling'])} (edge), "
+            f"{fmt_x(a['bnfold_back_to_back_scaling'])} (back-to-back min), "
+            f"{fmt_x(a['bnfold_calls_scaling'])} (Python calls), ET pass "
+            f"{fmt_x(a['et_pass_scaling'])}. Target {'met' if a['target_met'] else 'missed'} (linear: "
+            f"{'yes' if a['linear'] else 'no'}; under 5% of export: {'yes' if a['under_5pct'] else 'no'})."
+        )
     if "B" in h:
         for rt, v in h["B"].items():
-            lines.append(f"- B, {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} (target <= 1.02: "
-                         f"{'met' if v['within_1.02'] else 'missed'}), median speedup unfolded/folded "
-                         f"{v['median_speedup']:.3f}x; folded/(ideal+bias) worst {v['worst_folded_over_ideal_bias']:.3f}.")
+            lines.append(
+                f"- B, {rt}: folded/ideal worst {v['worst_folded_over_ideal']:.3f} (target <= 1.02: "
+                f"{'met' if v['within_1.02'] else 'missed'}), median speedup unfolded/folded "
+                f"{v['median_speedup']:.3f}x; folded/(ideal+bias) worst {v['worst_folded_over_ideal_bias']:.3f}."
+            )
     if "C" in h:
         for p, v in h["C"].items():
             gains = ", ".join(f"{g:+.1f}" for g in v["sqnr_gain_db"])
-            per = "; ".join(f"{m} {fmt_pct(a.get('unfolded'), 2)} -> {fmt_pct(a.get('folded'), 2)}"
-                            for m, a in v["agreement_per_model"].items())
-            lines.append(f"- C, {p}: top-1 agreement with fp32, unfolded -> folded: {per}; output SQNR gain from "
-                         f"folding {gains} dB; NaN+inf unfolded {v['nonfinite']['unfolded']}, folded "
-                         f"{v['nonfinite']['folded']}.")
+            per = "; ".join(
+                f"{m} {fmt_pct(a.get('unfolded'), 2)} -> {fmt_pct(a.get('folded'), 2)}"
+                for m, a in v["agreement_per_model"].items()
+            )
+            lines.append(
+                f"- C, {p}: top-1 agreement with fp32, unfolded -> folded: {per}; output SQNR gain from "
+                f"folding {gains} dB; NaN+inf unfolded {v['nonfinite']['unfolded']}, folded "
+                f"{v['nonfinite']['folded']}."
+            )
     if "D" in h:
         d, v = h["D"], h["D"]["verdict"]
-        per = "; ".join(f"{m} {fmt_pct(r['fold_over_export'])}, {fmt_x(r['edge_over_default'])}, "
-                        + (fmt_x(r["fold_over_weight_io"], 1) if r["large_weight"] else "-")
-                        for m, r in d["rows"].items())
-        lines.append(f"- D, real models (fold / export, edge / default fold, fold / weight I/O): {per}. Goals: "
-                     f"fold <= 10% of export {v['fold_over_export']['passed']}/{v['fold_over_export']['checked']}, "
-                     f"edge <= 2x default {v['edge_over_default']['passed']}/{v['edge_over_default']['checked']}, "
-                     f"fold <= 3x weight I/O (>= 10M params) {v['fold_over_weight_io']['passed']}/"
-                     f"{v['fold_over_weight_io']['checked']}.")
+        per = "; ".join(
+            f"{m} {fmt_pct(r['fold_over_export'])}, {fmt_x(r['edge_over_default'])}, "
+            + (fmt_x(r["fold_over_weight_io"], 1) if r["large_weight"] else "-")
+            for m, r in d["rows"].items()
+        )
+        lines.append(
+            f"- D, real models (fold / export, edge / default fold, fold / weight I/O): {per}. Goals: "
+            f"fold <= 10% of export {v['fold_over_export']['passed']}/{v['fold_over_export']['checked']}, "
+            f"edge <= 2x default {v['edge_over_default']['passed']}/{v['edge_over_default']['checked']}, "
+            f"fold <= 3x weight I/O (>= 10M params) {v['fold_over_weight_io']['passed']}/"
+            f"{v['fold_over_weight_io']['checked']}."
+        )
     return "\n".join(lines)
 
 
@@ -157,9 +200,12 @@ def main(argv=None) -> int:
     out = Path(args.out) if args.out else None
     t0 = time.perf_counter()
     info = machine()
-    print(f"bnfold benchmarks{' (quick)' if args.quick else ''}: torch {info.get('torch')}, executorch "
-          f"{info.get('executorch')}, {info.get('cpus')} CPUs ({info.get('lscpu', {}).get('Model name', '?')}), "
-          f"load {load_now()}", flush=True)
+    print(
+        f"bnfold benchmarks{' (quick)' if args.quick else ''}: torch {info.get('torch')}, executorch "
+        f"{info.get('executorch')}, {info.get('cpus')} CPUs ({info.get('lscpu', {}).get('Model name', '?')}), "
+        f"load {load_now()}",
+        flush=True,
+    )
     status, seconds = {}, {}
     for key in [k.strip().upper() for k in args.only.split(",") if k.strip()]:
         # full run: also profile ExecuTorch's pass at 200 blocks, to show where its superlinear time goes
@@ -174,15 +220,24 @@ def main(argv=None) -> int:
         if key in status and p.exists():
             parts[key] = p.read_text().strip()
     suffix = "_quick" if args.quick else ""
-    doc = {"quick": args.quick, "machine": info, "load_end": load_now(), "exit": status, "seconds": seconds,
-           "total_seconds": total, "headline": h}
+    doc = {
+        "quick": args.quick,
+        "machine": info,
+        "load_end": load_now(),
+        "exit": status,
+        "seconds": seconds,
+        "total_seconds": total,
+        "headline": h,
+    }
     write_json("summary" + suffix, doc, out)
     lscpu = info.get("lscpu", {})
-    mach = (f"Machine: {lscpu.get('Model name', '?')}, {info.get('cpus')} CPUs ({lscpu.get('Core(s) per socket', '?')} "
-            f"core(s)/socket, {lscpu.get('Thread(s) per core', '?')} thread(s)/core), {info.get('platform')}; "
-            f"python {info.get('python')}, torch {info.get('torch')}, executorch {info.get('executorch')}, bnfold "
-            f"{info.get('bnfold')}. Load average at start {info.get('loadavg_start')}, at end {doc['load_end']}. "
-            f"Wall time {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + ").")
+    mach = (
+        f"Machine: {lscpu.get('Model name', '?')}, {info.get('cpus')} CPUs ({lscpu.get('Core(s) per socket', '?')} "
+        f"core(s)/socket, {lscpu.get('Thread(s) per core', '?')} thread(s)/core), {info.get('platform')}; "
+        f"python {info.get('python')}, torch {info.get('torch')}, executorch {info.get('executorch')}, bnfold "
+        f"{info.get('bnfold')}. Load average at start {info.get('loadavg_start')}, at end {doc['load_end']}. "
+        f"Wall time {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in seconds.items()) + ")."
+    )
     write_text("summary" + suffix, "\n\n".join([text, mach, *parts.values()]), out)
     print("\n" + text + "\n\n" + mach, flush=True)
     return 0 if all(rc == 0 for rc in status.values()) else 1

@@ -54,8 +54,10 @@ class VitBlock(nn.Module):
 
 def _blocks() -> dict[str, nn.Module]:
     torch.manual_seed(0)
-    blocks = {"vit": VitBlock(),
-              "encoder": nn.TransformerEncoderLayer(192, 3, 768, dropout=0.0, norm_first=True, batch_first=True)}
+    blocks = {
+        "vit": VitBlock(),
+        "encoder": nn.TransformerEncoderLayer(192, 3, 768, dropout=0.0, norm_first=True, batch_first=True),
+    }
     for m in blocks.values():
         for norm in (mod for mod in m.modules() if isinstance(mod, nn.LayerNorm)):
             with torch.no_grad():
@@ -76,9 +78,12 @@ def bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int) -> dict:
     result = bnfold.fold(ep)
     eps = {"unfolded": ep, "folded": result.model}
     ref = model(x)
-    row = {"model": name, "folded_norms": [f.norm for f in result.report.folded],
-           "aten_nodes": {v: _nodes(e) for v, e in eps.items()},
-           "edge_nodes": {v: _nodes(to_edge(e).exported_program()) for v, e in eps.items()}}
+    row = {
+        "model": name,
+        "folded_norms": [f.norm for f in result.report.folded],
+        "aten_nodes": {v: _nodes(e) for v, e in eps.items()},
+        "edge_nodes": {v: _nodes(to_edge(e).exported_program()) for v, e in eps.items()},
+    }
     mods = {v: e.module() for v, e in eps.items()}
     eager = {v: (lambda m=m: m(x)) for v, m in mods.items()}
     k, _ = _calls_per_sample(eager["unfolded"])
@@ -103,15 +108,36 @@ def bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int) -> dict:
 
 
 def render(rows: list[dict]) -> str:
-    head = ["block", "norms folded", "ATen nodes", "edge nodes", "eager ms", "eager speed-up", "XNNPACK ms",
-            "XNNPACK speed-up", "ops outside delegate", "max rel err"]
+    head = [
+        "block",
+        "norms folded",
+        "ATen nodes",
+        "edge nodes",
+        "eager ms",
+        "eager speed-up",
+        "XNNPACK ms",
+        "XNNPACK speed-up",
+        "ops outside delegate",
+        "max rel err",
+    ]
     body = []
     for r in rows:
         pair = lambda d, f="{}": f"{f.format(d['unfolded'])} -> {f.format(d['folded'])}"  # noqa: E731
         err = max(max(r["eager_rel_err"].values()), max(r["xnnpack_rel_err"].values()))
-        body.append([r["model"], len(r["folded_norms"]), pair(r["aten_nodes"]), pair(r["edge_nodes"]),
-                     pair(r["eager_ms"], "{:.3f}"), f"{r['eager_speedup']:.3f}x", pair(r["xnnpack_ms"], "{:.3f}"),
-                     f"{r['xnnpack_speedup']:.3f}x", pair(r["xnnpack_outside_delegate"]), f"{err:.1e}"])
+        body.append(
+            [
+                r["model"],
+                len(r["folded_norms"]),
+                pair(r["aten_nodes"]),
+                pair(r["edge_nodes"]),
+                pair(r["eager_ms"], "{:.3f}"),
+                f"{r['eager_speedup']:.3f}x",
+                pair(r["xnnpack_ms"], "{:.3f}"),
+                f"{r['xnnpack_speedup']:.3f}x",
+                pair(r["xnnpack_outside_delegate"]),
+                f"{err:.1e}",
+            ]
+        )
     return table(head, body)
 
 

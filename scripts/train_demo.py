@@ -77,8 +77,10 @@ def main() -> None:
     torch.set_num_threads(1)
     t0 = time.perf_counter()
     model, meta = train(args.epochs, args.seed)
-    print(f"train accuracy {meta['train_accuracy']:.4f}  held-out accuracy {meta['test_accuracy']:.4f}  "
-          f"({time.perf_counter() - t0:.0f} s)")
+    print(
+        f"train accuracy {meta['train_accuracy']:.4f}  held-out accuracy {meta['test_accuracy']:.4f}  "
+        f"({time.perf_counter() - t0:.0f} s)"
+    )
     torch.save({"state_dict": model.state_dict(), "meta": meta}, args.out)
     print(f"wrote {args.out} ({args.out.stat().st_size // 1024} KiB)")
 

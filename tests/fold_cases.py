@@ -287,6 +287,7 @@ def _hand_linear_norm(m: LinearNorm):
 
     def f(x):
         return F.linear(x.transpose(1, 2) if m.transposed_input else x, w, b)
+
     return f
 
 
@@ -425,15 +426,22 @@ def _export_onnx(case: Case, exporter: str, dynamic: bool):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         if exporter == "dynamo":  # from the program exported once (the exporter would export it again)
-            program = torch.onnx.export(case.program("default", dynamic), case.inputs(), dynamo=True,
-                                        optimize=False, verbose=False)
+            program = torch.onnx.export(
+                case.program("default", dynamic), case.inputs(), dynamo=True, optimize=False, verbose=False
+            )
             return program.model_proto
         if exporter == "torchscript":
             names = [f"input_{i}" for i in range(len(case.shapes))]
             f = io.BytesIO()
-            torch.onnx.export(case.model(), case.inputs(), f, dynamo=False, input_names=names,
-                              training=torch.onnx.TrainingMode.PRESERVE,
-                              dynamic_axes={n: {0: "batch"} for n in names} if dynamic else None)
+            torch.onnx.export(
+                case.model(),
+                case.inputs(),
+                f,
+                dynamo=False,
+                input_names=names,
+                training=torch.onnx.TrainingMode.PRESERVE,
+                dynamic_axes={n: {0: "batch"} for n in names} if dynamic else None,
+            )
             return onnx.load_from_string(f.getvalue())
     raise ValueError(f"unknown exporter {exporter!r}")
 
@@ -449,8 +457,13 @@ def _calibrated(make: Callable[[], nn.Module], shapes, seed: int) -> nn.Module:
     model.train()
     with torch.no_grad():
         for _ in range(_CALIBRATION_PASSES):  # inputs with per-channel offsets: statistics differ per channel
-            model(*(torch.randn(_CALIBRATION_BATCH, *s, generator=g) * 1.5 + torch.rand(s[0], generator=g)
-                    .reshape(-1, *([1] * (len(s) - 1))) for s in shapes))
+            model(
+                *(
+                    torch.randn(_CALIBRATION_BATCH, *s, generator=g) * 1.5
+                    + torch.rand(s[0], generator=g).reshape(-1, *([1] * (len(s) - 1)))
+                    for s in shapes
+                )
+            )
         for bn in bns:  # distinct non-trivial gammas and betas: a wrong channel mapping shows
             bn.weight.copy_(torch.rand(bn.num_features, generator=g) * 3 - 1.5)
             bn.bias.copy_(torch.rand(bn.num_features, generator=g) * 2 - 1)
@@ -459,46 +472,149 @@ def _calibrated(make: Callable[[], nn.Module], shapes, seed: int) -> nn.Module:
 
 CASES: list[Case] = [
     # ------------------------------------------------------------------ the basic pairs
-    Case("conv2d_bn", lambda: ConvBn(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)), ((3, 8, 8),), folded=1,
-         by_hand=_hand_conv_bn),
-    Case("depthwise_conv_bn", lambda: ConvBn(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8)),
-         ((8, 6, 6),), folded=1, by_hand=_hand_conv_bn),
-    Case("grouped_conv_transpose_bn",
-         lambda: ConvBn(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2),
-                        nn.BatchNorm2d(6)), ((4, 5, 5),), folded=1, by_hand=_hand_conv_transpose_bn),
+    Case(
+        "conv2d_bn",
+        lambda: ConvBn(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8)),
+        ((3, 8, 8),),
+        folded=1,
+        by_hand=_hand_conv_bn,
+    ),
+    Case(
+        "depthwise_conv_bn",
+        lambda: ConvBn(nn.Conv2d(8, 8, 3, padding=1, groups=8, bias=False), nn.BatchNorm2d(8)),
+        ((8, 6, 6),),
+        folded=1,
+        by_hand=_hand_conv_bn,
+    ),
+    Case(
+        "grouped_conv_transpose_bn",
+        lambda: ConvBn(nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2), nn.BatchNorm2d(6)),
+        ((4, 5, 5),),
+        folded=1,
+        by_hand=_hand_conv_transpose_bn,
+    ),
     Case("linear_bn1d", LinearBn, ((8,),), folded=1, by_hand=_hand_linear_bn),
     Case("bn_before_unpadded_conv", BnConv, ((4, 7, 7),), folded=1, by_hand=_hand_bn_conv),
-    Case("layer_norm_qkv", LayerNormQkv, ((5, 8),), folded=1,
-         notes="fan-out: one LayerNorm's affine into the q, k and v projections"),
-    Case("preactivation_bn_relu_conv", PreActivation, ((4, 6, 6),), folded=0, skipped=1,
-         reason_words=("next to it", "relu"), notes="the ReLU between the BN and the conv: nothing to fold into"),
+    Case(
+        "layer_norm_qkv",
+        LayerNormQkv,
+        ((5, 8),),
+        folded=1,
+        notes="fan-out: one LayerNorm's affine into the q, k and v projections",
+    ),
+    Case(
+        "preactivation_bn_relu_conv",
+        PreActivation,
+        ((4, 6, 6),),
+        folded=0,
+        skipped=1,
+        reason_words=("next to it", "relu"),
+        notes="the ReLU between the BN and the conv: nothing to fold into",
+    ),
     # ------------------------------------------------------------------ real architectures
-    Case("levit_linear_norm", LinearNorm, ((5, 8),), folded=1, real=True, by_hand=_hand_linear_norm,
-         notes="LeViT LinearNorm: the linear's output also feeds reshape_as (ONNX: Shape), which reads its shape only"),
-    Case("levit_linear_norm_transposed_input", lambda: LinearNorm(transposed_input=True), ((8, 5),), folded=1,
-         real=True, by_hand=_hand_linear_norm,
-         notes="the linear reads x.transpose(1, 2): expand + view + bmm after run_decompositions()"),
-    Case("linear_flatten_bn_view", LinearFlattenBnView, ((5, 8),), folded=1, real=True,
-         by_hand=_hand_linear_flatten_bn_view,
-         notes="dynamic + decomposed: mm[5*s] -> view[s, 5, 16] -> view[5*s, 16] -> batch norm"),
-    Case("norm_linear_head", NormLinearHead, ((8,),), folded=1, real=True, by_hand=_hand_norm_linear_head,
-         notes="timm NormLinear head: BatchNorm1d -> Dropout (eval) -> Linear, input side"),
-    Case("div_flatten_linear", DivFlattenLinear, ((4, 3, 3),), folded=1, real=True, affine_op="div",
-         by_hand=_hand_div_flatten_linear, notes="x / 6 -> flatten -> linear (addmm after decomposition)"),
-    Case("pool_div_view_linear", PoolDivViewLinear, ((6, 3, 3),), folded=1, real=True, affine_op="div",
-         by_hand=_hand_pool_div_view_linear, notes="a per-channel divide -> view -> linear"),
-    Case("shared_conv_two_bns", SharedConvTwoBns, ((3, 6, 6), (3, 6, 6)), folded=2, real=True,
-         keys=("conv.weight",), by_hand=_hand_shared_conv_two_bns,
-         notes="one bias-free conv on two paths: each path folds into a private copy"),
-    Case("efficientdet_shared_head", EfficientDetHead, ((4, 8, 8), (4, 4, 4), (4, 2, 2)), folded=3, real=True,
-         keys=("head.conv.weight", "head.conv.bias"), by_hand=_hand_efficientdet_head,
-         notes="one conv at three feature levels, a BN per level: the original names survive on one level"),
-    Case("linear_flatten_bn1d", LinearFlattenBn, ((5, 8),), folded=1, real=True, by_hand=_hand_linear_flatten_bn,
-         notes="output side: flatten(0, 1) keeps the channel axis last"),
-    Case("bn1d_unflatten_linear", BnUnflattenLinear, ((5, 6),), folded=1, real=True,
-         by_hand=_hand_bn_unflatten_linear, notes="input side: unflatten keeps the channel axis last"),
-    Case("bmm_const_weight", BmmConstWeight, ((5, 8),), folded=1, real=True, by_hand=_hand_bmm_const_weight,
-         notes="bmm with an expanded constant weight is a linear layer"),
+    Case(
+        "levit_linear_norm",
+        LinearNorm,
+        ((5, 8),),
+        folded=1,
+        real=True,
+        by_hand=_hand_linear_norm,
+        notes="LeViT LinearNorm: the linear's output also feeds reshape_as (ONNX: Shape), which reads its shape only",
+    ),
+    Case(
+        "levit_linear_norm_transposed_input",
+        lambda: LinearNorm(transposed_input=True),
+        ((8, 5),),
+        folded=1,
+        real=True,
+        by_hand=_hand_linear_norm,
+        notes="the linear reads x.transpose(1, 2): expand + view + bmm after run_decompositions()",
+    ),
+    Case(
+        "linear_flatten_bn_view",
+        LinearFlattenBnView,
+        ((5, 8),),
+        folded=1,
+        real=True,
+        by_hand=_hand_linear_flatten_bn_view,
+        notes="dynamic + decomposed: mm[5*s] -> view[s, 5, 16] -> view[5*s, 16] -> batch norm",
+    ),
+    Case(
+        "norm_linear_head",
+        NormLinearHead,
+        ((8,),),
+        folded=1,
+        real=True,
+        by_hand=_hand_norm_linear_head,
+        notes="timm NormLinear head: BatchNorm1d -> Dropout (eval) -> Linear, input side",
+    ),
+    Case(
+        "div_flatten_linear",
+        DivFlattenLinear,
+        ((4, 3, 3),),
+        folded=1,
+        real=True,
+        affine_op="div",
+        by_hand=_hand_div_flatten_linear,
+        notes="x / 6 -> flatten -> linear (addmm after decomposition)",
+    ),
+    Case(
+        "pool_div_view_linear",
+        PoolDivViewLinear,
+        ((6, 3, 3),),
+        folded=1,
+        real=True,
+        affine_op="div",
+        by_hand=_hand_pool_div_view_linear,
+        notes="a per-channel divide -> view -> linear",
+    ),
+    Case(
+        "shared_conv_two_bns",
+        SharedConvTwoBns,
+        ((3, 6, 6), (3, 6, 6)),
+        folded=2,
+        real=True,
+        keys=("conv.weight",),
+        by_hand=_hand_shared_conv_two_bns,
+        notes="one bias-free conv on two paths: each path folds into a private copy",
+    ),
+    Case(
+        "efficientdet_shared_head",
+        EfficientDetHead,
+        ((4, 8, 8), (4, 4, 4), (4, 2, 2)),
+        folded=3,
+        real=True,
+        keys=("head.conv.weight", "head.conv.bias"),
+        by_hand=_hand_efficientdet_head,
+        notes="one conv at three feature levels, a BN per level: the original names survive on one level",
+    ),
+    Case(
+        "linear_flatten_bn1d",
+        LinearFlattenBn,
+        ((5, 8),),
+        folded=1,
+        real=True,
+        by_hand=_hand_linear_flatten_bn,
+        notes="output side: flatten(0, 1) keeps the channel axis last",
+    ),
+    Case(
+        "bn1d_unflatten_linear",
+        BnUnflattenLinear,
+        ((5, 6),),
+        folded=1,
+        real=True,
+        by_hand=_hand_bn_unflatten_linear,
+        notes="input side: unflatten keeps the channel axis last",
+    ),
+    Case(
+        "bmm_const_weight",
+        BmmConstWeight,
+        ((5, 8),),
+        folded=1,
+        real=True,
+        by_hand=_hand_bmm_const_weight,
+        notes="bmm with an expanded constant weight is a linear layer",
+    ),
 ]
 
 REAL_CASES = [c for c in CASES if c.real]
@@ -508,8 +624,10 @@ BY_NAME = {c.name: c for c in CASES}
 def summary(case: Case, report) -> str:
     """One line for an assertion message: the expected counts, the report's, its skip reasons, the case's notes."""
     reasons = "; ".join(f"{s.norm}: {s.reason}" for s in report.skipped) or "no skip"
-    return (f"expected {case.folded} folded / {case.skipped} skipped, got {len(report.folded)} / "
-            f"{len(report.skipped)} ({reasons}) [{case.notes}]")
+    return (
+        f"expected {case.folded} folded / {case.skipped} skipped, got {len(report.folded)} / "
+        f"{len(report.skipped)} ({reasons}) [{case.notes}]"
+    )
 
 
 def n_batch_norms(model: nn.Module) -> int:
@@ -520,5 +638,8 @@ def variants(cases: list[Case]) -> list:
     """``(case, dynamic)`` pairs for pytest.mark.parametrize: static, and dynamic where it applies."""
     import pytest
 
-    return [pytest.param(c, dyn, id=f"{c.name}-{'dynamic' if dyn else 'static'}")
-            for c in cases for dyn in ((False, True) if c.dynamic else (False,))]
+    return [
+        pytest.param(c, dyn, id=f"{c.name}-{'dynamic' if dyn else 'static'}")
+        for c in cases
+        for dyn in ((False, True) if c.dynamic else (False,))
+    ]

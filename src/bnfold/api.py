@@ -83,23 +83,26 @@ def fold(
         from .onnx import fold_onnx
 
         _no_inputs(example_inputs, "an ONNX model")
-        return _measured(model, lambda: fold_onnx(model, only=kinds, exclude=patterns,
-                                                  lower_unfoldable=lower_unfoldable))
+        return _measured(
+            model, lambda: fold_onnx(model, only=kinds, exclude=patterns, lower_unfoldable=lower_unfoldable)
+        )
     import torch
 
     if isinstance(model, torch.export.ExportedProgram):
         from .torch_export import fold_program
 
         _no_inputs(example_inputs, "an ExportedProgram")
-        return _measured(model, lambda: fold_program(model, only=kinds, exclude=patterns,
-                                                     lower_unfoldable=lower_unfoldable))
+        return _measured(
+            model, lambda: fold_program(model, only=kinds, exclude=patterns, lower_unfoldable=lower_unfoldable)
+        )
     if isinstance(model, torch.nn.Module):
         from .module import fold_module
 
         if example_inputs is None:
             raise TypeError("fold(module, example_inputs): an nn.Module needs example inputs (a tuple) to export")
-        return fold_module(model, _check_inputs(example_inputs), only=kinds, exclude=patterns,
-                           lower_unfoldable=lower_unfoldable)
+        return fold_module(
+            model, _check_inputs(example_inputs), only=kinds, exclude=patterns, lower_unfoldable=lower_unfoldable
+        )
     raise TypeError(
         f"cannot fold a {type(model).__name__}: pass a torch.export.ExportedProgram, "
         "an nn.Module with example inputs, an ONNX model, or a .pt2 / .onnx path"

@@ -260,9 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"N random batches shaped like the example inputs (default: {DEFAULT_RANDOM_BATCHES})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default: 0)")
-    p.add_argument(
-        "--plot", metavar="FILE.png", help="write the SQNR chart (whole model and worst layers) to FILE.png"
-    )
+    p.add_argument("--plot", metavar="FILE.png", help="write the SQNR chart (whole model and worst layers) to FILE.png")
     p.set_defaults(func=cmd_audit)
 
     p = sub.add_parser(
@@ -536,8 +534,15 @@ def cmd_audit(args: argparse.Namespace) -> int:
         from .numerics import audit
 
         with quiet(not debug):
-            report = audit(ep, batches, profile=args.profile, bn_eps=args.bn_eps, progress=progress,
-                           name=os.path.basename(args.input), random_inputs=not args.inputs)
+            report = audit(
+                ep,
+                batches,
+                profile=args.profile,
+                bn_eps=args.bn_eps,
+                progress=progress,
+                name=os.path.basename(args.input),
+                random_inputs=not args.inputs,
+            )
         if args.plot:
             progress.stage("plot")
             with quiet(not debug):

@@ -38,7 +38,9 @@ def input_specs(ep) -> list[InputSpec]:
             )
         flat = list(args)
         if any(isinstance(a, (list, tuple, dict)) for a in flat):
-            raise BnfoldError("the program takes nested inputs (lists/tuples/dicts); bnfold audit feeds flat tensors only")
+            raise BnfoldError(
+                "the program takes nested inputs (lists/tuples/dicts); bnfold audit feeds flat tensors only"
+            )
         if len(names) != len(flat):
             names = [f"arg{i}" for i in range(len(flat))]
         return [InputSpec(n, a) for n, a in zip(names, flat)]
@@ -104,7 +106,8 @@ def npz_batches(ep, path: str) -> list[tuple]:
         keys = by_pos
     else:
         raise ModelFileError(
-            f"{path}: expected arrays named {', '.join(by_name)} (or {', '.join(by_pos)}), found {', '.join(sorted(arrays))}"
+            f"{path}: expected arrays named {', '.join(by_name)} (or {', '.join(by_pos)}), "
+            f"found {', '.join(sorted(arrays))}"
         )
     columns = []
     for key, spec in zip(keys, specs):
@@ -119,9 +122,7 @@ def npz_batches(ep, path: str) -> list[tuple]:
         elif t.dim() == len(shape) and len(shape) > 0 and tuple(t.shape[1:]) == shape[1:]:
             b = shape[0]
             if b == 0 or t.shape[0] % b:
-                raise ModelFileError(
-                    f"{path}: array {key} has {t.shape[0]} rows, not a multiple of the batch size {b}"
-                )
+                raise ModelFileError(f"{path}: array {key} has {t.shape[0]} rows, not a multiple of the batch size {b}")
             columns.append(list(t.split(b, 0)))
         else:
             raise ModelFileError(

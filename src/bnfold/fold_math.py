@@ -37,7 +37,7 @@ class Affine:
     def channels(self) -> int:
         return self.scale.numel()
 
-    def then(self, other: "Affine") -> "Affine":
+    def then(self, other: Affine) -> Affine:
         """The affine that applies ``self`` first and ``other`` after it."""
         return Affine(self.scale * other.scale, self.shift * other.scale + other.shift)
 
@@ -222,8 +222,9 @@ def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dt
     return new_w, b * aff.scale + aff.shift
 
 
-def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True,
-                      dtype: torch.dtype | None = None):
+def fold_input_affine(
+    weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True, dtype: torch.dtype | None = None
+):
     """Fold ``y = consumer(x * scale + shift)`` into the consumer's weight/bias.
 
     The scale always folds.  The shift folds into the bias as
@@ -238,7 +239,9 @@ def fold_input_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, shi
         raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels")
     has_shift = bool((aff.shift != 0).any())
     if has_shift and kind == "conv_transpose":
-        raise FoldError("a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)")
+        raise FoldError(
+            "a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)"
+        )
     if has_shift and not shift_exact:
         raise FoldError("a nonzero shift before a padded conv does not fold exactly (padding would see the shift)")
     new_w = scale_weight(weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight")

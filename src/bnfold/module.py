@@ -20,8 +20,9 @@ def _in_training(module: torch.nn.Module) -> bool:
     return any(m.training for m in module.modules())
 
 
-def fold_module(module: torch.nn.Module, example_inputs: tuple, only=None, exclude=(),
-                lower_unfoldable: bool = False) -> FoldResult:
+def fold_module(
+    module: torch.nn.Module, example_inputs: tuple, only=None, exclude=(), lower_unfoldable: bool = False
+) -> FoldResult:
     """Fold ``module`` through ``torch.export``; ``module`` itself is not modified.
 
     ``.model`` of the result is the ``torch.fx.GraphModule`` that

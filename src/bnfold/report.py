@@ -129,8 +129,10 @@ class FoldReport:
 
     def table(self) -> str:
         """A short human-readable table."""
-        lines = [f"folded {len(self.folded)}, skipped {len(self.skipped)}"
-                 + (f", lowered {len(self.lowered)}" if self.lowered else "")]
+        lines = [
+            f"folded {len(self.folded)}, skipped {len(self.skipped)}"
+            + (f", lowered {len(self.lowered)}" if self.lowered else "")
+        ]
         lines += [f"  note: {n}" for n in self.notes]
         width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
         into = max([24] + [len(f.into) for f in self.folded])

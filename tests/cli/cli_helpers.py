@@ -8,8 +8,8 @@ import os
 import pickle
 import shutil
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import torch
 import torch.nn as nn
@@ -286,7 +286,6 @@ def legacy_layout(src: Path, dst: Path, marker: Path) -> Path:
 
 def onnx_conv_bn(opset: int = 13, seed: int = 0):
     import numpy as np
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(seed)

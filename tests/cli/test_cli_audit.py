@@ -148,8 +148,9 @@ def test_audit_an_onnx_model(run, tmp_path):
     path = tmp_path / "model.onnx"
     onnx.save(h.onnx_conv_bn(), str(path))
     plot = tmp_path / "onnx.png"
-    code, stdout, err = run("audit", path, "--random", "2", "--profile", "htp", "--bn-eps", "1e-9", "--json",
-                            "--plot", plot)
+    code, stdout, err = run(
+        "audit", path, "--random", "2", "--profile", "htp", "--bn-eps", "1e-9", "--json", "--plot", plot
+    )
     assert code == 0, err
     data = json.loads(stdout)
     assert data["profile"] == "htp" and data["model"] == "model.onnx"

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import json
 
-import cli_helpers as h
 import numpy as np
 import pytest
+
+import cli_helpers as h
 
 pytest.importorskip("bnfold.onnx")
 onnx = pytest.importorskip("onnx")

@@ -102,25 +102,37 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
         "conv1d": lambda: (ConvBn(nn.Conv1d(4, 8, 5, padding=2), nn.BatchNorm1d(8), nn.ReLU()), (2, 4, 32)),
         "conv2d_depthwise": lambda: (
             ConvBn(nn.Conv2d(16, 16, 3, padding=1, groups=16, bias=False), nn.BatchNorm2d(16), nn.ReLU6()),
-            (1, 16, 20, 20)),
+            (1, 16, 20, 20),
+        ),
         "conv3d": lambda: (ConvBn(nn.Conv3d(3, 8, 3, padding=1), nn.BatchNorm3d(8)), (1, 3, 6, 8, 8)),
         "conv_transpose2d_grouped": lambda: (
-            ConvBn(nn.ConvTranspose2d(4, 8, 3, stride=2, groups=2), nn.BatchNorm2d(8)), (1, 4, 7, 7)),
+            ConvBn(nn.ConvTranspose2d(4, 8, 3, stride=2, groups=2), nn.BatchNorm2d(8)),
+            (1, 4, 7, 7),
+        ),
         "linear_bn1d": lambda: (LinearBn(24, 16), (5, 24)),
         "mbconv": lambda: (MBConv(16), (1, 16, 16, 16)),
         # The QNN set
         "dw_conv1d_2048_k15_bias": lambda: (
-            ConvBn(nn.Conv1d(2048, 2048, 15, padding=7, groups=2048), nn.BatchNorm1d(2048)), (1, 2048, 24)),
+            ConvBn(nn.Conv1d(2048, 2048, 15, padding=7, groups=2048), nn.BatchNorm1d(2048)),
+            (1, 2048, 24),
+        ),
         "dw_conv1d_2048_k15_nobias": lambda: (
             ConvBn(nn.Conv1d(2048, 2048, 15, padding=7, groups=2048, bias=False), nn.BatchNorm1d(2048)),
-            (1, 2048, 24)),
+            (1, 2048, 24),
+        ),
         "conv2d_bn_hardtanh_mean": lambda: (ConvBnHardtanhMean(), (1, 3, 12, 12)),
-        "conv_transpose2d_8_8": lambda: (ConvBn(nn.ConvTranspose2d(8, 8, 3, bias=False), nn.BatchNorm2d(8)),
-                                          (1, 8, 6, 6)),
-        "conv_transpose2d_4_8_g2": lambda: (ConvBn(nn.ConvTranspose2d(4, 8, 3, groups=2), nn.BatchNorm2d(8)),
-                                             (1, 4, 6, 6)),
+        "conv_transpose2d_8_8": lambda: (
+            ConvBn(nn.ConvTranspose2d(8, 8, 3, bias=False), nn.BatchNorm2d(8)),
+            (1, 8, 6, 6),
+        ),
+        "conv_transpose2d_4_8_g2": lambda: (
+            ConvBn(nn.ConvTranspose2d(4, 8, 3, groups=2), nn.BatchNorm2d(8)),
+            (1, 4, 6, 6),
+        ),
         "conv_transpose1d_dilated": lambda: (
-            ConvBn(nn.ConvTranspose1d(4, 6, 3, dilation=2, groups=2), nn.BatchNorm1d(6)), (1, 4, 10)),
+            ConvBn(nn.ConvTranspose1d(4, 6, 3, dilation=2, groups=2), nn.BatchNorm1d(6)),
+            (1, 4, 10),
+        ),
         "shared_bn_residual": lambda: (SharedBnResidual(8), (1, 8, 10, 10)),
     }
     module, shape = models[name]()

@@ -10,9 +10,10 @@ import torch.nn as nn
 
 pytest.importorskip("executorch.exir")
 
+from et_models import build
+
 import bnfold
 from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run
-from et_models import build
 
 FOLDED = ["conv1d", "conv2d_depthwise", "conv3d", "conv_transpose2d_grouped", "linear_bn1d"]
 
@@ -76,8 +77,9 @@ def test_edge_program_skips_like_aten(cls):
     assert not result.report.folded
     assert len(norm_nodes(result.model)) == 1
     aten = bnfold.fold(export(model, x)).report
-    assert [(s.norm, _shape(s.reason)) for s in result.report.skipped] == \
-           [(s.norm, _shape(s.reason)) for s in aten.skipped]
+    assert [(s.norm, _shape(s.reason)) for s in result.report.skipped] == [
+        (s.norm, _shape(s.reason)) for s in aten.skipped
+    ]
     assert_matches(run(result.model, *x), reference(model, *x))
 
 

@@ -8,6 +8,7 @@ import torch.nn as nn
 
 pytest.importorskip("executorch.exir")
 
+from et_models import ConvBn, build, prepared, run_pte
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult, ExportPass, PassResult
 from executorch.exir.pass_manager import ExportedProgramPassManager
@@ -16,7 +17,6 @@ from torch.export.graph_signature import InputKind
 
 from bnfold.executorch import FoldBatchNormGraphPass, FoldBatchNormPass
 from bnfold_testutil import assert_matches, norm_nodes, reference, run
-from et_models import ConvBn, build, prepared, run_pte
 
 
 class Probe(ExportedProgramPassBase):
@@ -31,9 +31,15 @@ class Probe(ExportedProgramPassBase):
         self.tensors = {}
         for spec in ep.graph_signature.input_specs:
             node = next(n for n in ep.graph.nodes if n.op == "placeholder" and n.name == spec.arg.name)
-            value = get_param(ep, node) if spec.kind == InputKind.PARAMETER else \
-                get_buffer(ep, node) if spec.kind == InputKind.BUFFER else \
-                get_lifted_tensor_constant(ep, node) if spec.kind == InputKind.CONSTANT_TENSOR else None
+            value = (
+                get_param(ep, node)
+                if spec.kind == InputKind.PARAMETER
+                else get_buffer(ep, node)
+                if spec.kind == InputKind.BUFFER
+                else get_lifted_tensor_constant(ep, node)
+                if spec.kind == InputKind.CONSTANT_TENSOR
+                else None
+            )
             if spec.kind != InputKind.USER_INPUT:
                 assert value is not None, f"a later pass cannot resolve {spec.arg.name} ({spec.target})"
                 self.tensors[spec.arg.name] = (spec.kind, spec.target, value)

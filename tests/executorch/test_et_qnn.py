@@ -29,13 +29,13 @@ try:
 except ImportError as err:  # pragma: no cover - depends on the executorch build
     pytest.skip(f"the QNN backend's python passes are not importable: {err}", allow_module_level=True)
 
+from et_models import build
 from executorch.backends.qualcomm._passes import CanonicalizeConv, DecomposeAddmm, RemoveRedundancy
 from executorch.exir.program._program import _gen_edge_manager_for_partitioners, lift_constant_tensor_pass
 
 from bnfold.executorch import FoldBatchNormGraphPass, QnnCanonicalizeConv, qnn_pass_manager
 from bnfold.torch_export.ops import node_key
 from bnfold_testutil import assert_matches, norm_nodes, record_max, reference, relative_error
-from et_models import build
 
 COMPILER_SPECS = generate_qnn_executorch_compiler_spec(
     soc_model=get_soc_to_chipset_map()["SM8650"], backend_options=generate_htp_compiler_spec(use_fp16=True)
@@ -55,10 +55,12 @@ def qnn_to_edge(model, x, pm, passes_job=None, dep_table=None):
     """QNN's lowering up to (not including) partitioning; returns the transformed edge program and its passes."""
     ep = torch.export.export(model, x, strict=True)
     ep = pm.transform_for_export_pipeline(ep)
-    passes = pm.get_to_edge_transform_passes(ep, passes_job=passes_job, dep_table=dep_table,
-                                             compiler_specs=COMPILER_SPECS)
+    passes = pm.get_to_edge_transform_passes(
+        ep, passes_job=passes_job, dep_table=dep_table, compiler_specs=COMPILER_SPECS
+    )
     manager = _gen_edge_manager_for_partitioners(
-        {"forward": [QnnPartitioner(COMPILER_SPECS)]}, {"forward": ep}, qnn_edge_config(), None)
+        {"forward": [QnnPartitioner(COMPILER_SPECS)]}, {"forward": ep}, qnn_edge_config(), None
+    )
     manager = manager.transform(passes)
     lift_constant_tensor_pass(manager.exported_program())
     return manager.exported_program(), passes
@@ -128,8 +130,13 @@ def test_stock_qnn_pipeline_keeps_batch_norm_and_takes_the_fold_tables():
     assert len(norm_nodes(ep)) == 1
 
     ours = qnn_pass_manager()
-    ep, passes = qnn_to_edge(model, x, stock, passes_job=ours.get_capture_program_passes(),
-                             dep_table=ours.get_passes_dependency_for_capture_program())
+    ep, passes = qnn_to_edge(
+        model,
+        x,
+        stock,
+        passes_job=ours.get_capture_program_passes(),
+        dep_table=ours.get_passes_dependency_for_capture_program(),
+    )
     assert any(isinstance(p, FoldBatchNormGraphPass) for p in passes)
     assert norm_nodes(ep) == []
     with torch.no_grad():
@@ -143,8 +150,9 @@ def test_qnn_edge_pipeline_entry_point():
 
     model, x = build("conv_transpose1d_dilated")
     pm = qnn_pass_manager()
-    edge = to_edge(pm.transform_for_export_pipeline(torch.export.export(model, x, strict=True)),
-                   compile_config=qnn_edge_config())
+    edge = to_edge(
+        pm.transform_for_export_pipeline(torch.export.export(model, x, strict=True)), compile_config=qnn_edge_config()
+    )
     ep = pm.transform_for_to_edge_pipeline(edge.exported_program())
     assert norm_nodes(ep) == []
     assert axis_order_mismatches(ep) == []
@@ -188,21 +196,20 @@ def _orders(pm, deps):
     ep = torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))
     for pos in range(len(keys) + 1):
         order = keys[:pos] + [FoldBatchNormGraphPass] + keys[pos:]
-        passes = pm.get_to_edge_transform_passes(ep, passes_job=OrderedDict((k, job[k]) for k in order),
-                                                 dep_table={k: list(v) for k, v in deps.items()})
+        passes = pm.get_to_edge_transform_passes(
+            ep, passes_job=OrderedDict((k, job[k]) for k in order), dep_table={k: list(v) for k, v in deps.items()}
+        )
         yield _names(passes)
 
 
 def _well_ordered(names):
-    fold, canon, layout = (names.index(n) for n in ("FoldBatchNormGraphPass", "QnnCanonicalizeConv",
-                                                    "LayoutTransform"))
+    fold, canon, layout = (names.index(n) for n in ("FoldBatchNormGraphPass", "QnnCanonicalizeConv", "LayoutTransform"))
     return fold < canon < layout and fold < names.index("FoldQDQ") and fold < names.index("DecomposeAddmm")
 
 
 def test_order_holds_wherever_the_fold_is_listed():
     pm = qnn_pass_manager()
-    default = _names(pm.get_to_edge_transform_passes(torch.export.export(torch.nn.Linear(2, 2),
-                                                                         (torch.randn(1, 2),))))
+    default = _names(pm.get_to_edge_transform_passes(torch.export.export(torch.nn.Linear(2, 2), (torch.randn(1, 2),))))
     assert _well_ordered(default)
     assert default[-1] == "ResolveDebugHandle"
     assert all(_well_ordered(names) for names in _orders(pm, pm.get_passes_dependency_for_capture_program()))
@@ -248,11 +255,15 @@ def test_canonicalize_after_layout_transform_breaks_conv1d():
 def test_stock_canonicalize_conv_rejects_the_get_attr_weight():
     """Why QnnCanonicalizeConv exists: the stock pass, run after the fold, cannot read a get_attr conv1d weight."""
     pm = qnn_pass_manager()
-    job = OrderedDict((CanonicalizeConv if p is QnnCanonicalizeConv else p, v)
-                      for p, v in pm.get_capture_program_passes().items())
-    deps = {(CanonicalizeConv if k is QnnCanonicalizeConv else k):
-            [CanonicalizeConv if p is QnnCanonicalizeConv else p for p in v]
-            for k, v in pm.get_passes_dependency_for_capture_program().items()}
+    job = OrderedDict(
+        (CanonicalizeConv if p is QnnCanonicalizeConv else p, v) for p, v in pm.get_capture_program_passes().items()
+    )
+    deps = {
+        (CanonicalizeConv if k is QnnCanonicalizeConv else k): [
+            CanonicalizeConv if p is QnnCanonicalizeConv else p for p in v
+        ]
+        for k, v in pm.get_passes_dependency_for_capture_program().items()
+    }
     model, x = build("dw_conv1d_2048_k15_nobias")
     with pytest.raises(Exception) as info:
         qnn_to_edge(model, x, pm, passes_job=job, dep_table=deps)

@@ -7,13 +7,13 @@ import torch
 
 pytest.importorskip("executorch.runtime")
 
+from et_models import build, count_delegates, run_pte
 from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 from executorch.exir import to_edge, to_edge_transform_and_lower
 from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult
 
 from bnfold.executorch import FoldBatchNormPass
 from bnfold_testutil import assert_matches, norm_nodes, record_max, reference, relative_error
-from et_models import build, count_delegates, run_pte
 
 MODELS = {  # name -> batch norms folded
     "conv1d": 1,

@@ -131,8 +131,9 @@ class NormChain(nn.Module):
         super().__init__()
         self.conv = nn.Conv2d(3, 4, 3, padding=1)
         self.bn1 = batch_norm_with(4, mean=[1.0, -2.0, 3.0, 0.5], var=[4.0, 1.0, 9.0, 2.0])
-        self.bn2 = batch_norm_with(4, mean=[0.5, 0.0, -1.0, 2.0], var=[0.25, 1.0, 0.01, 4.0],
-                                   weight=[3.0, 2.0, 1.0, 5.0])
+        self.bn2 = batch_norm_with(
+            4, mean=[0.5, 0.0, -1.0, 2.0], var=[0.25, 1.0, 0.01, 4.0], weight=[3.0, 2.0, 1.0, 5.0]
+        )
 
     def forward(self, x):
         return torch.relu(self.bn2(self.bn1(self.conv(x))))
@@ -145,8 +146,9 @@ class HopInChain(nn.Module):
     def __init__(self):
         super().__init__()
         self.conv = nn.Conv1d(3, 4, 3, padding=1)
-        self.bn = batch_norm_with(4, mean=[1.0, -2.0, 3.0, 0.5], var=[0.04, 1.0, 9.0, 0.01],
-                                  weight=[3.0, 2.0, 1.0, 5.0])
+        self.bn = batch_norm_with(
+            4, mean=[1.0, -2.0, 3.0, 0.5], var=[0.04, 1.0, 9.0, 0.01], weight=[3.0, 2.0, 1.0, 5.0]
+        )
 
     def forward(self, x):
         return torch.relu(self.bn(self.conv(x).unsqueeze(-1)).squeeze(-1))

@@ -26,8 +26,15 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     printed = capsys.readouterr().out
     json.dumps(result)  # plain data
     rows = {r["model"]: r for r in result["rows"]}
-    assert list(rows) == ["fp32", "fp16 unfolded", "fp16 folded", "htp unfolded", "htp folded",
-                          "htp eps=1e-09 unfolded", "htp eps=1e-09 folded"]
+    assert list(rows) == [
+        "fp32",
+        "fp16 unfolded",
+        "fp16 folded",
+        "htp unfolded",
+        "htp folded",
+        "htp eps=1e-09 unfolded",
+        "htp eps=1e-09 folded",
+    ]
 
     # the fp32 row is the eager model's accuracy on the same samples, computed here independently
     model, _ = load_model()
@@ -48,7 +55,8 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     )
     assert result["problem"] == (not clean)
     assert ("no fp16 problem" in result["verdict"][0]) == all(
-        r["agreement_with_fp32"] == 1.0 and r["nan"] == 0 and r["inf"] == 0 for r in unfolded[:2])
+        r["agreement_with_fp32"] == 1.0 and r["nan"] == 0 and r["inf"] == 0 for r in unfolded[:2]
+    )
     qnn = rows["htp eps=1e-09 unfolded"]
     qnn_breaks = qnn["agreement_with_fp32"] < 1.0 or qnn["nan"] or qnn["inf"]
     assert ("does not break either" in result["verdict"][1]) == (not qnn_breaks)
@@ -68,7 +76,9 @@ def test_training_script_runs(tmp_path):
     out = tmp_path / "net.pt"
     proc = subprocess.run(
         [sys.executable, str(ROOT / "scripts" / "train_demo.py"), "--epochs", "1", "--out", str(out)],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     ckpt = torch.load(out, weights_only=True)

@@ -193,8 +193,9 @@ def test_fp16_accumulation_grouped_1x1_conv_against_a_loop(transposed):
         else:  # weight [out, in/g, 1, 1]
             wg = w[g * cout_g : (g + 1) * cout_g, :, 0, 0]
         for o in range(cout_g):
-            parts = [torch.einsum("nchw,c->nhw", xg[:, s : s + chunk], wg[o, s : s + chunk])
-                     for s in range(0, cin_g, chunk)]
+            parts = [
+                torch.einsum("nchw,c->nhw", xg[:, s : s + chunk], wg[o, s : s + chunk]) for s in range(0, cin_g, chunk)
+            ]
             acc = None
             for p in parts:
                 p = round_fp16(p.float())

@@ -48,8 +48,16 @@ def _net():
 
 def _onnx(net, x):
     f = io.BytesIO()
-    torch.onnx.export(net, (x,), f, dynamo=False, opset_version=17, do_constant_folding=False,
-                      training=torch.onnx.TrainingMode.PRESERVE, input_names=["x"])
+    torch.onnx.export(
+        net,
+        (x,),
+        f,
+        dynamo=False,
+        opset_version=17,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.PRESERVE,
+        input_names=["x"],
+    )
     model = onnx.load_from_string(f.getvalue())
     assert "BatchNormalization" in {n.op_type for n in model.graph.node}  # kept for the audit to see
     return model
@@ -100,7 +108,11 @@ def test_fp32_profile_matches_onnx_runtime():
 
 def test_unsupported_ops_are_named():
     node = onnx.helper.make_node("Einsum", ["x", "x"], ["y"], name="e", equation="ij,ij->ij")
-    graph = onnx.helper.make_graph([node], "g", [onnx.helper.make_tensor_value_info("x", 1, [2, 2])],
-                                   [onnx.helper.make_tensor_value_info("y", 1, [2, 2])])
+    graph = onnx.helper.make_graph(
+        [node],
+        "g",
+        [onnx.helper.make_tensor_value_info("x", 1, [2, 2])],
+        [onnx.helper.make_tensor_value_info("y", 1, [2, 2])],
+    )
     with pytest.raises(NotImplementedError, match="Einsum"):
         onnx_program(onnx.helper.make_model(graph))

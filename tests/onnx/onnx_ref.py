@@ -254,8 +254,14 @@ def _avgpool(node, ins, a, env):
     pads = a.get("pads", [0] * (2 * nd))
     assert pads[:nd] == pads[nd:], "symmetric pads only"
     fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1]
-    return fn(x, a["kernel_shape"], a.get("strides", [1] * nd), pads[:nd], bool(a.get("ceil_mode", 0)),
-              not a.get("count_include_pad", 0) == 0)
+    return fn(
+        x,
+        a["kernel_shape"],
+        a.get("strides", [1] * nd),
+        pads[:nd],
+        bool(a.get("ceil_mode", 0)),
+        not a.get("count_include_pad", 0) == 0,
+    )
 
 
 def _dropout(node, ins, a, env):
@@ -313,6 +319,6 @@ _OPS = {
     "ConstantOfShape": lambda n, i, a, e: torch.full(
         i[0].tolist(), float(numpy_helper.to_array(a["value"]).reshape(-1)[0]), dtype=torch.float64
     ),
-    "Shape": lambda n, i, a, e: torch.tensor(i[0].shape[a.get("start", 0):a.get("end", None)], dtype=torch.int64),
+    "Shape": lambda n, i, a, e: torch.tensor(i[0].shape[a.get("start", 0) : a.get("end", None)], dtype=torch.int64),
     "Concat": lambda n, i, a, e: torch.cat(i, dim=a["axis"]),
 }

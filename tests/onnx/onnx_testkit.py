@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
+import onnx_ref
 import onnxruntime as ort
 import torch
 from onnx import TensorProto as TP
 from onnx import helper as h
 from onnx import numpy_helper as nh
 
-import onnx_ref
 from bnfold.onnx import fold_onnx
 
 NORM_OPS = ("BatchNormalization",)
@@ -132,8 +132,16 @@ def ops(model: onnx.ModelProto) -> list[str]:
     return out
 
 
-def check_fold(model: onnx.ModelProto, feeds: dict, *, rel: float = 2e-5, gone=NORM_OPS, folded: int | None = None,
-               only=None, skipped: int | None = 0):
+def check_fold(
+    model: onnx.ModelProto,
+    feeds: dict,
+    *,
+    rel: float = 2e-5,
+    gone=NORM_OPS,
+    folded: int | None = None,
+    only=None,
+    skipped: int | None = 0,
+):
     """Fold ``model`` and check it: valid, normalizations gone, same outputs as
     the original in ORT, both against the float64 reference.  Returns the result."""
     before = model.SerializeToString()

@@ -52,8 +52,15 @@ def test_spatial0_per_channel_shapes_fold(rank):
         y = g.node("Gemm", [x, g.randn("Wg", 4, 5), g.randn("C", 4)], "c", name="gemm", transB=1)
         shape = (4,)
     r = g.rng
-    stats = [g.init(n, v.reshape(shape)) for n, v in (("s", r.uniform(-2, 2, 4)), ("b", r.uniform(-1, 1, 4)),
-                                                     ("m", r.uniform(-1, 1, 4)), ("v", r.uniform(0.5, 2, 4)))]
+    stats = [
+        g.init(n, v.reshape(shape))
+        for n, v in (
+            ("s", r.uniform(-2, 2, 4)),
+            ("b", r.uniform(-1, 1, 4)),
+            ("m", r.uniform(-1, 1, 4)),
+            ("v", r.uniform(0.5, 2, 4)),
+        )
+    ]
     g.output(g.node("BatchNormalization", [y, *stats], "y", name="bn", spatial=0))
     check_fold(g.model(opset=7), g.feeds, folded=1)
 
@@ -63,8 +70,15 @@ def test_spatial0_per_element_stats_skip():
     x = g.input("x", [2, 3, 5, 5])
     y = g.node("Conv", [x, g.randn("W", 4, 3, 3, 3)], "c", name="conv")
     r = g.rng
-    stats = [g.init(n, v) for n, v in (("s", r.uniform(-2, 2, (4, 3, 3))), ("b", r.uniform(-1, 1, (4, 3, 3))),
-                                       ("m", r.uniform(-1, 1, (4, 3, 3))), ("v", r.uniform(0.5, 2, (4, 3, 3))))]
+    stats = [
+        g.init(n, v)
+        for n, v in (
+            ("s", r.uniform(-2, 2, (4, 3, 3))),
+            ("b", r.uniform(-1, 1, (4, 3, 3))),
+            ("m", r.uniform(-1, 1, (4, 3, 3))),
+            ("v", r.uniform(0.5, 2, (4, 3, 3))),
+        )
+    ]
     g.output(g.node("BatchNormalization", [y, *stats], "y", name="bn", spatial=0))
     m = g.model(opset=7)
     r = fold_onnx(m)
@@ -77,8 +91,13 @@ def test_spatial0_per_element_stats_skip():
 def test_fp16_model_fp32_stats():
     g = G(seed=5)
     x = g.input("x", [2, 3, 6, 6], dtype=np.float16)
-    y = g.node("Conv", [x, g.randn("W", 8, 3, 3, 3, dtype=np.float16, scale=0.5), g.randn("B", 8, dtype=np.float16)],
-               "c", name="conv", pads=[1, 1, 1, 1])
+    y = g.node(
+        "Conv",
+        [x, g.randn("W", 8, 3, 3, 3, dtype=np.float16, scale=0.5), g.randn("B", 8, dtype=np.float16)],
+        "c",
+        name="conv",
+        pads=[1, 1, 1, 1],
+    )
     g.output(g.bn(y, 8, "bn", out="y", dtype=np.float32))
     r = check_fold(g.model(opset=15), g.feeds, folded=1, rel=5e-3)
     w = {t.name: t for t in r.model.graph.initializer}

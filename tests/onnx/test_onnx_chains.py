@@ -141,8 +141,11 @@ _CONST_SHAPES = [(4, 1, 1), (1, 4, 1, 1), (), (1,), (1, 1, 1)]
 
 @st.composite
 def _chains(draw):
-    steps = draw(st.lists(st.sampled_from(["bn", "Mul", "Div", "Add", "Sub", "RSub", "Identity", "Reshape"]),
-                          min_size=1, max_size=6))
+    steps = draw(
+        st.lists(
+            st.sampled_from(["bn", "Mul", "Div", "Add", "Sub", "RSub", "Identity", "Reshape"]), min_size=1, max_size=6
+        )
+    )
     shapes = [draw(st.sampled_from(_CONST_SHAPES)) for _ in steps]
     signs = [draw(st.sampled_from([-1.0, 1.0])) for _ in steps]
     kind = draw(st.sampled_from(["Conv", "ConvTranspose"]))

@@ -15,8 +15,13 @@ from bnfold.onnx import fold_onnx
 
 def _const(g: G, name: str, value=None, kind: str = "value", dtype=np.float32):
     if kind == "value":
-        return g.node("Constant", [], name, name=f"{name}_const", value=onnx.numpy_helper.from_array(
-            np.asarray(value, dtype=dtype), name))
+        return g.node(
+            "Constant",
+            [],
+            name,
+            name=f"{name}_const",
+            value=onnx.numpy_helper.from_array(np.asarray(value, dtype=dtype), name),
+        )
     if kind == "value_floats":
         return g.node("Constant", [], name, name=f"{name}_const", value_floats=[float(v) for v in value])
     return g.node("Constant", [], name, name=f"{name}_const", value_float=float(value))
@@ -29,8 +34,15 @@ def test_constant_node_parameters(kind):
     w = _const(g, "W", g.rng.standard_normal((4, 3, 3, 3)))
     y = g.node("Conv", [x, w], "c", name="conv")
     r = g.rng
-    stats = [_const(g, f"bn_{n}", v, kind) for n, v in (("s", r.uniform(-2, 2, 4)), ("b", r.uniform(-1, 1, 4)),
-                                                       ("m", r.uniform(-1, 1, 4)), ("v", r.uniform(0.5, 2, 4)))]
+    stats = [
+        _const(g, f"bn_{n}", v, kind)
+        for n, v in (
+            ("s", r.uniform(-2, 2, 4)),
+            ("b", r.uniform(-1, 1, 4)),
+            ("m", r.uniform(-1, 1, 4)),
+            ("v", r.uniform(0.5, 2, 4)),
+        )
+    ]
     g.output(g.node("BatchNormalization", [y, *stats], "y", name="bn"))
     res = check_fold(g.model(), g.feeds, folded=1)
     m = res.model
@@ -111,8 +123,13 @@ def test_weights_computed_from_constants():
     zero = g.node("CastLike", [_const(g, "zero", 0.0, "value_float"), x], "zero_t", name="castlike")
     bias = g.node("Expand", [zero, shape], "bias", name="expand")
     y = g.node("Add", [y, bias], "fc_out", name="fc_bias")
-    filled = g.node("ConstantOfShape", [g.init("c6", np.array([6]), np.int64)], "gamma", name="fill",
-                    value=onnx.numpy_helper.from_array(np.array([1.5], np.float32)))
+    filled = g.node(
+        "ConstantOfShape",
+        [g.init("c6", np.array([6]), np.int64)],
+        "gamma",
+        name="fill",
+        value=onnx.numpy_helper.from_array(np.array([1.5], np.float32)),
+    )
     s, v = g.init("bn_s", g.rng.uniform(-2, 2, 6)), g.init("bn_v", g.rng.uniform(0.5, 2, 6))
     y = g.node("Mul", [y, filled], "scaled", name="mul")
     g.output(g.node("BatchNormalization", [y, s, g.randn("bn_b", 6), g.randn("bn_m", 6), v], "y", name="bn"))
@@ -156,11 +173,20 @@ def test_fold_inside_loop_body():
     y = body.node("Gemm", ["v_in", body.randn("Wl", 4, 4)], "gm", name="gemm", transB=1)
     y = body.bn(y, 4, "loop_bn", out="v_out")
     body.node("Identity", ["cond_in"], "cond_out", name="cond_id")
-    graph = h.make_graph(body.nodes, "body", [h.make_tensor_value_info("i", TensorProto.INT64, []),
-                                              h.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
-                                              h.make_tensor_value_info("v_in", TensorProto.FLOAT, [2, 4])],
-                         [h.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
-                          h.make_tensor_value_info("v_out", TensorProto.FLOAT, [2, 4])], body.inits)
+    graph = h.make_graph(
+        body.nodes,
+        "body",
+        [
+            h.make_tensor_value_info("i", TensorProto.INT64, []),
+            h.make_tensor_value_info("cond_in", TensorProto.BOOL, []),
+            h.make_tensor_value_info("v_in", TensorProto.FLOAT, [2, 4]),
+        ],
+        [
+            h.make_tensor_value_info("cond_out", TensorProto.BOOL, []),
+            h.make_tensor_value_info("v_out", TensorProto.FLOAT, [2, 4]),
+        ],
+        body.inits,
+    )
     trips = g.init("trips", np.array(3), np.int64)
     g.output(g.node("Loop", [trips, "", x], "y", name="loop", body=graph))
     res = check_fold(g.model(), g.feeds, folded=1)
@@ -188,8 +214,12 @@ def test_names_metadata_opsets_and_io_kept():
     assert {p.key: p.value for p in f.metadata_props} == {"author": "bnfold tests", "license": "none"}
     assert f.graph.doc_string == "graph doc" and f.graph.node[0].doc_string == "conv doc"
     assert f.graph.input == m.graph.input and f.graph.output == m.graph.output
-    assert [(n.name, list(n.output)) for n in f.graph.node] == [("conv", ["bn_out"]), ("relu", ["r"]),
-                                                               ("conv2", ["bn2_out"]), ("sig", ["y"])]
+    assert [(n.name, list(n.output)) for n in f.graph.node] == [
+        ("conv", ["bn_out"]),
+        ("relu", ["r"]),
+        ("conv2", ["bn2_out"]),
+        ("sig", ["y"]),
+    ]
     assert sorted(t.name for t in f.graph.initializer) == ["W", "W2", "conv2_bias", "conv_bias", "unrelated"]
     defined = {o for n in f.graph.node for o in n.output} | {i.name for i in f.graph.input}
     assert {v.name for v in f.graph.value_info} <= defined  # no value_info of values that are gone

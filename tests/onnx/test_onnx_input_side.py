@@ -13,15 +13,23 @@ AFFINE = ("BatchNormalization", "Mul", "Div", "Add", "Sub")
 
 
 @pytest.mark.parametrize("group", [1, 2])
-@pytest.mark.parametrize("attrs", [dict(), dict(strides=[2, 2], dilations=[1, 2]), dict(auto_pad="VALID"),
-                                   dict(auto_pad="SAME_UPPER", kernel_shape=[1, 1])])
+@pytest.mark.parametrize(
+    "attrs",
+    [
+        dict(),
+        dict(strides=[2, 2], dilations=[1, 2]),
+        dict(auto_pad="VALID"),
+        dict(auto_pad="SAME_UPPER", kernel_shape=[1, 1]),
+    ],
+)
 def test_bn_before_unpadded_conv(group, attrs):
     g = G(seed=group)
     x = g.input("x", [2, 4, 6, 7])
     y = g.bn(x, 4, "bn")
     k = 1 if "kernel_shape" in attrs else 3
-    g.output(g.node("Conv", [y, g.randn("W", 6, 4 // group, k, k), g.randn("B", 6)], "y", name="conv", group=group,
-                    **attrs))
+    g.output(
+        g.node("Conv", [y, g.randn("W", 6, 4 // group, k, k), g.randn("B", 6)], "y", name="conv", group=group, **attrs)
+    )
     r = check_fold(g.model(), g.feeds, folded=1)
     f = r.report.folded[0]
     assert (f.norm, f.into, f.pattern, f.side) == ("bn", "conv", "BatchNormalization+Conv", "input")
@@ -130,5 +138,7 @@ def test_bn_output_with_another_user_is_skipped():
     r = fold_onnx(g.model())
     (s,) = r.report.skipped
     # the fan-out rule names the user that cannot take the fold
-    assert s.reason == ("its output 'bn_out' (BatchNormalization) also feeds 'relu' (Relu), which is not a conv "
-                        "or linear reading it as its input, so it cannot fold into every user")
+    assert s.reason == (
+        "its output 'bn_out' (BatchNormalization) also feeds 'relu' (Relu), which is not a conv "
+        "or linear reading it as its input, so it cannot fold into every user"
+    )

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 
 import numpy as np
+import onnx
 import pytest
+from onnx import TensorProto
 from onnx_testkit import G, compare, ops, ort_run
 
 import bnfold
-import onnx
 from bnfold.errors import ModelFileError
 from bnfold.onnx import ExternalLayout, fold_onnx, load_onnx, save_onnx
-from onnx import TensorProto
 
 
 def _model():

@@ -73,9 +73,20 @@ def test_conv_transpose_groups_distinct_stats_guard():
     g = G(seed=3)
     x = g.input("x", [1, 4, 3, 3])
     y = g.node("ConvTranspose", [x, g.randn("W", 4, 3, 2, 2)], "c", name="ct", group=2)
-    g.output(g.node("BatchNormalization", [y, g.init("s", np.arange(1, 7) * 1.5), g.init("b", np.arange(6) - 2.0),
-                                           g.init("m", np.linspace(-1, 1, 6)), g.init("v", np.linspace(0.5, 3, 6))],
-                    "y", name="bn"))
+    g.output(
+        g.node(
+            "BatchNormalization",
+            [
+                y,
+                g.init("s", np.arange(1, 7) * 1.5),
+                g.init("b", np.arange(6) - 2.0),
+                g.init("m", np.linspace(-1, 1, 6)),
+                g.init("v", np.linspace(0.5, 3, 6)),
+            ],
+            "y",
+            name="bn",
+        )
+    )
     check_fold(g.model(), g.feeds, folded=1)
 
 

@@ -157,14 +157,19 @@ def test_decomposed_layer_norm_folds_its_mul_add_into_both_users():
     x = g.input("x", [2, 5, 8])
     mean = g.node("ReduceMean", [x], "mean", name="mean", axes=[-1])
     d = g.node("Sub", [x, mean], "d", name="sub")
-    var = g.node("ReduceMean", [g.node("Pow", [d, g.init("two", 2.0)], "sq", name="pow")], "var", name="var",
-                 axes=[-1])
+    var = g.node("ReduceMean", [g.node("Pow", [d, g.init("two", 2.0)], "sq", name="pow")], "var", name="var", axes=[-1])
     std = g.node("Sqrt", [g.node("Add", [var, g.init("eps", 1e-5)], "ve", name="add_eps")], "std", name="sqrt")
     n = g.node("Div", [d, std], "n", name="div")
-    a = g.node("Add", [g.node("Mul", [n, g.randn("gamma", 8)], "scaled", name="mul_gamma"), g.randn("beta", 8)],
-               "ln", name="add_beta")
-    g.output(g.node("MatMul", [a, g.randn("W1", 8, 4)], "o1", name="mm1"),
-             g.node("MatMul", [a, g.randn("W2", 8, 6)], "o2", name="mm2"))
+    a = g.node(
+        "Add",
+        [g.node("Mul", [n, g.randn("gamma", 8)], "scaled", name="mul_gamma"), g.randn("beta", 8)],
+        "ln",
+        name="add_beta",
+    )
+    g.output(
+        g.node("MatMul", [a, g.randn("W1", 8, 4)], "o1", name="mm1"),
+        g.node("MatMul", [a, g.randn("W2", 8, 6)], "o2", name="mm2"),
+    )
     r = fold_checked(g.model(), g.feeds)
     (f,) = r.report.folded
     assert f.into == "mm1, mm2" and f.pattern == "Mul+Add+MatMul"
@@ -176,8 +181,13 @@ def test_decomposed_layer_norm_folds_its_mul_add_into_both_users():
 
 
 def group_norm(g: G, x: str, c: int, groups: int, per: int) -> str:
-    return g.node("GroupNormalization", [x, g.init("gn_s", g.rng.uniform(0.5, 2, per)), g.randn("gn_b", per)],
-                  "gn_out", name="gn", num_groups=groups)
+    return g.node(
+        "GroupNormalization",
+        [x, g.init("gn_s", g.rng.uniform(0.5, 2, per)), g.randn("gn_b", per)],
+        "gn_out",
+        name="gn",
+        num_groups=groups,
+    )
 
 
 def test_group_norm_into_pointwise_conv():
@@ -224,8 +234,9 @@ def test_group_norm_18_with_one_channel_per_group_folds():
     assert len(r.report.folded) == 1 and not affines_left(r.model)
 
 
-@pytest.mark.skipif("RMSNormalization" not in {s.name for s in onnx.defs.get_all_schemas()},
-                    reason="this onnx has no RMSNormalization")
+@pytest.mark.skipif(
+    "RMSNormalization" not in {s.name for s in onnx.defs.get_all_schemas()}, reason="this onnx has no RMSNormalization"
+)
 def test_rms_norm_into_matmul():
     g = G()
     x = g.input("x", [2, 5, 8])
@@ -243,8 +254,10 @@ def test_bn_into_two_convs_one_padded_changes_nothing():
     g = G()
     x = g.input("x", [2, 4, 6, 6])
     y = g.bn(x, 4, "bn")
-    g.output(g.node("Conv", [y, g.randn("W1", 6, 4, 1, 1)], "a", name="conv1"),
-             g.node("Conv", [y, g.randn("W2", 6, 4, 3, 3)], "b", name="conv2", pads=[1, 1, 1, 1]))
+    g.output(
+        g.node("Conv", [y, g.randn("W1", 6, 4, 1, 1)], "a", name="conv1"),
+        g.node("Conv", [y, g.randn("W2", 6, 4, 3, 3)], "b", name="conv2", pads=[1, 1, 1, 1]),
+    )
     m = g.model()
     r = fold_checked(m, g.feeds)
     assert not r.report.folded and ops(r.model).count("BatchNormalization") == 1
@@ -257,8 +270,10 @@ def test_bn_into_two_unpadded_convs_folds_into_both():
     g = G()
     x = g.input("x", [2, 4, 6, 6])
     y = g.bn(x, 4, "bn")
-    g.output(g.node("Conv", [y, g.randn("W1", 6, 4, 1, 1)], "a", name="conv1"),
-             g.node("Conv", [y, g.randn("W2", 6, 4, 3, 3)], "b", name="conv2"))
+    g.output(
+        g.node("Conv", [y, g.randn("W1", 6, 4, 1, 1)], "a", name="conv1"),
+        g.node("Conv", [y, g.randn("W2", 6, 4, 3, 3)], "b", name="conv2"),
+    )
     r = fold_checked(g.model(), g.feeds)
     assert r.report.folded[0].into == "conv1, conv2" and "BatchNormalization" not in ops(r.model)
 
@@ -343,8 +358,10 @@ def test_local_function_is_inlined_and_folded():
     m, feeds = _with_function()
     r = fold_onnx(m)
     onnx.checker.check_model(r.model, full_check=True)
-    assert r.report.notes == ["inlined the model-local function local::Block to fold inside it (called by "
-                              "'block'; its nodes are renamed by the inliner)"]
+    assert r.report.notes == [
+        "inlined the model-local function local::Block to fold inside it (called by "
+        "'block'; its nodes are renamed by the inliner)"
+    ]
     assert [f.pattern for f in r.report.folded] == ["Conv+BatchNormalization"] and not r.report.skipped
     assert "BatchNormalization" not in ops(r.model) and "Block" not in ops(r.model)
     ref = ort_run(m, feeds)[0]
@@ -381,8 +398,7 @@ class _Block(torch.nn.Module):
 
 def _encoder_layer() -> torch.nn.Module:
     torch.manual_seed(0)
-    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True,
-                                             norm_first=True)
+    layer = torch.nn.TransformerEncoderLayer(16, 2, dim_feedforward=32, dropout=0.0, batch_first=True, norm_first=True)
     with torch.no_grad():  # affines far from the identity, so a fold that drops one shows
         for norm in (layer.norm1, layer.norm2):
             norm.weight.uniform_(0.5, 2)
@@ -478,8 +494,12 @@ def test_layer_norm_then_scalar_mul_folds_both():
 def test_float16_layer_norm_gets_float16_ones():
     g = G()
     x = g.input("x", [2, 5, 8], dtype=np.float16)
-    y = g.node("LayerNormalization", [x, g.init("w", g.rng.uniform(0.5, 2, 8), np.float16),
-                                      g.randn("b", 8, dtype=np.float16)], "y", name="ln")
+    y = g.node(
+        "LayerNormalization",
+        [x, g.init("w", g.rng.uniform(0.5, 2, 8), np.float16), g.randn("b", 8, dtype=np.float16)],
+        "y",
+        name="ln",
+    )
     g.output(g.node("MatMul", [y, g.randn("W", 8, 4, dtype=np.float16)], "o", name="mm"))
     r = fold_checked(g.model(), g.feeds, rel=2e-3)
     assert len(r.report.folded) == 1 and not affines_left(r.model)

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import onnx
 import pytest
+from onnx_testkit import ops, ort_run, rel_err
+
+import bnfold
 from bnfold_testutil import reference
 from fold_cases import (
     BATCH,
@@ -21,9 +24,6 @@ from fold_cases import (
     summary,
     variants,
 )
-from onnx_testkit import ops, ort_run, rel_err
-
-import bnfold
 
 pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
 

@@ -51,8 +51,11 @@ def _light(name: str, seed: int = 0) -> tuple[onnx.ModelProto, dict]:
         if out in typed:
             g.output[0].CopyFrom(typed[out])
     init = {t.name for t in g.initializer}
-    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
-             for i in g.input if i.name not in init}
+    feeds = {
+        i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float32)
+        for i in g.input
+        if i.name not in init
+    }
     return m, feeds
 
 

@@ -51,10 +51,18 @@ def test_producer_output_used_in_subgraph():
     g = G()
     _conv_bn(g)
     cond = g.input("cond", [], dtype=np.bool_, value=True)
-    branch = h.make_graph([h.make_node("Relu", ["c"], ["t"], name="inner")], "then", [],
-                          [h.make_tensor_value_info("t", TensorProto.FLOAT, [2, 4, 3, 3])])
-    other = h.make_graph([h.make_node("Identity", ["y"], ["e"], name="inner2")], "else", [],
-                         [h.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4, 3, 3])])
+    branch = h.make_graph(
+        [h.make_node("Relu", ["c"], ["t"], name="inner")],
+        "then",
+        [],
+        [h.make_tensor_value_info("t", TensorProto.FLOAT, [2, 4, 3, 3])],
+    )
+    other = h.make_graph(
+        [h.make_node("Identity", ["y"], ["e"], name="inner2")],
+        "else",
+        [],
+        [h.make_tensor_value_info("e", TensorProto.FLOAT, [2, 4, 3, 3])],
+    )
     g.output(g.node("If", [cond], "z", name="if", then_branch=branch, else_branch=other))
     _skip(g.model(), "'c' (Conv), has 2 users (1 of them a graph output or a subgraph)")
 
@@ -160,8 +168,12 @@ def test_dropout_in_training_mode():
     g = G()
     x = g.input("x", [2, 3, 5, 5])
     y = g.node("Conv", [x, g.randn("W", 4, 3, 3, 3)], "c", name="conv")
-    y = g.node("Dropout", [y, g.init("ratio", np.float32(0.5)), g.input("train", [], dtype=np.bool_, value=False)],
-               "d", name="drop")
+    y = g.node(
+        "Dropout",
+        [y, g.init("ratio", np.float32(0.5)), g.input("train", [], dtype=np.bool_, value=False)],
+        "d",
+        name="drop",
+    )
     g.output(g.bn(y, 4, "bn", out="y"))
     _skip(g.model(), "'d' (Dropout: it may run in training mode (training_mode is not a constant false))")
 
@@ -185,9 +197,20 @@ def test_fp16_overflow_and_underflow(what):
     x = g.input("x", [2, 3, 5, 5], dtype=np.float16)
     y = g.node("Conv", [x, g.init("W", np.full((4, 3, 3, 3), 0.5), np.float16)], "c", name="conv")
     gamma = 1e6 if what == "overflow" else 1e-9  # float32 statistics, float16 weights
-    g.output(g.node("BatchNormalization", [y, g.init("s", np.full(4, gamma)),
-                                           g.init("b", np.zeros(4)), g.init("m", np.zeros(4)), g.init("v", np.ones(4))],
-                    "y", name="bn"))
+    g.output(
+        g.node(
+            "BatchNormalization",
+            [
+                y,
+                g.init("s", np.full(4, gamma)),
+                g.init("b", np.zeros(4)),
+                g.init("m", np.zeros(4)),
+                g.init("v", np.ones(4)),
+            ],
+            "y",
+            name="bn",
+        )
+    )
     _skip(g.model(opset=15), what + "s" if what == "overflow" else "underflows", "float16")
 
 

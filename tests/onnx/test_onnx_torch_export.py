@@ -81,13 +81,19 @@ def _check(model: onnx.ModelProto, net: nn.Module, n_bn: int):
     return r
 
 
-@pytest.mark.parametrize("kw", [dict(training=torch.onnx.TrainingMode.PRESERVE), dict(do_constant_folding=False)],
-                         ids=["preserve", "no_constant_folding"])
+@pytest.mark.parametrize(
+    "kw",
+    [dict(training=torch.onnx.TrainingMode.PRESERVE), dict(do_constant_folding=False)],
+    ids=["preserve", "no_constant_folding"],
+)
 def test_torchscript_export_keeping_bn(kw):
     net = _net()
     r = _check(_export(net, **kw), net, 5)
-    assert {f.pattern for f in r.report.folded} == {"Conv+BatchNormalization", "ConvTranspose+BatchNormalization",
-                                                   "Gemm+BatchNormalization"}
+    assert {f.pattern for f in r.report.folded} == {
+        "Conv+BatchNormalization",
+        "ConvTranspose+BatchNormalization",
+        "Gemm+BatchNormalization",
+    }
     assert "Identity" not in ops(r.model)  # the exporter's aliases of shared constants went with the BNs
 
 
@@ -106,6 +112,7 @@ def test_dynamo_export_without_optimizer():
     # the exporter's zero bias (Shape/Expand/CastLike of the weight) went; the weights kept their names
     assert r.report.extra_bytes == 0 and "conv.weight" in {t.name for t in r.model.graph.initializer}
     assert not {"Shape", "Expand", "CastLike"} & set(ops(r.model))
-    assert [o.version for o in r.model.opset_import if o.domain == ""] == [o.version for o in m.opset_import
-                                                                         if o.domain == ""]
+    assert [o.version for o in r.model.opset_import if o.domain == ""] == [
+        o.version for o in m.opset_import if o.domain == ""
+    ]
     np.testing.assert_equal([i.name for i in r.model.graph.input], [i.name for i in m.graph.input])

@@ -15,9 +15,9 @@ from __future__ import annotations
 import re
 
 import pytest
-from fold_cases import CASES
 
 import bnfold
+from fold_cases import CASES
 
 #: torch.export program IRs compared with the ONNX export (the dynamo exporter, which reads the same program)
 IRS = ["default", "decomposed"]
@@ -26,8 +26,13 @@ _SAME = {  # canonical spelling -> spellings in either format
     "conv": ["conv1d", "conv2d", "conv3d", "convolution", "Conv"],
     "conv_transpose": ["conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "ConvTranspose"],
     "linear": ["linear", "addmm", "mm", "bmm", "matmul", "Gemm", "MatMul"],
-    "batch_norm": ["batch_norm", "_native_batch_norm_legit_no_training", "_native_batch_norm_legit",
-                   "native_batch_norm", "BatchNormalization"],
+    "batch_norm": [
+        "batch_norm",
+        "_native_batch_norm_legit_no_training",
+        "_native_batch_norm_legit",
+        "native_batch_norm",
+        "BatchNormalization",
+    ],
     "reshape": ["view", "view_copy", "reshape", "_unsafe_view", "flatten", "unflatten", "Reshape", "Flatten"],
     "identity": ["clone", "alias", "alias_copy", "detach", "dropout", "Identity", "Dropout"],
     "transpose": ["transpose", "permute", "permute_copy", "Transpose"],
@@ -82,8 +87,10 @@ def _reports(case, ir: str):
 def test_same_counts(case, ir):
     program, onnx = _reports(case, ir)
     counts = (len(program.folded), len(program.skipped)), (len(onnx.folded), len(onnx.skipped))
-    assert counts[0] == counts[1], (f"folded/skipped: torch.export ({ir}) {counts[0][0]}/{counts[0][1]}, "
-                                    f"ONNX {counts[1][0]}/{counts[1][1]}\n{program.table()}\n{onnx.table()}")
+    assert counts[0] == counts[1], (
+        f"folded/skipped: torch.export ({ir}) {counts[0][0]}/{counts[0][1]}, "
+        f"ONNX {counts[1][0]}/{counts[1][1]}\n{program.table()}\n{onnx.table()}"
+    )
 
 
 @pytest.mark.parametrize("ir", IRS)

@@ -153,7 +153,6 @@ def listing(folder: Path) -> set[str]:
 def onnx_conv_bn():
     """Conv -> BatchNormalization, opset 13, float32 initializers."""
     import numpy as np
-
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)

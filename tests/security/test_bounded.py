@@ -14,7 +14,6 @@ import os
 
 import crafted as c
 import numpy as np
-
 from onnx import TensorProto, helper, numpy_helper
 
 MIB = 1 << 20

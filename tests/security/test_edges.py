@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import crafted as c
-
 from onnx import helper, numpy_helper
 
 

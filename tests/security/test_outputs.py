@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import crafted as c
 import numpy as np
-
 from onnx import numpy_helper
 
 

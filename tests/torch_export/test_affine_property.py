@@ -23,17 +23,27 @@ class Chain(nn.Module):
         y = self.conv(x)
         for i, op in enumerate(self.ops):
             k = self.scalars.get(i, getattr(self, f"k{i}", None))
-            y = {"mul": lambda: y * k, "div": lambda: y / k, "add": lambda: y + k,
-                 "sub": lambda: y - k, "rsub": lambda: k - y}[op]()
+            y = {
+                "mul": lambda: y * k,
+                "div": lambda: y / k,
+                "add": lambda: y + k,
+                "sub": lambda: y - k,
+                "rsub": lambda: k - y,
+            }[op]()
         return y
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
-    dims=st.integers(1, 2), groups=st.integers(1, 2), per_group=st.integers(1, 3), k=st.integers(1, 3),
-    transposed=st.booleans(), bias=st.booleans(),
+    dims=st.integers(1, 2),
+    groups=st.integers(1, 2),
+    per_group=st.integers(1, 3),
+    k=st.integers(1, 3),
+    transposed=st.booleans(),
+    bias=st.booleans(),
     ops=st.lists(st.sampled_from(["mul", "div", "add", "sub", "rsub"]), min_size=1, max_size=4),
-    per_channel=st.lists(st.booleans(), min_size=4, max_size=4), seed=st.integers(0, 999),
+    per_channel=st.lists(st.booleans(), min_size=4, max_size=4),
+    seed=st.integers(0, 999),
 )
 def test_random_affine_chain_after_conv(dims, groups, per_group, k, transposed, bias, ops, per_channel, seed):
     g = torch.Generator().manual_seed(seed)
@@ -49,8 +59,11 @@ def test_random_affine_chain_after_conv(dims, groups, per_group, k, transposed, 
     x = torch.randn(2, cin, *([5] * dims), generator=g)
     result = bnfold.fold(export(model, (x,)))
     assert len(result.report.folded) == 1, result.report
-    assert not any(str(n.target).split(".")[-2] in ("mul", "div", "add", "sub", "rsub")
-                   for n in result.model.graph.nodes if n.op == "call_function")
+    assert not any(
+        str(n.target).split(".")[-2] in ("mul", "div", "add", "sub", "rsub")
+        for n in result.model.graph.nodes
+        if n.op == "call_function"
+    )
     err = assert_matches(run(result.model, x), reference(model, x))
     record_max("affine chains: largest error / output magnitude", err)
     record_count("affine chains: examples folded and compared")

@@ -20,11 +20,21 @@ def _case(name):
         "conv2d_depthwise": (nn.Conv2d(16, 16, 3, padding=1, groups=16), nn.BatchNorm2d(16), (2, 16, 8, 8)),
         "conv3d": (nn.Conv3d(2, 4, 3, padding=1, stride=(1, 2, 1)), nn.BatchNorm3d(4), (1, 2, 5, 6, 5)),
         "conv_transpose1d": (nn.ConvTranspose1d(4, 6, 3, stride=2, output_padding=1), nn.BatchNorm1d(6), (2, 4, 9)),
-        "conv_transpose2d_grouped": (nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2,
-                                                        dilation=1), nn.BatchNorm2d(6), (2, 4, 7, 7)),
-        "conv_transpose2d_nobias_dilated": (nn.ConvTranspose2d(6, 6, 3, dilation=2, groups=3, bias=False),
-                                            nn.BatchNorm2d(6), (1, 6, 5, 5)),
-        "conv_transpose3d_grouped": (nn.ConvTranspose3d(4, 8, 2, stride=2, groups=2), nn.BatchNorm3d(8), (1, 4, 3, 3, 3)),
+        "conv_transpose2d_grouped": (
+            nn.ConvTranspose2d(4, 6, 3, stride=2, padding=1, output_padding=1, groups=2, dilation=1),
+            nn.BatchNorm2d(6),
+            (2, 4, 7, 7),
+        ),
+        "conv_transpose2d_nobias_dilated": (
+            nn.ConvTranspose2d(6, 6, 3, dilation=2, groups=3, bias=False),
+            nn.BatchNorm2d(6),
+            (1, 6, 5, 5),
+        ),
+        "conv_transpose3d_grouped": (
+            nn.ConvTranspose3d(4, 8, 2, stride=2, groups=2),
+            nn.BatchNorm3d(8),
+            (1, 4, 3, 3, 3),
+        ),
         "linear": (nn.Linear(10, 7), nn.BatchNorm1d(7), (5, 10)),
         "linear_nobias": (nn.Linear(10, 7, bias=False), nn.BatchNorm1d(7), (5, 10)),
     }
@@ -33,9 +43,20 @@ def _case(name):
     return model, (torch.randn(*shape, generator=g),)
 
 
-CASES = ["conv1d", "conv1d_depthwise_nobias", "conv2d", "conv2d_grouped_nobias", "conv2d_depthwise", "conv3d",
-         "conv_transpose1d", "conv_transpose2d_grouped", "conv_transpose2d_nobias_dilated",
-         "conv_transpose3d_grouped", "linear", "linear_nobias"]
+CASES = [
+    "conv1d",
+    "conv1d_depthwise_nobias",
+    "conv2d",
+    "conv2d_grouped_nobias",
+    "conv2d_depthwise",
+    "conv3d",
+    "conv_transpose1d",
+    "conv_transpose2d_grouped",
+    "conv_transpose2d_nobias_dilated",
+    "conv_transpose3d_grouped",
+    "linear",
+    "linear_nobias",
+]
 
 
 @pytest.mark.parametrize("ir", IRS)

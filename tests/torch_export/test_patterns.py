@@ -12,8 +12,12 @@ IRS = ["default", "decomposed"]
 
 
 def _affine_nodes(ep):
-    return [n for n in ep.graph.nodes if n.op == "call_function"
-            and any(k in str(n.target) for k in ("aten.mul", "aten.add", "aten.sub", "aten.div", "aten.rsub"))]
+    return [
+        n
+        for n in ep.graph.nodes
+        if n.op == "call_function"
+        and any(k in str(n.target) for k in ("aten.mul", "aten.add", "aten.sub", "aten.div", "aten.rsub"))
+    ]
 
 
 def _check(model, inputs, ir="default", folded=None, skipped=0):
@@ -193,9 +197,14 @@ def test_view_that_merges_the_channel_axis_is_skipped():
 
 
 @pytest.mark.parametrize("ir", IRS)
-@pytest.mark.parametrize("layer", [
-    nn.Conv2d(4, 6, 3), nn.Conv2d(4, 6, 3, groups=2, stride=2), nn.Conv2d(4, 4, 1, groups=4, bias=False),
-])
+@pytest.mark.parametrize(
+    "layer",
+    [
+        nn.Conv2d(4, 6, 3),
+        nn.Conv2d(4, 6, 3, groups=2, stride=2),
+        nn.Conv2d(4, 4, 1, groups=4, bias=False),
+    ],
+)
 def test_batch_norm_before_unpadded_conv(layer, ir):
     class M(nn.Module):
         def __init__(self):
@@ -237,10 +246,13 @@ def test_scale_only_before_padded_and_transposed_convs():
     assert {f.side for f in result.report.folded} == {"input"}
 
 
-@pytest.mark.parametrize("consumer,words", [
-    (nn.Conv2d(4, 4, 3, padding=1), "padded conv"),
-    (nn.ConvTranspose2d(4, 4, 3), "transposed conv"),
-])
+@pytest.mark.parametrize(
+    "consumer,words",
+    [
+        (nn.Conv2d(4, 4, 3, padding=1), "padded conv"),
+        (nn.ConvTranspose2d(4, 4, 3), "transposed conv"),
+    ],
+)
 def test_shift_before_padded_or_transposed_conv_is_skipped(consumer, words):
     class M(nn.Module):
         def __init__(self):
@@ -297,9 +309,9 @@ def test_chains_fold_to_a_fixed_point(ir):
             self.b3a, self.c3, self.b3b = nn.BatchNorm2d(4), nn.Conv2d(4, 5, 1), nn.BatchNorm2d(5)
 
         def forward(self, x):
-            y = torch.relu(self.b1b(self.b1a(self.c1(x))))      # conv -> BN -> BN
-            y = torch.relu(self.b2(self.f2(self.c2(y))))         # conv -> affine -> BN
-            return self.b3b(self.c3(self.b3a(y)))                # BN -> conv -> BN
+            y = torch.relu(self.b1b(self.b1a(self.c1(x))))  # conv -> BN -> BN
+            y = torch.relu(self.b2(self.f2(self.c2(y))))  # conv -> affine -> BN
+            return self.b3b(self.c3(self.b3a(y)))  # BN -> conv -> BN
 
     ep, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 3, 10, 10),), ir, skipped=0)
     assert len(norm_nodes(ep)) == 5 and norm_nodes(result.model) == [] and _affine_nodes(result.model) == []

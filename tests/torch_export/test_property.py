@@ -12,8 +12,10 @@ import bnfold
 from bnfold_testutil import Pair, assert_matches, export, norm_nodes, record_count, record_max, reference, run
 
 LAYERS = {
-    ("conv", 1): (nn.Conv1d, nn.BatchNorm1d), ("conv", 2): (nn.Conv2d, nn.BatchNorm2d),
-    ("conv", 3): (nn.Conv3d, nn.BatchNorm3d), ("conv_transpose", 1): (nn.ConvTranspose1d, nn.BatchNorm1d),
+    ("conv", 1): (nn.Conv1d, nn.BatchNorm1d),
+    ("conv", 2): (nn.Conv2d, nn.BatchNorm2d),
+    ("conv", 3): (nn.Conv3d, nn.BatchNorm3d),
+    ("conv_transpose", 1): (nn.ConvTranspose1d, nn.BatchNorm1d),
     ("conv_transpose", 2): (nn.ConvTranspose2d, nn.BatchNorm2d),
     ("conv_transpose", 3): (nn.ConvTranspose3d, nn.BatchNorm3d),
 }
@@ -38,14 +40,23 @@ def layer_configs(draw):
     else:
         padding = draw(st.integers(0, dilation * (k - 1)))
         output_padding = draw(st.integers(0, max(stride, dilation) - 1))
-        layer = layer_cls(cin, cout, k, stride=stride, padding=padding, output_padding=output_padding,
-                          groups=groups, dilation=dilation, bias=bias)
+        layer = layer_cls(
+            cin,
+            cout,
+            k,
+            stride=stride,
+            padding=padding,
+            output_padding=output_padding,
+            groups=groups,
+            dilation=dilation,
+            bias=bias,
+        )
     size = dilation * (k - 1) + 1 + draw(st.integers(0, 3))
     return kind, layer, bn_cls, cout, (draw(st.integers(1, 2)), cin) + (size,) * dims
 
 
 def _log_uniform(lo, hi):
-    return st.floats(math.log10(lo), math.log10(hi)).map(lambda e: 10.0 ** e)
+    return st.floats(math.log10(lo), math.log10(hi)).map(lambda e: 10.0**e)
 
 
 @st.composite

@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from bnfold_testutil import assert_matches, reference
-from fold_cases import BATCH, BY_NAME, CASES, OTHER_BATCH, REAL_CASES, summary, variants
 
 import bnfold
+from bnfold_testutil import assert_matches, reference
+from fold_cases import BATCH, BY_NAME, CASES, OTHER_BATCH, REAL_CASES, summary, variants
 
 pytest.importorskip("executorch.exir")
 

@@ -93,11 +93,14 @@ def test_weight_is_computed():
     assert "not a constant" in skip.reason
 
 
-@pytest.mark.parametrize("stat,value,words", [
-    ("running_mean", float("nan"), "NaN or inf"),
-    ("running_var", float("inf"), "NaN or inf"),
-    ("running_var", -1.0, "var + eps <= 0"),
-])
+@pytest.mark.parametrize(
+    "stat,value,words",
+    [
+        ("running_mean", float("nan"), "NaN or inf"),
+        ("running_var", float("inf"), "NaN or inf"),
+        ("running_var", -1.0, "var + eps <= 0"),
+    ],
+)
 def test_bad_running_statistics(stat, value, words):
     model = _conv_bn().eval()
     getattr(model.bn, stat)[1] = value

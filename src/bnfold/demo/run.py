@@ -70,14 +70,18 @@ def _row(label: str, rep, which: str) -> dict:
 
 
 def _table(rows: list[dict]) -> str:
-    head = (f"  {'model':<24} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>12} {'NaN/inf':>8}   "
-            "worst layer (cumulative SQNR dB)")
+    head = (
+        f"  {'model':<24} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>12} {'NaN/inf':>8}   "
+        "worst layer (cumulative SQNR dB)"
+    )
     lines = [head, "  " + "-" * (len(head) + 6)]
     for r in rows:
         worst = f"{r['worst_layer']} ({db(r['worst_layer_sqnr_db'])})" if r["worst_layer"] else "-"
         out = f"NaN {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else db(r["output_sqnr_db"]) + " dB"
-        lines.append(f"  {r['model']:<24} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
-                     f"{out:>12} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}")
+        lines.append(
+            f"  {r['model']:<24} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
+            f"{out:>12} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}"
+        )
     return "\n".join(lines)
 
 
@@ -86,8 +90,9 @@ def _worst_layers(rep, n: int = 3) -> list[str]:
     for r in rep.worst_layers(n, "unfolded"):
         folded = sqnr(r.folded) + (" dB" if r.folded is not None and not r.folded.nonfinite else "")
         unfolded = sqnr(r.unfolded) + ("" if r.unfolded.nonfinite else " dB")
-        out.append(f"    {r.title:<28} {r.kind + ('+bn' if r.norm else ''):<9} "
-                   f"unfolded {unfolded:>8} -> folded {folded}")
+        out.append(
+            f"    {r.title:<28} {r.kind + ('+bn' if r.norm else ''):<9} unfolded {unfolded:>8} -> folded {folded}"
+        )
     return out
 
 
@@ -108,9 +113,11 @@ def _risk_summary(rep) -> str:
     if with_loss:
         w = max(with_loss, key=lambda n: n.risk.effective.loss_db)
         meas = w.risk.measured.loss_db if w.risk.measured is not None else None
-        text += (f"; the worst, {w.name} (kappa {w.runtime_kappa if w.runtime_kappa is not None else w.kappa:.3g}), "
-                 f"loses {w.risk.effective.loss_db:.1f} dB predicted, {db(meas)} dB measured (local SQNR, "
-                 "folded minus unfolded)")
+        text += (
+            f"; the worst, {w.name} (kappa {w.runtime_kappa if w.runtime_kappa is not None else w.kappa:.3g}), "
+            f"loses {w.risk.effective.loss_db:.1f} dB predicted, {db(meas)} dB measured (local SQNR, "
+            "folded minus unfolded)"
+        )
     return text
 
 
@@ -125,17 +132,25 @@ def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
         bad = "; ".join(f"{r['model']}: {_e2e(r)}" for r in plain)
         lines.append(f"verdict: fp16 changes this network's predictions at its own eps ({bad}).")
     else:
-        lines.append("verdict at the model's eps: no fp16 problem on this network: fp16 and htp keep every held-out "
-                     "prediction of the fp32 model, with no NaN/inf, unfolded or folded.")
+        lines.append(
+            "verdict at the model's eps: no fp16 problem on this network: fp16 and htp keep every held-out "
+            "prediction of the fp32 model, with no NaN/inf, unfolded or folded."
+        )
     if _breaks(qnn_u, fp32_acc):
-        lines.append(f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, the "
-                     f"unfolded network breaks ({_e2e(qnn_u)}); folded it does not ({_e2e(qnn_f)}).")
+        lines.append(
+            f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, the "
+            f"unfolded network breaks ({_e2e(qnn_u)}); folded it does not ({_e2e(qnn_f)})."
+        )
     else:
-        lines.append(f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, this "
-                     f"network does not break either: unfolded {_e2e(qnn_u)}; folded {_e2e(qnn_f)}.")
-    lines.append("why the fold protects it: a folded BatchNorm is part of the conv's weights and bias, computed in "
-                 "float64 and rounded once, so the backend never sees a BatchNorm and never applies its own eps or "
-                 "fp16 scale and bias'.")
+        lines.append(
+            f"with the runtime eps of ExecuTorch's QNN batch-norm builder ({QNN_EPS:g}) under htp, this "
+            f"network does not break either: unfolded {_e2e(qnn_u)}; folded {_e2e(qnn_f)}."
+        )
+    lines.append(
+        "why the fold protects it: a folded BatchNorm is part of the conv's weights and bias, computed in "
+        "float64 and rounded once, so the backend never sees a BatchNorm and never applies its own eps or "
+        "fp16 scale and bias'."
+    )
     for key, _, _ in AUDITS:
         rep = reports[key]
         lines.append(f"batch norms under {LABELS[key]}: {_risk_summary(rep)}.")
@@ -145,8 +160,10 @@ def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
         lines.append(f"folding changes the output SQNR by {shown}.")
     h = min(reports["htp"].norms, key=lambda n: n.headroom if not math.isnan(n.headroom) else math.inf, default=None)
     if h is not None:
-        lines.append(f"the smallest overflow headroom under htp is {sci(h.headroom)}x (at {h.name}, over its input, "
-                     "x*scale, bias' and sum).")
+        lines.append(
+            f"the smallest overflow headroom under htp is {sci(h.headroom)}x (at {h.name}, over its input, "
+            "x*scale, bias' and sum)."
+        )
     return problem, lines
 
 
@@ -210,8 +227,11 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         "report_json": str(json_path),
         "chart": str(png_path),
     }
-    doc = dict(result, rows=[{k: json_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
-               audits={p: rep.to_dict() for p, rep in reports.items()})
+    doc = dict(
+        result,
+        rows=[{k: json_float(v) if isinstance(v, float) else v for k, v in r.items()} for r in rows],
+        audits={p: rep.to_dict() for p, rep in reports.items()},
+    )
     write_text(json_path, json.dumps(doc, indent=1))
     lines.append("")
     lines.append(f"  wrote {json_path} and {png_path} ({time.perf_counter() - t0:.0f} s)")

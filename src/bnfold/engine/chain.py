@@ -40,8 +40,9 @@ class Stop(Exception):
         self.node, self.reason = node, reason
 
 
-def norm_step(graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, rank: int | None,
-              lost: str = "") -> Step:
+def norm_step(
+    graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, rank: int | None, lost: str = ""
+) -> Step:
     """The affine a batch norm applies along ``axis``, or Stop with the reason it cannot fold.
     ``axis`` None: a hop lost the channel axis, ``lost`` says which."""
     node = norm.node
@@ -58,9 +59,12 @@ def norm_step(graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, 
     if rank is None:
         raise Stop(node, f"it normalizes axis {norm.axis}, and the rank of the tensor it reads is unknown")
     if axis != norm.axis:
-        raise Stop(node, f"it normalizes axis {norm.axis} but the layer's channels are on axis {axis} of the "
-                         f"rank-{rank} tensor (a linear layer's channels are its last axis: a BatchNorm folds into "
-                         "it over a rank-2 [N, C] tensor, e.g. after a flatten)")
+        raise Stop(
+            node,
+            f"it normalizes axis {norm.axis} but the layer's channels are on axis {axis} of the "
+            f"rank-{rank} tensor (a linear layer's channels are its last axis: a BatchNorm folds into "
+            "it over a rank-2 [N, C] tensor, e.g. after a flatten)",
+        )
     tensors = {}
     for role in ("weight", "bias", "mean", "var"):
         value = getattr(norm, role)
@@ -129,8 +133,9 @@ def per_channel(const: torch.Tensor, rank: int | None, axis: int | None, channel
     return const.reshape(-1)
 
 
-def binary_step(graph: GraphAdapter, node: Any, x: Any, axis: int | None, channels: int,
-                rank: int | None) -> Step | None:
+def binary_step(
+    graph: GraphAdapter, node: Any, x: Any, axis: int | None, channels: int, rank: int | None
+) -> Step | None:
     """The elementwise op ``node`` as ``x * scale + shift`` along ``axis``; None when
     its other operand is not a constant (no affine op at all), Stop when it does not fold."""
     op = graph.binary(node)
@@ -180,11 +185,15 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
         while len(steps) < MAX_CHAIN:
             users = graph.users(x)
             if len(users) != 1 or users[0] is None:
-                norm = next((n for u in users if u is not None and (n := graph.norm(u)) is not None
-                             and not n.affine_only), None)
+                norm = next(
+                    (n for u in users if u is not None and (n := graph.norm(u)) is not None and not n.affine_only), None
+                )
                 if norm is not None:
-                    raise Stop(norm.node, f"the value it reads, {graph.describe(x)}, has {_users(users)}; "
-                                          "folding would change what the others see")
+                    raise Stop(
+                        norm.node,
+                        f"the value it reads, {graph.describe(x)}, has {_users(users)}; "
+                        "folding would change what the others see",
+                    )
                 break
             node = users[0]
             norm = graph.norm(node)
@@ -221,8 +230,9 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
     return chain_up(graph, layer.input, axis, channels)
 
 
-def chain_up(graph: GraphAdapter, x: Any, axis: int | None, channels: int,
-             fanout: bool = False) -> tuple[list[Step], Stop | None]:
+def chain_up(
+    graph: GraphAdapter, x: Any, axis: int | None, channels: int, fanout: bool = False
+) -> tuple[list[Step], Stop | None]:
     """The steps that lead to the value ``x`` (channels on ``axis``), nearest ``x`` last.
     ``fanout``: ``x`` itself may have several users (the caller folds into all of them)."""
     rank = graph.shape_info(x).rank
@@ -235,9 +245,17 @@ def chain_up(graph: GraphAdapter, x: Any, axis: int | None, channels: int,
             if fanout and not steps and node is not None and None not in users:
                 users = users[:1]  # the caller folds into every user
             if node is None or len(users) != 1 or users[0] is None:
-                if node is not None and (norm := graph.norm(node)) is not None and _same(norm.output, x) and len(users) > 1:
-                    raise Stop(norm.node, f"its output {graph.describe(x)} has {_users(users)}; "
-                                          "folding into one layer would change what the others see")
+                if (
+                    node is not None
+                    and (norm := graph.norm(node)) is not None
+                    and _same(norm.output, x)
+                    and len(users) > 1
+                ):
+                    raise Stop(
+                        norm.node,
+                        f"its output {graph.describe(x)} has {_users(users)}; "
+                        "folding into one layer would change what the others see",
+                    )
                 break
             norm = graph.norm(node)
             if norm is not None:

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..report import FoldReport, Skipped
-from .graph import GraphAdapter, Norm
 from .fanout import fold_fanout
+from .graph import GraphAdapter, Norm
 from .lower import lower_unfoldable
 from .rules import fold_input, fold_output
 
@@ -95,8 +95,12 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
     for norm in graph.norms():
         label = graph.norm_label(norm)
         pattern = excluded_by(label, patterns) if patterns else None
-        reason = norm.problem or (pattern and exclusion_reason(pattern)) or reasons.get(norm.node) \
+        reason = (
+            norm.problem
+            or (pattern and exclusion_reason(pattern))
+            or reasons.get(norm.node)
             or no_neighbour(graph, norm)
+        )
         report.skipped.append(Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node)))
     for node, reason in reasons.items():
         if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
@@ -129,7 +133,12 @@ def _layer_name(graph: GraphAdapter, value: Any) -> str:
 
 
 def no_neighbour(graph: GraphAdapter, norm) -> str:
-    users = [graph.describe_node(u) if u is not None else "a graph output" for u in graph.users(norm.output)] \
-        if norm.output is not None else []
-    return (f"no conv, transposed conv or linear next to it: its input comes from {graph.describe(norm.input)} "
-            f"and its output goes to {', '.join(users) or 'nothing'}")
+    users = (
+        [graph.describe_node(u) if u is not None else "a graph output" for u in graph.users(norm.output)]
+        if norm.output is not None
+        else []
+    )
+    return (
+        f"no conv, transposed conv or linear next to it: its input comes from {graph.describe(norm.input)} "
+        f"and its output goes to {', '.join(users) or 'nothing'}"
+    )

@@ -68,8 +68,13 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         other = _layer_below(graph, user)
         if other is None or not _same(_branch(graph, other)[0], x) or _branch(graph, other)[1] != axis:
             what = "a graph output" if user is None else graph.describe_node(user)
-            _note(graph, out, producer, f"its output {graph.describe(x)} also feeds {what}, which is not a conv "
-                                        "or linear reading it as its input, so it cannot fold into every user")
+            _note(
+                graph,
+                out,
+                producer,
+                f"its output {graph.describe(x)} also feeds {what}, which is not a conv "
+                "or linear reading it as its input, so it cannot fold into every user",
+            )
             return out
         layers.append(other)
     if layers[0].node != layer.node:
@@ -81,8 +86,12 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         return out
     channels = {fold_math.in_channels(lay.kind, tuple(w.weight.shape), lay.groups) for lay, w in zip(layers, weights)}
     if len(channels) != 1 or axis is None:
-        _note(graph, out, producer, f"it feeds {len(layers)} layers that read it with different channels "
-                                    f"({sorted(channels)})")
+        _note(
+            graph,
+            out,
+            producer,
+            f"it feeds {len(layers)} layers that read it with different channels ({sorted(channels)})",
+        )
         return out
     steps, stop = chain_up(graph, x, axis, channels.pop(), fanout=True)
     if stop is not None:
@@ -95,8 +104,13 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         except FoldError as err:
             failed = next(lay for lay, w in zip(layers, weights) if _fails(lay, w, total))
             dropped = steps.pop(0)
-            _note(graph, out, dropped.node, f"it feeds {len(layers)} layers and cannot fold into "
-                                            f"{failed.op} {graph.describe_node(failed.node)}: {err}")
+            _note(
+                graph,
+                out,
+                dropped.node,
+                f"it feeds {len(layers)} layers and cannot fold into "
+                f"{failed.op} {graph.describe_node(failed.node)}: {err}",
+            )
             _trim_hops(steps, 0)
             continue
         label = _label(graph, steps)

@@ -18,8 +18,9 @@ engine code.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Any, Protocol
 
 import torch
 
@@ -190,8 +191,9 @@ class GraphAdapter(Protocol):
     # -- write
     # write_layer returns the bytes added by private copies, and the bias it could not
     # put into the layer (``layer.takes_bias`` False), which the engine then adds with add_bias.
-    def write_layer(self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None,
-                    label: str) -> tuple[int, torch.Tensor | None]: ...
+    def write_layer(
+        self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None, label: str
+    ) -> tuple[int, torch.Tensor | None]: ...
     def remove_steps(self, steps: list[Step]) -> Any: ...  # returns the value standing where the chain ended
     def add_bias(self, layer: Layer, value: Any, bias: torch.Tensor, axis: int, rank: int | None) -> None: ...
     # Replace a batch norm by ``x * scale + shift`` with per-channel constants in the input's dtype.

@@ -13,7 +13,8 @@ tried: that is the whole retry policy.  All arithmetic is in ``bnfold.fold_math`
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -69,11 +70,13 @@ def _output_params(layer: Layer, w: LayerWeights, total: Affine):
 
 def _input_params(layer: Layer, w: LayerWeights, total: Affine):
     if w.pre is None:
-        new_w, new_b = fold_math.fold_input_affine(w.weight, w.bias, total, layer.kind, layer.groups,
-                                                   shift_exact=layer.zero_padding, dtype=w.weight_dtype)
+        new_w, new_b = fold_math.fold_input_affine(
+            w.weight, w.bias, total, layer.kind, layer.groups, shift_exact=layer.zero_padding, dtype=w.weight_dtype
+        )
     else:  # the layer's own affine after the product: fold both in float64, round once
-        new_w, new_b = fold_math.fold_input_affine(w.weight, w.bias, total, layer.kind, layer.groups,
-                                                   shift_exact=layer.zero_padding)
+        new_w, new_b = fold_math.fold_input_affine(
+            w.weight, w.bias, total, layer.kind, layer.groups, shift_exact=layer.zero_padding
+        )
         new_w, new_b = fold_math.fold_output_affine(new_w, new_b, w.pre, layer.kind, layer.groups)
         new_w = fold_math.cast_checked(new_w, w.weight_dtype, f"{layer.op} weight")
     return _finish(layer, w, new_w, new_b)
@@ -125,8 +128,9 @@ def _fold(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, param
 
 
 def _is_step(graph: GraphAdapter, node: Any) -> bool:
-    return node is not None and (graph.norm(node) is not None or graph.binary(node) is not None
-                                 or graph.hop(node) is not None)
+    return node is not None and (
+        graph.norm(node) is not None or graph.binary(node) is not None or graph.hop(node) is not None
+    )
 
 
 def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
@@ -186,8 +190,9 @@ def _entries(graph: GraphAdapter, layer: Layer, steps: list[Step], side: str, ex
     into, into_node = graph.op_label(layer.node), graph.node_name(layer.node)  # the name people know, the node
     norms = [s for s in steps if s.norm is not None]
     if norms:
-        entries = [Folded(graph.norm_label(s.norm), into, pattern, side, 0, graph.node_name(s.node), into_node)
-                   for s in norms]
+        entries = [
+            Folded(graph.norm_label(s.norm), into, pattern, side, 0, graph.node_name(s.node), into_node) for s in norms
+        ]
     else:
         affine = [s for s in steps if s.affine is not None]
         names = "+".join(graph.node_name(s.node) for s in affine)

@@ -28,16 +28,15 @@ Two shapes of the same fold, both calling ``bnfold.torch_export.fold_program``
 
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
+from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult, ExportPass, PassResult
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
 from ..api import check_only
 from ..report import FoldReport
 from ..torch_export import fold_graph_module, fold_program
-
-from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPassResult, ExportPass, PassResult
 
 
 class FoldBatchNormPass(ExportedProgramPassBase):
@@ -79,8 +78,9 @@ class FoldBatchNormGraphPass(ExportPass):
     run's ``FoldReport``.
     """
 
-    def __init__(self, edge_program: ExportedProgram, only: Iterable[str] | None = None,
-                 lower_unfoldable: bool = False):
+    def __init__(
+        self, edge_program: ExportedProgram, only: Iterable[str] | None = None, lower_unfoldable: bool = False
+    ):
         super().__init__()
         self.edge_program = edge_program
         self.only = check_only(only)
@@ -88,6 +88,7 @@ class FoldBatchNormGraphPass(ExportPass):
         self.report: FoldReport | None = None
 
     def call(self, graph_module: GraphModule) -> PassResult:
-        self.report = fold_graph_module(graph_module, self.edge_program, only=self.only,
-                                        lower_unfoldable=self.lower_unfoldable)
+        self.report = fold_graph_module(
+            graph_module, self.edge_program, only=self.only, lower_unfoldable=self.lower_unfoldable
+        )
         return PassResult(graph_module, bool(self.report.folded or self.report.lowered))

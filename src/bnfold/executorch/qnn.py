@@ -28,7 +28,7 @@ needed for the to_edge transform passes.
 from __future__ import annotations
 
 import functools
-from typing import Tuple, cast
+from typing import cast
 
 import torch
 from executorch.backends.qualcomm._passes import (
@@ -42,8 +42,8 @@ from executorch.backends.qualcomm._passes import (
 )
 from executorch.backends.qualcomm._passes.canonicalize_conv import ConvParamIdx
 from executorch.backends.qualcomm._passes.qnn_pass_manager import QnnPassManager, get_qnn_pass_manager_cls
-from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY
 from executorch.backends.qualcomm.builders.utils import get_parameter
+from executorch.backends.qualcomm.utils.constants import QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY
 from executorch.exir.dialects._ops import ops as exir_ops
 from executorch.exir.pass_base import PassResult
 from executorch.exir.passes import dead_code_elimination_pass
@@ -75,8 +75,8 @@ class QnnCanonicalizeConv(CanonicalizeConv):
             weight = node.args[ConvParamIdx.WEIGHT]
             if not (isinstance(weight, torch.fx.Node) and weight.op == "get_attr"):
                 continue
-            stride = cast(Tuple[int], node.args[ConvParamIdx.STRIDE])
-            dilation = cast(Tuple[int], node.args[ConvParamIdx.DILATION])
+            stride = cast(tuple[int], node.args[ConvParamIdx.STRIDE])
+            dilation = cast(tuple[int], node.args[ConvParamIdx.DILATION])
             is_1d_op = len(stride) == 1
             has_conv_transpose_dilation = node.args[ConvParamIdx.TRANSPOSED] and any(d != 1 for d in dilation)
             if not (is_1d_op or has_conv_transpose_dilation):
@@ -87,7 +87,7 @@ class QnnCanonicalizeConv(CanonicalizeConv):
                 node.args = (
                     *node.args[: ConvParamIdx.DILATION],
                     [1] * len(dilation),
-                    *node.args[ConvParamIdx.TRANSPOSED:],
+                    *node.args[ConvParamIdx.TRANSPOSED :],
                 )
             if is_1d_op:
                 filter_tensor = filter_tensor.unsqueeze(2)
@@ -161,17 +161,22 @@ class _FoldBatchNormMixin:
 
     @classmethod
     def get_passes_dependency_for_capture_program(cls):
-        table = {_swap(k): [_swap(p) for p in v] for k, v in super().get_passes_dependency_for_capture_program().items()}
+        table = {
+            _swap(k): [_swap(p) for p in v] for k, v in super().get_passes_dependency_for_capture_program().items()
+        }
         for that, these in FOLD_DEPENDENCIES.items():
             deps = table.setdefault(that, [])
             deps.extend(p for p in these if p not in deps)
         return table
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fold_cls(base: type, lower_unfoldable: bool) -> type:
-    return type(f"Fold{base.__name__}", (_FoldBatchNormMixin, base),
-                {"__module__": __name__, "lower_unfoldable": lower_unfoldable})
+    return type(
+        f"Fold{base.__name__}",
+        (_FoldBatchNormMixin, base),
+        {"__module__": __name__, "lower_unfoldable": lower_unfoldable},
+    )
 
 
 def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True) -> QnnPassManager:

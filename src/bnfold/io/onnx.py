@@ -19,9 +19,8 @@ import os
 from collections.abc import Callable
 from typing import NamedTuple
 
-from google.protobuf.message import DecodeError
-
 import onnx
+from google.protobuf.message import DecodeError
 
 from ..errors import ModelFileError
 from .atomic import atomic_paths, file_mode

@@ -15,6 +15,7 @@ def _names(norms, n: int = 4) -> str:
 
 def _cost(norms) -> str:
     """``name (verdict, ~N dB)`` for each norm, the worst first."""
+
     def loss(n):
         e = n.risk.effective if n.risk is not None else None
         return e.loss_db if e is not None else 0.0
@@ -44,46 +45,62 @@ def advice(report) -> list[str]:
     if not norms:
         lines.append("no batch norm with running statistics: nothing to fold, nothing at risk from one.")
     elif bad:
-        lines.append(f"under {report.profile} at {eps}, {len(bad)} of {len(norms)} batch norms are at risk: "
-                     f"{_cost(bad)}.")
+        lines.append(
+            f"under {report.profile} at {eps}, {len(bad)} of {len(norms)} batch norms are at risk: {_cost(bad)}."
+        )
     else:
-        lines.append(f"under {report.profile} at {eps}, every batch norm is safe (predicted local loss below "
-                     f"{DEGRADE_DB:g} dB, no overflow).")
+        lines.append(
+            f"under {report.profile} at {eps}, every batch norm is safe (predicted local loss below "
+            f"{DEGRADE_DB:g} dB, no overflow)."
+        )
     if report.fold_report is not None and norms:
         folded = [n for n in norms if n.folded]
         kept = [n for n in norms if not n.folded]
         saved = [n for n in folded if n in bad]
-        lines.append(f"bnfold folds {len(folded)} of {len(norms)}"
-                     + (f", {len(saved)} of the risky ones among them ({_names(saved)})" if saved else "")
-                     + ": a folded norm is computed into the layer's weights in float64, so the backend never sees "
-                     "a BatchNorm (no runtime eps, no fp16 scale or bias').")
+        lines.append(
+            f"bnfold folds {len(folded)} of {len(norms)}"
+            + (f", {len(saved)} of the risky ones among them ({_names(saved)})" if saved else "")
+            + ": a folded norm is computed into the layer's weights in float64, so the backend never sees "
+            "a BatchNorm (no runtime eps, no fp16 scale or bias')."
+        )
         if kept:
             lines.append(f"{len(kept)} stay after folding: {_cost(kept)}.")
         else:
             lines.append("none stays after folding.")
     if report.folded is not None:
         lines.append(f"end to end: unfolded {_e2e(report.unfolded)}, folded {_e2e(report.folded)}.")
-        better = (report.unfolded.output.nonfinite > report.folded.output.nonfinite
-                  or (not report.folded.output.nonfinite
-                      and report.folded.output.sqnr_db >= report.unfolded.output.sqnr_db))
+        better = report.unfolded.output.nonfinite > report.folded.output.nonfinite or (
+            not report.folded.output.nonfinite and report.folded.output.sqnr_db >= report.unfolded.output.sqnr_db
+        )
         if better and report.folded.output.nonfinite == 0:
             lines.append("deploy the folded model.")
     what_if = [n for n in norms if n.risk is not None and n.risk.risky_at_what_if]
     if report.bn_eps is None and report.profile == "htp" and norms:
         if what_if:
             n_over = sum(n.risk.what_if.overflows for n in what_if)
-            lines.append(f"a runtime that applies eps {QNN_EPS:g} (ExecuTorch's QNN batch-norm builder) would break "
-                         f"the unfolded model at {len(what_if)} norm(s) ({n_over} overflow; predicted): "
-                         f"{_names(what_if)}; audit with --bn-eps {QNN_EPS:g} to measure it.")
+            lines.append(
+                f"a runtime that applies eps {QNN_EPS:g} (ExecuTorch's QNN batch-norm builder) would break "
+                f"the unfolded model at {len(what_if)} norm(s) ({n_over} overflow; predicted): "
+                f"{_names(what_if)}; audit with --bn-eps {QNN_EPS:g} to measure it."
+            )
         else:
-            lines.append(f"a runtime eps of {QNN_EPS:g} (ExecuTorch's QNN batch-norm builder) would not break the "
-                         "unfolded model (predicted from the statistics).")
+            lines.append(
+                f"a runtime eps of {QNN_EPS:g} (ExecuTorch's QNN batch-norm builder) would not break the "
+                "unfolded model (predicted from the statistics)."
+            )
     elif report.bn_eps is not None and norms:
-        model_bad = [n for n in norms if n.risk is not None and n.risk.model is not None
-                     and (n.risk.model.overflows or n.risk.model.loss_db >= DEGRADE_DB)]
+        model_bad = [
+            n
+            for n in norms
+            if n.risk is not None
+            and n.risk.model is not None
+            and (n.risk.model.overflows or n.risk.model.loss_db >= DEGRADE_DB)
+        ]
         model_over = [n for n in model_bad if n.risk.model.overflows]
-        counts = (f"{len(bad)} norm(s) at risk ({len(over)} overflow), against {len(model_bad)} "
-                  f"({len(model_over)} overflow) at the model's eps (predicted)")
+        counts = (
+            f"{len(bad)} norm(s) at risk ({len(over)} overflow), against {len(model_bad)} "
+            f"({len(model_over)} overflow) at the model's eps (predicted)"
+        )
         if len(over) > len(model_over) or len(bad) > len(model_bad):
             lines.append(f"the runtime eps {report.bn_eps:g} breaks the unfolded model: {counts}.")
         else:

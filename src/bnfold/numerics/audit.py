@@ -254,8 +254,9 @@ def _stats(norm: Norm, lifted: dict) -> NormStats | None:
     layer_bias = lifted_tensor(layer.bias, lifted) if layer is not None else None
     if layer_bias is not None and layer_bias.numel() != mean.numel():
         layer_bias = None
-    return NormStats(f64(mean), f64(var), f64(gamma), f64(beta), norm.eps, f64(layer_bias),
-                     rounded_input=layer is not None)
+    return NormStats(
+        f64(mean), f64(var), f64(gamma), f64(beta), norm.eps, f64(layer_bias), rounded_input=layer is not None
+    )
 
 
 def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None:
@@ -321,18 +322,20 @@ def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: lis
         out_err = unfolded.errors.get(norm.output.name) if norm.output is not None else None
         risk = _risk(_stats(norm, lifted), prof, bn_eps, unfolded.probes.get(node.name), row, out_err)
         head = _smallest_headroom(risk, x_max)
-        out.append(NormAudit(
-            node=node.name,
-            name=label or module_path(node),
-            eps=norm.eps,
-            input_max_abs=x_max,
-            headroom=head,
-            folded=folded,
-            fold=fold,
-            risk=risk,
-            row=row.title if row is not None else None,
-            **numbers,
-        ))
+        out.append(
+            NormAudit(
+                node=node.name,
+                name=label or module_path(node),
+                eps=norm.eps,
+                input_max_abs=x_max,
+                headroom=head,
+                folded=folded,
+                fold=fold,
+                risk=risk,
+                row=row.title if row is not None else None,
+                **numbers,
+            )
+        )
     return out
 
 
@@ -372,8 +375,11 @@ class _FoldMap:
         for f in report.folded:
             if f.side == "output":
                 into_output.setdefault(_into_node(f), set()).add(f.node)
-        return cls({n.name: n for n in folded_ep.graph.nodes}, into_output,
-                   {f.node: (_into_node(f), f.side) for f in report.folded})
+        return cls(
+            {n.name: n for n in folded_ep.graph.nodes},
+            into_output,
+            {f.node: (_into_node(f), f.side) for f in report.folded},
+        )
 
     def kept(self, node: torch.fx.Node) -> bool:
         return node.name in self.nodes
@@ -650,16 +656,19 @@ def audit(
         ep = onnx_program(model, batches[0])
     if ep is None:
         if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an "
-                            "ONNX ModelProto")
+            raise TypeError(
+                f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
+            )
         name = name or type(model).__name__
         ep = _export(model, batches)
     from ..checks import training_norms
 
     training = training_norms(ep)
     if training:
-        raise ValueError(f"the program has batch norms in training mode ({', '.join(training[:3])}"
-                         f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export")
+        raise ValueError(
+            f"the program has batch norms in training mode ({', '.join(training[:3])}"
+            f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
+        )
     fold_result = None
     if fold:
         from ..api import fold as bnfold_fold

@@ -117,8 +117,13 @@ class Emulator:
     cumulative error against the float64 run of the whole program.
     """
 
-    def __init__(self, ep: torch.export.ExportedProgram, profile: str | Profile = "fp16", bn_eps: float | None = None,
-                 segments: dict[str, Any] | None = None):
+    def __init__(
+        self,
+        ep: torch.export.ExportedProgram,
+        profile: str | Profile = "fp16",
+        bn_eps: float | None = None,
+        segments: dict[str, Any] | None = None,
+    ):
         self.ep = ep
         self.segments = dict(segments or {})
         self.profile = get_profile(profile)
@@ -159,13 +164,14 @@ class Emulator:
         got = list(value.shape)
         if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
             shown = ["*" if w is None else w for w in want]
-            raise ValueError(f"input {name!r} has shape {got} but the program was exported for {shown}; "
-                             "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes")
+            raise ValueError(
+                f"input {name!r} has shape {got} but the program was exported for {shown}; "
+                "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes"
+            )
 
     # -- the two runs --------------------------------------------------------------------------
 
-    def run(self, *args: Any, reference: bool = True, on_node: Callable[[int, int], None] | None = None
-            ) -> BatchResult:
+    def run(self, *args: Any, reference: bool = True, on_node: Callable[[int, int], None] | None = None) -> BatchResult:
         """Run one batch (``args`` as the program's forward takes them).
 
         With ``reference=False`` only the emulated run happens: the result

@@ -13,18 +13,18 @@ from __future__ import annotations
 import math
 
 import numpy as np
+import onnx
 import torch
 import torch.nn.functional as F
-
-import onnx
 from onnx import numpy_helper
 
 
 def ints(v) -> list[int]:
     """The integers of a value known ahead of time (a numpy array or a Python sequence)."""
     if isinstance(v, torch.Tensor):
-        raise NotImplementedError("a shape or axes input is computed from the model's data; the ONNX audit needs "
-                                  "static shapes")
+        raise NotImplementedError(
+            "a shape or axes input is computed from the model's data; the ONNX audit needs static shapes"
+        )
     return [int(x) for x in np.asarray(v).reshape(-1).tolist()]
 
 
@@ -71,8 +71,16 @@ def conv_transpose(ins, a):
     if _s(a.get("auto_pad", "NOTSET")) != "NOTSET" or list(pads[:nd]) != list(pads[nd:]):
         raise NotImplementedError("ConvTranspose with auto_pad or asymmetric pads is not supported by the ONNX audit")
     fn = (F.conv_transpose1d, F.conv_transpose2d, F.conv_transpose3d)[nd - 1]
-    return fn(x, w, b, tuple(a.get("strides", [1] * nd)), tuple(pads[:nd]),
-              tuple(a.get("output_padding", [0] * nd)), a.get("group", 1), tuple(a.get("dilations", [1] * nd)))
+    return fn(
+        x,
+        w,
+        b,
+        tuple(a.get("strides", [1] * nd)),
+        tuple(pads[:nd]),
+        tuple(a.get("output_padding", [0] * nd)),
+        a.get("group", 1),
+        tuple(a.get("dilations", [1] * nd)),
+    )
 
 
 def batch_norm(ins, a):
@@ -158,8 +166,14 @@ def avgpool(ins, a):
     if list(pads[:nd]) != list(pads[nd:]):
         raise NotImplementedError("AveragePool with asymmetric pads is not supported by the ONNX audit")
     fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1]
-    return fn(x, a["kernel_shape"], a.get("strides", [1] * nd), pads[:nd], bool(a.get("ceil_mode", 0)),
-              bool(a.get("count_include_pad", 0)))
+    return fn(
+        x,
+        a["kernel_shape"],
+        a.get("strides", [1] * nd),
+        pads[:nd],
+        bool(a.get("ceil_mode", 0)),
+        bool(a.get("count_include_pad", 0)),
+    )
 
 
 def maxpool(ins, a):
@@ -170,8 +184,14 @@ def maxpool(ins, a):
         x = F.pad(x, [p for i in reversed(range(nd)) for p in (pads[i], pads[i + nd])], value=-math.inf)
         pads = [0] * (2 * nd)
     fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
-    return fn(x, a["kernel_shape"], a.get("strides", [1] * nd), pads[:nd], a.get("dilations", [1] * nd),
-              bool(a.get("ceil_mode", 0)))
+    return fn(
+        x,
+        a["kernel_shape"],
+        a.get("strides", [1] * nd),
+        pads[:nd],
+        a.get("dilations", [1] * nd),
+        bool(a.get("ceil_mode", 0)),
+    )
 
 
 def clip(ins):

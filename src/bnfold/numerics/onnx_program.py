@@ -18,9 +18,8 @@ from __future__ import annotations
 import re
 
 import numpy as np
-import torch
-
 import onnx
+import torch
 from onnx import numpy_helper
 
 from .onnx_ops import OPS, STATIC_ARGS, attrs, constant
@@ -66,7 +65,7 @@ def _static(node: onnx.NodeProto, ins: list, a: dict):
         return constant(a)
     if node.op_type == "Shape":
         x = ins[0]
-        return np.array(list(x.shape)[a.get("start", 0):a.get("end", None)], dtype=np.int64)
+        return np.array(list(x.shape)[a.get("start", 0) : a.get("end", None)], dtype=np.int64)
     if node.op_type == "Cast" and isinstance(ins[0], np.ndarray):
         to = onnx.helper.tensor_dtype_to_np_dtype(a["to"])
         return ins[0].astype(to)
@@ -140,8 +139,9 @@ def example_inputs(model: onnx.ModelProto, batch: int = 1) -> tuple[torch.Tensor
         tt = i.type.tensor_type
         if tt.elem_type not in _FLOAT:
             raise NotImplementedError(f"input {i.name!r} is not floating point; the ONNX audit takes float inputs")
-        dims = [d.dim_value if d.HasField("dim_value") else (batch if k == 0 else 1)
-                for k, d in enumerate(tt.shape.dim)]
+        dims = [
+            d.dim_value if d.HasField("dim_value") else (batch if k == 0 else 1) for k, d in enumerate(tt.shape.dim)
+        ]
         out.append(torch.zeros(dims))
     return tuple(out)
 

@@ -99,8 +99,7 @@ def _worst_panel(ax, rep, worst: int) -> None:
     ax.barh([y + h / 2 for y in ys], [0 if math.isnan(v) else v for v in un], h, color="tab:red", label="unfolded")
     if rep.folded is not None:
         fo = [_db(r.local_folded) for r in rows]
-        ax.barh([y - h / 2 for y in ys], [0 if math.isnan(v) else v for v in fo], h, color="tab:blue",
-                label="folded")
+        ax.barh([y - h / 2 for y in ys], [0 if math.isnan(v) else v for v in fo], h, color="tab:blue", label="folded")
     for y, r in zip(ys, rows):
         e = r.local_unfolded
         if e is not None and e.nonfinite:

@@ -18,8 +18,14 @@ from typing import TextIO
 class Progress:
     """Stage and batch progress for ``bnfold audit``; ``enabled=False`` prints nothing."""
 
-    def __init__(self, enabled: bool = True, stream: TextIO | None = None, tty: bool | None = None,
-                 every: float = 10.0, label: str = "audit"):
+    def __init__(
+        self,
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        tty: bool | None = None,
+        every: float = 10.0,
+        label: str = "audit",
+    ):
         self.stream = stream or sys.stderr
         self.enabled = enabled
         self.tty = self.stream.isatty() if tty is None else tty

@@ -288,16 +288,19 @@ def judge(risk: Risk) -> Risk:
     """Set ``risk.verdict`` (``overflows`` / ``degrades`` / ``safe``) and its one-line ``detail``."""
     pred, meas = risk.effective, risk.measured
     over_pred = pred is not None and pred.overflows
-    over_meas = meas is not None and (min(meas.headroom_reference, meas.headroom_emulated) < 1
-                                      or meas.output_nonfinite > 0)
+    over_meas = meas is not None and (
+        min(meas.headroom_reference, meas.headroom_emulated) < 1 or meas.output_nonfinite > 0
+    )
     if over_pred or over_meas:
         risk.verdict = "overflows"
         which = []
         if over_pred:
             which.append(f"predicted headroom {pred.headroom:.2g}x")
         if meas is not None:
-            which.append(f"measured headroom {min(meas.headroom_reference, meas.headroom_emulated):.2g}x"
-                         + (f", {meas.output_nonfinite} NaN/inf in its output" if meas.output_nonfinite else ""))
+            which.append(
+                f"measured headroom {min(meas.headroom_reference, meas.headroom_emulated):.2g}x"
+                + (f", {meas.output_nonfinite} NaN/inf in its output" if meas.output_nonfinite else "")
+            )
         risk.detail = "; ".join(which)
         values = dict(pred.intermediates) if over_pred else {}
         if meas is not None:

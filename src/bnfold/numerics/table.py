@@ -64,22 +64,28 @@ def _end_to_end(report) -> list[str]:
         out.append(f"  {acc:<26} {pct(u.accuracy):>14} {pct(f.accuracy) if f else '-':>14}")
     out.append(f"  {'output NaN/inf':<26} {nonfinite(u.output):>14} {nonfinite(f.output) if f else '-':>14}")
     if report.random_inputs and u.top1_agreement is not None:
-        out.append("  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
-                   "activation ranges); audit real data with --inputs")
+        out.append(
+            "  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
+            "activation ranges); audit real data with --inputs"
+        )
     return out
 
 
 def _norm_rows(report) -> list[str]:
     rt = report.bn_eps is not None
-    out = [f"  normalizations ({len(report.norms)}): kappa = max |mean|/sqrt(var+eps) at the model's eps"
-           + (f" and at the runtime eps {report.bn_eps:g}" if rt else "")
-           + "; headroom = 65504 / the largest |value| the profile stores (input, x*scale, bias', sum; "
-           "smallest of predicted and measured)",
-           "  loss = local SQNR of the folded layer minus that of the unfolded one: predicted from the statistics "
-           "| measured by the emulated run"]
+    out = [
+        f"  normalizations ({len(report.norms)}): kappa = max |mean|/sqrt(var+eps) at the model's eps"
+        + (f" and at the runtime eps {report.bn_eps:g}" if rt else "")
+        + "; headroom = 65504 / the largest |value| the profile stores (input, x*scale, bias', sum; "
+        "smallest of predicted and measured)",
+        "  loss = local SQNR of the folded layer minus that of the unfolded one: predicted from the statistics "
+        "| measured by the emulated run",
+    ]
     k_rt = "kappa@rt" if rt else ""
-    out.append(f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {k_rt:>9} {'headroom':>9} "
-               f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold")
+    out.append(
+        f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {k_rt:>9} {'headroom':>9} "
+        f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold"
+    )
     for n in report.norms:
         r = n.risk
         pred = r.effective.loss_db if r is not None and r.effective is not None else None
@@ -87,31 +93,42 @@ def _norm_rows(report) -> list[str]:
         loss = f"{db(pred)}|{db(meas)}"
         scale = n.runtime_scale_max if rt and n.runtime_scale_max is not None else n.scale_max
         krt = sci(n.runtime_kappa) if rt else ""
-        out.append(f"  {_short(n.name, 28):<28} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
-                   f"{sci(n.headroom):>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
-                   f"{_short(n.fold, 70)}")
+        out.append(
+            f"  {_short(n.name, 28):<28} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
+            f"{sci(n.headroom):>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
+            f"{_short(n.fold, 70)}"
+        )
     return out
 
 
 def _layer_rows(report) -> list[str]:
-    out = [f"  layers ({len(report.layers)}): SQNR (dB) against float64.  cumulative: this output against the float64 "
-           "run of the whole model (carries upstream error); local: the error this layer adds by itself (its inputs "
-           "as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR"]
-    out.append(f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
-               f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}")
+    out = [
+        f"  layers ({len(report.layers)}): SQNR (dB) against float64.  cumulative: this output against the float64 "
+        "run of the whole model (carries upstream error); local: the error this layer adds by itself (its inputs "
+        "as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR"
+    ]
+    out.append(
+        f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
+        f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}"
+    )
     for r in report.layers:
         kind = r.kind + ("+bn" if r.norm and r.kind != "batch_norm" else "")
-        out.append(f"  {_short(r.title, 28):<28} {kind:<14} {sqnr(r.unfolded):>10} {sqnr(r.folded):>10} "
-                   f"{sqnr(r.local_unfolded):>10} {sqnr(r.local_folded):>10} {nonfinite(r.unfolded):>18} "
-                   f"{nonfinite(r.folded):>16}")
+        out.append(
+            f"  {_short(r.title, 28):<28} {kind:<14} {sqnr(r.unfolded):>10} {sqnr(r.folded):>10} "
+            f"{sqnr(r.local_unfolded):>10} {sqnr(r.local_folded):>10} {nonfinite(r.unfolded):>18} "
+            f"{nonfinite(r.folded):>16}"
+        )
     return out
 
 
 def audit_table(report) -> str:
     eps = "model eps" if report.bn_eps is None else f"runtime bn_eps={report.bn_eps:g}"
     rand = ", random inputs" if report.random_inputs else ""
-    lines = [f"bnfold audit: {report.name}, profile {report.profile}, {eps}, {report.samples} samples in "
-             f"{report.batches} batch(es){rand}", ""]
+    lines = [
+        f"bnfold audit: {report.name}, profile {report.profile}, {eps}, {report.samples} samples in "
+        f"{report.batches} batch(es){rand}",
+        "",
+    ]
     lines += _end_to_end(report)
     lines.append("")
     lines += _norm_rows(report)

@@ -40,12 +40,16 @@ def follow_axis(graph: Any, hop: Hop, axis: int, forward: bool) -> int | str:
         return _squeeze(graph, hop, a, rank, forward, what)
     before, after = graph.shape_info(hop.input).shape, _shape_after(graph, hop)
     if before is None or after is None:
-        return f"the shape {'before' if before is None else 'after'} {what} is unknown, so the channel axis " \
-               "cannot be followed"
+        return (
+            f"the shape {'before' if before is None else 'after'} {what} is unknown, so the channel axis "
+            "cannot be followed"
+        )
     found = _same_place(before, after, a) if forward else _same_place(after, before, a)
     if found is None:
-        return (f"{what} does not keep the channel axis (shape {_fmt(before)} -> {_fmt(after)}, channels on axis "
-                f"{a} {'before' if forward else 'after'} it)")
+        return (
+            f"{what} does not keep the channel axis (shape {_fmt(before)} -> {_fmt(after)}, channels on axis "
+            f"{a} {'before' if forward else 'after'} it)"
+        )
     return found
 
 
@@ -127,7 +131,7 @@ def _same_place(src, dst, axis: int) -> int | None:
         if d != size:
             continue
         pre_src, pre_dst = _product(src[:axis]), _product(dst[:k])
-        post_src, post_dst = _product(src[axis + 1:]), _product(dst[k + 1:])
+        post_src, post_dst = _product(src[axis + 1 :]), _product(dst[k + 1 :])
         if (pre_src is not None and pre_src == pre_dst) or (post_src is not None and post_src == post_dst):
             return k
     return None
@@ -215,4 +219,3 @@ def producer_rank(graph: Any, node: Any) -> int | None:
         target = graph.const(graph.value(node.gi, p.input[1]))
         return None if target is None else int(np.asarray(target.value).size)
     return None
-

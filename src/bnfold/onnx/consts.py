@@ -12,8 +12,18 @@ from onnx import NodeProto
 
 from .nodes import attr
 
-CONST_OPS = ("Identity", "Cast", "CastLike", "Expand", "Shape", "Reshape", "Unsqueeze", "Squeeze", "ConstantOfShape",
-             "Transpose")
+CONST_OPS = (
+    "Identity",
+    "Cast",
+    "CastLike",
+    "Expand",
+    "Shape",
+    "Reshape",
+    "Unsqueeze",
+    "Squeeze",
+    "ConstantOfShape",
+    "Transpose",
+)
 
 
 def evaluate(node: NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | None:

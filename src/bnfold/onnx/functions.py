@@ -68,8 +68,10 @@ def inline_norm_functions(model: onnx.ModelProto) -> tuple[onnx.ModelProto, list
     notes = []
     for key in sorted(called):
         names = ", ".join(f"'{n}'" for n in callers.get(key, []))
-        notes.append(f"inlined the model-local function {_name(key)} to fold inside it"
-                     + (f" (called by {names}; its nodes are renamed by the inliner)" if names else ""))
+        notes.append(
+            f"inlined the model-local function {_name(key)} to fold inside it"
+            + (f" (called by {names}; its nodes are renamed by the inliner)" if names else "")
+        )
     return inlined, notes
 
 
@@ -86,8 +88,14 @@ def skipped_in_functions(model: onnx.ModelProto) -> list[Skipped]:
     out = []
     for f in model.functions:
         for node in _norms_in(f.node):
-            out.append(Skipped(label(node), f"inside the model-local function {_name((f.domain, f.name))} "
-                                            "(not folded)", "", label(node)))
+            out.append(
+                Skipped(
+                    label(node),
+                    f"inside the model-local function {_name((f.domain, f.name))} (not folded)",
+                    "",
+                    label(node),
+                )
+            )
     return out
 
 

@@ -338,7 +338,8 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
                     removed = True
                 elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
                     if is_onnx_op(node, "Constant") or (
-                        is_onnx_op(node, *CONST_OPS) and not isinstance(index.constant(gi, name, "x"), str)
+                        is_onnx_op(node, *CONST_OPS)
+                        and not isinstance(index.constant(gi, name, "x"), str)
                         and not any(index.visible_uses(gi, o) for o in node.output if o)
                     ):
                         index.remove_node(gi, node)

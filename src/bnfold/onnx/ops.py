@@ -86,8 +86,18 @@ def _conv(graph: Any, node: Node, kind: str) -> Layer | None:
         return None
     v = graph.value
     bias = v(node.gi, p.input[2]) if len(p.input) > 2 and p.input[2] else None
-    return Layer(node, kind, p.op_type, v(node.gi, p.input[0]), v(node.gi, p.output[0]), v(node.gi, p.input[1]),
-                 bias, int(attr(p, "group", 1)), zero_padding(p), extra=Wiring(bias_node=p, bias_slot=2))
+    return Layer(
+        node,
+        kind,
+        p.op_type,
+        v(node.gi, p.input[0]),
+        v(node.gi, p.output[0]),
+        v(node.gi, p.input[1]),
+        bias,
+        int(attr(p, "group", 1)),
+        zero_padding(p),
+        extra=Wiring(bias_node=p, bias_slot=2),
+    )
 
 
 def _gemm(graph: Any, node: Node, kind: str) -> Layer | None:
@@ -98,8 +108,18 @@ def _gemm(graph: Any, node: Node, kind: str) -> Layer | None:
     bias = v(node.gi, p.input[2]) if len(p.input) > 2 and p.input[2] else None
     wiring = Wiring(transposed=not int(attr(p, "transB", 0)), bias_node=p, bias_slot=2)
     in_axis = 0 if int(attr(p, "transA", 0)) else 1
-    return Layer(node, kind, p.op_type, v(node.gi, p.input[0]), v(node.gi, p.output[0]), v(node.gi, p.input[1]),
-                 bias, in_axis=in_axis, out_axis=1, extra=wiring)
+    return Layer(
+        node,
+        kind,
+        p.op_type,
+        v(node.gi, p.input[0]),
+        v(node.gi, p.output[0]),
+        v(node.gi, p.input[1]),
+        bias,
+        in_axis=in_axis,
+        out_axis=1,
+        extra=wiring,
+    )
 
 
 def _matmul(graph: Any, node: Node, kind: str) -> Layer | None:
@@ -119,8 +139,19 @@ def _matmul(graph: Any, node: Node, kind: str) -> Layer | None:
     else:
         return None
     out = v(gi, p.output[0])
-    layer = Layer(node, kind, p.op_type, v(gi, p.input[0]), out, weight, None, in_axis=-1, out_axis=-1,
-                  takes_bias=False, extra=wiring)
+    layer = Layer(
+        node,
+        kind,
+        p.op_type,
+        v(gi, p.input[0]),
+        out,
+        weight,
+        None,
+        in_axis=-1,
+        out_axis=-1,
+        takes_bias=False,
+        extra=wiring,
+    )
     add = _bias_add(graph, out, graph.dims(weight))
     if add is not None:
         wiring.bias_node, wiring.bias_slot = add.proto, 1 - list(add.proto.input).index(out.name)
@@ -164,7 +195,10 @@ def _bias_add(graph: Any, out: Any, weight_dims: list | None) -> Node | None:
 
 
 LAYERS: dict[str, Callable[[Any, Node, str], Layer | None]] = {
-    "Conv": _conv, "ConvTranspose": _conv, "Gemm": _gemm, "MatMul": _matmul,
+    "Conv": _conv,
+    "ConvTranspose": _conv,
+    "Gemm": _gemm,
+    "MatMul": _matmul,
 }
 
 
@@ -236,8 +270,19 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
     if _is_identity(graph, weight, 1.0) and _is_identity(graph, bias, 0.0):
         return None
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
-    norm = Norm(node, v(gi, p.input[0]), out, weight, bias, None, None, float(attr(p, "epsilon", 1e-5)),
-                axis=axis, op=p.op_type, affine_only=True)
+    norm = Norm(
+        node,
+        v(gi, p.input[0]),
+        out,
+        weight,
+        bias,
+        None,
+        None,
+        float(attr(p, "epsilon", 1e-5)),
+        axis=axis,
+        op=p.op_type,
+        affine_only=True,
+    )
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     norm.problem = _affine_problem(graph, p, norm)
     return norm
@@ -259,8 +304,10 @@ def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> str:
         if axis == -1 or (rank is not None and axis % rank == rank - 1):
             return ""
         if rank is None:
-            return f"it normalizes from axis {axis} and the rank of its input is unknown, so its affine may " \
-                   "not be per-channel"
+            return (
+                f"it normalizes from axis {axis} and the rank of its input is unknown, so its affine may "
+                "not be per-channel"
+            )
         return "it normalizes several trailing axes, so its affine is not per-channel"
     if graph.index.opset >= 21:
         return ""
@@ -269,8 +316,10 @@ def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> str:
     channels = dims[1] if dims is not None and len(dims) > 1 else None
     if isinstance(channels, int) and channels == groups:
         return ""
-    return (f"GroupNormalization-18 holds one scale and bias per group (num_groups={groups}, "
-            f"{channels if isinstance(channels, int) else 'an unknown number of'} channels), not per channel")
+    return (
+        f"GroupNormalization-18 holds one scale and bias per group (num_groups={groups}, "
+        f"{channels if isinstance(channels, int) else 'an unknown number of'} channels), not per channel"
+    )
 
 
 # --------------------------------------------------------------------------- affines and hops

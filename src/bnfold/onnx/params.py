@@ -21,8 +21,9 @@ def safe(s: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.:/-]+", "_", s).strip("_") or "node"
 
 
-def set_param(index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value: torch.Tensor,
-              owner: NodeProto | None = None) -> int:
+def set_param(
+    index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value: torch.Tensor, owner: NodeProto | None = None
+) -> int:
     """Make ``node.input[idx]`` hold ``value`` (in its dtype); returns the bytes of a private copy, if one was made.
 
     A parameter only this node uses is overwritten under its own name (a
@@ -69,14 +70,16 @@ def add_initializer(index: ModelIndex, gi: GraphInfo, base: str, value: torch.Te
     return name
 
 
-def filled_initializer(index: ModelIndex, gi: GraphInfo, base: str, shape: tuple, dtype: torch.dtype,
-                       fill: float) -> str:
+def filled_initializer(
+    index: ModelIndex, gi: GraphInfo, base: str, shape: tuple, dtype: torch.dtype, fill: float
+) -> str:
     """A new initializer of ``shape`` and ``dtype`` holding ``fill`` everywhere; returns its name."""
     return add_initializer(index, gi, base, torch.full(shape, fill, dtype=dtype))
 
 
-def new_node(index: ModelIndex, op_type: str, inputs: list[str], outputs: list[str], base: str,
-             like: NodeProto | None = None) -> NodeProto:
+def new_node(
+    index: ModelIndex, op_type: str, inputs: list[str], outputs: list[str], base: str, like: NodeProto | None = None
+) -> NodeProto:
     """A node with a model-unique name; ``like``: copy its attributes and domain."""
     node = onnx.helper.make_node(op_type, inputs, outputs, name=index.unique_node_name(safe(base)))
     if like is not None:

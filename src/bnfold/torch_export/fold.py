@@ -24,8 +24,9 @@ def fold_program(ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: b
     return FoldResult(editor.build(), report)
 
 
-def fold_graph_module(gm: GraphModule, program: ExportedProgram | None = None, only=None,
-                      lower_unfoldable: bool = False) -> FoldReport:
+def fold_graph_module(
+    gm: GraphModule, program: ExportedProgram | None = None, only=None, lower_unfoldable: bool = False
+) -> FoldReport:
     """Fold ``gm`` in place, as an ExecuTorch GraphModule pass does.
 
     Placeholders are read through ``program``'s signature (matched by name) and

@@ -8,8 +8,9 @@ in place).  It decides nothing about folding.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from numbers import Number
-from typing import Any, Iterator
+from typing import Any
 
 import torch
 from torch.fx import Node
@@ -159,8 +160,9 @@ class FxGraph:
         return ShapeInfo(None)
 
     def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str:
-        found = follow_axis(hop.node, self.shape_info(hop.input).shape, self.shape_info(hop.output).shape,
-                            axis, forward)
+        found = follow_axis(
+            hop.node, self.shape_info(hop.input).shape, self.shape_info(hop.output).shape, axis, forward
+        )
         return f"{self.describe_node(hop.node)} moves or merges the channel axis" if found is None else found
 
     def describe(self, value: Any) -> str:
@@ -377,4 +379,3 @@ def _set_bias(layer: Layer, bias: Node) -> None:
         args.append(None)
     args[slot] = bias
     node.args = tuple(args)
-

@@ -29,8 +29,9 @@ class GraphModuleEditor(FxTensors):
         self._specs = {}
         self._program = program
         if program is not None:
-            self._specs = {s.arg.name: s for s in program.graph_signature.input_specs
-                           if isinstance(s.arg, TensorArgument)}
+            self._specs = {
+                s.arg.name: s for s in program.graph_signature.input_specs if isinstance(s.arg, TensorArgument)
+            }
 
     def _spec(self, node: Node):
         return self._specs.get(node.name)

@@ -9,14 +9,14 @@ one table entry here; the rules never look at op identities.
 from __future__ import annotations
 
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 from torch.fx import Node
 
 from ..engine.graph import Layer, Norm
-
 
 _KEYS: dict[Any, str] = {}
 
@@ -80,19 +80,49 @@ def _padding_is_zero(padding) -> bool:
     return all(int(p) == 0 for p in (padding if isinstance(padding, (list, tuple)) else [padding]))
 
 
-def _layer(node: Node, kind: str, x: Any, weight: Any, bias: Any, groups: int = 1, zero_padding: bool = True,
-           axis: int = 1, wiring: LinearWiring | None = None, takes_bias: bool = True) -> Layer:
-    return Layer(node, kind, op_name(node), x, node, weight, bias, groups, zero_padding, axis, axis, takes_bias,
-                 wiring or LinearWiring(weight))
+def _layer(
+    node: Node,
+    kind: str,
+    x: Any,
+    weight: Any,
+    bias: Any,
+    groups: int = 1,
+    zero_padding: bool = True,
+    axis: int = 1,
+    wiring: LinearWiring | None = None,
+    takes_bias: bool = True,
+) -> Layer:
+    return Layer(
+        node,
+        kind,
+        op_name(node),
+        x,
+        node,
+        weight,
+        bias,
+        groups,
+        zero_padding,
+        axis,
+        axis,
+        takes_bias,
+        wiring or LinearWiring(weight),
+    )
 
 
 def _conv_nd(transposed: bool) -> Callable[[Node], Layer]:
     # convNd(input, weight, bias, stride, padding, dilation, groups)
     # conv_transposeNd(input, weight, bias, stride, padding, output_padding, groups, dilation)
     def parse(node: Node) -> Layer:
-        return _layer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1],
-                      _arg(node, 2, "bias"), int(_arg(node, 6, "groups", 1)),
-                      _padding_is_zero(_arg(node, 4, "padding", 0)))
+        return _layer(
+            node,
+            "conv_transpose" if transposed else "conv",
+            node.args[0],
+            node.args[1],
+            _arg(node, 2, "bias"),
+            int(_arg(node, 6, "groups", 1)),
+            _padding_is_zero(_arg(node, 4, "padding", 0)),
+        )
+
     return parse
 
 
@@ -100,8 +130,15 @@ def _convolution(node: Node) -> Layer:
     # convolution(input, weight, bias, stride, padding, dilation, transposed, output_padding, groups)
     # _convolution(... the same ..., benchmark, deterministic, cudnn_enabled, allow_tf32)
     transposed = bool(node.args[6])
-    return _layer(node, "conv_transpose" if transposed else "conv", node.args[0], node.args[1], node.args[2],
-                  int(node.args[8]), _padding_is_zero(node.args[4]))
+    return _layer(
+        node,
+        "conv_transpose" if transposed else "conv",
+        node.args[0],
+        node.args[1],
+        node.args[2],
+        int(node.args[8]),
+        _padding_is_zero(node.args[4]),
+    )
 
 
 def _linear(node: Node) -> Layer:
@@ -117,8 +154,14 @@ def _matmul(node: Node) -> Layer | None:
     return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
 
 
-TRANSPOSES = {"aten::permute.default", "aten::permute_copy.default", "aten::t.default", "aten::t_copy.default",
-              "aten::transpose.int", "aten::transpose_copy.int"}
+TRANSPOSES = {
+    "aten::permute.default",
+    "aten::permute_copy.default",
+    "aten::t.default",
+    "aten::t_copy.default",
+    "aten::transpose.int",
+    "aten::transpose_copy.int",
+}
 EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
 
 
@@ -178,8 +221,14 @@ def _bmm(node: Node) -> Layer | None:
     return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
 
 
-TRANSPOSES = {"aten::permute.default", "aten::permute_copy.default", "aten::t.default", "aten::t_copy.default",
-              "aten::transpose.int", "aten::transpose_copy.int"}
+TRANSPOSES = {
+    "aten::permute.default",
+    "aten::permute_copy.default",
+    "aten::t.default",
+    "aten::t_copy.default",
+    "aten::transpose.int",
+    "aten::transpose_copy.int",
+}
 EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
 BATCH_VIEWS = {"aten::view.default", "aten::view_copy.default", "aten::_unsafe_view.default"}
 
@@ -187,8 +236,9 @@ BATCH_VIEWS = {"aten::view.default", "aten::view_copy.default", "aten::_unsafe_v
 def _keeps_matrix(views: list[Node], matrix: Node) -> bool:
     """Whether each of ``views`` only broadcasts ``matrix`` along a new leading dim."""
     want = _shape(matrix)
-    return want is not None and all((s := _shape(v)) is not None and len(s) == 3 and tuple(s[1:]) == want
-                                    for v in views)
+    return want is not None and all(
+        (s := _shape(v)) is not None and len(s) == 3 and tuple(s[1:]) == want for v in views
+    )
 
 
 def _shape(node: Node) -> tuple | None:
@@ -260,6 +310,7 @@ def _tuple_norm(mean_at: int | None, training_at: int | None, eps_at: int) -> Ca
         elif training_at is not None and a[training_at]:
             norm.problem = _TRAINING
         return norm
+
     return parse
 
 
@@ -295,17 +346,31 @@ NORMS: dict[str, Callable[[Node], Norm]] = {
 
 def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | None, axis: int) -> Callable:
     """A LayerNorm / RMSNorm / GroupNorm: its normalization stays, its elementwise affine may fold."""
+
     def parse(node: Node) -> Norm | None:
         weight = node.args[weight_at] if len(node.args) > weight_at else node.kwargs.get("weight")
         bias = (node.args[bias_at] if len(node.args) > bias_at else node.kwargs.get("bias")) if bias_at else None
         if weight is None and bias is None:
             return None  # no affine: nothing to fold
         out, used = _getitems(node) if "native" in node_key(node) else (node, False)
-        norm = Norm(node, node.args[0], out, weight, bias, None, None, 0.0, axis=axis, statistics_used=used,
-                    op=op, affine_only=True)
+        norm = Norm(
+            node,
+            node.args[0],
+            out,
+            weight,
+            bias,
+            None,
+            None,
+            0.0,
+            axis=axis,
+            statistics_used=used,
+            op=op,
+            affine_only=True,
+        )
         if shape_at is not None and len(node.args[shape_at]) != 1:
             norm.problem = "it normalizes several trailing axes, so its affine is not per-channel"
         return norm
+
     return parse
 
 
@@ -343,37 +408,76 @@ def is_norm(node: Node) -> bool:
 
 #: Ops whose output is their first input, element for element.
 IDENTITY_HOPS = {
-    "aten::clone.default", "aten::alias.default", "aten::alias_copy.default", "aten::detach.default",
-    "aten::detach_copy.default", "aten::contiguous.default", "aten::dropout.default",
-    "aten::feature_dropout.default", "aten::lift_fresh_copy.default", "aten::_to_copy.default",
-    "dim_order_ops::_clone_dim_order.default", "dim_order_ops::_to_dim_order_copy.default",
+    "aten::clone.default",
+    "aten::alias.default",
+    "aten::alias_copy.default",
+    "aten::detach.default",
+    "aten::detach_copy.default",
+    "aten::contiguous.default",
+    "aten::dropout.default",
+    "aten::feature_dropout.default",
+    "aten::lift_fresh_copy.default",
+    "aten::_to_copy.default",
+    "dim_order_ops::_clone_dim_order.default",
+    "dim_order_ops::_to_dim_order_copy.default",
 }
 #: Ops that only change the shape; the channel axis is followed through them.
 RESHAPE_HOPS = {
-    "aten::view.default", "aten::view_copy.default", "aten::reshape.default", "aten::_unsafe_view.default",
-    "aten::unsqueeze.default", "aten::unsqueeze_copy.default", "aten::squeeze.dim", "aten::squeeze.dims",
-    "aten::squeeze.default", "aten::squeeze_copy.dim", "aten::squeeze_copy.dims", "aten::squeeze_copy.default",
-    "aten::flatten.using_ints", "aten::unflatten.int", "aten::reshape_as.default", "aten::view_as.default",
-    "aten::transpose.int", "aten::transpose_copy.int", "aten::permute.default", "aten::permute_copy.default",
-    "aten::expand.default", "aten::expand_copy.default",  # only when it broadcasts nothing (see hop_is_exact)
+    "aten::view.default",
+    "aten::view_copy.default",
+    "aten::reshape.default",
+    "aten::_unsafe_view.default",
+    "aten::unsqueeze.default",
+    "aten::unsqueeze_copy.default",
+    "aten::squeeze.dim",
+    "aten::squeeze.dims",
+    "aten::squeeze.default",
+    "aten::squeeze_copy.dim",
+    "aten::squeeze_copy.dims",
+    "aten::squeeze_copy.default",
+    "aten::flatten.using_ints",
+    "aten::unflatten.int",
+    "aten::reshape_as.default",
+    "aten::view_as.default",
+    "aten::transpose.int",
+    "aten::transpose_copy.int",
+    "aten::permute.default",
+    "aten::permute_copy.default",
+    "aten::expand.default",
+    "aten::expand_copy.default",  # only when it broadcasts nothing (see hop_is_exact)
 }
 #: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
 BINARY_OPS = {
-    "aten::mul.Tensor": "mul", "aten::mul.Scalar": "mul",
-    "aten::div.Tensor": "div", "aten::div.Scalar": "div",
-    "aten::add.Tensor": "add", "aten::add.Scalar": "add",
-    "aten::sub.Tensor": "sub", "aten::sub.Scalar": "sub",
-    "aten::rsub.Tensor": "rsub", "aten::rsub.Scalar": "rsub",
+    "aten::mul.Tensor": "mul",
+    "aten::mul.Scalar": "mul",
+    "aten::div.Tensor": "div",
+    "aten::div.Scalar": "div",
+    "aten::add.Tensor": "add",
+    "aten::add.Scalar": "add",
+    "aten::sub.Tensor": "sub",
+    "aten::sub.Scalar": "sub",
+    "aten::rsub.Tensor": "rsub",
+    "aten::rsub.Scalar": "rsub",
     "aten::true_divide.Tensor": "div",
 }
 #: Ops that read only the metadata (shape, dtype) of the argument at the given
 #: positions: a user through those positions is no user for a fold.
 METADATA_READERS = {
-    "aten::sym_size.int": (0,), "aten::sym_stride.int": (0,), "aten::sym_numel.default": (0,),
-    "aten::sym_storage_offset.default": (0,), "aten::size.int": (0,), "aten::size.default": (0,),
-    "aten::dim.default": (0,), "aten::numel.default": (0,), "aten::stride.int": (0,),
-    "aten::reshape_as.default": (1,), "aten::view_as.default": (1,), "aten::expand_as.default": (1,),
-    "aten::empty_like.default": (0,), "aten::zeros_like.default": (0,), "aten::ones_like.default": (0,),
+    "aten::sym_size.int": (0,),
+    "aten::sym_stride.int": (0,),
+    "aten::sym_numel.default": (0,),
+    "aten::sym_storage_offset.default": (0,),
+    "aten::size.int": (0,),
+    "aten::size.default": (0,),
+    "aten::dim.default": (0,),
+    "aten::numel.default": (0,),
+    "aten::stride.int": (0,),
+    "aten::reshape_as.default": (1,),
+    "aten::view_as.default": (1,),
+    "aten::expand_as.default": (1,),
+    "aten::empty_like.default": (0,),
+    "aten::zeros_like.default": (0,),
+    "aten::ones_like.default": (0,),
 }
 
 

@@ -42,7 +42,7 @@ class ProgramEditor(FxTensors):
         gm.meta.update(ep.graph_module.meta)
         for old, new in zip(ep.graph.nodes, graph.nodes):
             if new.name != old.name:  # copying renames nodes fx would not pick (e.g. "input"); the
-                new.name = old.name   # graph signature refers to the exported names, so keep them
+                new.name = old.name  # graph signature refers to the exported names, so keep them
         super().__init__(gm, graph)
         self.state_dict = dict(ep.state_dict)
         self.constants = dict(ep.constants)
@@ -91,8 +91,9 @@ class ProgramEditor(FxTensors):
             # derivation graph.placeholder does), and a placeholder's target is its name.
             node = self.graph.create_node("placeholder", name, name=name)
         node.target = node.name
-        new_spec = InputSpec(spec.kind, TensorArgument(node.name), target,
-                             spec.persistent if spec.kind == InputKind.BUFFER else None)
+        new_spec = InputSpec(
+            spec.kind, TensorArgument(node.name), target, spec.persistent if spec.kind == InputKind.BUFFER else None
+        )
         # inserting_after(like) puts the newest node first, right after ``like``
         self._inserted_after.setdefault(spec.arg.name, []).insert(0, new_spec)
         self._spec_by_name[node.name] = new_spec

@@ -23,8 +23,14 @@ class FxTensors:
     def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
-        self._fake_mode = next((n.meta["val"].fake_mode for n in graph.nodes
-                                if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")), None)
+        self._fake_mode = next(
+            (
+                n.meta["val"].fake_mode
+                for n in graph.nodes
+                if n.op == "placeholder" and hasattr(n.meta.get("val"), "fake_mode")
+            ),
+            None,
+        )
 
     # ------------------------------------------------------------------ per placeholder (subclasses)
 
