@@ -9,7 +9,7 @@ from typing import Any
 
 from .checks import CheckResult, check_model_path
 from .checks import check as _check
-from .kinds import LAYER_KINDS
+from .kinds import LAYER_KINDS, NORM_KINDS
 from .report import FoldResult, FoldStats
 
 #: The former name of ``LAYER_KINDS``.
@@ -30,13 +30,17 @@ def _names(value: str | Iterable[str] | None, what: str) -> tuple[str, ...]:
 
 
 def check_only(only: str | Iterable[str] | None) -> frozenset[str] | None:
-    """``only`` ("conv", "conv,linear" or an iterable of kinds) as a set of layer kinds; None: every kind."""
+    """``only`` ("conv", "conv,linear", "layer_norm" or an iterable) as a set of kinds; None: every kind.
+
+    Layer kinds restrict the layers folded into; normalization kinds restrict the normalizations
+    folded (``bnfold.kinds``)."""
     if only is None:
         return None
     kinds = frozenset(_names(only, "only"))
-    unknown = kinds - set(LAYER_KINDS)
+    known = (*LAYER_KINDS, *NORM_KINDS)
+    unknown = kinds - set(known)
     if unknown or not kinds:
-        raise ValueError(f"unknown layer kind(s) {sorted(unknown) or repr(only)}; choose from {', '.join(LAYER_KINDS)}")
+        raise ValueError(f"unknown kind(s) {sorted(unknown) or repr(only)}; choose from {', '.join(known)}")
     return kinds
 
 

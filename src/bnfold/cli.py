@@ -21,11 +21,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from . import __version__
-from .api import PRODUCER_KINDS
 from .checks import check_model_path, refuse_training
 from .errors import BnfoldError
 from .io import files, models, one_line, quiet
+from .kinds import LAYER_KINDS, NORM_KINDS
 
+#: What ``--only`` may name: layer kinds (fold into these only) and normalization kinds (fold these only).
+ONLY_KINDS = (*LAYER_KINDS, *NORM_KINDS)
 EXIT_OK = 0
 EXIT_SURVIVORS = 1
 EXIT_ERROR = 2
@@ -131,10 +133,10 @@ on a terminal, a line every 10 s otherwise.
 
 def _kinds(text: str) -> tuple[str, ...]:
     kinds = tuple(k.strip() for k in text.split(",") if k.strip())
-    unknown = [k for k in kinds if k not in PRODUCER_KINDS]
+    unknown = [k for k in kinds if k not in ONLY_KINDS]
     if unknown or not kinds:
         raise argparse.ArgumentTypeError(
-            f"unknown layer kind(s) {', '.join(unknown) or repr(text)}; choose from {','.join(PRODUCER_KINDS)}"
+            f"unknown kind(s) {', '.join(unknown) or repr(text)}; choose from {','.join(ONLY_KINDS)}"
         )
     return kinds
 
@@ -206,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--only",
         metavar="KINDS",
         type=_kinds,
-        help=f"fold only into these layer kinds, comma-separated: {','.join(PRODUCER_KINDS)}",
+        help=f"fold only into these layer kinds and/or only these normalization kinds, comma-separated: "
+        f"{','.join(ONLY_KINDS)}",
     )
     p.add_argument(
         "--exclude",

@@ -106,7 +106,7 @@ def test_report_is_the_last_run():
 
 
 def test_only_is_checked():
-    with pytest.raises(ValueError, match="unknown layer kind"):
+    with pytest.raises(ValueError, match="unknown kind"):
         FoldBatchNormPass(only={"convolution"})
     model, x = build("linear_bn1d")
     fold = FoldBatchNormPass(only={"conv"})

@@ -241,3 +241,16 @@ def test_a_computed_weight_folds_into_a_new_constant(ir):
     result = _check(randomize_bn(ComputedWeight()).eval(), (torch.randn(2, 3, 5, 7),), ir)
     assert _norm_nodes(result.model, "batch_norm") == [] and len(result.report.folded) == 1, result.report
     assert "w" not in result.model.state_dict  # the source weight has no other user: it is replaced
+
+
+@pytest.mark.parametrize(
+    "only, folded", [("layer_norm", ["norm1", "norm2"]), ("batch_norm", []), ("linear,layer_norm", ["norm1", "norm2"])]
+)
+def test_only_names_normalization_kinds(only, folded):
+    import bnfold
+
+    model = VitBlock().eval()
+    result = bnfold.fold(export(model, (torch.randn(2, 5, 16),), "default"), only=only)
+    assert sorted(f.norm for f in result.report.folded) == folded
+    if not folded:
+        assert all("not requested" in s.reason for s in result.report.skipped), result.report

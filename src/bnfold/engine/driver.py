@@ -10,9 +10,10 @@ left where it is; both are reported as "excluded by --exclude PATTERN".
 from __future__ import annotations
 
 import fnmatch
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
+from ..kinds import LAYER_KINDS, NORM_KINDS
 from ..report import FoldReport, Skipped
 from .fanout import fold_fanout
 from .graph import GraphAdapter, Norm
@@ -38,22 +39,21 @@ def exclusion_reason(pattern: str, what: str = "") -> str:
     return f"excluded by --exclude {pattern}" + (f" (layer {what})" if what else "")
 
 
-class _Excluding:
-    """The adapter as the rules see it when normalizations are excluded: those are not normalizations
-    (so no chain goes through them); every other call goes to the adapter."""
+class _Hiding:
+    """The adapter as the rules see it when some normalizations are left alone (excluded, or of a kind
+    ``only`` does not name): those are not normalizations, so no chain goes through them; every
+    other call goes to the adapter."""
 
-    def __init__(self, graph: GraphAdapter, patterns: tuple[str, ...]):
+    def __init__(self, graph: GraphAdapter, left_alone: Callable[[Norm], str | None]):
         self._graph = graph
-        self._patterns = patterns
+        self._left_alone = left_alone
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._graph, name)
 
     def norm(self, node: Any) -> Norm | None:
         norm = self._graph.norm(node)
-        if norm is not None and excluded_by(self._graph.norm_label(norm), self._patterns):
-            return None
-        return norm
+        return None if norm is not None and self._left_alone(norm) else norm
 
 
 def _excluded_layers(graph: GraphAdapter, nodes: list, patterns: tuple[str, ...], reasons: dict) -> set:
@@ -77,35 +77,48 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
     """Fold every foldable chain of ``graph`` in place; return the report.  ``lower``: rewrite each
     eval batch norm that stays as ``x * scale + shift`` (``bnfold.engine.lower``)."""
     patterns = tuple(exclude or ())
+    layer_only, norm_only = _split_only(only)
     report = FoldReport()
     reasons: dict[Any, str] = {}
     nodes = [layer.node for layer in graph.layers()]  # a fold never makes or removes a layer
+
+    def left_alone(norm: Norm) -> str | None:
+        """Why ``norm`` is left where it is by request (``exclude``, ``only``), or None."""
+        pattern = excluded_by(graph.norm_label(norm), patterns) if patterns else None
+        if pattern:
+            return exclusion_reason(pattern)
+        if norm_only and norm.kind not in norm_only:
+            return f"folding {norm.kind} was not requested (only={','.join(sorted(only))})"
+        return None
+
     view: Any = graph
     if patterns:
         skip = _excluded_layers(graph, nodes, patterns, reasons)
         nodes = [n for n in nodes if n not in skip]
-        view = _Excluding(graph, patterns)
-    _run_rules(view, nodes, only, report, reasons)
+    if patterns or norm_only:
+        view = _Hiding(graph, left_alone)
+    _run_rules(view, nodes, layer_only, report, reasons)
     if lower:
-        keep = (lambda norm: not excluded_by(graph.norm_label(norm), patterns)) if patterns else None
         why = lambda norm: reasons.get(norm.node) or no_neighbour(graph, norm)  # noqa: E731
-        report.lowered, refused = lower_unfoldable(graph, why, keep)
-        for node, why in refused.items():
-            reasons[node] = f"{reasons[node]}; {why}" if node in reasons else why
+        report.lowered, refused = lower_unfoldable(graph, why, lambda norm: not left_alone(norm))
+        for node, why_not in refused.items():
+            reasons[node] = f"{reasons[node]}; {why_not}" if node in reasons else why_not
     for norm in graph.norms():
         label = graph.norm_label(norm)
-        pattern = excluded_by(label, patterns) if patterns else None
-        reason = (
-            norm.problem
-            or (pattern and exclusion_reason(pattern))
-            or reasons.get(norm.node)
-            or no_neighbour(graph, norm)
-        )
+        reason = norm.problem or left_alone(norm) or reasons.get(norm.node) or no_neighbour(graph, norm)
         report.skipped.append(Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node)))
     for node, reason in reasons.items():
         if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
             report.skipped.append(Skipped(graph.op_label(node), reason, "", graph.node_name(node)))
     return report
+
+
+def _split_only(only) -> tuple[frozenset | None, frozenset]:
+    """``only`` as the layer kinds to fold into (None: all) and the normalization kinds to fold (empty: all)."""
+    if not only:
+        return None, frozenset()
+    only = frozenset(only)
+    return (only & frozenset(LAYER_KINDS)) or None, only & frozenset(NORM_KINDS)
 
 
 def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict) -> None:

@@ -97,6 +97,7 @@ class Norm:
     statistics_used: bool = False
     op: str = "batch_norm"
     affine_only: bool = False
+    kind: str = "batch_norm"  # a ``bnfold.kinds.NORM_KINDS`` entry, the same in every format
 
 
 @dataclass

@@ -43,6 +43,13 @@ NORM_AFFINES = {
     "GroupNormalization": (1, 1, 2),
 }
 NORMS = ("BatchNormalization", *NORM_AFFINES)
+#: The format-neutral kind (``bnfold.kinds.NORM_KINDS``) of each normalization op type.
+NORM_KIND = {
+    "BatchNormalization": "batch_norm",
+    "LayerNormalization": "layer_norm",
+    "RMSNormalization": "rms_norm",
+    "GroupNormalization": "group_norm",
+}
 
 
 @dataclass
@@ -282,6 +289,7 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
         axis=axis,
         op=p.op_type,
         affine_only=True,
+        kind=NORM_KIND[p.op_type],
     )
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     norm.problem = _affine_problem(graph, p, norm)

@@ -366,6 +366,7 @@ def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | N
             statistics_used=used,
             op=op,
             affine_only=True,
+            kind=op,
         )
         if shape_at is not None and len(node.args[shape_at]) != 1:
             norm.problem = "it normalizes several trailing axes, so its affine is not per-channel"
