@@ -401,10 +401,6 @@ def parse_norm(node: Node) -> Norm | None:
     return parse(node) if parse else None
 
 
-def is_norm(node: Node) -> bool:
-    return node_key(node) in NORMS
-
-
 # --------------------------------------------------------------------------- shape-only hops and affines
 
 #: Ops whose output is their first input, element for element.
