@@ -245,3 +245,17 @@ def test_fold_lower_unfoldable(run, tmp_path):
     folded = torch.export.load(str(out))
     assert not [n for n in folded.graph.nodes if "batch_norm" in str(n.target)]
     torch.testing.assert_close(folded.module()(x), model(x), rtol=1e-5, atol=1e-5)
+
+
+def test_training_mode_export_says_eval_without_trust(run, tmp_path):
+    """A program exported in training mode is refused by the allowlist (its in-place statistics update);
+    the one line still says what to do: call model.eval() before export."""
+    from torch import nn
+
+    src = tmp_path / "train.pt2"
+    model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))  # training mode
+    torch.export.save(torch.export.export(model, (torch.randn(2, 3, 8, 8),)), str(src))
+    code, _, err = run("fold", src, "-o", tmp_path / "out.pt2")
+    assert code == 2
+    line = h.one_error_line(err, "training mode")
+    assert "model.eval()" in line and not (tmp_path / "out.pt2").exists()

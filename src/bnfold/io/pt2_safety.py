@@ -750,6 +750,12 @@ def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = 
     for node in _nodes(doc):
         target = node.get("target")
         if not node_target_is_safe(target):
+            if _training_export(doc, target):
+                problems.append(
+                    f"{entry} updates batch-norm statistics in place ({_short(target)}): the model was exported in "
+                    "training mode; call model.eval() before torch.export and export again"
+                )
+                break
             problems.append(
                 f"{entry} has a graph node calling {_short(target)}, which is not on bnfold's operator allowlist"
             )
@@ -767,6 +773,14 @@ def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = 
     if bad_input is not None:
         problems.append(f"{entry} has a constant input that torch would paste into guard code: {bad_input}")
     return problems
+
+
+def _training_export(doc: dict[str, Any], target: Any) -> bool:
+    """Whether a refused in-place ``add_`` is a batch norm's ``num_batches_tracked`` update of a program
+    exported in training mode (the file is still refused; the message then says what to do)."""
+    if not isinstance(target, str) or not target.endswith("add_.Tensor"):
+        return False
+    return any("batch_norm" in str(n.get("target")) for n in _nodes(doc))
 
 
 _DOTTED = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?\Z")

@@ -221,15 +221,6 @@ def _bmm(node: Node) -> Layer | None:
     return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
 
 
-TRANSPOSES = {
-    "aten::permute.default",
-    "aten::permute_copy.default",
-    "aten::t.default",
-    "aten::t_copy.default",
-    "aten::transpose.int",
-    "aten::transpose_copy.int",
-}
-EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
 BATCH_VIEWS = {"aten::view.default", "aten::view_copy.default", "aten::_unsafe_view.default"}
 
 
