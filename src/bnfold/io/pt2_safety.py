@@ -62,6 +62,7 @@ from __future__ import annotations
 
 import ast
 import io
+import json
 import pickletools
 import re
 import zipfile
@@ -750,10 +751,11 @@ def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = 
     for node in _nodes(doc):
         target = node.get("target")
         if not node_target_is_safe(target):
-            if _training_export(doc, target):
+            if _training_export(node, target):
                 problems.append(
-                    f"{entry} updates batch-norm statistics in place ({_short(target)}): the model was exported in "
-                    "training mode; call model.eval() before torch.export and export again"
+                    f"{entry} updates num_batches_tracked in place ({_short(target)}, not on bnfold's operator "
+                    "allowlist): the model was exported in training mode; call model.eval() before torch.export "
+                    "and export again"
                 )
                 break
             problems.append(
@@ -775,12 +777,12 @@ def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = 
     return problems
 
 
-def _training_export(doc: dict[str, Any], target: Any) -> bool:
-    """Whether a refused in-place ``add_`` is a batch norm's ``num_batches_tracked`` update of a program
-    exported in training mode (the file is still refused; the message then says what to do)."""
+def _training_export(node: dict[str, Any], target: Any) -> bool:
+    """Whether a refused node is the in-place ``num_batches_tracked += 1`` of a program exported in
+    training mode (the file is refused all the same; the message then says what to do)."""
     if not isinstance(target, str) or not target.endswith("add_.Tensor"):
         return False
-    return any("batch_norm" in str(n.get("target")) for n in _nodes(doc))
+    return "num_batches_tracked" in json.dumps(node.get("inputs"), default=str)
 
 
 _DOTTED = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?\Z")
