@@ -131,24 +131,14 @@ def _says_training(reason: str) -> bool:
 
 
 def _program_training_norms(ep: Any) -> list[str]:
-    from .torch_export import parse_norm
+    from .torch_export.ops import module_path, parse_norm
 
     names = []
     for node in ep.graph.nodes:
         norm = parse_norm(node) if node.op == "call_function" else None
         if norm is not None and norm.problem and _says_training(norm.problem):
-            names.append(_module_path(node))
+            names.append(module_path(node))
     return names
-
-
-def _module_path(node: Any) -> str:
-    """The module path of an fx node (from ``nn_module_stack``), or its name."""
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path = list(stack.values())[-1][0]
-        if path:
-            return path
-    return node.name
 
 
 def refuse_training(model: Any, name: str, report: FoldReport | None = None) -> None:

@@ -19,10 +19,10 @@ import torch
 
 from ..errors import FoldError
 from ..fold_math import Affine, batch_norm_affine
-from ..torch_export.ops import Norm, parse_layer, parse_norm
+from ..torch_export.ops import Norm, module_path, parse_layer, parse_norm
 from .emulator import EmulationResult, Emulator
 from .errors import TensorError, json_float, measure
-from .graph import layer_kind, lifted_tensor, lifted_tensors, module_path, running_stats_norm
+from .graph import layer_kind, lifted_tensor, lifted_tensors, running_stats_norm
 from .profiles import FP16_MAX, get_profile
 from .risk import QNN_EPS, NormStats, Risk, judge, measure_intermediates, predict
 

@@ -64,15 +64,6 @@ def running_stats_norm(node: torch.fx.Node) -> Norm | None:
     return norm if norm is not None and not norm.problem else None
 
 
-def module_path(node: torch.fx.Node) -> str:
-    """The module path recorded for ``node`` (``layer1.0.conv1``), or its node name."""
-    stack = node.meta.get("nn_module_stack")
-    if stack:
-        path = list(stack.values())[-1][0]
-        return path.replace("L['self'].", "").replace("L__self___", "") or node.name
-    return node.name
-
-
 def lifted_tensors(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any], list[str]]:
     """``({placeholder name: lifted parameter/buffer/constant}, [user input placeholder names])``,
     read through the program's graph signature."""

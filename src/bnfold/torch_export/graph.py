@@ -23,6 +23,7 @@ from .ops import (
     RESHAPE_HOPS,
     addmm_like,
     dropout_is_identity,
+    module_path,
     node_key,
     op_name,
     parse_layer,
@@ -182,12 +183,7 @@ class FxGraph:
         return self.op_label(norm.node)
 
     def op_label(self, node: Any) -> str:
-        stack = node.meta.get("nn_module_stack")
-        if stack:
-            path = list(stack.values())[-1][0]
-            if path:
-                return path
-        return node.name
+        return module_path(node)
 
     # ------------------------------------------------------------------ write
 

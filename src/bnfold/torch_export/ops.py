@@ -381,6 +381,15 @@ NORM_AFFINES: dict[str, Callable[[Node], Norm | None]] = {
 }
 
 
+def module_path(node: Node) -> str:
+    """The module path recorded for ``node`` (``layer1.0.conv1``), or its node name: the name people know."""
+    stack = node.meta.get("nn_module_stack")
+    if stack:
+        path = list(stack.values())[-1][0]
+        return path.replace("L['self'].", "").replace("L__self___", "") or node.name
+    return node.name
+
+
 def parse_norm_affine(node: Node) -> Norm | None:
     """``node`` as a normalization whose affine alone may fold (LayerNorm, RMSNorm, GroupNorm), or None."""
     parse = NORM_AFFINES.get(node_key(node))
