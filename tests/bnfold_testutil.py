@@ -101,3 +101,34 @@ def record_max(key: str, value: float) -> None:
 
 def record_count(key: str, n: int = 1) -> None:
     STATS[key] = STATS.get(key, 0) + n
+
+
+def onnx_conv_bn(opset: int = 13, seed: int = 0):
+    """Conv -> BatchNormalization as an ONNX model, float32 initializers from ``seed``."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    f32 = np.float32
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(f32), "W"),
+        numpy_helper.from_array(rng.standard_normal(4).astype(f32), "B"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "scale"),
+        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "bias"),
+        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "mean"),
+        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "var"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv"),
+        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["Y"], name="bn"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 6, 6])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model

@@ -14,6 +14,8 @@ from pathlib import Path
 import torch
 import torch.nn as nn
 
+from bnfold_testutil import onnx_conv_bn  # noqa: F401 (re-exported for the CLI tests)
+
 # ----------------------------------------------------------------------------- torch models
 
 
@@ -282,36 +284,6 @@ def legacy_layout(src: Path, dst: Path, marker: Path) -> Path:
 
 
 # ----------------------------------------------------------------------------- ONNX models
-
-
-def onnx_conv_bn(opset: int = 13, seed: int = 0):
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(seed)
-    f32 = np.float32
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(f32), "W"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(f32), "B"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "scale"),
-        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "bias"),
-        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "mean"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "var"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv"),
-        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["Y"], name="bn"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 6, 6])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 8
-    return model
 
 
 def save_onnx_external(model, path: Path, location: str) -> Path:

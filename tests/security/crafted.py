@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from bnfold_testutil import onnx_conv_bn  # noqa: F401 (the crafted ONNX files start from it)
+
 MARKER = "PWNED"
 RUNNER = Path(__file__).with_name("runner.py")
 MEMORY_LIMIT = 2560 << 20  # address space of the bnfold process
@@ -148,37 +150,6 @@ def listing(folder: Path) -> set[str]:
 
 
 # ----------------------------------------------------------------------------- ONNX
-
-
-def onnx_conv_bn():
-    """Conv -> BatchNormalization, opset 13, float32 initializers."""
-    import numpy as np
-    from onnx import TensorProto, helper, numpy_helper
-
-    rng = np.random.default_rng(0)
-    f32 = np.float32
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(f32), "W"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(f32), "B"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "scale"),
-        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "bias"),
-        numpy_helper.from_array((rng.random(4) - 0.5).astype(f32), "mean"),
-        numpy_helper.from_array((rng.random(4) + 0.5).astype(f32), "var"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv"),
-        helper.make_node("BatchNormalization", ["c", "scale", "bias", "mean", "var"], ["Y"], name="bn"),
-    ]
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [1, 4, 6, 6])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
-    model.ir_version = 8
-    return model
 
 
 def set_external(t, location: str, offset: int, length: int) -> None:
