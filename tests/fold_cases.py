@@ -6,7 +6,7 @@ Each ``Case`` builds an ``nn.Module`` with random weights whose BatchNorm statis
 calibrated by a few train-mode forward passes (``momentum=None``: the running statistics are
 the plain average over the passes), then switched to ``.eval()``.  A case also says whether
 a dynamic batch dim makes sense, how many normalizations fold and how many are skipped, and
-the words a skip reason must contain.
+the code every skip must have.
 
 Every case that should fold also carries ``by_hand``: the same function written without any
 normalization, its weights folded by hand in float64 (independently of ``bnfold.fold_math``).
@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from bnfold.report import Code
 
 BATCH = 4  #: the example batch every program is exported with
 OTHER_BATCH = 3  #: a second batch size a dynamic program must also run with
@@ -350,7 +352,7 @@ class Case:
     skipped: int = 0
     dynamic: bool = True  #: a dynamic batch dim (dim 0 of every input) makes sense
     real: bool = False  #: a real-architecture pattern
-    reason_words: tuple[str, ...] = ()  #: words every skip reason must contain (in any case)
+    reason_code: Code | None = None  #: the code every skip must have
     keys: tuple[str, ...] = ()  #: state_dict keys (ONNX: initializer names) the folded model keeps
     affine_op: str = ""  #: an elementwise op (``div``) that folds: none may be left in the folded graph
     by_hand: Callable[[nn.Module], Callable] | None = None
@@ -508,7 +510,7 @@ CASES: list[Case] = [
         ((4, 6, 6),),
         folded=0,
         skipped=1,
-        reason_words=("next to it", "relu"),
+        reason_code=Code.NO_LAYER,
         notes="the ReLU between the BN and the conv: nothing to fold into",
     ),
     # ------------------------------------------------------------------ real architectures

@@ -7,10 +7,21 @@ called.  The version comes from the installed package's metadata (pyproject's
 
 from importlib import metadata as _metadata
 
-from .api import PRODUCER_KINDS, check, fold
-from .checks import CheckResult
-from .errors import FoldError
-from .report import Folded, FoldReport, FoldResult, FoldStats, Skipped
+from .api import check, fold, measure
+from .errors import BnfoldError, FoldError, ModelFileError, NeedsExportError, TrainingModeError, UnsafeModelError
+from .kinds import LAYER_KINDS, NORM_KINDS
+from .report import (
+    CheckResult,
+    Code,
+    Folded,
+    FoldReport,
+    FoldResult,
+    FoldStats,
+    FoldStep,
+    KeptOp,
+    Lowered,
+    Skipped,
+)
 
 try:
     __version__ = _metadata.version("bnfold")
@@ -18,18 +29,29 @@ except _metadata.PackageNotFoundError:  # running from a source tree that was ne
     __version__ = "0+unknown"
 
 __all__ = [
+    "BnfoldError",
     "CheckResult",
+    "Code",
     "FoldError",
     "FoldReport",
     "FoldResult",
     "FoldStats",
+    "FoldStep",
     "Folded",
-    "PRODUCER_KINDS",
+    "KeptOp",
+    "LAYER_KINDS",
+    "Lowered",
+    "ModelFileError",
+    "NORM_KINDS",
+    "NeedsExportError",
     "Skipped",
+    "TrainingModeError",
+    "UnsafeModelError",
     "__version__",
     "audit",
     "check",
     "fold",
+    "measure",
 ]
 
 

@@ -1,94 +1,37 @@
-"""What is left to fold in a model, and the checks every entry point shares.
+"""The checks every entry point shares.
 
-* :func:`check` / :class:`CheckResult`: the normalizations a model still holds,
-  split into foldable ones (``bnfold fold`` would fold them) and unfoldable ones
-  (with the reason).
 * :func:`training_norms` / :func:`refuse_training`: normalizations in training
-  mode, found through the frontends' public parsers; ``bnfold fold``,
+  mode (found by their :class:`~bnfold.report.Code`, never by words); ``bnfold fold``,
   ``bnfold check`` and ``bnfold audit`` refuse such a program.
 * :func:`check_model_path`: a one-line error for a folder or a checkpoint
   (``.pth``) given where a model file is expected, with the export recipe.
+
+``bnfold.check`` itself lives beside ``bnfold.fold`` (``bnfold.api``) and its
+result type with the report types (``bnfold.report.CheckResult``, also importable
+from here); the errors live in ``bnfold.errors`` (re-exported here).
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .errors import BnfoldError, ModelFileError
-from .report import Folded, FoldReport, Skipped
+from .errors import EXPORT_RECIPE, ModelFileError, NeedsExportError, TrainingModeError
+from .report import CheckResult, Code, FoldReport
 
-#: What to run to make a .pt2 from a checkpoint: printed under the error for a .pth file.
-EXPORT_RECIPE = (
-    "ep = torch.export.export(model.eval(), example_inputs)",
-    'torch.export.save(ep, "model.pt2")',
-)
+__all__ = [
+    "CHECKPOINT_EXTENSIONS",
+    "EXPORT_RECIPE",
+    "CheckResult",
+    "NeedsExportError",
+    "TrainingModeError",
+    "check_model_path",
+    "refuse_training",
+    "training_norms",
+]
 
 #: Files that hold weights, not a program: they get the export recipe.
 CHECKPOINT_EXTENSIONS = (".pth", ".pt", ".ckpt", ".bin", ".safetensors", ".pkl")
-
-#: Words in a skip reason (torch or ONNX) that say a normalization runs in training mode.
-_TRAINING_MARKS = ("training mode", "training_mode=1")
-
-
-class TrainingModeError(BnfoldError):
-    """The model holds normalizations in training mode: nothing can be folded until it is exported in eval mode."""
-
-
-class NeedsExportError(ModelFileError):
-    """A checkpoint was given where an exported program is expected; ``hint`` holds the recipe lines."""
-
-    def __init__(self, message: str, hint: tuple[str, ...] = EXPORT_RECIPE):
-        super().__init__(message)
-        self.hint = hint
-
-
-@dataclass
-class CheckResult:
-    """The normalizations left in a model.
-
-    ``foldable``: what ``bnfold.fold`` would fold (:class:`~bnfold.report.Folded`
-    entries); ``unfoldable``: what stays, with the reason
-    (:class:`~bnfold.report.Skipped`).  ``ok`` is true when nothing foldable is
-    left; ``strict_ok`` also requires that nothing unfoldable is left.
-    """
-
-    foldable: list[Folded] = field(default_factory=list)
-    unfoldable: list[Skipped] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.foldable
-
-    @property
-    def strict_ok(self) -> bool:
-        return not self.foldable and not self.unfoldable
-
-    @classmethod
-    def from_report(cls, report: FoldReport) -> CheckResult:
-        return cls(list(report.folded), list(report.skipped), list(report.notes))
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "ok": self.ok,
-            "strict_ok": self.strict_ok,
-            "foldable": [asdict(f) for f in self.foldable],
-            "unfoldable": [asdict(s) for s in self.unfoldable],
-            "notes": list(self.notes),
-        }
-
-
-def check(model: Any, example_inputs: tuple | None = None, *, only=None, exclude=()) -> CheckResult:
-    """What ``bnfold.fold`` would fold in ``model`` and what it would leave; ``model`` is not modified.
-
-    Takes what :func:`bnfold.fold` takes (a program, an ``nn.Module`` with
-    example inputs, an ONNX model, or a ``.pt2`` / ``.onnx`` path).
-    """
-    from .api import fold
-
-    return CheckResult.from_report(fold(model, example_inputs, only=only, exclude=exclude).report)
 
 
 def check_model_path(path: str | os.PathLike) -> str:
@@ -120,14 +63,10 @@ def training_norms(model: Any, report: FoldReport | None = None) -> list[str]:
             from .onnx import fold_onnx
 
             report = fold_onnx(model).report
-        return [s.norm for s in report.skipped if _says_training(s.reason)]
+        return [s.norm for s in report.skipped if s.code == Code.TRAINING_MODE]
     if hasattr(model, "graph_module") and hasattr(model, "graph_signature"):
         return _program_training_norms(model)
     return []
-
-
-def _says_training(reason: str) -> bool:
-    return any(mark in reason for mark in _TRAINING_MARKS)
 
 
 def _program_training_norms(ep: Any) -> list[str]:
@@ -136,7 +75,7 @@ def _program_training_norms(ep: Any) -> list[str]:
     names = []
     for node in ep.graph.nodes:
         norm = parse_norm(node) if node.op == "call_function" else None
-        if norm is not None and norm.problem and _says_training(norm.problem):
+        if norm is not None and norm.problem and norm.problem_code == Code.TRAINING_MODE:
             names.append(module_path(node))
     return names
 

@@ -1,5 +1,7 @@
 """Errors bnfold raises for bad input; each message is one line that says what to do."""
 
+from .report import Code
+
 
 class BnfoldError(Exception):
     """Base class; the CLI prints ``str(err)`` and exits with code 2."""
@@ -13,5 +15,29 @@ class UnsafeModelError(ModelFileError):
     """A model file would run code on load (pickle) and ``trust`` was not given."""
 
 
+class TrainingModeError(BnfoldError):
+    """The model holds normalizations in training mode: nothing can be folded until it is exported in eval mode."""
+
+
+#: What to run to make a .pt2 from a checkpoint: printed under the error for a .pth file.
+EXPORT_RECIPE = (
+    "ep = torch.export.export(model.eval(), example_inputs)",
+    'torch.export.save(ep, "model.pt2")',
+)
+
+
+class NeedsExportError(ModelFileError):
+    """A checkpoint was given where an exported program is expected; ``hint`` holds the recipe lines."""
+
+    def __init__(self, message: str, hint: tuple[str, ...] = EXPORT_RECIPE):
+        super().__init__(message)
+        self.hint = hint
+
+
 class FoldError(ValueError):
-    """A fold that cannot be done exactly; the message is the reason (it ends up in the report)."""
+    """A fold that cannot be done exactly; the message is the reason and ``code`` its
+    :class:`~bnfold.report.Code` (both end up in the report)."""
+
+    def __init__(self, message: str, code: Code = Code.FOLD_MATH):
+        super().__init__(message)
+        self.code = code

@@ -24,6 +24,9 @@ import torch
 
 from .errors import FoldError
 from .kinds import LAYER_KINDS as KINDS
+from .report import Code
+
+CHANNELS = Code.CHANNEL_MISMATCH
 
 
 @dataclass(frozen=True)
@@ -50,21 +53,23 @@ def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
     """The affine an eval-mode batch norm applies, with validity checks."""
     mean, var = _f64(mean), _f64(var)
     if mean.shape != var.shape:
-        raise FoldError(f"running_mean has {mean.numel()} channels but running_var has {var.numel()}")
+        raise FoldError(f"running_mean has {mean.numel()} channels but running_var has {var.numel()}", CHANNELS)
     c = mean.numel()
     gamma = torch.ones(c, dtype=torch.float64) if weight is None else _f64(weight)
     beta = torch.zeros(c, dtype=torch.float64) if bias is None else _f64(bias)
     if gamma.numel() != c or beta.numel() != c:
-        raise FoldError(f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}")
+        raise FoldError(
+            f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}", CHANNELS
+        )
     eps = float(eps)
     stats = torch.stack((mean, var, gamma, beta))
     if not bool(torch.isfinite(stats).all()):  # one check for all four; name the culprit only on failure
         for name, t in zip(("running_mean", "running_var", "weight", "bias"), stats):
             if not bool(torch.isfinite(t).all()):
-                raise FoldError(f"{name} holds NaN or inf")
+                raise FoldError(f"{name} holds NaN or inf", Code.NOT_FINITE)
     denom = var + eps
     if not bool((denom > 0).all()):
-        raise FoldError(f"running_var + eps <= 0 (eps={eps:g}); the normalization is undefined")
+        raise FoldError(f"running_var + eps <= 0 (eps={eps:g}); the normalization is undefined", Code.UNDEFINED)
     scale = gamma / torch.sqrt(denom)
     return Affine(scale, beta - mean * scale)
 
@@ -75,9 +80,9 @@ def affine(scale, shift, channels: int) -> Affine:
     t = torch.zeros(1, dtype=torch.float64) if shift is None else _f64(shift)
     for name, v in (("scale", s), ("shift", t)):
         if v.numel() not in (1, channels):
-            raise FoldError(f"{name} has {v.numel()} elements, expected 1 or {channels} channels")
+            raise FoldError(f"{name} has {v.numel()} elements, expected 1 or {channels} channels", CHANNELS)
         if not torch.isfinite(v).all():
-            raise FoldError(f"{name} holds NaN or inf")
+            raise FoldError(f"{name} holds NaN or inf", Code.NOT_FINITE)
     return Affine(s.expand(channels).clone(), t.expand(channels).clone())
 
 
@@ -103,7 +108,9 @@ def binary_affine(op: str, const, x_first: bool, channels: int, alpha: float = 1
     """The affine ``op`` applies to ``x`` with the scalar or per-channel constant ``const``."""
     rule = BINARY_AFFINES.get((op, x_first))
     if rule is None:
-        raise FoldError(f"{op} with the tensor as {'first' if x_first else 'second'} operand is not an affine map")
+        raise FoldError(
+            f"{op} with the tensor as {'first' if x_first else 'second'} operand is not an affine map", Code.NOT_AFFINE
+        )
     scale, shift = rule(_f64(const), float(alpha))
     return affine(scale, shift, channels)
 
@@ -145,11 +152,11 @@ def _check_kind(kind: str, shape, groups: int) -> None:
     if kind not in KINDS:
         raise ValueError(f"unknown weight kind {kind!r}; expected one of {KINDS}")
     if len(shape) < 2:
-        raise FoldError(f"{kind} weight must have rank >= 2, got shape {tuple(shape)}")
+        raise FoldError(f"{kind} weight must have rank >= 2, got shape {tuple(shape)}", Code.LAYER_SHAPE)
     if kind == "linear" and (len(shape) != 2 or groups != 1):
-        raise FoldError(f"linear weight must be [out, in], got shape {tuple(shape)}")
+        raise FoldError(f"linear weight must be [out, in], got shape {tuple(shape)}", Code.LAYER_SHAPE)
     if groups < 1 or shape[0] % groups:
-        raise FoldError(f"weight dim 0 ({shape[0]}) is not divisible by groups={groups}")
+        raise FoldError(f"weight dim 0 ({shape[0]}) is not divisible by groups={groups}", Code.LAYER_SHAPE)
 
 
 def per_slice(values: torch.Tensor, kind: str, side: str, shape, groups: int = 1) -> torch.Tensor:
@@ -187,7 +194,7 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
     if dtype is None:
         return weight.detach().to(torch.float64) * slices
     if not dtype.is_floating_point:
-        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold")
+        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
     if weight.dtype != dtype or dtype == torch.float64:
         return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     s = slices.to(dtype)
@@ -214,11 +221,13 @@ def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dt
     """
     n_out = out_channels(kind, weight.shape, groups)
     if aff.channels != n_out:
-        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels")
+        raise FoldError(
+            f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels", CHANNELS
+        )
     new_w = scale_weight(weight, per_slice(aff.scale, kind, "out", weight.shape, groups), dtype, f"{kind} weight")
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if b.numel() != n_out:
-        raise FoldError(f"bias has {b.numel()} elements, expected {n_out}")
+        raise FoldError(f"bias has {b.numel()} elements, expected {n_out}", Code.LAYER_SHAPE)
     return new_w, b * aff.scale + aff.shift
 
 
@@ -236,14 +245,18 @@ def fold_input_affine(
     """
     n_in = in_channels(kind, weight.shape, groups)
     if aff.channels != n_in:
-        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels")
+        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels", CHANNELS)
     has_shift = bool((aff.shift != 0).any())
     if has_shift and kind == "conv_transpose":
         raise FoldError(
-            "a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)"
+            "a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)",
+            Code.SHIFT_TRANSPOSED,
         )
     if has_shift and not shift_exact:
-        raise FoldError("a nonzero shift before a padded conv does not fold exactly (padding would see the shift)")
+        raise FoldError(
+            "a nonzero shift before a padded conv does not fold exactly (padding would see the shift)",
+            Code.SHIFT_PADDING,
+        )
     new_w = scale_weight(weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight")
     n_out = out_channels(kind, weight.shape, groups)
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
@@ -257,11 +270,13 @@ def fold_input_affine(
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
     """Cast a float64 result to ``dtype``; raise FoldError on overflow or underflow."""
     if not dtype.is_floating_point:
-        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold")
+        raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
     out = value.to(dtype)
     if not torch.isfinite(out).all():
-        raise FoldError(f"folded {what} overflows {dtype} (max |value| {value.abs().max().item():.3g})")
+        raise FoldError(
+            f"folded {what} overflows {dtype} (max |value| {value.abs().max().item():.3g})", Code.CAST_RANGE
+        )
     lost = (out == 0) & (value != 0)
     if lost.any():
-        raise FoldError(f"folded {what} underflows to zero in {dtype} ({int(lost.sum())} element(s))")
+        raise FoldError(f"folded {what} underflows to zero in {dtype} ({int(lost.sum())} element(s))", Code.CAST_RANGE)
     return out

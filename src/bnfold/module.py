@@ -6,6 +6,7 @@ import copy
 
 import torch
 
+from .measure import fx_sizes, timed
 from .report import FoldResult
 from .torch_export import fold_program
 
@@ -34,8 +35,6 @@ def fold_module(
     submodules) is copied and the copy put in eval mode before export; the
     report's ``notes`` says so.
     """
-    from .api import _measured
-
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
     notes = []
@@ -43,6 +42,8 @@ def fold_module(
         module = copy.deepcopy(module).eval()
         notes.append(EVAL_COPY_NOTE)
     ep = torch.export.export(module, example_inputs)
-    result = _measured(ep, lambda: fold_program(ep, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable))
+    result = timed(
+        ep, lambda: fold_program(ep, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable), fx_sizes
+    )
     result.report.notes.extend(notes)
     return FoldResult(result.model.module(), result.report)

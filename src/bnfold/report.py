@@ -1,9 +1,68 @@
-"""The fold report: what was folded, what was skipped and why.  Data, not log lines."""
+"""The fold report: what was folded, what was skipped and why.  Data, not log lines.
+
+Every skip, every lowering and every kept elementwise op carries a :class:`Code` next to
+its English ``reason``: tools (``check``, the audit, the CLI) and tests read the code,
+people read the reason.  Every :class:`Folded` entry carries the edit it made: the
+``rule`` that made it, the chain's ``steps`` (each node with what happened to it) and the
+``layers`` written.
+"""
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from enum import Enum
 from typing import Any
+
+
+class Code(str, Enum):
+    """Why something was not folded (str-valued: ``to_dict()`` stays JSON)."""
+
+    # a normalization that can never fold
+    TRAINING_MODE = "training_mode"  #: runs in training mode (torch training=True, ONNX is_test=0 / training_mode=1)
+    BATCH_STATISTICS = "batch_statistics"  #: no running statistics (track_running_stats=False)
+    UNSUPPORTED_NORM = "unsupported_norm"  #: a normalization node bnfold does not read (wrong inputs)
+    NOT_PER_CHANNEL = "not_per_channel"  #: its affine / the op's constant is not one value per channel
+    STATISTICS_USED = "statistics_used"  #: its saved-statistics outputs have users
+    OUTPUT_UNUSED = "output_unused"  #: its normalized output has no user
+    IN_FUNCTION = "in_function"  #: inside an ONNX model-local function that was not inlined
+    # where it sits
+    NO_LAYER = "no_layer"  #: no conv / transposed conv / linear next to it
+    SHARED_VALUE = "shared_value"  #: the value between it and the layer has other users
+    FANOUT_NOT_ALL_LAYERS = "fanout_not_all_layers"  #: its output also feeds something that is not a layer
+    FANOUT_CHANNELS = "fanout_channels"  #: the layers it feeds read it with different channels
+    NOT_ITS_INPUT = "not_its_input"  #: it reads the layer's value as a parameter, not as its data input
+    RANK_UNKNOWN = "rank_unknown"  #: the rank of the tensor is unknown
+    AXIS_MISMATCH = "axis_mismatch"  #: it acts on another axis than the layer's channels
+    AXIS_LOST = "axis_lost"  #: a reshape between it and the layer moves or merges the channel axis
+    BROADCAST = "broadcast"  #: its constant broadcasts the tensor to another rank or dtype
+    NOT_CONSTANT = "not_constant"  #: a parameter of it is computed at run time
+    CHANNEL_MISMATCH = "channel_mismatch"  #: its channel count differs from the layer's
+    # the layer
+    LAYER_WEIGHTS = "layer_weights"  #: the layer's weight or bias is not a usable constant
+    LAYER_SHAPE = "layer_shape"  #: the layer's weight shape / groups do not describe its channels
+    # the fold arithmetic (bnfold.fold_math)
+    CAST_RANGE = "cast_range"  #: a folded value overflows or underflows the parameter dtype
+    SHIFT_PADDING = "shift_padding"  #: a shift before a padded conv does not fold exactly (padding sees it)
+    SHIFT_TRANSPOSED = "shift_transposed"  #: a shift before a transposed conv does not fold exactly
+    NOT_FINITE = "not_finite"  #: a parameter holds NaN or inf
+    UNDEFINED = "undefined"  #: running_var + eps <= 0
+    DTYPE = "dtype"  #: a parameter that is not floating point
+    NOT_AFFINE = "not_affine"  #: the op is not an affine map of the tensor (``c - x`` is, ``c / x`` is not)
+    FOLD_MATH = "fold_math"  #: any other fold-math refusal
+    # requests
+    EXCLUDED = "excluded"  #: excluded by ``exclude`` (``--exclude``)
+    NOT_REQUESTED = "not_requested"  #: its kind, or its layer's kind, is not in ``only``
+
+
+@dataclass
+class FoldStep:
+    """One node of a folded chain: ``node`` (its graph node name), ``op`` and ``action``:
+    ``"removed"`` (taken out of the graph), ``"affine_removed"`` (a LayerNorm-like node that
+    stays and lost its weight and bias) or ``"kept"`` (a shape-only hop the chain went through)."""
+
+    node: str
+    op: str
+    action: str = "removed"
 
 
 @dataclass
@@ -18,6 +77,13 @@ class Folded:
     followed the layer and ``"input"`` when it preceded it.  ``extra_bytes``
     counts the bytes added by a private copy of a shared weight; ``node`` is
     the normalization's graph node.
+
+    The edit itself: ``rule`` is the engine rule that made it (``"output"``,
+    ``"input"``, ``"fanout"``); ``steps`` every node of the folded chain in graph
+    order with what happened to it (:class:`FoldStep`; the same list on every
+    entry of one chain); ``layers`` the graph node names of the layers whose
+    weight and bias were written (several for ``"fanout"``); ``bias_added`` is
+    True when the layer could not hold the bias and an add node was inserted.
     """
 
     norm: str
@@ -27,26 +93,49 @@ class Folded:
     extra_bytes: int = 0
     node: str = ""
     into_node: str = ""
+    rule: str = ""
+    steps: list[FoldStep] = field(default_factory=list)
+    layers: list[str] = field(default_factory=list)
+    bias_added: bool = False
+
+    @property
+    def removed(self) -> list[str]:
+        """The graph node names this fold took out of the graph."""
+        return [s.node for s in self.steps if s.action == "removed"]
 
 
 @dataclass
 class Skipped:
-    """A normalization left in the model, with the reason it was not folded."""
+    """A normalization left in the model, with the reason it was not folded and its :class:`Code`."""
 
     norm: str
     reason: str
     producer: str = ""
     node: str = ""
+    code: Code = Code.FOLD_MATH
 
 
 @dataclass
 class Lowered:
     """A batch norm that could not fold, rewritten as ``x * scale + shift`` with constants computed
-    in float64 from the model's own eps (``lower_unfoldable=True``); ``reason`` is why it did not fold."""
+    in float64 from the model's own eps (``lower_unfoldable=True``); ``reason`` (and ``code``) is why
+    it did not fold."""
 
     norm: str
     reason: str
     node: str = ""
+    code: Code = Code.FOLD_MATH
+
+
+@dataclass
+class KeptOp:
+    """An elementwise affine op that is not a normalization (a residual add, a hardswish ``/6``) that a
+    rule tried to fold and that stays: a note, never a skipped normalization (``check --strict`` ignores it)."""
+
+    op: str
+    reason: str
+    node: str = ""
+    code: Code = Code.FOLD_MATH
 
 
 @dataclass
@@ -84,14 +173,17 @@ class FoldStats:
 
 @dataclass
 class FoldReport:
-    """``folded`` and ``skipped`` entries, ``notes`` (what the API did on your behalf, e.g. folding an
-    eval-mode copy of a module in training mode) and ``stats`` (sizes and time, when measured)."""
+    """``folded`` and ``skipped`` entries (``skipped``: normalizations only), ``notes`` (what the API did
+    on your behalf, e.g. folding an eval-mode copy of a module in training mode), ``kept_ops``
+    (elementwise affine ops that are not normalizations and stay, with the reason) and ``stats``
+    (sizes and time, when measured)."""
 
     folded: list[Folded] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     lowered: list[Lowered] = field(default_factory=list)
     stats: FoldStats | None = None
+    kept_ops: list[KeptOp] = field(default_factory=list)
 
     @property
     def extra_bytes(self) -> int:
@@ -107,9 +199,10 @@ class FoldReport:
         if self.stats is not None:
             summary.update(self.stats.to_dict())
         return {
-            "folded": [asdict(f) for f in self.folded],
-            "skipped": [asdict(s) for s in self.skipped],
-            "lowered": [asdict(x) for x in self.lowered],
+            "folded": [entry_dict(f) for f in self.folded],
+            "skipped": [entry_dict(s) for s in self.skipped],
+            "lowered": [entry_dict(x) for x in self.lowered],
+            "kept_ops": [entry_dict(k) for k in self.kept_ops],
             "notes": list(self.notes),
             "summary": summary,
         }
@@ -143,10 +236,21 @@ class FoldReport:
             lines.append(f"  skipped  {s.norm:<{width}} {s.reason}")
         for x in self.lowered:
             lines.append(f"  lowered  {x.norm:<{width}} to mul + add ({x.reason})")
+        for k in self.kept_ops:
+            lines.append(f"  kept     {k.op:<{width}} {k.reason}")
         return "\n".join(lines)
 
     def __str__(self) -> str:
         return self.table()
+
+
+def entry_dict(entry: Any) -> dict[str, Any]:
+    """A report entry as plain JSON data (a :class:`Code` becomes its string value)."""
+    out = asdict(entry)
+    for key, value in out.items():
+        if isinstance(value, Enum):
+            out[key] = value.value
+    return out
 
 
 def _bytes(n: int) -> str:
@@ -159,7 +263,49 @@ def _bytes(n: int) -> str:
 
 @dataclass
 class FoldResult:
-    """``model`` is the folded model, of the same kind as the input."""
+    """``model`` is the folded model: of the same kind as the input (an ExportedProgram, an ONNX
+    ModelProto), except for an ``nn.Module`` input, whose folded model is the ``torch.fx.GraphModule``
+    that ``ExportedProgram.module()`` returns for the folded program (same parameter names, same
+    function on inputs shaped like the example inputs).  ``report`` is the :class:`FoldReport`."""
 
     model: Any
     report: FoldReport
+
+
+@dataclass
+class CheckResult:
+    """The normalizations left in a model (``bnfold.check``).
+
+    ``foldable``: what ``bnfold.fold`` would fold (:class:`Folded` entries); ``unfoldable``: the
+    normalizations that stay, with the reason and code (:class:`Skipped`); ``kept_ops``:
+    elementwise affine ops that are not normalizations and stay (notes only).  ``ok`` is true when
+    nothing foldable is left; ``strict_ok`` also requires that no normalization is left at all
+    (a kept op never fails it).
+    """
+
+    foldable: list[Folded] = field(default_factory=list)
+    unfoldable: list[Skipped] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    kept_ops: list[KeptOp] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.foldable
+
+    @property
+    def strict_ok(self) -> bool:
+        return not self.foldable and not self.unfoldable
+
+    @classmethod
+    def from_report(cls, report: FoldReport) -> CheckResult:
+        return cls(list(report.folded), list(report.skipped), list(report.notes), list(report.kept_ops))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "strict_ok": self.strict_ok,
+            "foldable": [entry_dict(f) for f in self.foldable],
+            "unfoldable": [entry_dict(s) for s in self.unfoldable],
+            "kept_ops": [entry_dict(k) for k in self.kept_ops],
+            "notes": list(self.notes),
+        }

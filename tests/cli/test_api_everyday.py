@@ -13,6 +13,7 @@ import torch
 import bnfold
 import cli_helpers as h
 from bnfold.errors import ModelFileError, UnsafeModelError
+from bnfold.report import Code
 
 
 def test_check_returns_data(models):
@@ -67,10 +68,11 @@ def test_only_rejects_what_is_not_a_kind(models, only):
 
 def test_exclude_on_module_paths(models):
     ep = torch.export.load(str(models["conv_bn"]))
-    assert [s.reason for s in bnfold.fold(ep, exclude="conv").report.skipped] == [
-        "excluded by --exclude conv (layer conv)"
+    assert [(s.code, s.reason) for s in bnfold.fold(ep, exclude="conv").report.skipped] == [
+        (Code.EXCLUDED, "excluded by --exclude conv (layer conv)")
     ]
-    assert [s.reason for s in bnfold.fold(ep, exclude=["nothing", "b?"]).report.skipped] == ["excluded by --exclude b?"]
+    skipped = bnfold.fold(ep, exclude=["nothing", "b?"]).report.skipped
+    assert [(s.code, s.reason) for s in skipped] == [(Code.EXCLUDED, "excluded by --exclude b?")]
     assert len(bnfold.fold(ep, exclude=["convolution"]).report.folded) == 1  # fnmatch, not a prefix
     check = bnfold.check(ep, exclude="bn")
     assert check.ok and not check.strict_ok
@@ -78,10 +80,11 @@ def test_exclude_on_module_paths(models):
 
 def test_exclude_on_onnx_node_names():
     model = h.onnx_conv_bn()
-    assert [s.reason for s in bnfold.fold(model, exclude="conv").report.skipped] == [
-        "excluded by --exclude conv (layer conv)"
+    assert [(s.code, s.reason) for s in bnfold.fold(model, exclude="conv").report.skipped] == [
+        (Code.EXCLUDED, "excluded by --exclude conv (layer conv)")
     ]
-    assert [s.reason for s in bnfold.fold(model, exclude="bn").report.skipped] == ["excluded by --exclude bn"]
+    skipped = bnfold.fold(model, exclude="bn").report.skipped
+    assert [(s.code, s.reason) for s in skipped] == [(Code.EXCLUDED, "excluded by --exclude bn")]
     folded = bnfold.fold(model).report.folded
     assert [(f.norm, f.into, f.into_node) for f in folded] == [("bn", "conv", "conv")]
 

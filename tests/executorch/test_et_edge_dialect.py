@@ -13,6 +13,7 @@ pytest.importorskip("executorch.exir")
 from et_models import build
 
 import bnfold
+from bnfold.report import Code
 from bnfold_testutil import assert_matches, export, norm_nodes, randomize_bn, reference, run
 
 FOLDED = ["conv1d", "conv2d_depthwise", "conv3d", "conv_transpose2d_grouped", "linear_bn1d"]
@@ -87,4 +88,4 @@ def test_edge_only_restricts_layer_kinds():
     model, x = build("linear_bn1d")
     result = bnfold.fold(export(model, x, "edge"), only={"conv"})
     assert not result.report.folded
-    assert "only=conv" in result.report.skipped[0].reason
+    assert result.report.skipped[0].code == Code.NOT_REQUESTED

@@ -16,6 +16,7 @@ from torch._export.utils import get_buffer, get_lifted_tensor_constant, get_para
 from torch.export.graph_signature import InputKind
 
 from bnfold.executorch import FoldBatchNormGraphPass, FoldBatchNormPass
+from bnfold.report import Code
 from bnfold_testutil import assert_matches, norm_nodes, reference, run
 
 
@@ -94,7 +95,7 @@ def test_nothing_to_fold_reports_and_leaves_program():
     result = fold(ep)
     assert not result.modified and result.exported_program is ep
     assert not fold.report.folded and len(fold.report.skipped) == 1
-    assert "no conv" in fold.report.skipped[0].reason
+    assert fold.report.skipped[0].code == Code.NO_LAYER
 
 
 def test_report_is_the_last_run():

@@ -1,11 +1,27 @@
-"""The fold engine, format-neutral: chains, composition, checks, retry policy, report entries.
+"""The fold engine, format-neutral: chains, composition, checks, retry policy, edits, report entries.
 
-``fold_graph(adapter, only)`` folds a graph in place through its adapter
+``fold_graph(adapter, only, exclude)`` folds a graph in place through its adapter
 (:class:`GraphAdapter`); the frontends (``bnfold.torch_export``,
-``bnfold.onnx``) each provide one adapter per graph kind.
+``bnfold.onnx``) each provide one adapter per graph kind.  The adapter answers
+questions and makes primitive edits; which edits a fold makes is decided here
+(``edit.py``).
 """
 
 from .driver import RULES, fold_graph
+from .edit import broadcast_shape, remove_chain
 from .graph import Binary, GraphAdapter, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
 
-__all__ = ["fold_graph", "RULES", "GraphAdapter", "Layer", "LayerWeights", "Norm", "Binary", "Hop", "ShapeInfo", "Step"]
+__all__ = [
+    "fold_graph",
+    "RULES",
+    "GraphAdapter",
+    "Layer",
+    "LayerWeights",
+    "Norm",
+    "Binary",
+    "Hop",
+    "ShapeInfo",
+    "Step",
+    "broadcast_shape",
+    "remove_chain",
+]

@@ -15,6 +15,7 @@ import torch
 
 from .. import fold_math
 from ..fold_math import FoldError
+from ..report import Code
 from .graph import GraphAdapter, Hop, Layer, Norm, Step
 
 #: A chain longer than this is cut (a fold is never worth an unbounded walk).
@@ -33,11 +34,11 @@ def _users(users: list) -> str:
 
 
 class Stop(Exception):
-    """The chain cannot go through ``node``; ``reason`` says why."""
+    """The chain cannot go through ``node``; ``reason`` says why, ``code`` (a :class:`Code`) what kind of why."""
 
-    def __init__(self, node: Any, reason: str):
+    def __init__(self, node: Any, reason: str, code: Code = Code.FOLD_MATH):
         super().__init__(reason)
-        self.node, self.reason = node, reason
+        self.node, self.reason, self.code = node, reason, code
 
 
 def norm_step(
@@ -47,23 +48,26 @@ def norm_step(
     ``axis`` None: a hop lost the channel axis, ``lost`` says which."""
     node = norm.node
     if norm.problem:
-        raise Stop(node, norm.problem)
+        raise Stop(node, norm.problem, norm.problem_code)
     if axis is None:
-        raise Stop(node, lost)
+        raise Stop(node, lost, Code.AXIS_LOST)
     if norm.affine_only:
         return _norm_affine_step(graph, norm, axis, channels, rank)
     if norm.statistics_used:
-        raise Stop(node, "its saved statistics outputs are used")
+        raise Stop(node, "its saved statistics outputs are used", Code.STATISTICS_USED)
     if norm.output is None:
-        raise Stop(node, "its normalized output is unused")
+        raise Stop(node, "its normalized output is unused", Code.OUTPUT_UNUSED)
     if rank is None:
-        raise Stop(node, f"it normalizes axis {norm.axis}, and the rank of the tensor it reads is unknown")
+        raise Stop(
+            node, f"it normalizes axis {norm.axis}, and the rank of the tensor it reads is unknown", Code.RANK_UNKNOWN
+        )
     if axis != norm.axis:
         raise Stop(
             node,
             f"it normalizes axis {norm.axis} but the layer's channels are on axis {axis} of the "
             f"rank-{rank} tensor (a linear layer's channels are its last axis: a BatchNorm folds into "
             "it over a rank-2 [N, C] tensor, e.g. after a flatten)",
+            Code.AXIS_MISMATCH,
         )
     tensors = {}
     for role in ("weight", "bias", "mean", "var"):
@@ -73,14 +77,16 @@ def norm_step(
             continue
         t = graph.constant(value)
         if t is None:
-            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})")
+            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})", Code.NOT_CONSTANT)
         tensors[role] = t
     try:
         aff = fold_math.batch_norm_affine(tensors["mean"], tensors["var"], norm.eps, tensors["weight"], tensors["bias"])
     except FoldError as err:
-        raise Stop(node, str(err)) from None
+        raise Stop(node, str(err), err.code) from None
     if aff.channels != channels:
-        raise Stop(node, f"it has {aff.channels} channels but the tensor it normalizes has {channels}")
+        raise Stop(
+            node, f"it has {aff.channels} channels but the tensor it normalizes has {channels}", Code.CHANNEL_MISMATCH
+        )
     operands = tuple(v for v in (norm.weight, norm.bias, norm.mean, norm.var) if v is not None)
     return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
 
@@ -89,24 +95,34 @@ def _norm_affine_step(graph: GraphAdapter, norm: Norm, axis: int, channels: int,
     """The elementwise affine of a LayerNorm / RMSNorm / GroupNorm, which folds without the normalization."""
     node = norm.node
     if norm.statistics_used:
-        raise Stop(node, "its saved statistics outputs are used")
+        raise Stop(node, "its saved statistics outputs are used", Code.STATISTICS_USED)
     if rank is None:
-        raise Stop(node, f"its affine is along axis {norm.axis}, and the rank of the tensor is unknown")
+        raise Stop(
+            node, f"its affine is along axis {norm.axis}, and the rank of the tensor is unknown", Code.RANK_UNKNOWN
+        )
     if axis != norm.axis % rank:
-        raise Stop(node, f"its affine is along axis {norm.axis % rank} but the layer's channels are on axis {axis}")
+        raise Stop(
+            node,
+            f"its affine is along axis {norm.axis % rank} but the layer's channels are on axis {axis}",
+            Code.AXIS_MISMATCH,
+        )
     tensors = []
     for role in ("weight", "bias"):
         value = getattr(norm, role)
         t = None if value is None else graph.constant(value)
         if value is not None and t is None:
-            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})")
+            raise Stop(node, f"its {role} is not a constant (it comes from {graph.describe(value)})", Code.NOT_CONSTANT)
         tensors.append(t)
     try:
         aff = fold_math.affine(tensors[0], tensors[1], channels)
     except FoldError as err:
-        raise Stop(node, f"its affine: {err}") from None
+        raise Stop(node, f"its affine: {err}", err.code) from None
     if tensors[0] is not None and tensors[0].numel() != channels:
-        raise Stop(node, f"its weight has {tensors[0].numel()} elements but the layer has {channels} channels")
+        raise Stop(
+            node,
+            f"its weight has {tensors[0].numel()} elements but the layer has {channels} channels",
+            Code.CHANNEL_MISMATCH,
+        )
     operands = tuple(v for v in (norm.weight, norm.bias) if v is not None)
     return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
 
@@ -151,14 +167,14 @@ def binary_step(
         return None
     out_info, x_info = graph.shape_info(op.output), graph.shape_info(x)
     if out_info.rank != x_info.rank or (out_info.dtype is not None and out_info.dtype != x_info.dtype):
-        raise Stop(node, f"{what} broadcasts its constant to another rank or dtype")
+        raise Stop(node, f"{what} broadcasts its constant to another rank or dtype", Code.BROADCAST)
     vec = per_channel(const, rank, axis, channels)
     if isinstance(vec, str):
-        raise Stop(node, f"{what}: {vec}")
+        raise Stop(node, f"{what}: {vec}", Code.AXIS_LOST if axis is None else Code.NOT_PER_CHANNEL)
     try:
         aff = fold_math.binary_affine(op.op, vec, x_first, channels, float(alpha))
     except FoldError as err:
-        raise Stop(node, f"{what}: {err}") from None
+        raise Stop(node, f"{what}: {err}", err.code) from None
     return Step(node, x, op.output, aff, name, operands=(other,))
 
 
@@ -193,6 +209,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
                         norm.node,
                         f"the value it reads, {graph.describe(x)}, has {_users(users)}; "
                         "folding would change what the others see",
+                        Code.SHARED_VALUE,
                     )
                 break
             node = users[0]
@@ -201,7 +218,9 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
                 break  # a LayerNorm's affine follows its normalization: never into the layer before
             if norm is not None:
                 if not _same(norm.input, x):
-                    raise Stop(node, f"it reads {graph.describe(x)} as a parameter, not as its input")
+                    raise Stop(
+                        node, f"it reads {graph.describe(x)} as a parameter, not as its input", Code.NOT_ITS_INPUT
+                    )
                 steps.append(norm_step(graph, norm, axis, channels, rank, lost))
             elif graph.binary(node) is not None:
                 step = binary_step(graph, node, x, axis, channels, rank)
@@ -255,6 +274,7 @@ def chain_up(
                         norm.node,
                         f"its output {graph.describe(x)} has {_users(users)}; "
                         "folding into one layer would change what the others see",
+                        Code.SHARED_VALUE,
                     )
                 break
             norm = graph.norm(node)

@@ -13,8 +13,8 @@ import fnmatch
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from ..kinds import LAYER_KINDS, NORM_KINDS
-from ..report import FoldReport, Skipped
+from ..kinds import LAYER_KINDS, NORM_KINDS, check_exclude, check_only
+from ..report import Code, FoldReport, KeptOp, Skipped
 from .fanout import fold_fanout
 from .graph import GraphAdapter, Norm
 from .lower import lower_unfoldable
@@ -34,9 +34,9 @@ def excluded_by(label: str, patterns: Iterable[str]) -> str | None:
     return next((p for p in patterns if fnmatch.fnmatchcase(label, p)), None)
 
 
-def exclusion_reason(pattern: str, what: str = "") -> str:
-    """The skip reason of an excluded normalization (``what``: the excluded layer, if it was the layer)."""
-    return f"excluded by --exclude {pattern}" + (f" (layer {what})" if what else "")
+def exclusion_reason(pattern: str, what: str = "") -> tuple[str, Code]:
+    """The skip reason (and code) of an excluded normalization (``what``: the excluded layer, if it was the layer)."""
+    return f"excluded by --exclude {pattern}" + (f" (layer {what})" if what else ""), Code.EXCLUDED
 
 
 class _Hiding:
@@ -44,7 +44,7 @@ class _Hiding:
     ``only`` does not name): those are not normalizations, so no chain goes through them; every
     other call goes to the adapter."""
 
-    def __init__(self, graph: GraphAdapter, left_alone: Callable[[Norm], str | None]):
+    def __init__(self, graph: GraphAdapter, left_alone: Callable[[Norm], tuple | None]):
         self._graph = graph
         self._left_alone = left_alone
 
@@ -74,21 +74,29 @@ def _excluded_layers(graph: GraphAdapter, nodes: list, patterns: tuple[str, ...]
 
 
 def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lower: bool = False) -> FoldReport:
-    """Fold every foldable chain of ``graph`` in place; return the report.  ``lower``: rewrite each
-    eval batch norm that stays as ``x * scale + shift`` (``bnfold.engine.lower``)."""
-    patterns = tuple(exclude or ())
+    """Fold every foldable chain of ``graph`` in place; return the report.
+
+    ``only``: kinds (``bnfold.kinds``; a comma-separated string or an iterable, validated: an unknown
+    kind is a ValueError); ``exclude``: fnmatch patterns; ``lower``: rewrite each eval batch norm
+    that stays as ``x * scale + shift`` (``bnfold.engine.lower``).
+
+    ``report.skipped`` holds the normalizations that stay; an elementwise affine op that a rule tried
+    and that stays (a residual add, a ``/6`` that cannot move) is a ``report.kept_ops`` note.
+    """
+    only = check_only(only)
+    patterns = check_exclude(exclude)
     layer_only, norm_only = _split_only(only)
     report = FoldReport()
-    reasons: dict[Any, str] = {}
+    reasons: dict[Any, tuple[str, Code]] = {}
     nodes = [layer.node for layer in graph.layers()]  # a fold never makes or removes a layer
 
-    def left_alone(norm: Norm) -> str | None:
+    def left_alone(norm: Norm) -> tuple[str, Code] | None:
         """Why ``norm`` is left where it is by request (``exclude``, ``only``), or None."""
         pattern = excluded_by(graph.norm_label(norm), patterns) if patterns else None
         if pattern:
             return exclusion_reason(pattern)
         if norm_only and norm.kind not in norm_only:
-            return f"folding {norm.kind} was not requested (only={','.join(sorted(only))})"
+            return f"folding {norm.kind} was not requested (only={','.join(sorted(only))})", Code.NOT_REQUESTED
         return None
 
     view: Any = graph
@@ -102,22 +110,29 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
         why = lambda norm: reasons.get(norm.node) or no_neighbour(graph, norm)  # noqa: E731
         report.lowered, refused = lower_unfoldable(graph, why, lambda norm: not left_alone(norm))
         for node, why_not in refused.items():
-            reasons[node] = f"{reasons[node]}; {why_not}" if node in reasons else why_not
+            if node in reasons:
+                reasons[node] = (f"{reasons[node][0]}; {why_not}", reasons[node][1])
+            else:  # no rule tried it: it sits next to no layer
+                reasons[node] = (why_not, Code.NO_LAYER)
     for norm in graph.norms():
         label = graph.norm_label(norm)
-        reason = norm.problem or left_alone(norm) or reasons.get(norm.node) or no_neighbour(graph, norm)
-        report.skipped.append(Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node)))
-    for node, reason in reasons.items():
+        if norm.problem:
+            reason, code = norm.problem, norm.problem_code
+        else:
+            reason, code = left_alone(norm) or reasons.get(norm.node) or no_neighbour(graph, norm)
+        report.skipped.append(
+            Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node), Code(code))
+        )
+    for node, (reason, code) in reasons.items():
         if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
-            report.skipped.append(Skipped(graph.op_label(node), reason, "", graph.node_name(node)))
+            report.kept_ops.append(KeptOp(graph.op_label(node), reason, graph.node_name(node), Code(code)))
     return report
 
 
-def _split_only(only) -> tuple[frozenset | None, frozenset]:
+def _split_only(only: frozenset | None) -> tuple[frozenset | None, frozenset]:
     """``only`` as the layer kinds to fold into (None: all) and the normalization kinds to fold (empty: all)."""
     if not only:
         return None, frozenset()
-    only = frozenset(only)
     return (only & frozenset(LAYER_KINDS)) or None, only & frozenset(NORM_KINDS)
 
 
@@ -131,8 +146,8 @@ def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict)
                 if layer is None:
                     continue
                 outcome = rule(graph, layer, only)
-                for step, reason in outcome.reasons.items():
-                    reasons.setdefault(step, reason)
+                for step, why in outcome.reasons.items():
+                    reasons.setdefault(step, why)
                 if outcome.folded:
                     report.folded.extend(outcome.folded)
                     changed = True
@@ -145,7 +160,7 @@ def _layer_name(graph: GraphAdapter, value: Any) -> str:
     return graph.node_name(node) if node is not None and graph.layer(node) is not None else ""
 
 
-def no_neighbour(graph: GraphAdapter, norm) -> str:
+def no_neighbour(graph: GraphAdapter, norm) -> tuple[str, Code]:
     users = (
         [graph.describe_node(u) if u is not None else "a graph output" for u in graph.users(norm.output)]
         if norm.output is not None
@@ -153,5 +168,6 @@ def no_neighbour(graph: GraphAdapter, norm) -> str:
     )
     return (
         f"no conv, transposed conv or linear next to it: its input comes from {graph.describe(norm.input)} "
-        f"and its output goes to {', '.join(users) or 'nothing'}"
+        f"and its output goes to {', '.join(users) or 'nothing'}",
+        Code.NO_LAYER,
     )

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .. import fold_math
-from ..fold_math import FoldError
+from ..report import Code
 from .chain import Stop, _same, chain_up
+from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
-from .rules import _entries, _input_params, _is_step, _label, _note, _trim_hops, check_layer, compose
+from .rules import check_layer, input_params, is_step
 
 
 def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
@@ -61,78 +61,49 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     x, axis = _branch(graph, layer)
     users = graph.users(x)
     producer = graph.producer(x)
-    if len(users) < 2 or not _is_step(graph, producer) or graph.hop(producer) is not None:
+    if len(users) < 2 or not is_step(graph, producer) or graph.hop(producer) is not None:
         return out
     layers: list[Layer] = []
     for user in users:
         other = _layer_below(graph, user)
         if other is None or not _same(_branch(graph, other)[0], x) or _branch(graph, other)[1] != axis:
             what = "a graph output" if user is None else graph.describe_node(user)
-            _note(
+            note(
                 graph,
                 out,
                 producer,
                 f"its output {graph.describe(x)} also feeds {what}, which is not a conv "
                 "or linear reading it as its input, so it cannot fold into every user",
+                Code.FANOUT_NOT_ALL_LAYERS,
             )
             return out
         layers.append(other)
     if layers[0].node != layer.node:
         return out  # tried from the first consumer
     try:
-        weights = [check_layer(graph, lay, only) for lay in layers]
+        checked = [check_layer(graph, lay, only, "input") for lay in layers]
     except Stop as stop:
-        _note(graph, out, producer, f"it feeds {len(layers)} layers and one cannot take it: {stop.reason}")
+        note(graph, out, producer, f"it feeds {len(layers)} layers and one cannot take it: {stop.reason}", stop.code)
         return out
-    channels = {fold_math.in_channels(lay.kind, tuple(w.weight.shape), lay.groups) for lay, w in zip(layers, weights)}
+    channels = {c for _, c in checked}
     if len(channels) != 1 or axis is None:
-        _note(
+        note(
             graph,
             out,
             producer,
             f"it feeds {len(layers)} layers that read it with different channels ({sorted(channels)})",
+            Code.FANOUT_CHANNELS,
         )
         return out
     steps, stop = chain_up(graph, x, axis, channels.pop(), fanout=True)
     if stop is not None:
-        _note(graph, out, stop.node, stop.reason)
-    _trim_hops(steps, 0)
-    while steps:
-        total = compose(steps)
-        try:
-            params = [_input_params(lay, w, total) for lay, w in zip(layers, weights)]
-        except FoldError as err:
-            failed = next(lay for lay, w in zip(layers, weights) if _fails(lay, w, total))
-            dropped = steps.pop(0)
-            _note(
-                graph,
-                out,
-                dropped.node,
-                f"it feeds {len(layers)} layers and cannot fold into "
-                f"{failed.op} {graph.describe_node(failed.node)}: {err}",
-            )
-            _trim_hops(steps, 0)
-            continue
-        label = _label(graph, steps)
-        entries = _entries(graph, layer, steps, "input", 0)  # named while the chain is still in the graph
-        for entry in entries:
-            entry.into = ", ".join(graph.op_label(lay.node) for lay in layers)
-            entry.into_node = ", ".join(graph.node_name(lay.node) for lay in layers)
-        graph.remove_steps(steps)  # first: parameters shared only with the chain are then not shared
-        for lay, (new_w, new_b) in zip(layers, params):
-            added, pending = graph.write_layer(lay, new_w, new_b, label)
-            entries[0].extra_bytes += added
-            if pending is not None:
-                rank = graph.shape_info(lay.output).rank
-                graph.add_bias(lay, lay.output, pending, lay.out_axis % rank if rank else lay.out_axis, rank)
-        out.folded.extend(entries)
-        return out
+        note(graph, out, stop.node, stop.reason, stop.code)
+    targets = [(lay, w) for lay, (w, _) in zip(layers, checked)]
+
+    def why(failed: Layer, err) -> str:
+        return (
+            f"it feeds {len(layers)} layers and cannot fold into {failed.op} {graph.describe_node(failed.node)}: {err}"
+        )
+
+    fold_chain(graph, targets, steps, "fanout", input_params, out, why)
     return out
-
-
-def _fails(layer: Layer, weights, total) -> bool:
-    try:
-        _input_params(layer, weights, total)
-    except FoldError:
-        return True
-    return False

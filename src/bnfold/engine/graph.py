@@ -6,8 +6,11 @@ ONNX model) has one adapter that implements :class:`GraphAdapter`.  Nodes and
 values are opaque to the engine: an fx ``Node`` is both, an ONNX value is a
 name in a graph scope.  An adapter *classifies* (``layer``, ``norm``,
 ``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
-(``constant``, ``shape_info``, ``follow_axis``, names) and *writes*
-(``write_layer``, ``remove_steps``, ``add_bias``).  It decides nothing about folding.
+(``constant``, ``shape_info``, ``follow_axis``, names) and makes *primitive edits*
+(``write_layer``, ``remove_node``, ``strip_affine``, ``drop_unused``, ``add_bias``,
+``lower_norm``).  It decides nothing about folding: which nodes a fold removes, what
+stands where a chain ended and the shapes of new tensors are the engine's
+(``bnfold.engine.edit``).
 
 Handles (nodes and values) must be hashable, compare equal exactly when they
 name the same node or value, and stay valid for a whole ``fold_graph`` run.
@@ -20,11 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import torch
 
 from ..fold_math import Affine
+from ..report import Code
 
 
 @dataclass
@@ -79,7 +83,8 @@ class Norm:
 
     ``output`` is the value holding the normalized tensor (None when unused);
     ``axis`` the axis it normalizes.  ``problem`` is set when it can never fold
-    (training mode, batch statistics, ...); ``statistics_used`` when its saved
+    (training mode, batch statistics, ...), with its :class:`~bnfold.report.Code` in
+    ``problem_code``; ``statistics_used`` when its saved
     statistics outputs have users.  ``weight``/``bias``/``mean``/``var`` are
     value handles (None: absent).
     """
@@ -98,6 +103,7 @@ class Norm:
     op: str = "batch_norm"
     affine_only: bool = False
     kind: str = "batch_norm"  # a ``bnfold.kinds.NORM_KINDS`` entry, the same in every format
+    problem_code: Code = Code.UNSUPPORTED_NORM
 
 
 @dataclass
@@ -155,47 +161,64 @@ class Step:
 
 @dataclass
 class Outcome:
-    """What one attempt at one layer did: folds made, and reasons keyed by the node that stays."""
+    """What one attempt at one layer did: folds made, and ``(reason, code)`` keyed by the node that stays."""
 
     folded: list = field(default_factory=list)
     reasons: dict = field(default_factory=dict)
 
 
-class GraphAdapter(Protocol):
-    """The questions the engine asks.  Every method is cheap and has no side effect
-    except ``write_layer`` and ``remove_steps``."""
+N = TypeVar("N")  #: the adapter's node handle (an fx ``Node``; an ONNX ``handles.Node``)
+V = TypeVar("V")  #: the adapter's value handle (an fx ``Node``; an ONNX ``handles.Value``)
+
+
+class GraphAdapter(Protocol[N, V]):
+    """The questions the engine asks, and the primitive edits it makes.  Every question is cheap
+    and has no side effect.  The engine decides every edit (which nodes go, which value stands
+    where a chain ended, the shape of new tensors); the adapter only carries it out in its format.
+
+    ``full_rank_constants``: new per-channel tensors are shaped ``[1, C, 1, 1]`` (True) or the
+    shortest trailing-aligned ``[C, 1, 1]`` (False) (``bnfold.engine.edit.broadcast_shape``).
+    """
+
+    full_rank_constants: bool
 
     # -- classify
     def layers(self) -> Iterable[Layer]: ...  # the live layer nodes, parsed now
     def norms(self) -> Iterable[Norm]: ...  # the live normalization nodes
-    def layer(self, node: Any) -> Layer | None: ...
-    def norm(self, node: Any) -> Norm | None: ...
-    def binary(self, node: Any) -> Binary | None: ...
-    def hop(self, node: Any) -> Hop | None: ...
+    def layer(self, node: N | None) -> Layer | None: ...
+    def norm(self, node: N | None) -> Norm | None: ...
+    def binary(self, node: N | None) -> Binary | None: ...
+    def hop(self, node: N | None) -> Hop | None: ...
 
     # -- navigate (a user of None means the value leaves the graph: an output or a subgraph)
-    def users(self, value: Any) -> list: ...
-    def producer(self, value: Any) -> Any: ...
+    def users(self, value: V) -> list[N | None]: ...
+    def producer(self, value: V) -> N | None: ...
 
     # -- read
-    def constant(self, value: Any) -> torch.Tensor | None: ...
+    def constant(self, value: V) -> torch.Tensor | None: ...
     def weights(self, layer: Layer) -> LayerWeights | str: ...  # or why they are not constants
-    def shape_info(self, value: Any) -> ShapeInfo: ...
+    def shape_info(self, value: V) -> ShapeInfo: ...
     def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str: ...
-    def describe(self, value: Any) -> str: ...  # "user input 'x'", "'mul_3' (mul)"
-    def node_name(self, node: Any) -> str: ...  # the node's name in the graph
+    def describe(self, value: V) -> str: ...  # "user input 'x'", "'mul_3' (mul)"
+    def node_name(self, node: N) -> str: ...  # the node's name in the graph
     def norm_label(self, norm: Norm) -> str: ...  # the name people know: module path when there is one
-    def op_label(self, node: Any) -> str: ...  # a node's label for reports and reasons (module path or node name)
-    def describe_node(self, node: Any) -> str: ...  # "'relu_1' (relu)"
-    def is_live(self, node: Any) -> bool: ...  # still in the graph
+    def op_label(self, node: N) -> str: ...  # a node's label for reports and reasons (module path or node name)
+    def describe_node(self, node: N) -> str: ...  # "'relu_1' (relu)"
+    def is_live(self, node: N) -> bool: ...  # still in the graph
 
-    # -- write
-    # write_layer returns the bytes added by private copies, and the bias it could not
-    # put into the layer (``layer.takes_bias`` False), which the engine then adds with add_bias.
+    # -- primitive edits
+    # write_layer stores a layer's folded weight and bias (private copies of shared tensors are the
+    # adapter's business) and returns the bytes those copies added, and the bias it could not put into
+    # the layer (``layer.takes_bias`` False), which the engine then adds with add_bias.
     def write_layer(
         self, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None, label: str
     ) -> tuple[int, torch.Tensor | None]: ...
-    def remove_steps(self, steps: list[Step]) -> Any: ...  # returns the value standing where the chain ended
-    def add_bias(self, layer: Layer, value: Any, bias: torch.Tensor, axis: int, rank: int | None) -> None: ...
-    # Replace a batch norm by ``x * scale + shift`` with per-channel constants in the input's dtype.
-    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None: ...
+    # Remove the step's node; its output's users read ``source`` instead.  Returns True when the
+    # output value itself lives on (it now holds ``source``'s data), False when it is gone.
+    def remove_node(self, step: Step, source: V) -> bool: ...
+    def strip_affine(self, norm: Norm) -> None: ...  # a LayerNorm-like node keeps its normalization only
+    def drop_unused(self, values: list) -> None: ...  # drop each parameter value nothing reads any more
+    # Make every user of ``value`` read ``value + bias``; ``bias`` is already shaped to broadcast.
+    def add_bias(self, layer: Layer, value: V, bias: torch.Tensor) -> None: ...
+    # Replace a batch norm by ``x * scale + shift``; the constants are in the input's dtype and shaped.
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor) -> None: ...

@@ -16,20 +16,22 @@ import torch
 from .. import fold_math
 from ..fold_math import FoldError
 from ..report import Lowered
+from .edit import broadcast_shape
 from .graph import GraphAdapter, Norm
 
 
 def lower_unfoldable(graph: GraphAdapter, why, keep=None) -> tuple[list[Lowered], dict]:
     """Lower every surviving eval batch norm whose statistics are constants (and, if given, ``keep(norm)``).
 
-    ``why(norm)`` says why it did not fold.  Returns the lowered entries and,
+    ``why(norm)`` says why it did not fold: ``(reason, code)``.  Returns the lowered entries and,
     for the norms that could not be lowered either, why not.
     """
     lowered, refused = [], {}
     for norm in list(graph.norms()):
         if norm.affine_only or norm.problem or (keep is not None and not keep(norm)):
             continue
-        entry = Lowered(graph.norm_label(norm), why(norm), graph.node_name(norm.node))  # named before it goes
+        reason, code = why(norm)
+        entry = Lowered(graph.norm_label(norm), reason, graph.node_name(norm.node), code)  # named before it goes
         why_not = _lower(graph, norm)
         if why_not:
             refused[norm.node] = why_not
@@ -57,7 +59,8 @@ def _lower(graph: GraphAdapter, norm: Norm) -> str:
         shift = fold_math.cast_checked(aff.shift, dtype, "lowered shift")
     except FoldError as err:
         return f"not lowered: {err}"
-    graph.lower_norm(norm, scale, shift, info.rank)
+    shape = broadcast_shape(scale.numel(), norm.axis, info.rank, graph.full_rank_constants)
+    graph.lower_norm(norm, scale.reshape(shape), shift.reshape(shape))
     return ""
 
 

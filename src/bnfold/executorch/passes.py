@@ -34,7 +34,7 @@ from executorch.exir.pass_base import ExportedProgramPassBase, ExportedProgramPa
 from torch.export import ExportedProgram
 from torch.fx import GraphModule
 
-from ..api import check_only
+from ..kinds import check_exclude, check_only
 from ..report import FoldReport
 from ..torch_export import fold_graph_module, fold_program
 
@@ -43,8 +43,9 @@ class FoldBatchNormPass(ExportedProgramPassBase):
     """Fold BatchNorm (and per-channel affines) into the conv / transposed conv /
     linear next to it, as an ExecuTorch ``ExportedProgramPassBase``.
 
-    ``only`` restricts the layer kinds folded into (``{"conv", "linear"}``...).
-    After each run ``self.report`` holds that run's ``FoldReport``.
+    ``only`` restricts the layer kinds folded into (``{"conv", "linear"}``...);
+    ``exclude`` holds fnmatch patterns on module paths left unfolded.  After
+    each run ``self.report`` holds that run's ``FoldReport``.
 
     Not for the Qualcomm pipeline: QNN's passes read weights from the program
     they were constructed with (the ATen program), by placeholder name, so a
@@ -52,14 +53,19 @@ class FoldBatchNormPass(ExportedProgramPassBase):
     ``bnfold.executorch.qnn_pass_manager()`` there.
     """
 
-    def __init__(self, only: Iterable[str] | None = None, lower_unfoldable: bool = False):
+    def __init__(
+        self, only: Iterable[str] | None = None, lower_unfoldable: bool = False, exclude: Iterable[str] | None = None
+    ):
         super().__init__()
         self.only = check_only(only)
+        self.exclude = check_exclude(exclude)
         self.lower_unfoldable = lower_unfoldable
         self.report: FoldReport | None = None
 
     def call(self, exported_program: ExportedProgram) -> ExportedProgramPassResult:
-        result = fold_program(exported_program, only=self.only, lower_unfoldable=self.lower_unfoldable)
+        result = fold_program(
+            exported_program, only=self.only, exclude=self.exclude, lower_unfoldable=self.lower_unfoldable
+        )
         self.report = result.report
         if not (result.report.folded or result.report.lowered):
             return ExportedProgramPassResult(exported_program, False)
@@ -75,20 +81,29 @@ class FoldBatchNormGraphPass(ExportPass):
     ``QnnPassManager.transform_for_to_edge_pipeline``.  Placeholders are
     matched to that signature by name and never changed.  Fused tensors become
     ``get_attr`` buffers of the graph module.  ``self.report`` holds the last
-    run's ``FoldReport``.
+    run's ``FoldReport``.  ``only`` and ``exclude`` as for :class:`FoldBatchNormPass`.
     """
 
     def __init__(
-        self, edge_program: ExportedProgram, only: Iterable[str] | None = None, lower_unfoldable: bool = False
+        self,
+        edge_program: ExportedProgram,
+        only: Iterable[str] | None = None,
+        lower_unfoldable: bool = False,
+        exclude: Iterable[str] | None = None,
     ):
         super().__init__()
         self.edge_program = edge_program
         self.only = check_only(only)
+        self.exclude = check_exclude(exclude)
         self.lower_unfoldable = lower_unfoldable
         self.report: FoldReport | None = None
 
     def call(self, graph_module: GraphModule) -> PassResult:
         self.report = fold_graph_module(
-            graph_module, self.edge_program, only=self.only, lower_unfoldable=self.lower_unfoldable
+            graph_module,
+            self.edge_program,
+            only=self.only,
+            exclude=self.exclude,
+            lower_unfoldable=self.lower_unfoldable,
         )
         return PassResult(graph_module, bool(self.report.folded or self.report.lowered))

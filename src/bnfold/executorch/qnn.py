@@ -49,6 +49,7 @@ from executorch.exir.pass_base import PassResult
 from executorch.exir.passes import dead_code_elimination_pass
 from torch._guards import detect_fake_mode
 
+from ..kinds import check_exclude, check_only
 from .passes import FoldBatchNormGraphPass
 
 __all__ = ["QnnCanonicalizeConv", "qnn_pass_manager", "FOLD_DEPENDENCIES"]
@@ -141,11 +142,18 @@ class _FoldBatchNormMixin:
     """
 
     lower_unfoldable = True
+    only: frozenset | None = None
+    exclude: tuple = ()
 
     @classmethod
     def get_capture_program_passes(cls):
         passes = super().get_capture_program_passes()
-        passes[FoldBatchNormGraphPass][QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY]["lower_unfoldable"] = cls.lower_unfoldable
+        kwargs = passes[FoldBatchNormGraphPass][QCOM_PASS_ARGS_KWARGS_DEFAULTS_KEY]
+        kwargs["lower_unfoldable"] = cls.lower_unfoldable
+        if cls.only is not None:
+            kwargs["only"] = cls.only
+        if cls.exclude:
+            kwargs["exclude"] = cls.exclude
         return passes
 
     @classmethod
@@ -171,15 +179,15 @@ class _FoldBatchNormMixin:
 
 
 @functools.cache
-def _fold_cls(base: type, lower_unfoldable: bool) -> type:
+def _fold_cls(base: type, lower_unfoldable: bool, only: frozenset | None = None, exclude: tuple = ()) -> type:
     return type(
         f"Fold{base.__name__}",
         (_FoldBatchNormMixin, base),
-        {"__module__": __name__, "lower_unfoldable": lower_unfoldable},
+        {"__module__": __name__, "lower_unfoldable": lower_unfoldable, "only": only, "exclude": exclude},
     )
 
 
-def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True) -> QnnPassManager:
+def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True, *, only=None, exclude=None) -> QnnPassManager:
     """A ``QnnPassManager`` for ``backend_type`` (a ``QnnExecuTorchBackendType``,
     HTP by default) whose to_edge transform passes fold BatchNorm.
 
@@ -190,6 +198,7 @@ def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True) -> QnnPas
     DenseNet-121-shaped network (``benchmarks/lowering.py``): under the ``htp``
     profile at eps 1e-9 the lowered model matches its ``fp16`` emulation,
     while the BNs left as BNs lose SQNR (see BENCHMARKS.md, part F).
+    ``only`` / ``exclude`` as for ``bnfold.fold`` (validated here).
 
     Use it where QNN's own pass manager is used::
 
@@ -203,4 +212,4 @@ def qnn_pass_manager(backend_type=None, lower_unfoldable: bool = True) -> QnnPas
     dep_table=pm.get_passes_dependency_for_capture_program())``.
     """
     base = get_qnn_pass_manager_cls() if backend_type is None else get_qnn_pass_manager_cls(backend_type)
-    return _fold_cls(base, lower_unfoldable)()
+    return _fold_cls(base, lower_unfoldable, check_only(only), check_exclude(exclude))()

@@ -53,8 +53,6 @@ def check_side_file(path: str, *, not_same_as: list[str], what: str, force: bool
 
     ``force=None`` is for a command without ``--force``: an existing file is refused.
     """
-    from .output import input_files
-
     for other in not_same_as:
         if other and same_file(path, other):
             raise BnfoldError(f"{path}: the {what} would overwrite a model file; write it elsewhere")
@@ -68,3 +66,31 @@ def check_side_file(path: str, *, not_same_as: list[str], what: str, force: bool
     if os.path.lexists(path) and not force:
         hint = "remove it or choose another name" if force is None else "pass --force to replace it"
         raise BnfoldError(f"{path}: already exists; {hint}")
+
+
+def input_files(path: str) -> set[str]:
+    """Real paths of the files a model reads besides itself: an ONNX model's external data files.
+
+    Empty for a ``.pt2`` and for a file that cannot be read (that is reported
+    when it is loaded).  The file is read with the safe reader (regular files
+    only) and parsed, nothing more.
+    """
+    try:
+        if model_kind(path) != ONNX:
+            return set()
+        import onnx
+
+        from .onnx_external import all_tensors, is_external
+
+        model = onnx.ModelProto()
+        model.ParseFromString(read_model_bytes(path))
+    except Exception:  # noqa: BLE001 - an unreadable input is reported when it is loaded
+        return set()
+    base = os.path.dirname(os.path.abspath(path))
+    found = set()
+    for t in all_tensors(model):
+        if is_external(t):
+            loc = {e.key: e.value for e in t.external_data}.get("location")
+            if loc:
+                found.add(os.path.realpath(os.path.join(base, loc)))
+    return found

@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import BnfoldError, ModelFileError
-from .files import ONNX, model_kind, onnx_data_path, same_file
+from .files import ONNX, input_files, model_kind, onnx_data_path, same_file
 
 
 @dataclass
@@ -73,32 +73,3 @@ def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
         raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
     if os.path.realpath(data) in input_files(input_path):
         raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
-
-
-def input_files(path: str) -> set[str]:
-    """Real paths of the files a model reads besides itself: an ONNX model's external data files.
-
-    Empty for a ``.pt2`` and for a file that cannot be read (that is reported
-    when it is loaded).  The file is read with the safe reader (regular files
-    only) and parsed, nothing more.
-    """
-    try:
-        if model_kind(path) != ONNX:
-            return set()
-        import onnx
-
-        from .files import read_model_bytes
-        from .onnx_external import all_tensors, is_external
-
-        model = onnx.ModelProto()
-        model.ParseFromString(read_model_bytes(path))
-    except Exception:  # noqa: BLE001 - an unreadable input is reported when it is loaded
-        return set()
-    base = os.path.dirname(os.path.abspath(path))
-    found = set()
-    for t in all_tensors(model):
-        if is_external(t):
-            loc = {e.key: e.value for e in t.external_data}.get("location")
-            if loc:
-                found.add(os.path.realpath(os.path.join(base, loc)))
-    return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 import onnx
 import onnx.inliner
 
-from ..report import Skipped
+from ..report import Code, Skipped
 from .nodes import label, subgraphs
 from .ops import NORMS
 
@@ -94,6 +94,7 @@ def skipped_in_functions(model: onnx.ModelProto) -> list[Skipped]:
                     f"inside the model-local function {_name((f.domain, f.name))} (not folded)",
                     "",
                     label(node),
+                    Code.IN_FUNCTION,
                 )
             )
     return out

@@ -44,6 +44,9 @@ _MAX_DEPTH = 8
 class OnnxGraph:
     """The adapter over ``index.model``; ``shapes`` are those of the model before the fold."""
 
+    #: new per-channel tensors are ``[C, 1, 1]``, trailing-aligned (ONNX broadcasting)
+    full_rank_constants = False
+
     def __init__(self, index: ModelIndex, shapes: Shapes):
         self.index = index
         self.shapes = shapes
@@ -289,28 +292,22 @@ class OnnxGraph:
         index.set_input(gi, node, 1, out)
         return copy
 
-    def remove_steps(self, steps: list[Step]) -> Any:
-        """Take the affine steps out, keeping every downstream name; returns the value now standing
-        where the chain ended."""
+    def remove_node(self, step: Step, source: Any) -> bool:
+        """Remove the step's node, keeping every downstream name: returns whether the step's output
+        name lives on (now holding ``source``'s data); if not, its users read ``source``."""
         self._edited()
-        replaced: dict[Value, Value] = {}
-        for step in steps:
-            if step.affine is None:
-                continue
-            if step.norm is not None and step.norm.affine_only:
-                self._strip_affine(step.norm)  # the normalization stays, without its affine
-                continue
-            source = step.input
-            while source in replaced:  # the step read the output of a step already removed
-                source = replaced[source]
-            self.index.remove_node(step.node.gi, step.node.proto)
-            if not self._take_name(source, step.output, step):
-                replaced[step.output] = source
+        self.index.remove_node(step.node.gi, step.node.proto)
+        lives = self._take_name(source, step.output, step)
         self._edited()
-        end = steps[-1].output
-        while end in replaced:
-            end = replaced[end]
-        return end
+        return lives
+
+    def strip_affine(self, norm: Norm) -> None:
+        self._edited()
+        self._strip_affine(norm)
+        self._edited()
+
+    def drop_unused(self, values: list) -> None:
+        """Nothing now: ``clean_up`` drops every initializer and Constant that nothing reads after the fold."""
 
     def _strip_affine(self, norm: Norm) -> None:
         """Make a LayerNorm-like node's affine the identity.  A required scale (and GroupNormalization's
@@ -355,14 +352,13 @@ class OnnxGraph:
             index.set_input(use.gi, use.node, use.idx, source.name)
         return False
 
-    def add_bias(self, layer: Layer, value: Value, bias: torch.Tensor, axis: int, rank: int | None) -> None:
-        """Make ``value`` hold ``value + bias`` (bias along ``axis``): its producer's result is renamed and
-        an ``Add`` writes the original name."""
+    def add_bias(self, layer: Layer, value: Value, bias: torch.Tensor) -> None:
+        """Make ``value`` hold ``value + bias`` (``bias`` shaped by the engine): its producer's result is
+        renamed and an ``Add`` writes the original name."""
         index, gi = self.index, value.gi
         self._edited()
-        shape = [bias.numel()] + ([1] * (rank - 1 - axis) if rank is not None else [])
         base = node_label(layer.node.proto)
-        name = add_initializer(index, gi, f"{base}_bias", bias.reshape(shape))
+        name = add_initializer(index, gi, f"{base}_bias", bias)
         producer, slot = gi.producer[value.name]
         before = index.unique(f"{safe(value.name)}_unbiased")
         index.rename_output(gi, producer, slot, before)
@@ -371,15 +367,14 @@ class OnnxGraph:
         index.insert_after(gi, producer, new_node(index, "Add", [before, name], [value.name], f"{base}_bias_add"))
         self._edited()
 
-    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None:
-        """Replace a BatchNormalization by ``Mul`` and ``Add`` with new initializers shaped ``[C, 1, ...]``
-        along its axis; the ``Add`` writes the BatchNormalization's output name."""
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        """Replace a BatchNormalization by ``Mul`` and ``Add`` with new initializers (shaped ``[C, 1, ...]``
+        by the engine); the ``Add`` writes the BatchNormalization's output name."""
         index, p, gi = self.index, norm.node.proto, norm.node.gi
         self._edited()
         base = node_label(p)
-        shape = [scale.numel()] + [1] * (rank - 1 - norm.axis % rank)
-        s_name = add_initializer(index, gi, f"{base}_lowered_scale", scale.reshape(shape))
-        t_name = add_initializer(index, gi, f"{base}_lowered_shift", shift.reshape(shape))
+        s_name = add_initializer(index, gi, f"{base}_lowered_scale", scale)
+        t_name = add_initializer(index, gi, f"{base}_lowered_shift", shift)
         out = p.output[0]
         scaled = index.unique(f"{safe(out)}_scaled")
         mul = new_node(index, "Mul", [p.input[0], s_name], [scaled], f"{base}_lowered_mul")

@@ -22,6 +22,7 @@ from onnx import NodeProto
 
 from ..engine.chain import per_channel
 from ..engine.graph import Binary, Hop, Layer, Norm
+from ..report import Code
 from .handles import Node
 from .nodes import attr, is_onnx_op
 
@@ -234,20 +235,23 @@ def is_bias_add(graph: Any, node: Node) -> bool:
 # --------------------------------------------------------------------------- normalizations
 
 
-def _norm_problem(graph: Any, p: NodeProto, stats: list) -> str:
-    """Why a BatchNormalization can never fold, or ""."""
+def _norm_problem(graph: Any, p: NodeProto, stats: list) -> tuple[str, Code]:
+    """Why a BatchNormalization can never fold (and its code), or ``("", ...)``."""
     if graph.index.opset < 7 and attr(p, "is_test", 0) == 0:
-        return "is_test=0: the BatchNormalization runs in training mode"
+        return "is_test=0: the BatchNormalization runs in training mode", Code.TRAINING_MODE
     if int(attr(p, "training_mode", 0)) == 1:
-        return "training_mode=1: the BatchNormalization uses batch statistics computed at run time"
+        return "training_mode=1: the BatchNormalization uses batch statistics computed at run time", Code.TRAINING_MODE
     if len(p.input) != 5 or not all(p.input):
-        return f"BatchNormalization has {len(p.input)} inputs, expected 5"
+        return f"BatchNormalization has {len(p.input)} inputs, expected 5", Code.UNSUPPORTED_NORM
     if graph.index.opset < 9 and int(attr(p, "spatial", 1)) == 0:  # statistics per element, not per channel
         for value in stats:
             dims = graph.dims(value)
             if dims is not None and any(d != 1 for d in dims[1:]):
-                return f"spatial=0 with statistics of shape {list(dims)}: they are not per-channel"
-    return ""
+                return (
+                    f"spatial=0 with statistics of shape {list(dims)}: they are not per-channel",
+                    Code.NOT_PER_CHANNEL,
+                )
+    return "", Code.UNSUPPORTED_NORM
 
 
 def parse_norm(graph: Any, node: Node) -> Norm | None:
@@ -261,7 +265,7 @@ def parse_norm(graph: Any, node: Node) -> Norm | None:
     stats = [v(gi, p.input[i]) if len(p.input) > i and p.input[i] else None for i in range(1, 5)]
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
     norm = Norm(node, v(gi, p.input[0]), out, *stats, float(attr(p, "epsilon", 1e-5)), op=p.op_type)
-    norm.problem = _norm_problem(graph, p, [s for s in stats if s is not None])
+    norm.problem, norm.problem_code = _norm_problem(graph, p, [s for s in stats if s is not None])
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     return norm
 
@@ -292,7 +296,7 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
         kind=NORM_KIND[p.op_type],
     )
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
-    norm.problem = _affine_problem(graph, p, norm)
+    norm.problem, norm.problem_code = _affine_problem(graph, p, norm)
     return norm
 
 
@@ -304,29 +308,31 @@ def _is_identity(graph: Any, value: Any, neutral: float) -> bool:
     return t is not None and bool((t == neutral).all())
 
 
-def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> str:
-    """Why the affine of a LayerNorm-like node is not per-channel, or ""."""
+def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> tuple[str, Code]:
+    """Why the affine of a LayerNorm-like node is not per-channel (and its code), or ``("", ...)``."""
     rank = graph.shape_info(norm.input).rank
     if p.op_type != "GroupNormalization":
         axis = int(attr(p, "axis", -1))
         if axis == -1 or (rank is not None and axis % rank == rank - 1):
-            return ""
+            return "", Code.NOT_PER_CHANNEL
         if rank is None:
             return (
                 f"it normalizes from axis {axis} and the rank of its input is unknown, so its affine may "
-                "not be per-channel"
+                "not be per-channel",
+                Code.RANK_UNKNOWN,
             )
-        return "it normalizes several trailing axes, so its affine is not per-channel"
+        return "it normalizes several trailing axes, so its affine is not per-channel", Code.NOT_PER_CHANNEL
     if graph.index.opset >= 21:
-        return ""
+        return "", Code.NOT_PER_CHANNEL
     groups = int(attr(p, "num_groups", 0))
     dims = graph.shape_info(norm.input).shape
     channels = dims[1] if dims is not None and len(dims) > 1 else None
     if isinstance(channels, int) and channels == groups:
-        return ""
+        return "", Code.NOT_PER_CHANNEL
     return (
         f"GroupNormalization-18 holds one scale and bias per group (num_groups={groups}, "
-        f"{channels if isinstance(channels, int) else 'an unknown number of'} channels), not per channel"
+        f"{channels if isinstance(channels, int) else 'an unknown number of'} channels), not per channel",
+        Code.NOT_PER_CHANNEL,
     )
 
 

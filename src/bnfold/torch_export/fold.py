@@ -25,15 +25,16 @@ def fold_program(ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: b
 
 
 def fold_graph_module(
-    gm: GraphModule, program: ExportedProgram | None = None, only=None, lower_unfoldable: bool = False
+    gm: GraphModule, program: ExportedProgram | None = None, only=None, lower_unfoldable: bool = False, exclude=()
 ) -> FoldReport:
     """Fold ``gm`` in place, as an ExecuTorch GraphModule pass does.
 
     Placeholders are read through ``program``'s signature (matched by name) and
     never changed; folded tensors become ``get_attr`` buffers of ``gm``.
+    ``only`` / ``exclude`` as for :func:`fold_program`.
     """
     editor = GraphModuleEditor(gm, program)
-    report = fold_graph(FxGraph(editor), only, lower=lower_unfoldable)
+    report = fold_graph(FxGraph(editor), only, exclude, lower=lower_unfoldable)
     if report.folded or report.lowered:
         editor.commit()
     return report

@@ -37,6 +37,9 @@ from .tensors import FxTensors
 class FxGraph:
     """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors."""
 
+    #: new per-channel tensors are ``[1, C, 1, 1]``: nothing left for a backend to broadcast
+    full_rank_constants = True
+
     def __init__(self, editor: FxTensors):
         self.editor = editor
         self.graph = editor.graph
@@ -236,11 +239,10 @@ class FxGraph:
         editor.drop_if_unused(layer.bias)
         return bias.numel() * bias.element_size()
 
-    def add_bias(self, layer: Layer, value: Node, bias: torch.Tensor, axis: int, rank: int | None) -> None:
-        """Make every user of ``value`` read ``value + bias`` (bias along ``axis``)."""
-        shape = [1] * axis + [bias.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
+    def add_bias(self, layer: Layer, value: Node, bias: torch.Tensor) -> None:
+        """Make every user of ``value`` read ``value + bias`` (``bias`` shaped by the engine)."""
         target = derived_target(self.editor.target(layer.weight), "bias", None)
-        node = self.editor.add_tensor(layer.weight, target, bias.reshape(shape))
+        node = self.editor.add_tensor(layer.weight, target, bias)
         target = torch.ops.aten.add.Tensor
         if value.op == "call_function" and type(value.target).__name__ == "EdgeOpOverload":
             from executorch.exir.dialects._ops import ops as exir_ops
@@ -262,46 +264,35 @@ class FxGraph:
             source = copy
         return source
 
-    def remove_steps(self, steps: list[Step]) -> Any:
-        """Take the affine steps out; returns the value that now stands where the chain ended.
-        A LayerNorm-like step stays and loses its weight and bias."""
-        editor, graph = self.editor, self.graph
-        operands, replaced = [], {}
-        end = steps[-1].output
-        for step in steps:
-            if step.affine is None:
-                continue
-            operands.extend(v for v in step.operands if isinstance(v, Node))
-            if step.norm is not None and step.norm.affine_only:
-                _strip_affine(step.norm)
-                continue
-            source = step.input
-            while source in replaced:  # the step read the output of a step already removed
-                source = replaced[source]
-            replaced[step.output] = source
-            step.output.replace_all_uses_with(source)
-            if step.norm is not None:
-                for user in list(step.node.users):
-                    graph.erase_node(user)
-                tracked = self._num_batches_tracked(step.norm)
-                if tracked is not None:
-                    operands.append(tracked)
-            graph.erase_node(step.node)
-        for node in operands:
-            editor.erase_dead(node)
-        while end in replaced:
-            end = replaced[end]
-        return end
+    def remove_node(self, step: Step, source: Any) -> bool:
+        """Erase the step's node (and a batch norm's ``getitem`` outputs); its users read ``source``."""
+        graph = self.graph
+        step.output.replace_all_uses_with(source)
+        tracked = None
+        if step.norm is not None:
+            for user in list(step.node.users):
+                graph.erase_node(user)
+            tracked = self._num_batches_tracked(step.norm)
+        graph.erase_node(step.node)
+        if tracked is not None:
+            self.editor.erase_dead(tracked)
+        return False
 
-    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None:
-        """Replace a batch norm by ``x * scale + shift``, the constants shaped ``[1, C, 1, ...]`` along its axis."""
+    def strip_affine(self, norm: Norm) -> None:
+        _strip_affine(norm)
+
+    def drop_unused(self, values: list) -> None:
+        for value in values:
+            if isinstance(value, Node):
+                self.editor.erase_dead(value)
+
+    def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor) -> None:
+        """Replace a batch norm by ``x * scale + shift`` (the constants shaped ``[1, C, 1, ...]`` by the engine)."""
         editor, graph = self.editor, self.graph
         like = next(v for v in (norm.mean, norm.var, norm.weight, norm.bias) if isinstance(v, Node))
         base = self.norm_label(norm)
-        axis = norm.axis % rank
-        shape = [1] * axis + [scale.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
-        s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale.reshape(shape))
-        t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift.reshape(shape))
+        s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale)
+        t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift)
         mul_op, add_op = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
         if type(norm.node.target).__name__ == "EdgeOpOverload":
             from executorch.exir.dialects._ops import ops as exir_ops

@@ -17,6 +17,7 @@ import torch
 from torch.fx import Node
 
 from ..engine.graph import Layer, Norm
+from ..report import Code
 
 _KEYS: dict[Any, str] = {}
 
@@ -297,9 +298,9 @@ def _tuple_norm(mean_at: int | None, training_at: int | None, eps_at: int) -> Ca
         var = a[mean_at + 1] if mean_at is not None else None
         norm = Norm(node, a[0], out, a[1], a[2], mean, var, float(a[eps_at]), statistics_used=used)
         if mean_at is None or mean is None:
-            norm.problem = _BATCH_STATS
+            norm.problem, norm.problem_code = _BATCH_STATS, Code.BATCH_STATISTICS
         elif training_at is not None and a[training_at]:
-            norm.problem = _TRAINING
+            norm.problem, norm.problem_code = _TRAINING, Code.TRAINING_MODE
         return norm
 
     return parse
@@ -310,15 +311,15 @@ def _batch_norm(node: Node) -> Norm:
     a = node.args
     norm = Norm(node, a[0], node, a[1], a[2], a[3], a[4], float(a[7]))
     if a[3] is None or a[4] is None:
-        norm.problem = _BATCH_STATS
+        norm.problem, norm.problem_code = _BATCH_STATS, Code.BATCH_STATISTICS
     elif a[5]:
-        norm.problem = _TRAINING
+        norm.problem, norm.problem_code = _TRAINING, Code.TRAINING_MODE
     return norm
 
 
 def _functional(node: Node) -> Norm:
     norm = _tuple_norm(3, None, 6)(node)
-    norm.problem = _TRAINING
+    norm.problem, norm.problem_code = _TRAINING, Code.TRAINING_MODE
     return norm
 
 
@@ -361,6 +362,7 @@ def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | N
         )
         if shape_at is not None and len(node.args[shape_at]) != 1:
             norm.problem = "it normalizes several trailing axes, so its affine is not per-channel"
+            norm.problem_code = Code.NOT_PER_CHANNEL
         return norm
 
     return parse

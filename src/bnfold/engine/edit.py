@@ -1,0 +1,203 @@
+"""The edits of a fold, written once: the retry-and-write loop, the chain-removal bookkeeping and the
+broadcast shape of new per-channel tensors.  Adapters only make primitive edits (remove a node whose
+users then read another value, strip a normalization's affine, drop a tensor nobody reads, write a
+layer's tensors, add a bias after a value).
+
+The retry policy: when the composed affine does not fold (a cast overflows, a shift meets padding),
+the step farthest from the layer(s) is dropped (its reason and code kept) and the shorter chain is
+tried; hops left at the far end stay where they are.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ..fold_math import Affine, FoldError
+from ..report import Code, Folded, FoldStep
+from .graph import GraphAdapter, Layer, LayerWeights, Outcome, Step
+
+
+def compose(steps: list[Step]) -> Affine:
+    """The one affine a chain applies, first step first."""
+    affines = [s.affine for s in steps if s.affine is not None]
+    total = affines[0]
+    for a in affines[1:]:
+        total = total.then(a)
+    return total
+
+
+def broadcast_shape(channels: int, axis: int | None, rank: int | None, full_rank: bool) -> list[int]:
+    """The shape of a new per-channel tensor that broadcasts along ``axis`` of a rank-``rank`` tensor.
+
+    ``full_rank``: ``[1, C, 1, 1]`` (nothing left for a backend to broadcast); otherwise the shortest
+    trailing-aligned shape ``[C, 1, 1]``.  An unknown rank (or axis) gives ``[C]``: the channels are last.
+    """
+    if rank is None or axis is None:
+        return [channels]
+    axis = axis % rank
+    trailing = [1] * (rank - 1 - axis)
+    return ([1] * axis if full_rank else []) + [channels] + trailing
+
+
+def note(graph: GraphAdapter, out: Outcome, node: Any, reason: str, code: Code) -> None:
+    """Keep ``reason`` (and its ``code``) for ``node`` if it is a normalization or an elementwise op
+    (they stay, reported); the first reason given for a node wins."""
+    if node is not None and (graph.norm(node) is not None or graph.binary(node) is not None):
+        out.reasons.setdefault(node, (reason, code))
+
+
+def trim_hops(steps: list[Step], end: int) -> None:
+    """Drop hops at the far end of the chain (index ``end``: -1 or 0): they stay as they are."""
+    while steps and steps[end].affine is None:
+        steps.pop(end)
+
+
+# ------------------------------------------------------------------ removing a chain
+
+
+def _resolve(value: Any, replaced: dict) -> Any:
+    while value in replaced:  # the value was the output of a step already removed
+        value = replaced[value]
+    return value
+
+
+def remove_chain(graph: GraphAdapter, steps: list[Step]) -> Any:
+    """Take the affine steps of a chain out of the graph; returns the value that now stands where
+    the chain ended.
+
+    Each removed step's users read the value the step read (or, through steps already removed, the
+    value the first of them read); a LayerNorm-like step stays and loses its weight and bias; the
+    steps' parameter operands are dropped once nothing reads them.  Hops stay.
+    """
+    replaced: dict[Any, Any] = {}
+    operands: list = []
+    for step in steps:
+        if step.affine is None:
+            continue
+        operands.extend(step.operands)
+        if step.norm is not None and step.norm.affine_only:
+            graph.strip_affine(step.norm)
+            continue
+        source = _resolve(step.input, replaced)
+        if not graph.remove_node(step, source):
+            replaced[step.output] = source
+    graph.drop_unused(operands)
+    return _resolve(steps[-1].output, replaced)
+
+
+def step_entries(graph: GraphAdapter, steps: list[Step]) -> list[FoldStep]:
+    """The chain as report steps (named while it is still in the graph)."""
+    out = []
+    for s in steps:
+        if s.affine is None:
+            action = "kept"
+        elif s.norm is not None and s.norm.affine_only:
+            action = "affine_removed"
+        else:
+            action = "removed"
+        out.append(FoldStep(graph.node_name(s.node), s.op, action))
+    return out
+
+
+# ------------------------------------------------------------------ the retry-and-write loop
+
+#: ``params(layer, weights, total)``: the folded ``(weight, bias)`` of one layer, or FoldError.
+Params = Callable[[Layer, LayerWeights, Affine], tuple]
+
+
+def fold_chain(
+    graph: GraphAdapter,
+    targets: list[tuple[Layer, LayerWeights]],
+    steps: list[Step],
+    rule: str,
+    params: Params,
+    out: Outcome,
+    why: Callable[[Layer, FoldError], str],
+) -> None:
+    """Fold ``steps`` into every layer of ``targets`` (all or none), dropping the farthest step
+    until the composed affine folds; write the result and record the entries in ``out``.
+
+    ``rule`` is ``"output"`` (``steps`` follow the layer), ``"input"`` or ``"fanout"`` (they
+    feed the layer(s)); ``why(layer, err)`` words the reason of a dropped step.
+    """
+    side = "output" if rule == "output" else "input"
+    far = -1 if side == "output" else 0  # the end of the chain farthest from the layer
+    trim_hops(steps, far)
+    while steps:
+        total = compose(steps)
+        try:
+            new = [params(layer, w, total) for layer, w in targets]
+        except FoldError as err:
+            failed = next(layer for layer, w in targets if _fails(params, layer, w, total))
+            dropped = steps.pop(far)
+            note(graph, out, dropped.node, why(failed, err), err.code)
+            trim_hops(steps, far)
+            continue
+        _write(graph, targets, steps, rule, side, new, out)
+        return
+
+
+def _fails(params: Params, layer: Layer, w: LayerWeights, total: Affine) -> bool:
+    try:
+        params(layer, w, total)
+    except FoldError:
+        return True
+    return False
+
+
+def _write(graph: GraphAdapter, targets: list, steps: list[Step], rule: str, side: str, new: list, out: Outcome):
+    layers = [layer for layer, _ in targets]
+    label = fold_label(graph, steps)
+    entries = fold_entries(graph, layers, steps, side, rule)  # named while the chain is still in the graph
+    # the chain goes first: a parameter the layer shared only with removed nodes is then no longer shared
+    end = remove_chain(graph, steps)
+    for layer, (new_w, new_b) in zip(layers, new):
+        added, pending = graph.write_layer(layer, new_w, new_b, label)
+        entries[0].extra_bytes += added
+        if pending is None:
+            continue
+        # the layer holds no bias: add it where the chain ended (output side) or after the layer
+        if side == "output":
+            value, axis, rank = end, steps[-1].axis, steps[-1].rank
+        else:
+            value, rank = layer.output, graph.shape_info(layer.output).rank
+            axis = layer.out_axis if rank is None or layer.out_axis >= 0 else rank + layer.out_axis
+        shape = broadcast_shape(pending.numel(), axis, rank, graph.full_rank_constants)
+        graph.add_bias(layer, value, pending.reshape(shape))
+        for entry in entries:
+            entry.bias_added = True
+    out.folded.extend(entries)
+
+
+# ------------------------------------------------------------------ report entries
+
+
+def fold_label(graph: GraphAdapter, steps: list[Step]) -> str:
+    """A short name for the fold, used to name private copies of shared tensors."""
+    first = next(s for s in steps if s.affine is not None)
+    name = graph.norm_label(first.norm) if first.norm is not None else graph.op_label(first.node)
+    return name.replace(".", "_").replace("/", "_")
+
+
+def fold_entries(graph: GraphAdapter, layers: list[Layer], steps: list[Step], side: str, rule: str) -> list[Folded]:
+    """One entry per normalization of the chain (one for a chain of elementwise ops alone)."""
+    layer = layers[0]
+    ops = [s.op for s in steps]
+    pattern = "+".join([layer.op] + ops if side == "output" else ops + [layer.op])
+    into = ", ".join(graph.op_label(lay.node) for lay in layers)  # the names people know
+    into_node = ", ".join(graph.node_name(lay.node) for lay in layers)
+    chain = step_entries(graph, steps)
+    written = [graph.node_name(lay.node) for lay in layers]
+
+    def entry(norm: str, node: str) -> Folded:
+        return Folded(norm, into, pattern, side, 0, node, into_node, rule, list(chain), list(written))
+
+    norms = [s for s in steps if s.norm is not None]
+    if norms:
+        return [entry(graph.norm_label(s.norm), graph.node_name(s.node)) for s in norms]
+    affine = [s for s in steps if s.affine is not None]
+    names = "+".join(graph.node_name(s.node) for s in affine)
+    path = graph.op_label(affine[0].node)
+    label = f"{path} ({names})" if path != graph.node_name(affine[0].node) else f"affine {names}"
+    return [entry(label, graph.node_name(affine[0].node))]

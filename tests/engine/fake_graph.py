@@ -1,0 +1,283 @@
+"""A fake graph and its engine adapter: plain Python objects, no torch.export, no onnx.
+
+A ``FakeGraph`` holds nodes (``FNode``: an op, input value names, one output value name, attributes),
+named constants (torch tensors) and the names of its inputs and outputs.  ``run`` evaluates it in
+float64 with torch's functional ops, so a test can compare a graph before and after a fold.
+``FakeAdapter`` implements ``bnfold.engine.GraphAdapter`` over it: nodes are ``FNode`` objects and
+values are names.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from bnfold.engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from bnfold.report import Code
+
+LAYERS = {"conv": "conv", "conv_transpose": "conv_transpose", "linear": "linear", "bmm": "linear"}
+BINARIES = ("mul", "add", "sub", "div")
+HOPS = ("identity", "flatten")
+
+
+@dataclass(eq=False)
+class FNode:
+    name: str
+    op: str
+    inputs: list
+    output: str
+    attrs: dict = field(default_factory=dict)
+    dead: bool = False
+
+    def __hash__(self) -> int:
+        return id(self)
+
+    def __repr__(self) -> str:
+        return f"FNode({self.name}: {self.op})"
+
+
+class FakeGraph:
+    def __init__(self):
+        self.nodes: list[FNode] = []
+        self.consts: dict[str, torch.Tensor] = {}
+        self.inputs: dict[str, tuple] = {}
+        self.outputs: list[str] = []
+        self.shapes: dict[str, tuple] = {}
+        self._ids = itertools.count()
+
+    # -- building
+    def input(self, name: str, *shape: int) -> str:
+        self.inputs[name] = shape
+        self.shapes[name] = shape
+        return name
+
+    def const(self, name: str, t: torch.Tensor) -> str:
+        self.consts[name] = t
+        return name
+
+    def node(self, op: str, inputs: list, name: str | None = None, **attrs) -> str:
+        name = name or f"{op}_{next(self._ids)}"
+        n = FNode(name, op, list(inputs), f"{name}_out", attrs)
+        self.nodes.append(n)
+        self.shapes[n.output] = tuple(self._eval(n, {v: self._example(v) for v in n.inputs}).shape)
+        return n.output
+
+    def _example(self, v):
+        if v in self.consts:
+            return self.consts[v].to(torch.float64)
+        if v is None:
+            return None
+        return torch.zeros(self.shapes[v], dtype=torch.float64)
+
+    def live(self) -> list[FNode]:
+        return [n for n in self.nodes if not n.dead]
+
+    def by_name(self, name: str) -> FNode:
+        return next(n for n in self.nodes if n.name == name)
+
+    def ops(self) -> list[str]:
+        return [n.op for n in self.live()]
+
+    # -- evaluation (float64)
+    def run(self, feeds: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        env = {k: v.to(torch.float64) for k, v in feeds.items()}
+        env.update({k: v.to(torch.float64) for k, v in self.consts.items()})
+        for n in self.live():
+            env[n.output] = self._eval(n, {v: env.get(v) for v in n.inputs})
+        return [env[o] for o in self.outputs]
+
+    def _eval(self, n: FNode, env: dict) -> torch.Tensor:
+        a = [env[v] if v is not None else None for v in n.inputs]
+        if n.op == "conv":
+            return F.conv2d(
+                a[0], a[1], a[2] if len(a) > 2 else None, padding=n.attrs.get("pad", 0), groups=n.attrs.get("groups", 1)
+            )
+        if n.op == "conv_transpose":
+            return F.conv_transpose2d(a[0], a[1], a[2] if len(a) > 2 else None, groups=n.attrs.get("groups", 1))
+        if n.op == "linear":
+            return F.linear(a[0], a[1], a[2] if len(a) > 2 else None)
+        if n.op == "bmm":  # a linear layer that cannot hold a bias
+            return a[0] @ a[1].T
+        if n.op == "bn":
+            x, w, b, mean, var = a
+            shape = [1, -1] + [1] * (x.dim() - 2)
+            y = (x - mean.reshape(shape)) / torch.sqrt(var.reshape(shape) + n.attrs.get("eps", 1e-5))
+            return y * w.reshape(shape) + b.reshape(shape)
+        if n.op in BINARIES:
+            return {"mul": torch.mul, "add": torch.add, "sub": torch.sub, "div": torch.div}[n.op](a[0], a[1])
+        if n.op == "relu":
+            return torch.relu(a[0])
+        if n.op == "identity":
+            return a[0]
+        if n.op == "flatten":
+            return a[0].reshape(a[0].shape[0], -1)
+        if n.op == "concat":
+            return torch.cat(a, 1)
+        raise AssertionError(n.op)
+
+
+class FakeAdapter:
+    """The engine adapter over a ``FakeGraph``.  ``groups`` overrides what a layer reports
+    (to drive the fold-math error path); ``shared`` names weights that get private copies."""
+
+    full_rank_constants = True
+
+    def __init__(self, g: FakeGraph, groups: dict[str, int] | None = None):
+        self.g = g
+        self.groups = groups or {}
+        self.removed: list[str] = []  # node names, in the order remove_node saw them
+        self.writes: list[str] = []  # layer names written
+
+    # -- classify
+    def layers(self):
+        return [lay for n in self.g.live() if (lay := self.layer(n)) is not None]
+
+    def norms(self):
+        return [nm for n in self.g.live() if (nm := self.norm(n)) is not None]
+
+    def layer(self, node) -> Layer | None:
+        if not isinstance(node, FNode) or node.dead or node.op not in LAYERS:
+            return None
+        bias = node.inputs[2] if len(node.inputs) > 2 else None
+        groups = self.groups.get(node.name, node.attrs.get("groups", 1))
+        return Layer(
+            node,
+            LAYERS[node.op],
+            node.op,
+            node.inputs[0],
+            node.output,
+            node.inputs[1],
+            bias,
+            groups=groups,
+            zero_padding=node.attrs.get("pad", 0) == 0,
+            in_axis=1 if node.op != "bmm" else -1,
+            out_axis=1 if node.op != "bmm" else -1,
+            takes_bias=node.op != "bmm",
+        )
+
+    def norm(self, node) -> Norm | None:
+        if not isinstance(node, FNode) or node.dead or node.op != "bn":
+            return None
+        x, w, b, mean, var = node.inputs
+        norm = Norm(node, x, node.output, w, b, mean, var, node.attrs.get("eps", 1e-5))
+        if node.attrs.get("training"):
+            norm.problem, norm.problem_code = "it runs in training mode", Code.TRAINING_MODE
+        return norm
+
+    def binary(self, node) -> Binary | None:
+        if not isinstance(node, FNode) or node.dead or node.op not in BINARIES:
+            return None
+        return Binary(node, node.op, node.inputs[0], node.inputs[1], node.output)
+
+    def hop(self, node) -> Hop | None:
+        if not isinstance(node, FNode) or node.dead or node.op not in HOPS:
+            return None
+        return Hop(node, node.inputs[0], node.output, node.op)
+
+    # -- navigate
+    def users(self, value) -> list:
+        out: list[Any] = [n for n in self.g.live() if value in n.inputs]
+        out += [None] * self.g.outputs.count(value)
+        return out
+
+    def producer(self, value):
+        return next((n for n in self.g.live() if n.output == value), None)
+
+    # -- read
+    def constant(self, value):
+        t = self.g.consts.get(value) if isinstance(value, str) else None
+        return None if t is None else t.to(torch.float64)
+
+    def weights(self, layer: Layer):
+        w = self.g.consts.get(layer.weight)
+        if w is None:
+            return f"its weight comes from {self.describe(layer.weight)}"
+        if layer.node.op == "bmm":
+            pass
+        b = self.g.consts.get(layer.bias) if layer.bias is not None else None
+        return LayerWeights(w, b, w.dtype, (b if b is not None else w).dtype)
+
+    def shape_info(self, value) -> ShapeInfo:
+        shape = self.g.shapes.get(value)
+        if shape is None:
+            return ShapeInfo(None)
+        return ShapeInfo(len(shape), torch.float64, shape)
+
+    def follow_axis(self, hop: Hop, axis: int, forward: bool):
+        return axis if hop.op == "identity" else f"'{hop.node.name}' (flatten) merges the channel axis"
+
+    def describe(self, value) -> str:
+        node = self.producer(value)
+        return f"'{value}' ({node.op})" if node is not None else f"input '{value}'"
+
+    def node_name(self, node) -> str:
+        return node.name
+
+    def norm_label(self, norm) -> str:
+        return norm.node.name
+
+    def op_label(self, node) -> str:
+        return node.name
+
+    def describe_node(self, node) -> str:
+        return f"'{node.name}' ({node.op})"
+
+    def is_live(self, node) -> bool:
+        return isinstance(node, FNode) and not node.dead
+
+    # -- primitive edits
+    def write_layer(self, layer: Layer, weight, bias, label: str):
+        self.writes.append(layer.node.name)
+        self.g.consts[layer.weight] = weight
+        if bias is None:
+            return 0, None
+        if not layer.takes_bias:
+            return 0, bias
+        if layer.bias is None:
+            name = f"{layer.node.name}_bias"
+            layer.node.inputs = [*layer.node.inputs[:2], name]
+            layer.bias = name
+        self.g.consts[layer.bias] = bias
+        return 0, None
+
+    def _replace_uses(self, old: str, new: str, skip: FNode | None = None) -> None:
+        for n in self.g.live():
+            if n is not skip:
+                n.inputs = [new if v == old else v for v in n.inputs]
+        self.g.outputs = [new if v == old else v for v in self.g.outputs]
+
+    def remove_node(self, step: Step, source) -> bool:
+        self.removed.append(step.node.name)
+        step.node.dead = True
+        self._replace_uses(step.output, source)
+        return False
+
+    def strip_affine(self, norm) -> None:
+        raise AssertionError("the fake graph has no LayerNorm")
+
+    def drop_unused(self, values) -> None:
+        for v in values:
+            if isinstance(v, str) and v in self.g.consts and not self.users(v):
+                del self.g.consts[v]
+
+    def add_bias(self, layer: Layer, value, bias) -> None:
+        name = self.g.const(f"{layer.node.name}_added_bias", bias)
+        node = FNode(f"{layer.node.name}_bias_add", "add", [value, name], f"{layer.node.name}_biased")
+        self._replace_uses(value, node.output)
+        self.g.nodes.insert(self.g.nodes.index(self.producer(value)) + 1, node)
+        self.g.shapes[node.output] = self.g.shapes[value]
+
+    def lower_norm(self, norm, scale, shift) -> None:
+        node = norm.node
+        s = self.g.const(f"{node.name}_scale", scale)
+        t = self.g.const(f"{node.name}_shift", shift)
+        mul = FNode(f"{node.name}_mul", "mul", [norm.input, s], f"{node.name}_scaled")
+        add = FNode(f"{node.name}_add", "add", [mul.output, t], node.output)
+        i = self.g.nodes.index(node)
+        node.dead = True
+        self.g.nodes[i + 1 : i + 1] = [mul, add]
+        self.g.shapes[mul.output] = self.g.shapes[node.output]

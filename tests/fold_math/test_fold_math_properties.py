@@ -1,0 +1,127 @@
+"""The fold math's own properties (hypothesis, float64): folding a per-channel affine into a conv,
+a grouped transposed conv or a linear layer, on its output or its input side, computes what applying
+the affine explicitly computes.  No graph, no export: hundreds of examples in a few seconds."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bnfold import fold_math
+from bnfold.errors import FoldError
+from bnfold.report import Code
+
+SETTINGS = settings(max_examples=80, deadline=None)
+
+
+def _t(seed: int, *shape, lo=-1.0, hi=1.0) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.rand(*shape, generator=g, dtype=torch.float64) * (hi - lo) + lo
+
+
+def _affine(seed: int, c: int, shift: bool = True) -> fold_math.Affine:
+    scale = _t(seed, c, lo=0.2, hi=2.0) * torch.where(_t(seed + 1, c) > 0, 1.0, -1.0).to(torch.float64)
+    return fold_math.Affine(scale, _t(seed + 2, c) if shift else torch.zeros(c, dtype=torch.float64))
+
+
+def _apply(x: torch.Tensor, aff: fold_math.Affine, axis: int = 1) -> torch.Tensor:
+    shape = [1] * x.dim()
+    shape[axis] = -1
+    return x * aff.scale.reshape(shape) + aff.shift.reshape(shape)
+
+
+def _close(a: torch.Tensor, b: torch.Tensor) -> None:
+    scale = 1.0 + b.abs().max().item()
+    assert (a - b).abs().max().item() <= 1e-10 * scale, (a - b).abs().max()
+
+
+# (layer kind, forward, weight shape, channels on each side) for random sizes
+def _layer(kind: str, groups: int, cin_g: int, cout_g: int, k: int):
+    cin, cout = cin_g * groups, cout_g * groups
+    if kind == "conv":
+        return (cout, cin_g, k, k), cin, cout, lambda x, w, b: F.conv2d(x, w, b, groups=groups)
+    if kind == "conv_transpose":
+        return (cin, cout_g, k, k), cin, cout, lambda x, w, b: F.conv_transpose2d(x, w, b, groups=groups)
+    return (cout, cin), cin, cout, lambda x, w, b: F.linear(x, w, b)
+
+
+LAYERS = st.tuples(
+    st.sampled_from(["conv", "conv_transpose", "linear"]),
+    st.integers(1, 3),  # groups
+    st.integers(1, 4),  # input channels per group
+    st.integers(1, 4),  # output channels per group
+    st.integers(1, 3),  # kernel
+    st.integers(0, 10_000),  # seed
+    st.booleans(),  # bias
+)
+
+
+@SETTINGS
+@given(LAYERS)
+def test_output_side_fold_equals_the_explicit_affine(params):
+    kind, groups, cin_g, cout_g, k, seed, has_bias = params
+    if kind == "linear":
+        groups = 1
+    shape, cin, cout, forward = _layer(kind, groups, cin_g, cout_g, k)
+    w, b = _t(seed, *shape), _t(seed + 3, cout) if has_bias else None
+    x = _t(seed + 4, 2, cin, 5, 5) if kind != "linear" else _t(seed + 4, 3, cin)
+    aff = _affine(seed + 5, cout)
+    assert fold_math.out_channels(kind, shape, groups) == cout
+    new_w, new_b = fold_math.fold_output_affine(w, b, aff, kind, groups)
+    _close(forward(x, new_w, new_b), _apply(forward(x, w, b), aff))
+
+
+@SETTINGS
+@given(LAYERS)
+def test_input_side_fold_equals_the_explicit_affine(params):
+    kind, groups, cin_g, cout_g, k, seed, has_bias = params
+    if kind == "linear":
+        groups = 1
+    shape, cin, cout, forward = _layer(kind, groups, cin_g, cout_g, k)
+    w, b = _t(seed, *shape), _t(seed + 3, cout) if has_bias else None
+    x = _t(seed + 4, 2, cin, 5, 5) if kind != "linear" else _t(seed + 4, 3, cin)
+    shift = kind != "conv_transpose"  # a shift before a transposed conv never folds (tested below)
+    aff = _affine(seed + 5, cin, shift=shift)
+    assert fold_math.in_channels(kind, shape, groups) == cin
+    new_w, new_b = fold_math.fold_input_affine(w, b, aff, kind, groups, shift_exact=True)
+    _close(forward(x, new_w, new_b), forward(_apply(x, aff), w, b))
+
+
+@SETTINGS
+@given(st.integers(0, 10_000), st.floats(1e-6, 1e-1))
+def test_batch_norm_affine_is_the_eval_formula(seed, eps):
+    c = 5
+    mean, var = _t(seed, c), _t(seed + 1, c, lo=0.0, hi=3.0)
+    gamma, beta = _t(seed + 2, c), _t(seed + 3, c)
+    x = _t(seed + 4, 2, c, 3)
+    ref = F.batch_norm(x, mean, var, gamma, beta, training=False, eps=eps)
+    _close(_apply(x, fold_math.batch_norm_affine(mean, var, eps, gamma, beta)), ref)
+
+
+def test_a_shift_before_a_transposed_or_padded_conv_is_refused_with_its_code():
+    aff = _affine(0, 4)
+    with pytest.raises(FoldError) as err:
+        fold_math.fold_input_affine(_t(1, 4, 2, 3, 3), None, aff, "conv_transpose")
+    assert err.value.code == Code.SHIFT_TRANSPOSED
+    with pytest.raises(FoldError) as err:
+        fold_math.fold_input_affine(_t(1, 2, 4, 3, 3), None, aff, "conv", shift_exact=False)
+    assert err.value.code == Code.SHIFT_PADDING
+
+
+@pytest.mark.parametrize("count", [fold_math.out_channels, fold_math.in_channels])
+def test_groups_that_do_not_divide_the_weight_are_a_fold_error_with_a_code(count):
+    with pytest.raises(FoldError) as err:
+        count("conv", (8, 8, 1, 1), 3)  # a layer reporting groups=3 on 8 channels
+    assert err.value.code == Code.LAYER_SHAPE
+
+
+def test_a_cast_out_of_range_is_a_fold_error_with_a_code():
+    with pytest.raises(FoldError) as err:
+        fold_math.cast_checked(torch.tensor([1e39], dtype=torch.float64), torch.float32, "w")
+    assert err.value.code == Code.CAST_RANGE
+    with pytest.raises(FoldError) as err:
+        fold_math.cast_checked(torch.tensor([1e-50], dtype=torch.float64), torch.float32, "w")
+    assert err.value.code == Code.CAST_RANGE
