@@ -17,7 +17,7 @@ from ..report import Code
 from .chain import Stop, _same, chain_up
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
-from .rules import check_layer, input_params, is_step
+from .rules import check_layer, input_params
 
 
 def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
@@ -50,6 +50,17 @@ def _layer_below(graph: GraphAdapter, user: Any) -> Layer | None:
     return None
 
 
+def _affine(graph: GraphAdapter, node: Any) -> bool:
+    """Whether ``node`` can start a chain: a normalization, or an elementwise op with one constant
+    operand (a residual add of two computed values is no affine op, and is never reported)."""
+    if node is None:
+        return False
+    if graph.norm(node) is not None:
+        return True
+    op = graph.binary(node)
+    return op is not None and sum(graph.constant(v) is None for v in (op.a, op.b)) == 1
+
+
 def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     """Fold the chain whose result feeds ``layer`` and its sibling consumers into all of them.
 
@@ -61,7 +72,7 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     x, axis = _branch(graph, layer)
     users = graph.users(x)
     producer = graph.producer(x)
-    if len(users) < 2 or not is_step(graph, producer) or graph.hop(producer) is not None:
+    if len(users) < 2 or not _affine(graph, producer):
         return out
     layers: list[Layer] = []
     for user in users:
