@@ -115,6 +115,24 @@ def test_only_is_checked():
     assert not result.modified and not fold.report.folded
 
 
+def test_exclude_on_both_passes_and_fold_graph_module():
+    from bnfold.torch_export import fold_graph_module
+
+    with pytest.raises(TypeError):
+        FoldBatchNormPass(exclude=[3])
+    model, x = _conv_no_bias()
+    ep = torch.export.export(model, x)
+    fold = FoldBatchNormPass(exclude="bn")
+    assert not fold(ep).modified and [s.code for s in fold.report.skipped] == [Code.EXCLUDED]
+    graph_pass = FoldBatchNormGraphPass(ep, exclude=["co*"])
+    gm = ep.module()
+    assert not graph_pass(gm).modified and [s.code for s in graph_pass.report.skipped] == [Code.EXCLUDED]
+    report = fold_graph_module(ep.module(), ep, exclude="bn")
+    assert not report.folded and [s.code for s in report.skipped] == [Code.EXCLUDED]
+    with pytest.raises(ValueError, match="unknown kind"):
+        fold_graph_module(ep.module(), ep, only="convolution")
+
+
 # --------------------------------------------------------------------------- the GraphModule variant
 
 

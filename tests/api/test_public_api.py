@@ -1,0 +1,58 @@
+"""The public surface: what callers catch and read is exported from ``bnfold``; reports are JSON data
+with codes; the frontends come from one registry."""
+
+from __future__ import annotations
+
+import json
+import typing
+
+import pytest
+import torch
+
+import bnfold
+from bnfold import frontends
+from bnfold.engine import GraphAdapter
+from bnfold_testutil import Pair, onnx_conv_bn, randomize_bn
+
+
+def test_errors_and_kinds_are_exported():
+    for name in ("BnfoldError", "ModelFileError", "UnsafeModelError", "TrainingModeError", "NeedsExportError"):
+        assert issubclass(getattr(bnfold, name), Exception) and name in bnfold.__all__
+    assert issubclass(bnfold.TrainingModeError, bnfold.BnfoldError)
+    assert issubclass(bnfold.NeedsExportError, bnfold.ModelFileError)
+    assert bnfold.LAYER_KINDS == ("conv", "conv_transpose", "linear") and "batch_norm" in bnfold.NORM_KINDS
+    assert bnfold.Lowered and bnfold.Code and not hasattr(bnfold, "PRODUCER_KINDS")
+    from bnfold.checks import NeedsExportError, TrainingModeError  # the old home still works
+
+    assert (NeedsExportError, TrainingModeError) == (bnfold.NeedsExportError, bnfold.TrainingModeError)
+
+
+def test_report_is_json_with_codes():
+    report = bnfold.fold(onnx_conv_bn(), exclude="bn").report
+    data = json.loads(json.dumps(report.to_dict()))
+    assert data["skipped"][0]["code"] == "excluded" == bnfold.Code.EXCLUDED
+    assert data["kept_ops"] == []
+    folded = bnfold.fold(onnx_conv_bn()).report.to_dict()["folded"][0]
+    assert (folded["rule"], folded["layers"], [s["node"] for s in folded["steps"]]) == ("output", ["conv"], ["bn"])
+    check = json.loads(json.dumps(bnfold.check(onnx_conv_bn(), exclude="bn").to_dict()))
+    assert check["unfoldable"][0]["code"] == "excluded" and not check["strict_ok"]
+
+
+def test_frontends_come_from_the_registry():
+    assert [f.name for f in frontends.FRONTENDS] == ["onnx", "exported_program", "nn_module"]
+    assert frontends.frontend_for(onnx_conv_bn()).name == "onnx"
+    module = randomize_bn(Pair(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))).eval()
+    assert frontends.frontend_for(module).name == "nn_module" and frontends.frontend_for(3) is None
+    with pytest.raises(TypeError, match="cannot fold a int"):
+        bnfold.fold(3)
+    x = torch.randn(1, 3, 8, 8)
+    result = bnfold.fold(module, (x,))
+    assert isinstance(result.model, torch.fx.GraphModule)  # what FoldResult's docstring says
+    assert "GraphModule" in bnfold.FoldResult.__doc__
+    assert result.report.stats.params_saved > 0 and bnfold.measure(result.model)[1] > 0
+
+
+def test_graph_adapter_is_generic_over_node_and_value_handles():
+    assert typing.Protocol in GraphAdapter.__mro__ and len(GraphAdapter.__parameters__) == 2
+    hints = typing.get_type_hints(GraphAdapter.users)
+    assert "value" in hints and "return" in hints
