@@ -56,3 +56,22 @@ def test_graph_adapter_is_generic_over_node_and_value_handles():
     assert typing.Protocol in GraphAdapter.__mro__ and len(GraphAdapter.__parameters__) == 2
     hints = typing.get_type_hints(GraphAdapter.users)
     assert "value" in hints and "return" in hints
+
+
+def test_only_and_exclude_are_validated_on_every_entry_point():
+    from bnfold.onnx import fold_onnx
+    from bnfold.torch_export import fold_program
+
+    model = onnx_conv_bn()
+    assert len(fold_onnx(model, only="conv").report.folded) == 1  # a string is a comma-separated list
+    for bad in ("convolution", ["conv", 3]):
+        with pytest.raises((ValueError, TypeError)):
+            fold_onnx(model, only=bad)
+    with pytest.raises(TypeError):
+        fold_onnx(model, exclude=[1])
+    ep = torch.export.export(
+        randomize_bn(Pair(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))).eval(), (torch.randn(1, 3, 8, 8),)
+    )
+    assert fold_program(ep, only="linear").report.skipped[0].code == bnfold.Code.NOT_REQUESTED
+    with pytest.raises(ValueError, match="unknown kind"):
+        fold_program(ep, only="convolution")

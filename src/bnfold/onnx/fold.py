@@ -9,6 +9,7 @@ import os
 import onnx
 
 from ..engine import fold_graph
+from ..kinds import check_exclude, check_only
 from ..report import FoldResult
 from .functions import inline_norm_functions, skipped_in_functions
 from .graph import OnnxGraph
@@ -22,7 +23,8 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     ``model_or_path`` is an ``onnx.ModelProto`` (never mutated) or a path to a
     ``.onnx`` file (read with :func:`bnfold.onnx.load_onnx`).  ``only`` limits
     the layer kinds folded into (``"conv"``, ``"conv_transpose"``, ``"linear"``);
-    ``exclude`` holds fnmatch patterns on node names left unfolded.
+    ``exclude`` holds fnmatch patterns on node names left unfolded (both validated:
+    ``bnfold.kinds``).
     ``lower_unfoldable``: rewrite every eval BatchNormalization that stays as
     ``Mul`` and ``Add`` by per-channel constants (``report.lowered``).
     A call to a model-local function that holds a normalization is inlined
@@ -40,7 +42,7 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
         original = model_or_path
     else:
         raise TypeError(f"fold_onnx takes an onnx.ModelProto or a path, not {type(model_or_path).__name__}")
-    only = None if only is None else frozenset(only)
+    only, exclude = check_only(only), check_exclude(exclude)  # before any work: a bad kind is a ValueError
     source, notes = inline_norm_functions(original)  # a new model, or ``original`` itself
     model = onnx.ModelProto()
     model.CopyFrom(source)
