@@ -122,7 +122,7 @@ class FakeGraph:
 
 class FakeAdapter:
     """The engine adapter over a ``FakeGraph``.  ``groups`` overrides what a layer reports
-    (to drive the fold-math error path); ``shared`` names weights that get private copies."""
+    (to drive the fold-math error path); ``removed`` and ``writes`` record the primitive edits."""
 
     full_rank_constants = True
 
@@ -196,8 +196,6 @@ class FakeAdapter:
         w = self.g.consts.get(layer.weight)
         if w is None:
             return f"its weight comes from {self.describe(layer.weight)}"
-        if layer.node.op == "bmm":
-            pass
         b = self.g.consts.get(layer.bias) if layer.bias is not None else None
         return LayerWeights(w, b, w.dtype, (b if b is not None else w).dtype)
 
