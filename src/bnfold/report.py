@@ -84,6 +84,8 @@ class Folded:
     entry of one chain); ``layers`` the graph node names of the layers whose
     weight and bias were written (several for ``"fanout"``); ``bias_added`` is
     True when the layer could not hold the bias and an add node was inserted.
+    ``kind`` is the normalization's kind (``bnfold.kinds.NORM_KINDS``), or ``""`` for a chain of
+    elementwise ops alone (``norm`` is then ``"affine mul+add"`` or the ops' module path).
     """
 
     norm: str
@@ -97,6 +99,7 @@ class Folded:
     steps: list[FoldStep] = field(default_factory=list)
     layers: list[str] = field(default_factory=list)
     bias_added: bool = False
+    kind: str = ""
 
     @property
     def removed(self) -> list[str]:
@@ -276,17 +279,19 @@ class FoldResult:
 class CheckResult:
     """The normalizations left in a model (``bnfold.check``).
 
-    ``foldable``: what ``bnfold.fold`` would fold (:class:`Folded` entries); ``unfoldable``: the
-    normalizations that stay, with the reason and code (:class:`Skipped`); ``kept_ops``:
-    elementwise affine ops that are not normalizations and stay (notes only).  ``ok`` is true when
-    nothing foldable is left; ``strict_ok`` also requires that no normalization is left at all
-    (a kept op never fails it).
+    ``foldable``: the normalizations ``bnfold.fold`` would fold (:class:`Folded` entries);
+    ``unfoldable``: the normalizations that stay, with the reason and code (:class:`Skipped`).
+    Notes only, never failing a check: ``foldable_ops`` (chains of elementwise ops alone that
+    ``fold`` would fold, e.g. a ``/ 6`` into the next conv) and ``kept_ops`` (elementwise affine
+    ops that stay).  ``ok`` is true when no foldable normalization is left; ``strict_ok`` when no
+    normalization is left at all.
     """
 
     foldable: list[Folded] = field(default_factory=list)
     unfoldable: list[Skipped] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     kept_ops: list[KeptOp] = field(default_factory=list)
+    foldable_ops: list[Folded] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -298,7 +303,9 @@ class CheckResult:
 
     @classmethod
     def from_report(cls, report: FoldReport) -> CheckResult:
-        return cls(list(report.folded), list(report.skipped), list(report.notes), list(report.kept_ops))
+        norms = [f for f in report.folded if f.kind]
+        ops = [f for f in report.folded if not f.kind]
+        return cls(norms, list(report.skipped), list(report.notes), list(report.kept_ops), ops)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -306,6 +313,7 @@ class CheckResult:
             "strict_ok": self.strict_ok,
             "foldable": [entry_dict(f) for f in self.foldable],
             "unfoldable": [entry_dict(s) for s in self.unfoldable],
+            "foldable_ops": [entry_dict(f) for f in self.foldable_ops],
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
             "notes": list(self.notes),
         }

@@ -71,6 +71,7 @@ def test_output_side_folds_a_batch_norm_and_records_the_edit():
     )
     assert [(s.node, s.action) for s in f.steps] == [("bn", "removed")] and f.removed == ["bn"]
     assert f.layers == ["conv"] and adapter.writes == ["conv"] and adapter.removed == ["bn"]
+    assert f.kind == "batch_norm"
     assert not any(k.startswith("bn.") for k in g.consts)  # its parameters went with it
     assert report.to_dict()["folded"][0]["steps"] == [{"node": "bn", "op": "batch_norm", "action": "removed"}]
 

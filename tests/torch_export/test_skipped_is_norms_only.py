@@ -100,6 +100,23 @@ def test_residual_model_without_normalization_skips_nothing_and_passes_strict(tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
+def test_a_foldable_elementwise_op_without_a_normalization_never_fails_check():
+    class M(nn.Module):  # a hardswish's "/ 6" folds into the next conv: no normalization anywhere
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.conv2 = nn.Conv2d(3, 4, 3, padding=1), nn.Conv2d(4, 2, 1)
+
+        def forward(self, x):
+            x = self.conv1(x)
+            return self.conv2(x * torch.clamp(x + 3, 0, 6) / 6)
+
+    ep = export(M().eval(), (torch.randn(2, 3, 6, 6),))
+    report = bnfold.fold(ep).report
+    assert [(f.kind, f.removed) for f in report.folded] == [("", ["div"])] and not report.skipped, report
+    check = bnfold.check(ep)
+    assert check.ok and check.strict_ok and [f.removed for f in check.foldable_ops] == [["div"]]
+
+
 def test_mobilenet_v2_style_blocks_fold_every_batch_norm_and_skip_nothing():
     x = torch.randn(2, 3, 32, 32)
     model = _calibrated(randomize_bn(MobileNetV2ish()), x)
@@ -107,5 +124,6 @@ def test_mobilenet_v2_style_blocks_fold_every_batch_norm_and_skip_nothing():
     ep = export(model, (x,))
     result = bnfold.fold(ep)
     assert len(result.report.folded) == n_bn and result.report.skipped == [], result.report
+    assert {f.kind for f in result.report.folded} == {"batch_norm"}
     assert norm_nodes(result.model) == [] and bnfold.check(result.model).strict_ok
     assert_matches(run(result.model, x), reference(model, x))

@@ -190,12 +190,12 @@ def fold_entries(graph: GraphAdapter, layers: list[Layer], steps: list[Step], si
     chain = step_entries(graph, steps)
     written = [graph.node_name(lay.node) for lay in layers]
 
-    def entry(norm: str, node: str) -> Folded:
-        return Folded(norm, into, pattern, side, 0, node, into_node, rule, list(chain), list(written))
+    def entry(norm: str, node: str, kind: str = "") -> Folded:
+        return Folded(norm, into, pattern, side, 0, node, into_node, rule, list(chain), list(written), kind=kind)
 
     norms = [s for s in steps if s.norm is not None]
     if norms:
-        return [entry(graph.norm_label(s.norm), graph.node_name(s.node)) for s in norms]
+        return [entry(graph.norm_label(s.norm), graph.node_name(s.node), s.norm.kind) for s in norms]
     affine = [s for s in steps if s.affine is not None]
     names = "+".join(graph.node_name(s.node) for s in affine)
     path = graph.op_label(affine[0].node)
