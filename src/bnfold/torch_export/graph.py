@@ -19,10 +19,10 @@ from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, St
 from .axes import follow_axis
 from .ops import (
     BINARY_OPS,
-    IDENTITY_HOPS,
-    RESHAPE_HOPS,
+    HOPS,
     addmm_like,
-    dropout_is_identity,
+    hop_is_exact,
+    in_dialect_of,
     module_path,
     node_key,
     op_name,
@@ -77,12 +77,11 @@ class FxGraph:
     def hop(self, node: Any) -> Hop | None:
         if not isinstance(node, Node):
             return None
-        key = node_key(node)
-        if key not in IDENTITY_HOPS and key not in RESHAPE_HOPS:
+        if node_key(node) not in HOPS:
             return None
-        if not node.args or not isinstance(node.args[0], Node) or not dropout_is_identity(node):
+        if not node.args or not isinstance(node.args[0], Node) or not hop_is_exact(node):
             return None
-        return Hop(node, node.args[0], node, op_name(node))
+        return Hop(node, node.args[0], node, op_name(node.target))
 
     def is_live(self, node: Any) -> bool:
         return isinstance(node, Node) and not getattr(node, "_erased", False)
@@ -241,11 +240,7 @@ class FxGraph:
         shape = [1] * axis + [bias.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
         target = derived_target(self.editor.target(layer.weight), "bias", None)
         node = self.editor.add_tensor(layer.weight, target, bias.reshape(shape))
-        target = torch.ops.aten.add.Tensor
-        if value.op == "call_function" and type(value.target).__name__ == "EdgeOpOverload":
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            target = exir_ops.edge.aten.add.Tensor
+        target = in_dialect_of(value.target, torch.ops.aten.add.Tensor)
         users = list(value.users)
         with self.graph.inserting_after(value):
             add = self.graph.call_function(target, (value, node))
@@ -302,11 +297,8 @@ class FxGraph:
         shape = [1] * axis + [scale.numel()] + [1] * (rank - 1 - axis)  # full rank: no broadcast to resolve
         s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale.reshape(shape))
         t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift.reshape(shape))
-        mul_op, add_op = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
-        if type(norm.node.target).__name__ == "EdgeOpOverload":
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            mul_op, add_op = exir_ops.edge.aten.mul.Tensor, exir_ops.edge.aten.add.Tensor
+        mul_op = in_dialect_of(norm.node.target, torch.ops.aten.mul.Tensor)
+        add_op = in_dialect_of(norm.node.target, torch.ops.aten.add.Tensor)
         with graph.inserting_before(norm.node):
             mul = graph.call_function(mul_op, (norm.input, s_node))
             add = graph.call_function(add_op, (mul, t_node))
