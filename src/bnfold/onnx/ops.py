@@ -40,6 +40,7 @@ OPS: dict[str, Op] = {
     "Div": Op("binary", "div", "broadcast"),
     "Add": Op("binary", "add", "broadcast"),
     "Sub": Op("binary", "sub", "broadcast"),
+    "Sum": Op("binary", "add", "broadcast"),  # of two inputs (parse_binary); Caffe converters write adds so
     "Identity": Op("hop", "identity", "same"),
     "Dropout": Op("hop", "identity", "same"),  # a hop only when not training (dropout_training)
     "Transpose": Op("hop", "permute", "permuted"),
