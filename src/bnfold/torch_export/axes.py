@@ -44,6 +44,18 @@ def _permute(node: Node, before: tuple, after: tuple, axis: int, forward: bool) 
     return perm.index(axis) if forward else perm[axis]
 
 
+def _movedim(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+    # movedim(x, source, destination): dims ``source`` go to ``destination``, the others keep their order
+    n = len(before)
+    src, dst = ([int(d) % n for d in (a if isinstance(a, (list, tuple)) else [a])] for a in node.args[1:3])
+    perm: list = [None] * n  # output position -> input dim
+    for s, d in zip(src, dst, strict=True):
+        perm[d] = s
+    rest = iter(i for i in range(n) if i not in src)
+    perm = [p if p is not None else next(rest) for p in perm]
+    return perm.index(axis) if forward else perm[axis]
+
+
 def _reshape(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
     src, dst = (before, after) if forward else (after, before)
     if all(isinstance(s, int) for s in src + dst):
@@ -60,6 +72,7 @@ AXIS_RULES: dict[str, Callable | None] = {
     "unsqueeze": _unsqueeze,
     "transpose": _transpose,
     "permute": _permute,
+    "movedim": _movedim,
 }
 
 

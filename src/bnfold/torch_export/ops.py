@@ -414,7 +414,7 @@ def parse_norm(node: Node) -> Norm | None:
 #: Shape-only hops -> the axis rule (``axes.AXIS_RULES``) that follows the channel axis through them:
 #: ``identity`` (output = first input, element for element), ``reshape`` (view / squeeze / flatten:
 #: the channel axis is where as many elements come before it), ``unsqueeze``, ``transpose``,
-#: ``permute``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``).
+#: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``).
 HOPS: dict[str, str] = {
     "aten::clone.default": "identity",
     "aten::alias.default": "identity",
@@ -450,6 +450,8 @@ HOPS: dict[str, str] = {
     "aten::t_copy.default": "transpose",
     "aten::permute.default": "permute",
     "aten::permute_copy.default": "permute",
+    "aten::movedim.int": "movedim",
+    "aten::movedim.intlist": "movedim",
     "aten::expand.default": "expand",
     "aten::expand_copy.default": "expand",
 }
