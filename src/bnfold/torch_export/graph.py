@@ -40,6 +40,7 @@ class FxGraph:
     def __init__(self, editor: FxTensors):
         self.editor = editor
         self.graph = editor.graph
+        self._layers: dict[Node, tuple] = {}  # node -> ((target, args, kwargs) parsed, Layer | None)
 
     # ------------------------------------------------------------------ classify
 
@@ -50,9 +51,20 @@ class FxGraph:
 
     def layers(self) -> Iterator[Layer]:
         for node in self._live():
-            layer = parse_layer(node)
+            layer = self._parse_layer(node)
             if layer is not None:
                 yield layer
+
+    def _parse_layer(self, node: Node) -> Layer | None:
+        """``parse_layer(node)``, kept while the node's target and arguments stay the same objects (an
+        edit gives a node new ``args``; a layer's reading depends only on them and their weight path)."""
+        seen = (node.target, node.args, node.kwargs)
+        hit = self._layers.get(node)
+        if hit is not None and all(a is b for a, b in zip(hit[0], seen, strict=True)):
+            return hit[1]
+        layer = parse_layer(node)
+        self._layers[node] = (seen, layer)
+        return layer
 
     def norms(self) -> Iterator[Norm]:
         for node in self._live():
@@ -61,7 +73,7 @@ class FxGraph:
                 yield norm
 
     def layer(self, node: Any) -> Layer | None:
-        return parse_layer(node) if isinstance(node, Node) else None
+        return self._parse_layer(node) if isinstance(node, Node) else None
 
     def norm(self, node: Any) -> Norm | None:
         if not isinstance(node, Node):
