@@ -24,9 +24,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "executorch")]
 
 from common import batch_norm_nodes  # noqa: E402
-from et_models import MBConv, prepared  # noqa: E402  (tests/executorch/et_models.py)
+from et_models import prepared  # noqa: E402  (tests/executorch/et_models.py)
 
 from bnfold_testutil import reference  # noqa: E402  (tests/bnfold_testutil.py)
+from zoo import MBConv  # noqa: E402  (tests/zoo.py: the model zoo shared with the tests)
 
 
 def lower(ep, fold: bool):
