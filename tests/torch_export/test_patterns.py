@@ -404,3 +404,21 @@ def test_movedim_axis_rule_matches_torch(source, destination):
         after = follow_axis(node, tuple(x.shape), tuple(y.shape), axis, True)
         assert y.shape[after] == x.shape[axis]
         assert follow_axis(node, tuple(x.shape), tuple(y.shape), after, False) == axis
+
+
+@pytest.mark.parametrize("spelling", ["swapaxes", "swapdims"])
+def test_batch_norm_after_swapaxes_folds_into_a_channels_last_linear(spelling):
+    """``x.swapaxes(1, -1)`` / ``x.swapdims(1, -1)`` (kept as such in the default IR) are transposes."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn = nn.Linear(3, 4), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.fc(getattr(x, spelling)(1, -1))  # [N, 3, H, W] -> [N, W, H, 3] -> [N, W, H, 4]
+            return self.bn(getattr(y, spelling)(1, -1))
+
+    ep, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 3, 5, 6),), folded=1)
+    assert any(spelling in str(n.target) for n in ep.graph.nodes)
+    assert norm_nodes(result.model) == []

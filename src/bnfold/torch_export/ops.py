@@ -446,6 +446,8 @@ HOPS: dict[str, str] = {
     "aten::unsqueeze_copy.default": "unsqueeze",
     "aten::transpose.int": "transpose",
     "aten::transpose_copy.int": "transpose",
+    "aten::swapaxes.default": "transpose",
+    "aten::swapdims.default": "transpose",
     "aten::t.default": "transpose",
     "aten::t_copy.default": "transpose",
     "aten::permute.default": "permute",
