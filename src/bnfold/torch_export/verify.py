@@ -3,14 +3,16 @@
 An ExecuTorch edge program's verifier (``EXIREdgeDialectVerifier``) runs, on
 top of torch's structural checks, a dtype check that interprets every node of
 the graph with fake tensors: for a big program it costs more than the fold.
-The input program passed that check when it was built; a node the fold did not
-touch (same op, same arguments, arguments of the same dtypes) gets the same
-verdict again.  So a folded program is built with the same verifiers, except
-that the dtype check runs only over the nodes the fold added or changed, in a
-graph of their own (ExecuTorch's own check, on that graph); every other check
-(ops valid in the edge dialect, the signature, contiguous tensors) still runs
-over the whole program.  The program that comes out carries the original
-verifiers, so every later step verifies it in full.
+The input program passed that check when it was built, and the check reads
+only a call's op, the dtypes of its tensor arguments and the dtype of its
+result: a call with the same op, the same dtype in each argument place and
+the same result dtype as before the fold gets the same verdict again.  So a
+folded program is built with the same verifiers, except that the dtype check
+runs only over the calls the fold added or changed, in a graph of their own
+(ExecuTorch's own check, on that graph); every other check (ops valid in the
+edge dialect, the signature, contiguous tensors) still runs over the whole
+program.  The program that comes out carries the original verifiers, so
+every later step verifies it in full.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 import torch
 from torch.fx import Graph, Node
+from torch.fx.node import map_arg
 
 Snapshot = dict[Node, tuple]
 
@@ -29,7 +32,9 @@ def _dtype(node: Node) -> Any:
 
 
 def _signature(node: Node) -> tuple:
-    return node.target, node.args, dict(node.kwargs), tuple((n, _dtype(n)) for n in node.all_input_nodes), _dtype(node)
+    """What ExecuTorch's dtype check reads of a call: its op, the dtype in each argument place, its result's dtype."""
+    dtypes = map_arg((node.args, node.kwargs), _dtype)
+    return node.target, dtypes[0], dict(dtypes[1]), _dtype(node)
 
 
 def _edge_verifier(verifier: type) -> bool:
