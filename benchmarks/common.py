@@ -223,3 +223,11 @@ def write_text(name: str, text: str, out_dir: Path | None = None) -> Path:
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
+
+
+def batch_norm_nodes(program) -> int:
+    """The batch norm nodes of an ExportedProgram or GraphModule (ATen or edge dialect), as the torch.export
+    frontend's op table reads them (``bnfold.torch_export.ops.OPS``): the benchmarks count what bnfold folds."""
+    from bnfold.torch_export.ops import op_of
+
+    return sum(1 for n in program.graph.nodes if (row := op_of(n)) is not None and row.kind == "batch_norm")

@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (
     RESULTS,
+    batch_norm_nodes,
     fmt_pct,
     fmt_s,
     fmt_x,
@@ -191,10 +192,6 @@ def _patterns(report) -> dict:
     return out
 
 
-def _bn_nodes(ep) -> int:
-    return sum("batch_norm" in str(n.target) for n in ep.graph.nodes)
-
-
 def measure(name: str, rounds: int) -> dict:
     import torch
 
@@ -222,8 +219,8 @@ def measure(name: str, rounds: int) -> dict:
         "large_weight": b["parameters"] >= LARGE_WEIGHT_PARAMS,
         "nodes_aten": len(ep.graph.nodes),
         "nodes_edge": len(eep.graph.nodes),
-        "batch_norm_nodes_aten": _bn_nodes(ep),
-        "batch_norm_nodes_edge": _bn_nodes(eep),
+        "batch_norm_nodes_aten": batch_norm_nodes(ep),
+        "batch_norm_nodes_edge": batch_norm_nodes(eep),
         # folds whose pattern holds a batch_norm; the rest are other per-channel affines bnfold also folds
         # (e.g. the ``/ 6`` of a decomposed hardswish in the edge program)
         "folded": _bn_folds(res.report),
@@ -235,8 +232,8 @@ def measure(name: str, rounds: int) -> dict:
         "skipped_edge": len(res_edge.report.skipped),
         "patterns": _patterns(res.report),
         "patterns_edge": _patterns(res_edge.report),
-        "batch_norm_nodes_left": _bn_nodes(res.model),
-        "batch_norm_nodes_left_edge": _bn_nodes(res_edge.model),
+        "batch_norm_nodes_left": batch_norm_nodes(res.model),
+        "batch_norm_nodes_left_edge": batch_norm_nodes(res_edge.model),
         "written_tensors": len(written),
         "written_bytes": written_bytes,
         "to_edge_s": t_edge,
@@ -531,7 +528,7 @@ def profile(names, top: int = 30, out=None, ir: str = "default") -> str:
         s = io.StringIO()
         s.write(
             f"## {name}: bnfold.fold on the {ir}-IR program ({len(ep.graph.nodes)} nodes, "
-            f"{_bn_nodes(ep)} batch_norm nodes, {b['parameters'] / 1e6:.2f}M parameters, fold writes "
+            f"{batch_norm_nodes(ep)} batch_norm nodes, {b['parameters'] / 1e6:.2f}M parameters, fold writes "
             f"{len(written)} tensors / {sum(w.numel() * w.element_size() for w in written) / 2**20:.1f} MiB)\n"
         )
         s.write(f"torch.export.export once: {t_export:.3f} s\n")

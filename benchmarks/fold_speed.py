@@ -39,6 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (
     RESULTS,
+    batch_norm_nodes,
     fmt_pct,
     fmt_s,
     fmt_x,
@@ -75,10 +76,6 @@ LABELS = {
 }
 
 
-def _count_bn_nodes(gm) -> int:
-    return sum("batch_norm" in str(n.target) for n in gm.graph.nodes)
-
-
 def _count_bn_modules(module) -> int:
     import torch
 
@@ -111,19 +108,19 @@ def measure(n: int, rounds: int, validate_edge: bool, budget_s: float | None) ->
     def t_bnfold():
         t, res = timed(lambda: bnfold.fold(ep))
         checks["bnfold_folded"] = len(res.report.folded)
-        checks["bnfold_left"] = _count_bn_nodes(res.model.graph_module)
+        checks["bnfold_left"] = batch_norm_nodes(res.model.graph_module)
         return t
 
     def t_bnfold_edge():
         t, res = timed(lambda: bnfold.fold(eep))
         checks["bnfold_edge_folded"] = len(res.report.folded)
-        checks["bnfold_edge_left"] = _count_bn_nodes(res.model.graph_module)
+        checks["bnfold_edge_left"] = batch_norm_nodes(res.model.graph_module)
         return t
 
     def t_et():
         prog = copy.deepcopy(eep)
         t, res = timed(lambda: FuseBatchNormWithConvPass(prog)(prog.graph_module))
-        checks["et_pass_left"] = _count_bn_nodes(res.graph_module)
+        checks["et_pass_left"] = batch_norm_nodes(res.graph_module)
         return t
 
     def t_fx():
@@ -216,7 +213,7 @@ def profile_fold(ep, label: str, top: int = 30) -> str:
     and the GC pause total."""
     import bnfold
 
-    n = sum("batch_norm" in str(node.target) for node in ep.graph.nodes)
+    n = batch_norm_nodes(ep)
     bnfold.fold(ep)  # warm
     walls = []
     for gc_on in (True, False, True, False):

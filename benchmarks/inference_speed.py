@@ -44,6 +44,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import (
+    batch_norm_nodes,
     fmt_x,
     load_now,
     log,
@@ -60,10 +61,6 @@ from common import (
 VARIANTS = ("unfolded", "folded", "ideal", "ideal_bias")
 RUNTIMES = ("eager", "portable", "xnnpack")
 SAMPLE_S = 0.02
-
-
-def _bn_nodes(ep) -> int:
-    return sum("batch_norm" in str(n.target) for n in ep.graph.nodes)
 
 
 def _rel_err(out, ref) -> float:
@@ -123,7 +120,7 @@ def _lower_portable(ep):
     from executorch.exir import to_edge
 
     edge = to_edge(ep)
-    bn = _bn_nodes(edge.exported_program())
+    bn = batch_norm_nodes(edge.exported_program())
     return edge.to_executorch().buffer, bn
 
 
@@ -147,7 +144,7 @@ def _lower_xnnpack(ep):
         "delegate_calls": delegated,
         "ops_outside_delegate": len(left),
         "outside": sorted(set(left)),
-        "batch_norm_outside": _bn_nodes(edge.exported_program()),
+        "batch_norm_outside": batch_norm_nodes(edge.exported_program()),
     }
 
 
@@ -180,7 +177,7 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
         "bn_stats": bn_stats_summary(b["model"]),
         "folded": len(fold.report.folded),
         "skipped": [s.__dict__ for s in fold.report.skipped],
-        "batch_norm_nodes": {v: _bn_nodes(e) for v, e in eps.items()},
+        "batch_norm_nodes": {v: batch_norm_nodes(e) for v, e in eps.items()},
         "runtimes": {},
     }
     log(

@@ -29,7 +29,7 @@ from torch import nn
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from common import RESULTS, log, quiet, table, write_json, write_text  # noqa: E402
+from common import RESULTS, batch_norm_nodes, log, quiet, table, write_json, write_text  # noqa: E402
 from models import calibrate, structured_inputs  # noqa: E402
 
 from bnfold.numerics import emulate  # noqa: E402
@@ -101,7 +101,7 @@ def run(blocks, size: int, batches: int) -> dict:
     lowered = fold_program(ep, lower_unfoldable=True)
     variants = {"unfolded": ep, "folded": folded.model, "folded + lowered": lowered.model}
     counts = {
-        "batch_norms": sum("batch_norm" in str(n.target) for n in ep.graph.nodes),
+        "batch_norms": batch_norm_nodes(ep),
         "folded": len(folded.report.folded),
         "skipped": len(folded.report.skipped),
         "lowered": len(lowered.report.lowered),

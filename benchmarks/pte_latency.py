@@ -21,11 +21,13 @@ import time
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "executorch")]
+sys.path[:0] = [HERE, os.path.join(HERE, "..", "tests"), os.path.join(HERE, "..", "tests", "executorch")]
 
-from et_models import MBConv, prepared  # noqa: E402  (tests/executorch/et_models.py)
+from common import batch_norm_nodes  # noqa: E402
+from et_models import prepared  # noqa: E402  (tests/executorch/et_models.py)
 
 from bnfold_testutil import reference  # noqa: E402  (tests/bnfold_testutil.py)
+from zoo import MBConv  # noqa: E402  (tests/zoo.py: the model zoo shared with the tests)
 
 
 def lower(ep, fold: bool):
@@ -39,7 +41,7 @@ def lower(ep, fold: bool):
         pass_ = FoldBatchNormPass()
         edge = edge.transform([pass_])
         report = pass_.report
-    norms = sum("batch_norm" in str(n.target) for n in edge.exported_program().graph.nodes)
+    norms = batch_norm_nodes(edge.exported_program())
     return edge.to_executorch().buffer, norms, report
 
 

@@ -8,6 +8,8 @@ C  fp16_fidelity.py     fp16 / htp fidelity unfolded vs folded (bnfold.audit): d
 D  fold_real.py         fold time on real architectures (ResNet-18/50, R3D-18, EfficientNetV2-S, MobileNetV3-L,
                         FCN-ResNet50, LeViT-128S) vs torch.export, on the edge program, and vs weight I/O;
                         its files go to ``benchmarks/results/fold_real/`` (ignored by git via its own .gitignore)
+E  transformer_block.py LayerNorm affines folded in a ViT block: latency and error
+F  lowering.py          lowering the batch norms that cannot fold (x * scale + shift)
 
 Each part runs in its own process (a part's memory and garbage do not leak
 into the next one's timings), prints its tables and writes them as JSON and
@@ -34,11 +36,15 @@ sys.path.insert(0, str(HERE))
 
 from common import RESULTS, fmt_pct, fmt_x, load_now, machine, write_json, write_text  # noqa: E402
 
+#: The parts of the benchmark package, in run order: key -> (script, its results file without suffix).
+#: A new part is one row (its script prints its tables and takes ``--quick`` and ``--out``).
 PARTS = {
     "A": ("fold_speed.py", "fold_speed"),
     "B": ("inference_speed.py", "inference_speed"),
     "C": ("fp16_fidelity.py", "fp16_fidelity"),
     "D": ("fold_real.py", "fold_real/fold_real"),
+    "E": ("transformer_block.py", "transformer_block"),
+    "F": ("lowering.py", "lowering"),
 }
 # Lines native libraries print on import that say nothing about the benchmark.
 NOISE = re.compile(
@@ -194,7 +200,7 @@ def render_headline(h: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="smoke run with tiny sizes")
-    ap.add_argument("--only", default="A,B,C,D", help="parts to run, e.g. A,C")
+    ap.add_argument("--only", default=",".join(PARTS), help="parts to run, e.g. A,C (default: all)")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     args = ap.parse_args(argv)
     out = Path(args.out) if args.out else None
@@ -207,7 +213,11 @@ def main(argv=None) -> int:
         flush=True,
     )
     status, seconds = {}, {}
-    for key in [k.strip().upper() for k in args.only.split(",") if k.strip()]:
+    keys = [k.strip().upper() for k in args.only.split(",") if k.strip()]
+    unknown = [k for k in keys if k not in PARTS]
+    if unknown:
+        ap.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+    for key in keys:
         # full run: also profile ExecuTorch's pass at 200 blocks, to show where its superlinear time goes
         extra = ["--profile-et", "200"] if key == "A" and not args.quick else []
         status[key], seconds[key] = run_part(key, args.quick, out, extra)

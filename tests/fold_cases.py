@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bnfold.report import Code
+from zoo import ConvBn
 
 BATCH = 4  #: the example batch every program is exported with
 OTHER_BATCH = 3  #: a second batch size a dynamic program must also run with
@@ -34,15 +35,6 @@ _CALIBRATION_BATCH = 16
 
 
 # --------------------------------------------------------------------------- the models
-
-
-class ConvBn(nn.Module):
-    def __init__(self, conv: nn.Module, bn: nn.Module):
-        super().__init__()
-        self.conv, self.bn = conv, bn
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
 
 
 class LinearBn(nn.Module):

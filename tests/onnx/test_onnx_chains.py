@@ -209,3 +209,16 @@ def test_affine_after_attention_scores_is_not_reported():
     g.output(g.node("Mul", [s, g.init("scale", np.float32(0.5))], "y", name="scale_mul"))
     r = fold_onnx(g.model())
     assert not r.report.folded and not r.report.skipped
+
+
+def test_two_input_sum_is_an_add():
+    """``Sum`` of two inputs (how Caffe-converted models write an elementwise add) folds like ``Add``;
+    a ``Sum`` of three stays."""
+    g = G()
+    c = _conv(g)
+    y = g.node("Sum", [c, g.randn("t", 4, 1, 1)], "s", name="sum")
+    g.output(g.node("Sum", [y, g.randn("u", 4, 1, 1), g.randn("v", 4, 1, 1)], "y", name="sum3"))
+    r = check_fold(g.model(), g.feeds, folded=1, gone=())
+    f = r.report.folded[0]
+    assert (f.norm, f.pattern) == ("affine sum", "Conv+Sum")
+    assert ops(r.model) == ["Conv", "Sum"]

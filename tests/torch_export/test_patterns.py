@@ -374,3 +374,53 @@ def test_matmul_by_a_constant_matrix_is_a_linear():
 
     _, result = _check(randomize_bn(M()).eval(), (torch.randn(4, 8),), "default", folded=1)
     assert result.report.folded[0].pattern == "matmul+batch_norm"
+
+
+def test_batch_norm_after_movedim_folds_into_a_channels_last_linear():
+    """A pointwise conv written as ``nn.Linear`` over channels-last (ConvNeXt style), moved back to
+    channels-first with ``movedim`` (kept as ``aten.movedim.int`` in the default IR), then BatchNorm."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn = nn.Linear(3, 4), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            return self.bn(self.fc(x.movedim(1, -1)).movedim(-1, 1))
+
+    ep, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 3, 5, 6),), folded=1)
+    assert any("movedim" in str(n.target) for n in ep.graph.nodes)
+    assert norm_nodes(result.model) == []
+    assert "movedim" in result.report.folded[0].pattern
+
+
+@pytest.mark.parametrize("source,destination", [(1, -1), (-1, 1), ([0, 2], [3, 1]), ([1, 3], [0, 2])])
+def test_movedim_axis_rule_matches_torch(source, destination):
+    from bnfold.torch_export.axes import follow_axis
+
+    x = torch.empty(2, 3, 4, 5)  # distinct sizes: the axis of each size is known on both sides
+    y = x.movedim(source, destination)
+    op = torch.ops.aten.movedim.int if isinstance(source, int) else torch.ops.aten.movedim.intlist
+    node = torch.fx.Graph().call_function(op, (None, source, destination))
+    for axis in range(4):
+        after = follow_axis(node, tuple(x.shape), tuple(y.shape), axis, True)
+        assert y.shape[after] == x.shape[axis]
+        assert follow_axis(node, tuple(x.shape), tuple(y.shape), after, False) == axis
+
+
+@pytest.mark.parametrize("spelling", ["swapaxes", "swapdims"])
+def test_batch_norm_after_swapaxes_folds_into_a_channels_last_linear(spelling):
+    """``x.swapaxes(1, -1)`` / ``x.swapdims(1, -1)`` (kept as such in the default IR) are transposes."""
+
+    class M(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc, self.bn = nn.Linear(3, 4), nn.BatchNorm2d(4)
+
+        def forward(self, x):
+            y = self.fc(getattr(x, spelling)(1, -1))  # [N, 3, H, W] -> [N, W, H, 3] -> [N, W, H, 4]
+            return self.bn(getattr(y, spelling)(1, -1))
+
+    ep, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 3, 5, 6),), folded=1)
+    assert any(spelling in str(n.target) for n in ep.graph.nodes)
+    assert norm_nodes(result.model) == []

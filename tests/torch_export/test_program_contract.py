@@ -10,17 +10,9 @@ import torch.nn.functional as F
 import bnfold
 from bnfold import fold_math
 from bnfold_testutil import TwoPaths, assert_matches, export, norm_nodes, randomize_bn, reference, run
+from zoo import ConvBn
 
 X = (torch.randn(2, 3, 8, 8),)
-
-
-class ConvBn(nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv, self.bn = nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4)
-
-    def forward(self, x):
-        return self.bn(self.conv(x))
 
 
 @pytest.mark.parametrize("ir", ["default", "decomposed"])
@@ -102,7 +94,7 @@ def test_save_load_decompose_module_and_idempotence(ir, tmp_path):
 
 
 def test_conv_without_bias_gains_one_under_its_module_name():
-    model = randomize_bn(ConvBn()).eval()
+    model = randomize_bn(ConvBn(nn.Conv2d(3, 4, 3, bias=False), nn.BatchNorm2d(4))).eval()
     folded = bnfold.fold(export(model, X)).model
     assert set(folded.state_dict) == {"conv.weight", "conv.bias"}
     module = folded.module()

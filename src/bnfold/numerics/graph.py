@@ -4,8 +4,8 @@ Layers and batch norms are recognized by the torch.export frontend
 (:func:`bnfold.torch_export.ops.parse_layer` / ``parse_norm``); this module
 adds only what the emulator needs on top:
 
-* ``op_name``: a node's short op name (``convolution``), the key of the
-  emulator's own rounding tables;
+* ``op_name`` (the frontend's, re-exported): a node's short op name
+  (``convolution``), the key of the emulator's own rounding tables;
 * ``PLAIN_MATMULS`` / ``layer_kind``: matrix products that no fold can change
   but that the emulator treats as layers (per-layer error, fp16 accumulation);
 * ``running_stats_norm``: ``parse_norm`` narrowed to eval-mode norms;
@@ -14,13 +14,12 @@ adds only what the emulator needs on top:
 
 from __future__ import annotations
 
-import operator
 from typing import Any
 
 import torch
 from torch.export.graph_signature import InputKind
 
-from ..torch_export.ops import Norm, parse_layer, parse_norm
+from ..torch_export.ops import Norm, op_name, parse_layer, parse_norm
 
 #: Matrix products accumulated like a linear layer.  The frontend recognizes an ``mm`` /
 #: ``addmm`` / ``bmm`` as a layer only when its second operand is a constant weight it can
@@ -29,16 +28,6 @@ from ..torch_export.ops import Norm, parse_layer, parse_norm
 PLAIN_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul"})
 
 _LIFTED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
-
-
-def op_name(target: Any) -> str:
-    """``convolution`` for ``aten.convolution.default`` and its edge twin, ``getitem`` for operator.getitem."""
-    schema = getattr(target, "_schema", None)
-    if schema is not None:
-        return schema.name.split("::")[-1]
-    if target is operator.getitem:
-        return "getitem"
-    return getattr(target, "__name__", str(target))
 
 
 def layer_kind(node: torch.fx.Node) -> str | None:

@@ -6,20 +6,22 @@ shape inference left unknown (a Reshape to a computed shape, dynamic dims).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from math import prod
 from typing import Any
 
 import numpy as np
 
+from ..engine.axes import channel_axis, same_place
 from ..engine.graph import Hop
 from .nodes import attr
-from .ops import IDENTITY_HOPS, NORMS
+from .ops import HOPS, op_of
 
 
 def follow_axis(graph: Any, hop: Hop, axis: int, forward: bool) -> int | str:
     """The channel axis after ``hop`` (``forward``) or before it (the inverse map), or why it is lost."""
-    p = hop.node.proto
-    if p.op_type in IDENTITY_HOPS:
+    rule = AXIS_RULES[HOPS[hop.node.proto.op_type]]
+    if rule is None:  # the identity
         return axis
     what = graph.describe_node(hop.node)
     r_in, r_out = graph.shape_info(hop.input).rank, graph.shape_info(hop.output).rank
@@ -29,28 +31,36 @@ def follow_axis(graph: Any, hop: Hop, axis: int, forward: bool) -> int | str:
         return f"the rank {side} {what} is unknown, so the channel axis cannot be followed"
     if rank == 0:
         return f"{what} reads or writes a scalar, which has no channel axis"
-    a = axis % rank
-    if p.op_type == "Transpose":
-        perm = attr(p, "perm")
-        perm = list(range(rank - 1, -1, -1)) if perm is None else [int(x) % rank for x in perm]
-        if sorted(perm) != list(range(rank)):
-            return f"{what} has a perm that does not match the rank {rank}"
-        return perm.index(a) if forward else perm[a]
-    if p.op_type in ("Unsqueeze", "Squeeze"):
-        return _squeeze(graph, hop, a, rank, forward, what)
-    before, after = graph.shape_info(hop.input).shape, _shape_after(graph, hop)
-    if before is None or after is None:
-        return (
-            f"the shape {'before' if before is None else 'after'} {what} is unknown, so the channel axis "
-            "cannot be followed"
-        )
-    found = _same_place(before, after, a) if forward else _same_place(after, before, a)
-    if found is None:
-        return (
-            f"{what} does not keep the channel axis (shape {_fmt(before)} -> {_fmt(after)}, channels on axis "
-            f"{a} {'before' if forward else 'after'} it)"
-        )
-    return found
+    return rule(graph, hop, channel_axis(axis, rank), rank, forward, what)
+
+
+def _permute(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) -> int | str:
+    perm = attr(hop.node.proto, "perm")
+    perm = list(range(rank - 1, -1, -1)) if perm is None else [int(x) % rank for x in perm]
+    if sorted(perm) != list(range(rank)):
+        return f"{what} has a perm that does not match the rank {rank}"
+    return perm.index(a) if forward else perm[a]
+
+
+def _reshaped(shape_after: Callable) -> Callable:
+    """The rule of a reshape whose output dims ``shape_after(graph, hop)`` computes: ``same_place``."""
+
+    def follow(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) -> int | str:
+        before, after = graph.shape_info(hop.input).shape, shape_after(graph, hop)
+        if before is None or after is None:
+            return (
+                f"the shape {'before' if before is None else 'after'} {what} is unknown, so the channel axis "
+                "cannot be followed"
+            )
+        found = same_place(before, after, a) if forward else same_place(after, before, a)
+        if found is None:
+            return (
+                f"{what} does not keep the channel axis (shape {_fmt(before)} -> {_fmt(after)}, channels on "
+                f"axis {a} {'before' if forward else 'after'} it)"
+            )
+        return found
+
+    return follow
 
 
 def axes_of(graph: Any, hop: Hop) -> list[int] | None | str:
@@ -70,7 +80,7 @@ def _squeeze(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) 
     axes = axes_of(graph, hop)
     if isinstance(axes, str):
         return axes
-    unsqueeze = hop.node.proto.op_type == "Unsqueeze"
+    unsqueeze = HOPS[hop.node.proto.op_type] == "unsqueeze"
     if axes is None:
         dims = graph.shape_info(hop.input).shape
         if unsqueeze:
@@ -89,16 +99,20 @@ def _squeeze(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) 
     return kept.index(a)
 
 
-def _shape_after(graph: Any, hop: Hop) -> list | None:
-    """The output dims of a Reshape or Flatten: inferred, completed from a constant target shape."""
+def _flatten_dims(graph: Any, hop: Hop) -> list | None:
+    """The output dims of a Flatten: inferred, or computed from static input dims."""
+    before, after = graph.shape_info(hop.input).shape, graph.shape_info(hop.output).shape
+    if after is None and before is not None and all(isinstance(d, int) for d in before):
+        k = int(attr(hop.node.proto, "axis", 1)) % (len(before) or 1)
+        return [prod(before[:k]), prod(before[k:])]
+    return None if after is None else list(after)
+
+
+def _reshape_dims(graph: Any, hop: Hop) -> list | None:
+    """The output dims of a Reshape: inferred, completed from a constant target shape."""
     p = hop.node.proto
     before = graph.shape_info(hop.input).shape
     after = graph.shape_info(hop.output).shape
-    if p.op_type == "Flatten":
-        if after is None and before is not None and all(isinstance(d, int) for d in before):
-            k = int(attr(p, "axis", 1)) % (len(before) or 1)
-            return [prod(before[:k]), prod(before[k:])]
-        return None if after is None else list(after)
     target = graph.const(graph.value(hop.node.gi, p.input[1])) if len(p.input) > 1 and p.input[1] else None
     if target is None or before is None:
         return None if after is None else list(after)
@@ -113,28 +127,16 @@ def _shape_after(graph: Any, hop: Hop) -> list | None:
     return built
 
 
-def _product(dims) -> tuple | None:
-    """A comparable product of dims: (int part, sorted symbols), or None if a dim is unknown."""
-    if any(d is None for d in dims):
-        return None
-    return prod(d for d in dims if isinstance(d, int)), tuple(sorted(d for d in dims if isinstance(d, str)))
-
-
-def _same_place(src, dst, axis: int) -> int | None:
-    """The axis of ``dst`` with the size of ``src[axis]`` and as many elements before it (or after it)."""
-    if not 0 <= axis < len(src):
-        return None
-    size = src[axis]
-    if size is None:
-        return None
-    for k, d in enumerate(dst):
-        if d != size:
-            continue
-        pre_src, pre_dst = _product(src[:axis]), _product(dst[:k])
-        post_src, post_dst = _product(src[axis + 1 :]), _product(dst[k + 1 :])
-        if (pre_src is not None and pre_src == pre_dst) or (post_src is not None and post_src == post_dst):
-            return k
-    return None
+#: How the channel axis passes each kind of hop (the ``kind`` of its row in ``ops.OPS``):
+#: ``rule(graph, hop, axis, rank, forward, what) -> axis | why not``; None: the identity.
+AXIS_RULES: dict[str, Callable | None] = {
+    "identity": None,
+    "permute": _permute,
+    "squeeze": _squeeze,
+    "unsqueeze": _squeeze,
+    "reshape": _reshaped(_reshape_dims),
+    "flatten": _reshaped(_flatten_dims),
+}
 
 
 def _fmt(dims) -> str:
@@ -142,10 +144,6 @@ def _fmt(dims) -> str:
 
 
 # --------------------------------------------------------------------------- what inference left unknown
-
-_SAME_RANK = ("Identity", "Dropout", "Transpose", "Mul", "Div", "Add", "Sub", *NORMS)
-_SAME_SHAPE = ("Identity", "Dropout", "Relu", *NORMS)
-_BINARY = ("Mul", "Div", "Add", "Sub")
 
 
 def consumer_dims(graph: Any, value: Any) -> list | None:
@@ -159,7 +157,9 @@ def consumer_dims(graph: Any, value: Any) -> list | None:
         if node is None:
             continue
         p, gi, op = node.proto, node.gi, node.proto.op_type
-        if not p.output or (p.input[0] != value.name and op not in _BINARY):
+        row = op_of(p)
+        shape, binary = row.shape if row else "", row is not None and row.role == "binary"
+        if not p.output or (p.input[0] != value.name and not binary):
             continue  # only a binary op's operands are interchangeable
         result = graph.value(gi, p.output[0])
         weight = graph.dims(graph.value(gi, p.input[1])) if len(p.input) > 1 and p.input[1] else None
@@ -173,9 +173,9 @@ def consumer_dims(graph: Any, value: Any) -> list | None:
         if op in ("Conv", "ConvTranspose") and weight is not None and len(weight) >= 3:
             c = weight[1] * int(attr(p, "group", 1)) if op == "Conv" else weight[0]
             return [None, c] + [None] * (len(weight) - 2)
-        if op in _SAME_SHAPE and (shape := graph.shape_info(result).shape) is not None:
-            return list(shape)
-        if op in _BINARY and len(p.input) == 2 and (rank := graph.shape_info(result).rank) is not None:
+        if shape == "same" and (dims := graph.shape_info(result).shape) is not None:
+            return list(dims)
+        if binary and len(p.input) == 2 and (rank := graph.shape_info(result).rank) is not None:
             other = p.input[1] if p.input[0] == value.name else p.input[0]
             other_rank = graph.shape_info(graph.value(gi, other)).rank
             if other_rank is not None and other_rank < rank:
@@ -199,23 +199,26 @@ def producer_rank(graph: Any, node: Any) -> int | None:
     def rank(i: int) -> int | None:
         return graph.shape_info(graph.value(node.gi, p.input[i])).rank if len(p.input) > i and p.input[i] else None
 
-    op = p.op_type
+    op, row = p.op_type, op_of(p)
+    if row is None:
+        return None
+    kind = row.kind if row.role == "hop" else ""
     if op in ("Conv", "ConvTranspose"):
         return rank(1)
-    if op == "Gemm" or op == "Flatten":
+    if op == "Gemm" or kind == "flatten":
         return 2
     if op == "MatMul":
         ranks = [rank(0), rank(1)]
         return None if None in ranks or min(ranks) < 2 else max(ranks)
-    if op in _SAME_RANK:
-        ranks = [rank(i) for i in range(len(p.input) if op in ("Mul", "Div", "Add", "Sub") else 1)]
+    if row.shape in ("same", "broadcast", "permuted"):
+        ranks = [rank(i) for i in range(len(p.input) if row.shape == "broadcast" else 1)]
         return None if None in ranks else max(ranks)
-    if op in ("Unsqueeze", "Squeeze"):
+    if kind in ("unsqueeze", "squeeze"):
         axes = axes_of(graph, Hop(node, None, None, op))
         if not isinstance(axes, list) or rank(0) is None:
             return None
-        return rank(0) + len(axes) if op == "Unsqueeze" else rank(0) - len(axes)
-    if op == "Reshape" and len(p.input) > 1:
+        return rank(0) + len(axes) if kind == "unsqueeze" else rank(0) - len(axes)
+    if kind == "reshape" and len(p.input) > 1:
         target = graph.const(graph.value(node.gi, p.input[1]))
         return None if target is None else int(np.asarray(target.value).size)
     return None

@@ -23,7 +23,7 @@ from .index import Const, ModelIndex
 from .nodes import attr, is_onnx_op, remove_attr
 from .nodes import label as node_label
 from .ops import (
-    LAYER_KINDS,
+    LAYER_OPS,
     NORM_AFFINES,
     NORMS,
     dropout_training,
@@ -71,7 +71,7 @@ class OnnxGraph:
     # ------------------------------------------------------------------ classify
 
     def layers(self) -> Iterator[Layer]:
-        for node in self._nodes(LAYER_KINDS):
+        for node in self._nodes(LAYER_OPS):
             layer = parse_layer(self, node)
             if layer is not None:
                 yield layer

@@ -22,39 +22,67 @@ from onnx import NodeProto
 
 from ..engine.chain import per_channel
 from ..engine.graph import Binary, Hop, Layer, Norm
+from ..engine.optable import Op
 from ..report import Code
 from .handles import Node
 from .nodes import attr, is_onnx_op
 
-#: Layer op types, by the ``bnfold.kinds.LAYER_KINDS`` kind they are.
-LAYER_KINDS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "linear", "MatMul": "linear"}
-#: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
-BINARY_OPS = {"Mul": "mul", "Div": "div", "Add": "add", "Sub": "sub"}
-#: Ops whose output is their input, element for element (Dropout only when not training).
-IDENTITY_HOPS = ("Identity", "Dropout")
-#: Ops that only change the shape; the channel axis is followed through them.
-RESHAPE_HOPS = ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten")
-#: Ops that read only the shape of their input: a user through them is no user for a fold.
-METADATA_READERS = ("Shape", "Size")
+#: Every op type bnfold reads (default ONNX domain only).  Supporting another spelling is one row.
+OPS: dict[str, Op] = {
+    "Conv": Op("layer", "conv"),
+    "ConvTranspose": Op("layer", "conv_transpose"),
+    "Gemm": Op("layer", "linear"),
+    "MatMul": Op("layer", "linear"),
+    "BatchNormalization": Op("norm", "batch_norm", "same"),
+    "LayerNormalization": Op("norm", "layer_norm", "same", affine=(-1, 1, 2)),
+    "RMSNormalization": Op("norm", "rms_norm", "same", affine=(-1, 1, None)),
+    "GroupNormalization": Op("norm", "group_norm", "same", affine=(1, 1, 2)),
+    "Mul": Op("binary", "mul", "broadcast"),
+    "Div": Op("binary", "div", "broadcast"),
+    "Add": Op("binary", "add", "broadcast"),
+    "Sub": Op("binary", "sub", "broadcast"),
+    "Sum": Op("binary", "add", "broadcast"),  # of two inputs (parse_binary); Caffe converters write adds so
+    "Identity": Op("hop", "identity", "same"),
+    "Dropout": Op("hop", "identity", "same"),  # a hop only when not training (dropout_training)
+    "Transpose": Op("hop", "permute", "permuted"),
+    "Unsqueeze": Op("hop", "unsqueeze"),
+    "Squeeze": Op("hop", "squeeze"),
+    "Reshape": Op("hop", "reshape"),
+    "Flatten": Op("hop", "flatten"),
+    "Shape": Op("metadata"),
+    "Size": Op("metadata"),
+    "Relu": Op("elementwise", shape="same"),
+}
+
+
+def op_of(node: NodeProto) -> Op | None:
+    """The row of ``node``'s op type, or None (another domain, or an op bnfold does not read)."""
+    return OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+
+
+def _having(role: str) -> dict[str, Op]:
+    return {name: op for name, op in OPS.items() if op.role == role}
+
+
+# Views of ``OPS`` by role (read-only; add rows to ``OPS``).
+#: Layer op types -> their ``bnfold.kinds.LAYER_KINDS`` kind.
+LAYER_OPS = {name: op.kind for name, op in _having("layer").items()}
+#: Elementwise binary ops -> the name of their row in ``fold_math.BINARY_AFFINES``.
+BINARY_OPS = {name: op.kind for name, op in _having("binary").items()}
+#: Shape-only hops -> the axis rule that follows the channel axis through them.
+HOPS = {name: op.kind for name, op in _having("hop").items()}
+#: Ops that read only the shape of their input.
+METADATA_READERS = tuple(_having("metadata"))
+#: Normalization op types -> their ``bnfold.kinds.NORM_KINDS`` kind.
+NORM_OPS = {name: op.kind for name, op in _having("norm").items()}
+NORMS = tuple(NORM_OPS)
 #: Normalizations whose statistics stay and whose elementwise affine (scale, bias) may fold into the
 #: layers they feed: op type -> (the affine's axis, its scale and bias input slots; None: no bias input).
-NORM_AFFINES = {
-    "LayerNormalization": (-1, 1, 2),
-    "RMSNormalization": (-1, 1, None),
-    "GroupNormalization": (1, 1, 2),
-}
-NORMS = ("BatchNormalization", *NORM_AFFINES)
-#: The format-neutral kind (``bnfold.kinds.NORM_KINDS``) of each normalization op type.
-NORM_KIND = {
-    "BatchNormalization": "batch_norm",
-    "LayerNormalization": "layer_norm",
-    "RMSNormalization": "rms_norm",
-    "GroupNormalization": "group_norm",
-}
+NORM_AFFINES = {name: op.affine for name, op in _having("norm").items() if op.affine is not None}
 
 
 @dataclass
-class Wiring:
+class LayerWiring:
     """How a layer node holds its weight and bias (``extra`` of its Layer).
 
     ``transposed``: the weight is stored ``[in, out]``, the transpose of the
@@ -72,7 +100,8 @@ class Wiring:
 
 
 def reads_only_metadata(node: NodeProto) -> bool:
-    return is_onnx_op(node, *METADATA_READERS)
+    row = op_of(node)
+    return row is not None and row.role == "metadata"
 
 
 # --------------------------------------------------------------------------- layers
@@ -104,7 +133,7 @@ def _conv(graph: Any, node: Node, kind: str) -> Layer | None:
         bias,
         int(attr(p, "group", 1)),
         zero_padding(p),
-        extra=Wiring(bias_node=p, bias_slot=2),
+        extra=LayerWiring(bias_node=p, bias_slot=2),
     )
 
 
@@ -114,7 +143,7 @@ def _gemm(graph: Any, node: Node, kind: str) -> Layer | None:
         return None
     v = graph.value
     bias = v(node.gi, p.input[2]) if len(p.input) > 2 and p.input[2] else None
-    wiring = Wiring(transposed=not int(attr(p, "transB", 0)), bias_node=p, bias_slot=2)
+    wiring = LayerWiring(transposed=not int(attr(p, "transB", 0)), bias_node=p, bias_slot=2)
     in_axis = 0 if int(attr(p, "transA", 0)) else 1
     return Layer(
         node,
@@ -138,7 +167,7 @@ def _matmul(graph: Any, node: Node, kind: str) -> Layer | None:
         return None
     gi, v = node.gi, graph.value
     mat = v(gi, p.input[1])
-    wiring = Wiring(transposed=True)
+    wiring = LayerWiring(transposed=True)
     source = graph.producer(mat)
     if source is not None and _broadcasts_matrix(graph, source):
         weight, wiring.expand = v(gi, source.proto.input[0]), source.proto
@@ -213,9 +242,9 @@ LAYERS: dict[str, Callable[[Any, Node, str], Layer | None]] = {
 def parse_layer(graph: Any, node: Node) -> Layer | None:
     """``node`` as a layer (conv / transposed conv / linear), or None."""
     p = node.proto
-    if not is_onnx_op(p, *LAYER_KINDS) or not p.input or not p.input[0] or not p.output or not p.output[0]:
+    if not is_onnx_op(p, *LAYER_OPS) or not p.input or not p.input[0] or not p.output or not p.output[0]:
         return None
-    return LAYERS[p.op_type](graph, node, LAYER_KINDS[p.op_type])
+    return LAYERS[p.op_type](graph, node, LAYER_OPS[p.op_type])
 
 
 def is_bias_add(graph: Any, node: Node) -> bool:
@@ -293,7 +322,7 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
         axis=axis,
         op=p.op_type,
         affine_only=True,
-        kind=NORM_KIND[p.op_type],
+        kind=NORM_OPS[p.op_type],
     )
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     norm.problem, norm.problem_code = _affine_problem(graph, p, norm)
@@ -341,7 +370,8 @@ def _affine_problem(graph: Any, p: NodeProto, norm: Norm) -> tuple[str, Code]:
 
 def parse_binary(graph: Any, node: Node) -> Binary | None:
     p = node.proto
-    op = BINARY_OPS.get(p.op_type) if is_onnx_op(p, *BINARY_OPS) else None
+    row = op_of(p)
+    op = row.kind if row is not None and row.role == "binary" else None
     if op is None or len(p.input) != 2 or len(p.output) != 1 or not p.output[0] or not all(p.input):
         return None
     if op == "add" and is_bias_add(graph, node):
@@ -364,7 +394,8 @@ def dropout_training(graph: Any, node: Node) -> str:
 
 def parse_hop(graph: Any, node: Node) -> Hop | None:
     p = node.proto
-    if not is_onnx_op(p, *IDENTITY_HOPS, *RESHAPE_HOPS) or not p.input or not p.input[0]:
+    row = op_of(p)
+    if row is None or row.role != "hop" or not p.input or not p.input[0]:
         return None
     if not p.output or not p.output[0] or (p.op_type == "Dropout" and dropout_training(graph, node)):
         return None

@@ -1,55 +1,79 @@
-"""Where the channel axis goes through a shape-only op, static or symbolic shapes alike."""
+"""Where the channel axis goes through a shape-only op, static or symbolic shapes alike.
+
+Each hop's row in ``ops.HOPS`` names its rule here; a new kind of reshape is a
+new rule in ``AXIS_RULES``, a new spelling of a known kind is only a row.
+"""
 
 from __future__ import annotations
 
-import math
+from collections.abc import Callable
 from typing import Any
 
 from torch.fx import Node
 
-from .ops import IDENTITY_HOPS, node_key
+from ..engine.axes import same_place
+from .ops import HOPS, node_key, transpose_dims
 
 
 def follow_axis(node: Node, before: tuple | None, after: tuple | None, axis: int, forward: bool) -> int | None:
     """The channel axis after the hop ``node`` (``forward``) or before it, or None if the
     hop moves or merges it.  ``before``/``after`` are the shapes of its input and output."""
-    if node_key(node) in IDENTITY_HOPS:
+    rule = AXIS_RULES[HOPS[node_key(node)]]
+    if rule is None:  # the identity
         return axis
     if before is None or after is None:
         return None
-    if node_key(node).startswith("aten::unsqueeze"):
-        d = int(node.args[1])
-        d = d + len(after) if d < 0 else d
-        if forward:
-            return axis + 1 if d <= axis else axis
-        return None if d == axis else (axis - 1 if d < axis else axis)
-    key = node_key(node)
-    if key.startswith("aten::transpose"):  # its own inverse
-        d0, d1 = (int(d) % len(before) for d in node.args[1:3])
-        return d1 if axis == d0 else d0 if axis == d1 else axis
-    if key.startswith("aten::permute"):
-        perm = [int(d) % len(before) for d in node.args[1]]
-        return perm.index(axis) if forward else perm[axis]
+    return rule(node, before, after, axis, forward)
+
+
+def _unsqueeze(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+    d = int(node.args[1])
+    d = d + len(after) if d < 0 else d
+    if forward:
+        return axis + 1 if d <= axis else axis
+    return None if d == axis else (axis - 1 if d < axis else axis)
+
+
+def _transpose(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+    d0, d1 = (int(d) % len(before) for d in transpose_dims(node))  # its own inverse
+    return d1 if axis == d0 else d0 if axis == d1 else axis
+
+
+def _permute(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+    perm = [int(d) % len(before) for d in node.args[1]]
+    return perm.index(axis) if forward else perm[axis]
+
+
+def _movedim(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+    # movedim(x, source, destination): dims ``source`` go to ``destination``, the others keep their order
+    n = len(before)
+    src, dst = ([int(d) % n for d in (a if isinstance(a, (list, tuple)) else [a])] for a in node.args[1:3])
+    perm: list = [None] * n  # output position -> input dim
+    for s, d in zip(src, dst, strict=True):
+        perm[d] = s
+    rest = iter(i for i in range(n) if i not in src)
+    perm = [p if p is not None else next(rest) for p in perm]
+    return perm.index(axis) if forward else perm[axis]
+
+
+def _reshape(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
     src, dst = (before, after) if forward else (after, before)
-    return _same_place(src, dst, axis)
-
-
-def _same_place(src: tuple, dst: tuple, axis: int) -> int | None:
-    """The axis of ``dst`` with the size of ``src[axis]`` and the same number of elements before it."""
     if all(isinstance(s, int) for s in src + dst):
-        lead, prod = math.prod(src[:axis]), 1
-        for j, size in enumerate(dst):
-            if prod == lead and size == src[axis]:
-                return j
-            prod *= size
-        return None
-    lead, size = _product(src[:axis]), _expr(src[axis])
-    prod = _product(())
-    for j, d in enumerate(dst):
-        if _equal(prod, lead) and _equal(_expr(d), size):
-            return j
-        prod = prod * _expr(d)
-    return None
+        return same_place(src, dst, axis)
+    return same_place([_expr(s) for s in src], [_expr(d) for d in dst], axis, _product, _equal)
+
+
+#: How the channel axis passes each kind of hop (the value of its row in ``ops.HOPS``):
+#: ``rule(node, shape before, shape after, axis, forward) -> axis | None (lost)``; None: the identity.
+AXIS_RULES: dict[str, Callable | None] = {
+    "identity": None,
+    "reshape": _reshape,
+    "expand": _reshape,
+    "unsqueeze": _unsqueeze,
+    "transpose": _transpose,
+    "permute": _permute,
+    "movedim": _movedim,
+}
 
 
 def _expr(size: Any):
@@ -59,10 +83,10 @@ def _expr(size: Any):
     return node.expr if node is not None else sympy.Integer(int(size))
 
 
-def _product(sizes: tuple):
+def _product(sizes):
     import sympy
 
-    return sympy.Mul(*[_expr(s) for s in sizes]) if sizes else sympy.Integer(1)
+    return sympy.Mul(*sizes) if sizes else sympy.Integer(1)
 
 
 def _equal(a, b) -> bool:

@@ -19,10 +19,10 @@ from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, St
 from .axes import follow_axis
 from .ops import (
     BINARY_OPS,
-    IDENTITY_HOPS,
-    RESHAPE_HOPS,
+    HOPS,
     addmm_like,
-    dropout_is_identity,
+    hop_is_exact,
+    in_dialect_of,
     module_path,
     node_key,
     op_name,
@@ -43,6 +43,7 @@ class FxGraph:
     def __init__(self, editor: FxTensors):
         self.editor = editor
         self.graph = editor.graph
+        self._layers: dict[Node, tuple] = {}  # node -> ((target, args, kwargs) parsed, Layer | None)
 
     # ------------------------------------------------------------------ classify
 
@@ -53,9 +54,20 @@ class FxGraph:
 
     def layers(self) -> Iterator[Layer]:
         for node in self._live():
-            layer = parse_layer(node)
+            layer = self._parse_layer(node)
             if layer is not None:
                 yield layer
+
+    def _parse_layer(self, node: Node) -> Layer | None:
+        """``parse_layer(node)``, kept while the node's target and arguments stay the same objects (an
+        edit gives a node new ``args``; a layer's reading depends only on them and their weight path)."""
+        seen = (node.target, node.args, node.kwargs)
+        hit = self._layers.get(node)
+        if hit is not None and all(a is b for a, b in zip(hit[0], seen, strict=True)):
+            return hit[1]
+        layer = parse_layer(node)
+        self._layers[node] = (seen, layer)
+        return layer
 
     def norms(self) -> Iterator[Norm]:
         for node in self._live():
@@ -64,7 +76,7 @@ class FxGraph:
                 yield norm
 
     def layer(self, node: Any) -> Layer | None:
-        return parse_layer(node) if isinstance(node, Node) else None
+        return self._parse_layer(node) if isinstance(node, Node) else None
 
     def norm(self, node: Any) -> Norm | None:
         if not isinstance(node, Node):
@@ -80,12 +92,11 @@ class FxGraph:
     def hop(self, node: Any) -> Hop | None:
         if not isinstance(node, Node):
             return None
-        key = node_key(node)
-        if key not in IDENTITY_HOPS and key not in RESHAPE_HOPS:
+        if node_key(node) not in HOPS:
             return None
-        if not node.args or not isinstance(node.args[0], Node) or not dropout_is_identity(node):
+        if not node.args or not isinstance(node.args[0], Node) or not hop_is_exact(node):
             return None
-        return Hop(node, node.args[0], node, op_name(node))
+        return Hop(node, node.args[0], node, op_name(node.target))
 
     def is_live(self, node: Any) -> bool:
         return isinstance(node, Node) and not getattr(node, "_erased", False)
@@ -243,11 +254,7 @@ class FxGraph:
         """Make every user of ``value`` read ``value + bias`` (``bias`` shaped by the engine)."""
         target = derived_target(self.editor.target(layer.weight), "bias", None)
         node = self.editor.add_tensor(layer.weight, target, bias)
-        target = torch.ops.aten.add.Tensor
-        if value.op == "call_function" and type(value.target).__name__ == "EdgeOpOverload":
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            target = exir_ops.edge.aten.add.Tensor
+        target = in_dialect_of(value.target, torch.ops.aten.add.Tensor)
         users = list(value.users)
         with self.graph.inserting_after(value):
             add = self.graph.call_function(target, (value, node))
@@ -293,11 +300,8 @@ class FxGraph:
         base = self.norm_label(norm)
         s_node = editor.add_tensor(like, f"{base}.lowered_scale", scale)
         t_node = editor.add_tensor(like, f"{base}.lowered_shift", shift)
-        mul_op, add_op = torch.ops.aten.mul.Tensor, torch.ops.aten.add.Tensor
-        if type(norm.node.target).__name__ == "EdgeOpOverload":
-            from executorch.exir.dialects._ops import ops as exir_ops
-
-            mul_op, add_op = exir_ops.edge.aten.mul.Tensor, exir_ops.edge.aten.add.Tensor
+        mul_op = in_dialect_of(norm.node.target, torch.ops.aten.mul.Tensor)
+        add_op = in_dialect_of(norm.node.target, torch.ops.aten.add.Tensor)
         with graph.inserting_before(norm.node):
             mul = graph.call_function(mul_op, (norm.input, s_node))
             add = graph.call_function(add_op, (mul, t_node))

@@ -17,6 +17,7 @@ import torch
 from torch.fx import Node
 
 from ..engine.graph import Layer, Norm
+from ..engine.optable import Op
 from ..report import Code
 
 _KEYS: dict[Any, str] = {}
@@ -54,7 +55,7 @@ def _arg(node: Node, index: int, name: str, default: Any = None) -> Any:
 
 
 @dataclass
-class LinearWiring:
+class LayerWiring:
     """How a layer node holds its weight and bias (``extra`` of its Layer).
 
     ``weight`` is the tensor node; ``views`` the nodes between it and the
@@ -70,9 +71,13 @@ class LinearWiring:
     bias_slot: int | None = 2
 
 
-def op_name(node: Node) -> str:
-    """``conv2d`` for ``aten.conv2d.default`` and its edge twin."""
-    return node_key(node).split("::")[-1].split(".")[0]
+def op_name(target: Any) -> str:
+    """A short op name: ``conv2d`` for ``aten.conv2d.default`` and its edge twin, ``getitem`` for
+    ``operator.getitem``, else the target's ``__name__``."""
+    key = op_key(target)
+    if key:
+        return key.split("::")[-1].split(".")[0]
+    return getattr(target, "__name__", str(target))
 
 
 def _padding_is_zero(padding) -> bool:
@@ -90,13 +95,13 @@ def _layer(
     groups: int = 1,
     zero_padding: bool = True,
     axis: int = 1,
-    wiring: LinearWiring | None = None,
+    wiring: LayerWiring | None = None,
     takes_bias: bool = True,
 ) -> Layer:
     return Layer(
         node,
         kind,
-        op_name(node),
+        op_name(node.target),
         x,
         node,
         weight,
@@ -106,7 +111,7 @@ def _layer(
         axis,
         axis,
         takes_bias,
-        wiring or LinearWiring(weight),
+        wiring or LayerWiring(weight),
     )
 
 
@@ -155,38 +160,29 @@ def _matmul(node: Node) -> Layer | None:
     return _layer(node, "linear", node.args[0], wiring.weight, None, axis=-1, wiring=wiring, takes_bias=False)
 
 
-TRANSPOSES = {
-    "aten::permute.default",
-    "aten::permute_copy.default",
-    "aten::t.default",
-    "aten::t_copy.default",
-    "aten::transpose.int",
-    "aten::transpose_copy.int",
-}
-EXPANDS = {"aten::expand.default", "aten::expand_copy.default"}
-
-
-def _matrix(mat2: Any, batched: bool = False) -> LinearWiring | None:
+def _matrix(mat2: Any, batched: bool = False) -> LayerWiring | None:
     """How the right operand of a matmul holds a constant-looking weight: through a
     2-D transpose of an ``[out, in]`` tensor (how ``linear`` decomposes), or as an
     ``[in, out]`` tensor itself; for ``bmm`` (``batched``) broadcast by expand/view."""
     views: list[Node] = []
-    while batched and isinstance(mat2, Node) and node_key(mat2) in EXPANDS | BATCH_VIEWS:
+    while (
+        batched and isinstance(mat2, Node) and (HOPS.get(node_key(mat2)) == "expand" or node_key(mat2) in BATCH_VIEWS)
+    ):
         views.insert(0, mat2)
         mat2 = mat2.args[0]
-    if batched and (not views or node_key(views[0]) not in EXPANDS):
+    if batched and (not views or HOPS.get(node_key(views[0])) != "expand"):
         return None
     if not isinstance(mat2, Node):
         return None
     key = node_key(mat2)
-    if key in TRANSPOSES:
-        if key.startswith("aten::permute") and list(mat2.args[1]) != [1, 0]:
+    if HOPS.get(key) in ("transpose", "permute"):
+        if HOPS[key] == "permute" and list(mat2.args[1]) != [1, 0]:
             return None
-        if key.startswith("aten::transpose") and sorted(int(d) % 2 for d in mat2.args[1:3]) != [0, 1]:
+        if HOPS[key] == "transpose" and sorted(int(d) % 2 for d in transpose_dims(mat2)) != [0, 1]:
             return None
-        wiring = LinearWiring(mat2.args[0], (mat2, *views), transposed=False)
+        wiring = LayerWiring(mat2.args[0], (mat2, *views), transposed=False)
     elif mat2.op in ("placeholder", "get_attr"):
-        wiring = LinearWiring(mat2, tuple(views), transposed=True)
+        wiring = LayerWiring(mat2, tuple(views), transposed=True)
     else:
         return None
     if batched and not _keeps_matrix(views, wiring.views[0] if not wiring.transposed else mat2):
@@ -264,13 +260,24 @@ def parse_layer(node: Node) -> Layer | None:
     return parse(node) if parse else None
 
 
+def is_edge_op(target: Any) -> bool:
+    """Whether ``target`` is an ExecuTorch edge-dialect op (``exir_ops.edge.aten.*``)."""
+    return type(target).__name__ == "EdgeOpOverload"
+
+
+def in_dialect_of(like: Any, op: Any) -> Any:
+    """The ATen overload ``op`` in the dialect of the target ``like``: its edge twin for an edge op."""
+    if not is_edge_op(like):
+        return op
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    name = op._schema.name.split("::")[-1]
+    return getattr(getattr(exir_ops.edge.aten, name), op._overloadname)
+
+
 def addmm_like(mm_target: Any) -> Any:
     """``addmm.default`` in the same dialect as ``mm_target``."""
-    if type(mm_target).__name__ == "EdgeOpOverload":
-        from executorch.exir.dialects._ops import ops as exir_ops
-
-        return exir_ops.edge.aten.addmm.default
-    return torch.ops.aten.addmm.default
+    return in_dialect_of(mm_target, torch.ops.aten.addmm.default)
 
 
 # --------------------------------------------------------------------------- normalizations
@@ -365,6 +372,7 @@ def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | N
             norm.problem_code = Code.NOT_PER_CHANNEL
         return norm
 
+    parse.kind = op  # the norm kind, for ``OPS``
     return parse
 
 
@@ -405,46 +413,59 @@ def parse_norm(node: Node) -> Norm | None:
 
 # --------------------------------------------------------------------------- shape-only hops and affines
 
-#: Ops whose output is their first input, element for element.
-IDENTITY_HOPS = {
-    "aten::clone.default",
-    "aten::alias.default",
-    "aten::alias_copy.default",
-    "aten::detach.default",
-    "aten::detach_copy.default",
-    "aten::contiguous.default",
-    "aten::dropout.default",
-    "aten::feature_dropout.default",
-    "aten::lift_fresh_copy.default",
-    "aten::_to_copy.default",
-    "dim_order_ops::_clone_dim_order.default",
-    "dim_order_ops::_to_dim_order_copy.default",
+#: Shape-only hops -> the axis rule (``axes.AXIS_RULES``) that follows the channel axis through them:
+#: ``identity`` (output = first input, element for element), ``reshape`` (view / squeeze / flatten:
+#: the channel axis is where as many elements come before it), ``unsqueeze``, ``transpose``,
+#: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``).
+HOPS: dict[str, str] = {
+    "aten::clone.default": "identity",
+    "aten::alias.default": "identity",
+    "aten::alias_copy.default": "identity",
+    "aten::detach.default": "identity",
+    "aten::detach_copy.default": "identity",
+    "aten::contiguous.default": "identity",
+    "aten::dropout.default": "identity",
+    "aten::feature_dropout.default": "identity",
+    "aten::lift_fresh_copy.default": "identity",
+    "aten::_to_copy.default": "identity",
+    "dim_order_ops::_clone_dim_order.default": "identity",
+    "dim_order_ops::_to_dim_order_copy.default": "identity",
+    "aten::view.default": "reshape",
+    "aten::view_copy.default": "reshape",
+    "aten::reshape.default": "reshape",
+    "aten::_unsafe_view.default": "reshape",
+    "aten::squeeze.dim": "reshape",
+    "aten::squeeze.dims": "reshape",
+    "aten::squeeze.default": "reshape",
+    "aten::squeeze_copy.dim": "reshape",
+    "aten::squeeze_copy.dims": "reshape",
+    "aten::squeeze_copy.default": "reshape",
+    "aten::flatten.using_ints": "reshape",
+    "aten::unflatten.int": "reshape",
+    "aten::reshape_as.default": "reshape",
+    "aten::view_as.default": "reshape",
+    "aten::unsqueeze.default": "unsqueeze",
+    "aten::unsqueeze_copy.default": "unsqueeze",
+    "aten::transpose.int": "transpose",
+    "aten::transpose_copy.int": "transpose",
+    "aten::swapaxes.default": "transpose",
+    "aten::swapdims.default": "transpose",
+    "aten::t.default": "transpose",
+    "aten::t_copy.default": "transpose",
+    "aten::permute.default": "permute",
+    "aten::permute_copy.default": "permute",
+    "aten::movedim.int": "movedim",
+    "aten::movedim.intlist": "movedim",
+    "aten::expand.default": "expand",
+    "aten::expand_copy.default": "expand",
 }
-#: Ops that only change the shape; the channel axis is followed through them.
-RESHAPE_HOPS = {
-    "aten::view.default",
-    "aten::view_copy.default",
-    "aten::reshape.default",
-    "aten::_unsafe_view.default",
-    "aten::unsqueeze.default",
-    "aten::unsqueeze_copy.default",
-    "aten::squeeze.dim",
-    "aten::squeeze.dims",
-    "aten::squeeze.default",
-    "aten::squeeze_copy.dim",
-    "aten::squeeze_copy.dims",
-    "aten::squeeze_copy.default",
-    "aten::flatten.using_ints",
-    "aten::unflatten.int",
-    "aten::reshape_as.default",
-    "aten::view_as.default",
-    "aten::transpose.int",
-    "aten::transpose_copy.int",
-    "aten::permute.default",
-    "aten::permute_copy.default",
-    "aten::expand.default",
-    "aten::expand_copy.default",  # only when it broadcasts nothing (see hop_is_exact)
-}
+
+
+def transpose_dims(node: Node) -> tuple:
+    """The two dims a transpose swaps (``t`` swaps 0 and 1)."""
+    return tuple(node.args[1:3]) or (0, 1)
+
+
 #: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
 BINARY_OPS = {
     "aten::mul.Tensor": "mul",
@@ -497,10 +518,10 @@ def _mentions(arg: Any, value: Node) -> bool:
     return arg is value
 
 
-def dropout_is_identity(node: Node) -> bool:
+def hop_is_exact(node: Node) -> bool:
     """Whether a hop-like node moves data without changing it: eval dropout, a same-dtype copy,
     an expand to the shape it already has."""
-    if node_key(node) in EXPANDS:
+    if HOPS.get(node_key(node)) == "expand":
         before, after = _shape(node.args[0]), _shape(node)
         return before is not None and before == after
     return _identity_dropout(node)
@@ -514,3 +535,22 @@ def _identity_dropout(node: Node) -> bool:
         # a copy that keeps dtype, layout and device
         return all(node.kwargs.get(k) is None for k in ("dtype", "layout", "device"))
     return True
+
+
+# --------------------------------------------------------------------------- every op, by role
+
+#: Every op key bnfold reads, as the format-neutral rows ``onnx.ops.OPS`` also holds (a view of the
+#: tables above: add rows there).  A layer's kind is "" here: parsing tells (``convolution``).
+OPS: dict[str, Op] = {
+    **{key: Op("metadata") for key in METADATA_READERS},
+    **{key: Op("layer") for key in LAYERS},
+    **{key: Op("norm", "batch_norm") for key in NORMS},
+    **{key: Op("norm", parse.kind) for key, parse in NORM_AFFINES.items()},
+    **{key: Op("binary", row, "broadcast") for key, row in BINARY_OPS.items()},
+    **{key: Op("hop", rule) for key, rule in HOPS.items()},
+}
+
+
+def op_of(node: Any) -> Op | None:
+    """The row of ``node``'s op, or None (not a call, or an op bnfold does not read)."""
+    return OPS.get(node_key(node)) if isinstance(node, Node) else None

@@ -22,6 +22,7 @@ from torch.fx import Node
 from torch.fx.graph_module import _copy_attr
 
 from .tensors import FxTensors, _like
+from .verify import scoped_verifiers, snapshot
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 TENSOR_KINDS = tuple(_PREFIX)
@@ -44,6 +45,7 @@ class ProgramEditor(FxTensors):
             if new.name != old.name:  # copying renames nodes fx would not pick (e.g. "input"); the
                 new.name = old.name  # graph signature refers to the exported names, so keep them
         super().__init__(gm, graph)
+        self._calls_before = snapshot(graph, ep.verifiers)  # for the scoped edge dtype check (verify.py)
         self.state_dict = dict(ep.state_dict)
         self.constants = dict(ep.constants)
         self.input_specs: list[InputSpec] = list(ep.graph_signature.input_specs)
@@ -156,6 +158,8 @@ class ProgramEditor(FxTensors):
                 spec.arg = TensorArgument(value.name)
             output_specs.append(spec)
         signature = ExportGraphSignature(input_specs=self.current_input_specs(), output_specs=output_specs)
+        verifiers = list(self.ep.verifiers)
+        build_with = scoped_verifiers(verifiers, self.graph, self._calls_before)
         ep = ExportedProgram(
             root=self.gm,
             graph=self.graph,
@@ -165,8 +169,10 @@ class ProgramEditor(FxTensors):
             module_call_graph=copy.deepcopy(self.ep.module_call_graph),
             example_inputs=self.ep.example_inputs,
             constants=self.constants,
-            verifiers=list(self.ep.verifiers),
+            verifiers=build_with,
         )
+        if build_with is not verifiers:
+            ep._verifiers = verifiers  # the program verifies in full in every later step
         ep.graph_module.meta.update(self.gm.meta)
         return ep
 

@@ -1,0 +1,31 @@
+"""The row type of every format's op table (``onnx.ops.OPS``, ``torch_export.ops.OPS``).
+
+One row says what an op is to the engine; the adapters, their axis rules, the
+numerics tools and the benchmarks read the same rows, so a new spelling of an
+op is one row in its format's table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Op:
+    """What an op is to the engine and what it implies about shapes.
+
+    ``role``: ``layer`` / ``norm`` / ``binary`` (an elementwise binary op) / ``hop`` (shape-only) /
+    ``metadata`` (reads only its input's shape: a user through it is no user for a fold) /
+    ``elementwise`` (computes, but keeps the shape).  ``kind``: for a layer its
+    ``bnfold.kinds.LAYER_KINDS`` kind ("" when only parsing tells), for a norm its ``NORM_KINDS``
+    kind, for a binary op the name of its row in ``fold_math.BINARY_AFFINES``, for a hop the name
+    of its axis rule (the format's ``axes.AXIS_RULES``).  ``shape``: ``same`` (the output has the
+    first input's shape), ``broadcast`` (the largest rank of the inputs), ``permuted`` (the first
+    input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone folds
+    (ONNX), its axis and the input slots of its scale and bias (None: no bias input).
+    """
+
+    role: str
+    kind: str = ""
+    shape: str = ""
+    affine: tuple[int, int, int | None] | None = None
