@@ -51,7 +51,9 @@ class OpFailed(ValueError):
 
     def __init__(self, op: str, node: str, ins: list, err: BaseException):
         self.op, self.node = op, node
-        shapes = ", ".join("-" if v is None else str(list(v.shape)) for v in ins if isinstance(v, torch.Tensor) or v is None)
+        shapes = ", ".join(
+            "-" if v is None else str(list(v.shape)) for v in ins if isinstance(v, torch.Tensor) or v is None
+        )
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         super().__init__(
             f"ONNX op {op} (node {node!r}) failed on inputs shaped {shapes}: {first}; "
@@ -350,7 +352,9 @@ def input_shapes_of(model: onnx.ModelProto, input_shapes: dict[str, tuple] | Non
     input_shapes = dict(input_shapes or {})
     out = {}
     for i in graph_inputs(model):
-        dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in i.type.tensor_type.shape.dim]
+        dims = [
+            d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else None for d in i.type.tensor_type.shape.dim
+        ]
         given = input_shapes.pop(i.name, None)
         if given is not None:
             given = [int(d) for d in given]
