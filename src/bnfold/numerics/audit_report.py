@@ -122,6 +122,7 @@ class AuditReport:
     errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)  # every tensor, per program
     name: str = "model"
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
+    runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
 
     def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
@@ -150,6 +151,7 @@ class AuditReport:
             "normalizations": [n.to_dict() for n in self.norms],
             "layers": [r.to_dict() for r in self.layers],
             "fold_report": None if self.fold_report is None else self.fold_report.to_dict(),
+            "runtime": None if self.runtime is None else self.runtime.to_dict(),
             "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
         }
 

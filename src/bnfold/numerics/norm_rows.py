@@ -71,9 +71,14 @@ def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None
     if mean is None or var is None:
         return None
     gamma = lifted_tensor(norm.weight, lifted)
-    gamma_known = norm.weight is None or gamma is not None
-    bare = _affine_or_none(mean, var, norm.eps)
-    full = _affine_or_none(mean, var, norm.eps, gamma) if gamma_known else None
+    return norm_numbers(mean, var, gamma, norm.weight is None or gamma is not None, norm.eps, bn_eps)
+
+
+def norm_numbers(mean, var, gamma, gamma_known: bool, eps: float, bn_eps: float | None) -> dict:
+    """:func:`_norm_numbers` from the statistics themselves (``gamma`` None: 1, or unknown if not
+    ``gamma_known``)."""
+    bare = _affine_or_none(mean, var, eps)
+    full = _affine_or_none(mean, var, eps, gamma) if gamma_known else None
     runtime = _affine_or_none(mean, var, bn_eps, gamma) if gamma_known and bn_eps is not None else None
     bare_rt = _affine_or_none(mean, var, bn_eps) if bn_eps is not None else None
     scale = full.scale.abs() if full is not None else None
