@@ -171,6 +171,14 @@ class OnnxEmulator:
             if v not in keep:
                 self._free_after.setdefault(i, []).append(v)
         self._htp: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fused: dict[str, tuple] = {}
+        self._absorbed: dict[str, str] = {}
+        if self.profile.fp16_conv_fusion:
+            from .ort_fusion import fused_convs
+
+            floats = {k: v for k, v in self._const_e.items() if _is_float(v)}
+            self._fused = fused_convs(model, node_names(model), floats, set(self.outputs))
+            self._absorbed = {a: v for _, _, absorbed in self._fused.values() for a, v in absorbed}
 
     # -- one op, three ways ------------------------------------------------------------------------
 
@@ -194,6 +202,11 @@ class OnnxEmulator:
 
     def _emulated(self, node, name, a, ins) -> list:
         prof = self.profile
+        if name in self._absorbed:  # fused into the conv before it (ort-cpu): already applied there
+            return [ins[list(node.input).index(self._absorbed[name])]]
+        if name in self._fused:
+            w, b, _ = self._fused[name]
+            ins = [ins[0], w, b]
         norm = self.norms.get(name)
         if norm is not None and prof.htp_batch_norm:
             return [self._htp_batch_norm(norm, ins[0])]
@@ -202,6 +215,8 @@ class OnnxEmulator:
         if prof.fp16_accumulate and node.op_type in LAYER_OPS:
             return [self._accumulated(node, name, a, ins)]
         outs = self._op(node, name, a, ins, torch.float32)
+        if node.op_type in prof.fp16_ops:
+            return [round_fp16(o) if _is_float(o) else o for o in outs]
         if not prof.fp16_storage or node.op_type in EXACT_OPS and _exact(node, a):
             return outs
         return [round_fp16(o) if _is_float(o) else o for o in outs]
