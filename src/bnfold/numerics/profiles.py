@@ -20,7 +20,9 @@
                 drops the casts between ops, so activations stay float32; but its
                 graph optimizer first fuses Conv+BatchNormalization on the fp16
                 weights, each step rounded to fp16 (measured: with optimizations off the extra loss is gone),
-                and Softmax and the data-movement ops run in fp16.
+                and Softmax and the data-movement ops run in fp16.  The converter
+                clamps constants to [1e-7, 1e4] in magnitude first (its
+                ``min_positive_val`` / ``max_finite_val``).
 
 Which runtime each matches: ``fp16`` is PyTorch eager in half precision on
 CPU (tested bit-identical on the test models); ``ort-cpu`` is ONNX Runtime
@@ -62,7 +64,9 @@ class Profile:
     acc_chunk: int = 16
     fp16_constants: bool = False  # constants stored in fp16 (implied by fp16_storage)
     fp16_ops: frozenset = frozenset()  # ONNX ops whose output is stored in fp16 although the rest is float32
-    fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization / Mul / Add on fp16 weights
+    fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization on fp16 weights
+    #: the converter's clamp of constants before fp16 (onnxconverter-common: 1e-7 and 1e4), or None
+    const_clamp: tuple[float, float] | None = None
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
         """The storage rounding of this profile applied to a float tensor."""
@@ -72,6 +76,11 @@ class Profile:
 
     def round_const(self, t: torch.Tensor) -> torch.Tensor:
         """How this profile stores a constant (weight, statistic, scalar)."""
+        if self.const_clamp is not None:
+            lo, hi = self.const_clamp
+            mag = t.abs()
+            t = torch.where((mag > 0) & (mag < lo), torch.sign(t) * lo, t)
+            t = torch.where(mag > hi, torch.sign(t) * hi, t)
         return round_fp16(t) if self.fp16_storage or self.fp16_constants else t.to(torch.float32)
 
     def round_input(self, t: torch.Tensor) -> torch.Tensor:
@@ -103,5 +112,6 @@ def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
             fp16_constants=True,
             fp16_ops=ORT_CPU_FP16_OPS,
             fp16_conv_fusion=True,
+            const_clamp=(1e-7, 1e4),
         )
     raise ValueError(f"unknown precision profile {profile!r}; choose from {', '.join(PROFILE_NAMES)}")

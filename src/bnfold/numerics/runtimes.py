@@ -41,7 +41,11 @@ def float16_model(model: onnx.ModelProto) -> onnx.ModelProto:
         from onnxconverter_common import float16
     except ImportError as e:
         raise ValueError("runtime 'onnxruntime' needs onnxconverter-common (pip install onnxconverter-common)") from e
-    return float16.convert_float_to_float16(model, keep_io_types=True)
+    import warnings
+
+    with warnings.catch_warnings():  # it warns once per constant it clamps to [1e-7, 1e4]
+        warnings.simplefilter("ignore")
+        return float16.convert_float_to_float16(model, keep_io_types=True)
 
 
 def onnxruntime_fp16(model: onnx.ModelProto):
