@@ -88,11 +88,13 @@ class OnnxNorm:
 
 
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The graph's initializers and ``Constant`` outputs, by value name."""
+    """The graph's initializers and ``Constant`` outputs (and ``Identity`` copies of them), by value name."""
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             out[node.output[0]] = constant(attrs(node))
+        elif node.op_type == "Identity" and node.input and node.input[0] in out:
+            out[node.output[0]] = out[node.input[0]]
     return out
 
 
