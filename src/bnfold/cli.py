@@ -112,9 +112,11 @@ examples:
 by input name, batch axis first: [N, *example_shape] is N batches, and
 [N*B, ...] is split into batches of the example batch size B. It is read with
 allow_pickle=False. --random N draws N batches shaped like the program's
-example inputs from a fixed seed (--seed). An ONNX model is audited as the
-same graph traced into a torch.export program (static shapes; a symbolic batch
-dimension becomes 1), with its node names as layer names.
+example inputs from a fixed seed (--seed). An ONNX model is audited with the
+ONNX that `bnfold fold` writes for it, both run node by node (its node names are
+the layer names); --input-shape NAME:1,3,48,320 fixes the dims it leaves open,
+--inputs arrays have the input's rank (one batch) or one axis more (N batches),
+and --runtime torch|onnxruntime also runs that real fp16 runtime.
 
 Per batch norm: kappa and |scale| at the model's eps and at --bn-eps (a runtime
 that ignores the model's eps: ExecuTorch's QNN builder uses 1e-9), the fp16
