@@ -6,6 +6,9 @@ STAMP := $(VENV)/.bnfold-installed
 
 # torch is pinned to the CPU wheel these machines carry; executorch 1.5.1 works with it.
 TORCH_PIN := torch==2.13.0
+# trained PaddleOCR .onnx models for the audit tests and the demo; --no-deps: only the model files are used, and
+# their dependencies (opencv, shapely, ...) are not needed
+RAPIDOCR := rapidocr==3.10.0 rapidocr-onnxruntime==1.4.4
 
 .PHONY: demo test lint readme bench bench-update install clean
 
@@ -17,6 +20,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[executorch,onnx,numerics,test]'
+	$(PY) -m pip install --quiet --no-deps $(RAPIDOCR)
 	touch $(STAMP)
 
 install: $(STAMP)

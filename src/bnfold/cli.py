@@ -39,7 +39,7 @@ EXIT_PIPE = 141  # 128 + SIGPIPE: the reader went away (`bnfold check x.pt2 | he
 PROGRESS_DELAY = 3.0
 PROGRESS_EVERY = 10.0
 
-PROFILES = ("fp16", "htp", "fp16-acc", "fp32")
+PROFILES = ("fp16", "htp", "fp16-acc", "fp32", "ort-cpu")
 DEFAULT_RANDOM_BATCHES = 8
 FOLDABLE = "foldable: run bnfold fold"
 
@@ -112,9 +112,11 @@ examples:
 by input name, batch axis first: [N, *example_shape] is N batches, and
 [N*B, ...] is split into batches of the example batch size B. It is read with
 allow_pickle=False. --random N draws N batches shaped like the program's
-example inputs from a fixed seed (--seed). An ONNX model is audited as the
-same graph traced into a torch.export program (static shapes; a symbolic batch
-dimension becomes 1), with its node names as layer names.
+example inputs from a fixed seed (--seed). An ONNX model is audited with the
+ONNX that `bnfold fold` writes for it, both run node by node (its node names are
+the layer names); --input-shape NAME:1,3,48,320 fixes the dims it leaves open,
+--inputs arrays have the input's rank (one batch) or one axis more (N batches),
+and --runtime torch|onnxruntime also runs that real fp16 runtime.
 
 Per batch norm: kappa and |scale| at the model's eps and at --bn-eps (a runtime
 that ignores the model's eps: ExecuTorch's QNN builder uses 1e-9), the fp16
@@ -263,6 +265,17 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"N random batches shaped like the example inputs (default: {DEFAULT_RANDOM_BATCHES})",
     )
     p.add_argument("--seed", type=int, default=0, help="seed for --random (default: 0)")
+    p.add_argument(
+        "--input-shape",
+        action="append",
+        metavar="NAME:D0,D1,...",
+        help="ONNX: the shape of input NAME for random batches (fixes the dims the model leaves open)",
+    )
+    p.add_argument(
+        "--runtime",
+        choices=("torch", "onnxruntime"),
+        help="ONNX: also run this real runtime in fp16 (torch half on CPU; ONNX Runtime on a float16 model)",
+    )
     p.add_argument("--plot", metavar="FILE.png", help="write the SQNR chart (whole model and worst layers) to FILE.png")
     p.set_defaults(func=cmd_audit)
 
@@ -506,6 +519,49 @@ class _Progress:
             self.bar.close()
 
 
+def _input_shapes(specs) -> dict[str, tuple[int, ...]]:
+    """``--input-shape NAME:1,3,48,320`` (repeated) as ``{NAME: (1, 3, 48, 320)}``."""
+    out = {}
+    for spec in specs or ():
+        name, sep, dims = spec.rpartition(":")
+        try:
+            shape = tuple(int(d) for d in dims.split(","))
+        except ValueError:
+            shape = ()
+        if not sep or not name or not shape or any(d < 1 for d in shape):
+            raise BnfoldError(f"--input-shape {spec!r}: expected NAME:D0,D1,... with positive integers")
+        out[name] = shape
+    return out
+
+
+def _audit_onnx(model, args: argparse.Namespace, progress, debug: bool):
+    """``bnfold audit model.onnx``: the model and the ONNX ``fold`` writes, emulated (numerics.onnx_audit)."""
+    from . import cli_inputs
+    from .numerics import audit
+    from .numerics.onnx_audit import random_batches
+
+    shapes = _input_shapes(args.input_shape)
+    try:
+        if args.inputs:
+            batches = cli_inputs.onnx_npz_batches(model, args.inputs)
+        else:
+            batches = random_batches(model, shapes, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+        with quiet(not debug):
+            return audit(
+                model,
+                batches,
+                profile=args.profile,
+                bn_eps=args.bn_eps,
+                progress=progress,
+                name=os.path.basename(args.input),
+                random_inputs=not args.inputs,
+                input_shapes=shapes,
+                runtime=args.runtime,
+            )
+    except (NotImplementedError, ValueError) as e:  # an op the audit cannot run, inputs that do not fit
+        raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
+
+
 def cmd_audit(args: argparse.Namespace) -> int:
     from . import cli_inputs
     from .numerics.progress import Progress
@@ -521,31 +577,27 @@ def cmd_audit(args: argparse.Namespace) -> int:
         ).model
         refuse_training(ep, args.input)
         if files.model_kind(args.input) == files.ONNX:
-            from .numerics.onnx_program import onnx_program
-
-            progress.stage("convert")
-            try:
-                with quiet(not debug):
-                    ep = onnx_program(ep)
-            except NotImplementedError as e:
-                raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
-        if args.inputs:
-            batches = cli_inputs.npz_batches(ep, args.inputs)
+            report = _audit_onnx(ep, args, progress, debug)
         else:
-            batches = cli_inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+            if args.input_shape or args.runtime:
+                raise BnfoldError("--input-shape and --runtime are for ONNX models")
+            if args.inputs:
+                batches = cli_inputs.npz_batches(ep, args.inputs)
+            else:
+                batches = cli_inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
 
-        from .numerics import audit
+            from .numerics import audit
 
-        with quiet(not debug):
-            report = audit(
-                ep,
-                batches,
-                profile=args.profile,
-                bn_eps=args.bn_eps,
-                progress=progress,
-                name=os.path.basename(args.input),
-                random_inputs=not args.inputs,
-            )
+            with quiet(not debug):
+                report = audit(
+                    ep,
+                    batches,
+                    profile=args.profile,
+                    bn_eps=args.bn_eps,
+                    progress=progress,
+                    name=os.path.basename(args.input),
+                    random_inputs=not args.inputs,
+                )
         if args.plot:
             progress.stage("plot")
             with quiet(not debug):

@@ -135,3 +135,40 @@ def npz_batches(ep, path: str) -> list[tuple]:
     if counts == {0}:
         raise ModelFileError(f"{path}: the arrays hold no batches")
     return [tuple(col[i] for col in columns) for i in range(counts.pop())]
+
+
+def onnx_npz_batches(model, path: str) -> list[tuple]:
+    """Batches for an ONNX model from an ``.npz``: one array per graph input (by name, or ``arr_0``..);
+    an array with one axis more than the input is that many batches, one of the input's rank is one batch."""
+    import numpy as np
+    import torch
+
+    from .numerics.onnx_emulator import graph_inputs
+
+    arrays = read_npz(path)
+    inputs = graph_inputs(model)
+    by_name = [i.name for i in inputs]
+    by_pos = [f"arr_{i}" for i in range(len(inputs))]
+    keys = by_name if set(arrays) == set(by_name) else by_pos if set(arrays) == set(by_pos) else None
+    if keys is None:
+        raise ModelFileError(
+            f"{path}: expected arrays named {', '.join(by_name)} (or {', '.join(by_pos)}), "
+            f"found {', '.join(sorted(arrays))}"
+        )
+    columns = []
+    for key, inp in zip(keys, inputs):
+        t = torch.from_numpy(np.ascontiguousarray(arrays[key]))
+        t = t.to(torch.float32) if t.is_floating_point() else t
+        rank = len(inp.type.tensor_type.shape.dim)
+        if t.dim() == rank + 1:
+            columns.append(list(t.unbind(0)))
+        elif t.dim() == rank:
+            columns.append([t])
+        else:
+            raise ModelFileError(
+                f"{path}: array {key} has {t.dim()} axes; input {inp.name} has {rank} (or {rank + 1}: N batches)"
+            )
+    counts = {len(c) for c in columns}
+    if len(counts) != 1 or counts == {0}:
+        raise ModelFileError(f"{path}: the arrays hold different numbers of batches, or none ({sorted(counts)})")
+    return [tuple(col[i] for col in columns) for i in range(counts.pop())]

@@ -1,4 +1,4 @@
-"""``bnfold audit model.onnx``: the ONNX graph traced into a program audits like the .pt2 of the same model.
+"""``bnfold audit model.onnx``: the ONNX graph, emulated, audits like the .pt2 of the same model.
 
 The model uses ReLU (one op in both graphs; SiLU would be one aten op but Sigmoid and Mul in
 ONNX, rounded twice), so both programs compute the same ops in the same order: every cell of
@@ -90,7 +90,7 @@ def test_onnx_audit_equals_the_pt2_audit(profile, bn_eps):
     assert ca.keys() == cb.keys()
     for key in ca:
         assert math.isfinite(ca[key]) and abs(ca[key] - cb[key]) <= CELL_DB, (key, ca[key], cb[key])
-    assert [r.title for r in b.layers][0] == "conv_Conv"  # the ONNX node names
+    assert [r.title for r in b.layers][0] == "/conv/Conv"  # the ONNX node names
 
 
 def test_fp32_profile_matches_onnx_runtime():
@@ -104,6 +104,11 @@ def test_fp32_profile_matches_onnx_runtime():
     (want,) = sess.run(None, {"x": x.numpy()})
     np.testing.assert_allclose(res.outputs[0].numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(res.reference[0].numpy(), want, rtol=1e-5, atol=1e-5)  # float64 vs ORT's float32
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    direct, _ = OnnxEmulator(model, "fp32").run(x)  # the emulator the ONNX audit runs
+    np.testing.assert_allclose(direct.outputs[0].numpy(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(direct.reference[0].numpy(), want, rtol=1e-5, atol=1e-5)
 
 
 def test_unsupported_ops_are_named():

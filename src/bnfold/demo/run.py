@@ -1,4 +1,5 @@
-"""``bnfold demo``: what fp16 does to a small trained EfficientNet-style net, unfolded and folded.
+"""``bnfold demo``: what fp16 does to a small trained EfficientNet-style net and to trained PaddleOCR models
+(:mod:`bnfold.demo.paddleocr`), unfolded and folded.
 
 Loads the committed checkpoint (trained by ``scripts/train_demo.py``), exports
 the network, audits it under ``fp32``, ``fp16``, ``htp`` and ``htp`` with the
@@ -233,6 +234,19 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         audits={p: rep.to_dict() for p, rep in reports.items()},
     )
     write_text(json_path, json.dumps(doc, indent=1))
+    from .paddleocr import run as run_paddleocr
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        ocr_lines, ocr = run_paddleocr(quick=quick)
+    finally:
+        torch.set_num_threads(threads)
+    result["paddleocr"] = ocr
+    doc["paddleocr"] = ocr
+    write_text(json_path, json.dumps(doc, indent=1))
+    lines.append("")
+    lines += ["  " + ocr_lines[0]] + ocr_lines[1:]
     lines.append("")
     lines.append(f"  wrote {json_path} and {png_path} ({time.perf_counter() - t0:.0f} s)")
     if verbose:

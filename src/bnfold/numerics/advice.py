@@ -17,8 +17,7 @@ def _cost(norms) -> str:
     """``name (verdict, ~N dB)`` for each norm, the worst first."""
 
     def loss(n):
-        e = n.risk.effective if n.risk is not None else None
-        return e.loss_db if e is not None else 0.0
+        return n.risk.loss_db if n.risk is not None else 0.0
 
     worst = sorted(norms, key=lambda n: (n.verdict != "overflows", -loss(n)))
     parts = []
@@ -39,7 +38,7 @@ def _e2e(e) -> str:
 def advice(report) -> list[str]:
     norms = report.norms
     lines = []
-    bad = [n for n in norms if n.verdict in ("overflows", "degrades")]
+    bad = [n for n in norms if n.verdict in ("overflows", "degrades", "input NaN")]
     over = [n for n in norms if n.verdict == "overflows"]
     eps = "the model's eps" if report.bn_eps is None else f"runtime eps {report.bn_eps:g}"
     if not norms:

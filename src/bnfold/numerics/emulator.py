@@ -129,7 +129,7 @@ class Emulator:
         self.profile = get_profile(profile)
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.lifted, self.user_inputs = lifted_tensors(ep)
-        rnd = self.profile.round
+        rnd = self.profile.round_const
         self._const_e = {k: rnd(v.detach()) if _is_float(v) else v for k, v in self.lifted.items()}
         self._const_r = {k: v.detach().to(torch.float64) if _is_float(v) else v for k, v in self.lifted.items()}
         self.nodes = list(ep.graph_module.graph.nodes)
@@ -226,7 +226,7 @@ class Emulator:
                     v = user[node.name]
                     self._check_shape(node.name, v)
                     if _is_float(v):
-                        env_e[node] = self.profile.round(v.detach())
+                        env_e[node] = self.profile.round_input(v.detach())
                         if reference:
                             env_r[node] = v.detach().to(torch.float64)
                             errors[node.name] = measure(node.name, "input", env_e[node], env_r[node], exact_diff)

@@ -1,4 +1,5 @@
-"""ONNX ops as torch functions, for the ONNX audit (:mod:`bnfold.numerics.onnx_program`).
+"""ONNX ops as torch functions, for the ONNX emulator (:mod:`bnfold.numerics.onnx_emulator`) and the
+traced program of :mod:`bnfold.numerics.onnx_program`.
 
 These are the float64 reference interpreter's op implementations (``tests/onnx/onnx_ref.py``)
 as library code, written so that ``torch.export`` can trace them: weights arrive as tensors,
@@ -22,10 +23,25 @@ from onnx import numpy_helper
 def ints(v) -> list[int]:
     """The integers of a value known ahead of time (a numpy array or a Python sequence)."""
     if isinstance(v, torch.Tensor):
-        raise NotImplementedError(
-            "a shape or axes input is computed from the model's data; the ONNX audit needs static shapes"
-        )
+        if torch.compiler.is_compiling() or isinstance(v, torch.fx.Proxy) or _is_fake(v):
+            raise NotImplementedError(
+                "a shape or axes input is computed from the model's data; the ONNX audit needs static shapes"
+            )
+        if v.is_floating_point():
+            raise NotImplementedError("a shape or axes input holds floating-point values")
+        return [int(x) for x in v.reshape(-1).tolist()]
     return [int(x) for x in np.asarray(v).reshape(-1).tolist()]
+
+
+def _is_fake(v) -> bool:
+    return type(v).__name__ in ("FakeTensor", "FunctionalTensor")
+
+
+def floats(v) -> list[float]:
+    """The numbers of a value known when the op runs (scales of a Resize), as Python floats."""
+    if isinstance(v, torch.Tensor):
+        return [float(x) for x in v.reshape(-1).tolist()]
+    return [float(x) for x in np.asarray(v).reshape(-1).tolist()]
 
 
 def attrs(node: onnx.NodeProto) -> dict:
@@ -162,7 +178,7 @@ def slice_(ins, a):
 def avgpool(ins, a):
     x = ins[0]
     nd = x.dim() - 2
-    pads = a.get("pads", [0] * (2 * nd))
+    pads = _pool_pads(x, a, nd)
     if list(pads[:nd]) != list(pads[nd:]):
         raise NotImplementedError("AveragePool with asymmetric pads is not supported by the ONNX audit")
     fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1]
@@ -176,10 +192,22 @@ def avgpool(ins, a):
     )
 
 
+def _pool_pads(x, a, nd) -> list[int]:
+    """A pool's pads, with ``auto_pad`` SAME_UPPER / SAME_LOWER / VALID resolved."""
+    mode = _s(a.get("auto_pad", "NOTSET"))
+    k, strides, dil = a["kernel_shape"], a.get("strides", [1] * nd), a.get("dilations", [1] * nd)
+    if mode in ("SAME_UPPER", "SAME_LOWER"):
+        pb = [_pads_same(x.shape[2 + i], k[i], strides[i], dil[i], mode) for i in range(nd)]
+        return [p[0] for p in pb] + [p[1] for p in pb]
+    if mode == "VALID":
+        return [0] * (2 * nd)
+    return list(a.get("pads", [0] * (2 * nd)))
+
+
 def maxpool(ins, a):
     x = ins[0]
     nd = x.dim() - 2
-    pads = a.get("pads", [0] * (2 * nd))
+    pads = _pool_pads(x, a, nd)
     if list(pads[:nd]) != list(pads[nd:]):
         x = F.pad(x, [p for i in reversed(range(nd)) for p in (pads[i], pads[i + nd])], value=-math.inf)
         pads = [0] * (2 * nd)
@@ -198,6 +226,53 @@ def clip(ins):
     """Clip with its bounds as optional inputs (known ahead of time)."""
     lo, hi = (list(ins) + [None, None])[1:3]
     return torch.clamp(ins[0], *(None if v is None else float(np.asarray(v)) for v in (lo, hi)))
+
+
+def resize(ins, a):
+    """Resize: ``nearest`` (asymmetric coordinates, floor) and ``linear`` (half_pixel / align_corners /
+    asymmetric / pytorch_half_pixel) over the spatial axes; scales or sizes given as inputs."""
+    x = ins[0]
+    scales = floats(ins[2]) if len(ins) > 2 and ins[2] is not None and ins[2].numel() else None
+    sizes = ints(ins[3]) if len(ins) > 3 and ins[3] is not None else None
+    mode, coords = _s(a.get("mode", "nearest")), _s(a.get("coordinate_transformation_mode", "half_pixel"))
+    if sizes is None and scales is None:
+        raise NotImplementedError("Resize without scales or sizes is not supported by the ONNX audit")
+    if (sizes or scales) and (sizes or scales)[:2] not in ([1, 1], [1.0, 1.0], list(x.shape[:2])):
+        raise NotImplementedError("Resize over the batch or channel axis is not supported by the ONNX audit")
+    if sizes is not None:
+        out = sizes[2:]
+    else:
+        out = [int(math.floor(n * s)) for n, s in zip(x.shape[2:], scales[2:])]
+    if mode == "nearest":
+        if coords != "asymmetric" or _s(a.get("nearest_mode", "round_prefer_floor")) != "floor":
+            raise NotImplementedError(f"Resize nearest with {coords} coordinates is not supported by the ONNX audit")
+        if scales is not None and sizes is None:
+            return F.interpolate(x, scale_factor=tuple(scales[2:]), mode="nearest")
+        return F.interpolate(x, size=tuple(out), mode="nearest")
+    if mode == "linear":
+        names = {1: "linear", 2: "bilinear", 3: "trilinear"}
+        if coords == "align_corners":
+            return F.interpolate(x, size=tuple(out), mode=names[len(out)], align_corners=True)
+        if coords in ("half_pixel", "pytorch_half_pixel"):
+            return F.interpolate(x, size=tuple(out), mode=names[len(out)], align_corners=False)
+    raise NotImplementedError(f"Resize mode {mode!r} with {coords} coordinates is not supported by the ONNX audit")
+
+
+def shape(ins, a):
+    return torch.tensor(list(ins[0].shape)[a.get("start", 0) : a.get("end", None)], dtype=torch.int64)
+
+
+def gather(ins, a):
+    x, idx = ins[0], ins[1]
+    axis = a.get("axis", 0) % x.dim()
+    flat = torch.as_tensor(idx).long()
+    flat = torch.where(flat < 0, flat + x.shape[axis], flat)
+    return x.index_select(axis, flat.reshape(-1)).reshape(x.shape[:axis] + flat.shape + x.shape[axis + 1 :])
+
+
+def expand(ins, a):
+    x, sh = ins[0], ints(ins[1])
+    return x * torch.ones(sh, dtype=x.dtype) if x.dtype != torch.bool else x.expand(torch.broadcast_shapes(x.shape, sh))
 
 
 def _flatten(x, axis):
@@ -236,8 +311,33 @@ OPS = {
     "Softmax": lambda i, a: torch.softmax(i[0], dim=a.get("axis", -1)),
     "Slice": slice_,
     "Concat": lambda i, a: torch.cat(i, dim=a["axis"]),
+    "Erf": lambda i, a: torch.erf(i[0]),
+    "Resize": resize,
+    "Shape": shape,
+    "Gather": gather,
+    "Expand": expand,
+    "Neg": lambda i, a: -i[0],
+    "Abs": lambda i, a: i[0].abs(),
+    "Exp": lambda i, a: torch.exp(i[0]),
+    "Log": lambda i, a: torch.log(i[0]),
+    "Reciprocal": lambda i, a: 1 / i[0],
+    "LeakyRelu": lambda i, a: F.leaky_relu(i[0], a.get("alpha", 0.01)),
+    "Softplus": lambda i, a: F.softplus(i[0]),
+    "Max": lambda i, a: torch.stack(torch.broadcast_tensors(*i)).amax(0),
+    "Min": lambda i, a: torch.stack(torch.broadcast_tensors(*i)).amin(0),
 }
 
 #: ops whose inputs after the first are shapes, axes or bounds (read as Python numbers); every other
 #: op takes each input as data
-STATIC_ARGS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Slice", "Clip", "ReduceMean", "Expand"})
+STATIC_ARGS = frozenset({"Reshape", "Unsqueeze", "Squeeze", "Slice", "Clip", "ReduceMean", "Expand", "Resize"})
+
+#: ops whose output holds only values of their inputs, rearranged or selected: an fp16 runtime computes
+#: them exactly (no rounding of their output)
+EXACT_OPS = frozenset(
+    "Reshape Transpose Squeeze Unsqueeze Flatten Identity Dropout Slice Concat Gather Expand MaxPool Relu Neg Abs "
+    "Max Min Resize Shape".split()
+)
+#: of those, the ones whose error statistics equal their input's (the same elements, rearranged)
+SAME_ERROR_OPS = frozenset("Reshape Transpose Squeeze Unsqueeze Flatten Identity Dropout".split())
+#: ONNX layer ops and their kind
+LAYER_OPS = {"Conv": "conv", "ConvTranspose": "conv_transpose", "Gemm": "linear", "MatMul": "matmul"}

@@ -12,6 +12,22 @@
                 reduction is summed in float32 over chunks of ``acc_chunk``
                 input channels (features), each partial sum is rounded to fp16
                 and the partials are added one by one in fp16.
+* ``ort-cpu``   ONNX Runtime's CPU provider running a float16 model (as
+                onnxconverter-common's ``convert_float_to_float16`` writes it,
+                ``keep_io_types=True``) on x86: only the constants (weights,
+                statistics, scalars) are fp16; ORT runs Conv, BatchNorm, MatMul
+                and the elementwise ops in float32 behind casts it inserts and
+                drops the casts between ops, so activations stay float32; but its
+                graph optimizer first fuses Conv+BatchNormalization on the fp16
+                weights, each step rounded to fp16 (measured: with optimizations off the extra loss is gone),
+                and Softmax and the data-movement ops run in fp16.  The converter
+                clamps constants to [1e-7, 1e4] in magnitude first (its
+                ``min_positive_val`` / ``max_finite_val``).
+
+Which runtime each matches: ``fp16`` is PyTorch eager in half precision on
+CPU (tested bit-identical on the test models); ``ort-cpu`` is ONNX Runtime
+1.2x-1.3x CPU on x86 (tested within 1 dB end to end); ``htp`` and
+``fp16-acc`` model NPU / GPU kernels that cannot be run here.
 """
 
 from __future__ import annotations
@@ -21,7 +37,11 @@ from dataclasses import dataclass
 import torch
 
 FP16_MAX = 65504.0
-PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc")
+#: ONNX ops that ONNX Runtime's CPU provider runs in fp16 in a float16 model (it keeps their fp16 kernels and
+#: casts their inputs back to fp16), measured from the optimized graph ORT 1.32 writes
+#: (``SessionOptions.optimized_model_filepath``): the ``Cast(to=float16)`` nodes left feed these.
+ORT_CPU_FP16_OPS = frozenset("Softmax Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split())
+PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc", "ort-cpu")
 
 
 def round_fp16(t: torch.Tensor) -> torch.Tensor:
@@ -42,6 +62,11 @@ class Profile:
     htp_batch_norm: bool  # standalone BatchNorm as host-precomputed fp16 scale/bias
     fp16_accumulate: bool  # conv / linear / matmul accumulate in fp16 over chunks
     acc_chunk: int = 16
+    fp16_constants: bool = False  # constants stored in fp16 (implied by fp16_storage)
+    fp16_ops: frozenset = frozenset()  # ONNX ops whose output is stored in fp16 although the rest is float32
+    fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization on fp16 weights
+    #: the converter's clamp of constants before fp16 (onnxconverter-common: 1e-7 and 1e4), or None
+    const_clamp: tuple[float, float] | None = None
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
         """The storage rounding of this profile applied to a float tensor."""
@@ -49,9 +74,22 @@ class Profile:
             return t.to(torch.float32)
         return round_fp16(t)
 
+    def round_const(self, t: torch.Tensor) -> torch.Tensor:
+        """How this profile stores a constant (weight, statistic, scalar)."""
+        if self.const_clamp is not None:
+            lo, hi = self.const_clamp
+            mag = t.abs()
+            t = torch.where((mag > 0) & (mag < lo), torch.sign(t) * lo, t)
+            t = torch.where(mag > hi, torch.sign(t) * hi, t)
+        return round_fp16(t) if self.fp16_storage or self.fp16_constants else t.to(torch.float32)
+
+    def round_input(self, t: torch.Tensor) -> torch.Tensor:
+        """How this profile stores a model input."""
+        return self.round(t)
+
 
 def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
-    """The :class:`Profile` called ``profile`` (``fp32``, ``fp16``, ``htp``, ``fp16-acc``)."""
+    """The :class:`Profile` called ``profile`` (``fp32``, ``fp16``, ``htp``, ``fp16-acc``, ``ort-cpu``)."""
     if isinstance(profile, Profile):
         return profile
     if acc_chunk < 1:
@@ -64,4 +102,16 @@ def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
         return Profile("htp", True, True, False, acc_chunk)
     if profile == "fp16-acc":
         return Profile("fp16-acc", True, False, True, acc_chunk)
+    if profile == "ort-cpu":
+        return Profile(
+            "ort-cpu",
+            False,
+            False,
+            False,
+            acc_chunk,
+            fp16_constants=True,
+            fp16_ops=ORT_CPU_FP16_OPS,
+            fp16_conv_fusion=True,
+            const_clamp=(1e-7, 1e4),
+        )
     raise ValueError(f"unknown precision profile {profile!r}; choose from {', '.join(PROFILE_NAMES)}")

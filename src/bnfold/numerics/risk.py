@@ -24,7 +24,7 @@ The emulated run then measures the same intermediates from the per-channel
 range of the input (:class:`~bnfold.numerics.probe.NormProbe`) in the float64
 reference and in the emulated run, and the local SQNR loss of the layer row
 the batch norm belongs to.  ``verdict`` puts prediction and measurement
-together: ``overflows`` / ``degrades`` (by about N dB) / ``safe``.
+together: ``input NaN`` / ``overflows`` / ``degrades`` (by about N dB) / ``safe``.
 """
 
 from __future__ import annotations
@@ -272,6 +272,15 @@ class Risk:
     def effective(self) -> EpsRisk | None:
         return self.runtime or self.model
 
+    @property
+    def loss_db(self) -> float:
+        """The local SQNR loss the verdict stands on: the larger of predicted and measured."""
+        found = [self.effective.loss_db] if self.effective is not None else []
+        if self.measured is not None and self.measured.loss_db is not None:
+            found.append(self.measured.loss_db)
+        found = [x for x in found if math.isfinite(x)]
+        return max(found) if found else 0.0
+
     def to_dict(self) -> dict:
         return {
             "verdict": self.verdict,
@@ -285,8 +294,20 @@ class Risk:
 
 
 def judge(risk: Risk) -> Risk:
-    """Set ``risk.verdict`` (``overflows`` / ``degrades`` / ``safe``) and its one-line ``detail``."""
+    """Set ``risk.verdict`` (``input NaN`` / ``overflows`` / ``degrades`` / ``safe``) and its one-line ``detail``.
+
+    ``input NaN``: the norm's input already holds NaN/inf in the emulated run (a layer upstream
+    overflowed), so nothing about this norm can be measured.  ``degrades`` states the larger of
+    the predicted and measured loss, and says which it is.
+    """
     pred, meas = risk.effective, risk.measured
+    if meas is not None and meas.nan_input:
+        risk.verdict = "input NaN"
+        risk.detail = f"its input already holds {meas.nan_input} NaN/inf in the emulated run (an upstream overflow)"
+        risk.cause = "NaN/inf upstream"
+        if risk.what_if is not None:
+            risk.risky_at_what_if = risk.what_if.overflows or risk.what_if.loss_db >= DEGRADE_DB
+        return risk
     over_pred = pred is not None and pred.overflows
     over_meas = meas is not None and (
         min(meas.headroom_reference, meas.headroom_emulated) < 1 or meas.output_nonfinite > 0
@@ -310,7 +331,8 @@ def judge(risk: Risk) -> Risk:
         risk.cause = f"{top} overflows" if top and values[top] > FP16_MAX else "NaN/inf in the output"
     elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas and meas.loss_db and meas.loss_db >= DEGRADE_DB)):
         risk.verdict = "degrades"
-        risk.detail = f"by ~{pred.loss_db:.0f} dB, mostly {pred.cause}"
+        measured = meas is not None and meas.loss_db is not None and meas.loss_db > pred.loss_db
+        risk.detail = f"by ~{risk.loss_db:.0f} dB ({'measured' if measured else 'predicted'}), mostly {pred.cause}"
         risk.cause = pred.cause
     elif pred is not None:
         risk.verdict = "safe"

@@ -63,6 +63,14 @@ def _end_to_end(report) -> list[str]:
         acc = f"accuracy (fp32 {pct(report.fp32_accuracy)})"
         out.append(f"  {acc:<26} {pct(u.accuracy):>14} {pct(f.accuracy) if f else '-':>14}")
     out.append(f"  {'output NaN/inf':<26} {nonfinite(u.output):>14} {nonfinite(f.output) if f else '-':>14}")
+    rt = report.runtime
+    if rt is not None:
+        ru, rf = rt.unfolded, rt.folded
+        label = f"real {rt.runtime} SQNR (dB)"
+        out.append(f"  {label:<26} {sqnr(ru.output):>14} {sqnr(rf.output) if rf else '-':>14}")
+        label = f"real {rt.runtime} NaN/inf"
+        out.append(f"  {label:<26} {nonfinite(ru.output):>14} {nonfinite(rf.output) if rf else '-':>14}")
+        out.append(f"  (the {rt.runtime} run is what the {rt.matches_profile} profile emulates)")
     if report.random_inputs and u.top1_agreement is not None:
         out.append(
             "  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
@@ -93,9 +101,10 @@ def _norm_rows(report) -> list[str]:
         loss = f"{db(pred)}|{db(meas)}"
         scale = n.runtime_scale_max if rt and n.runtime_scale_max is not None else n.scale_max
         krt = sci(n.runtime_kappa) if rt else ""
+        head = "input NaN" if n.verdict == "input NaN" else sci(n.headroom)  # no headroom to speak of
         out.append(
             f"  {_short(n.name, 28):<28} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
-            f"{sci(n.headroom):>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
+            f"{head:>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
             f"{_short(n.fold, 70)}"
         )
     return out

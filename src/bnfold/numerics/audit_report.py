@@ -1,0 +1,193 @@
+"""The audit's report: per normalization (:class:`NormAudit`), per layer (:class:`LayerAudit`), end to end
+(:class:`EndToEnd`), and the whole :class:`AuditReport` (data: ``to_dict()``; ``table()`` renders it)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from .errors import TensorError, json_float
+from .risk import Risk
+
+
+@dataclass
+class NormAudit:
+    """One batch normalization of the unfolded program (``node`` is its graph node name)."""
+
+    node: str
+    name: str
+    channels: int
+    eps: float
+    scale_min: float
+    scale_max: float
+    kappa: float
+    kappa_channel: int
+    input_max_abs: float
+    headroom: float  # the smallest fp16 headroom of any intermediate, measured (ref and emulated) or predicted
+    folded: bool
+    fold: str  # "folded into <layer> (<pattern>)" or the reason it was skipped
+    runtime_scale_max: float | None = None  # max |scale| with the bn_eps override
+    runtime_kappa: float | None = None  # kappa with the bn_eps override
+    risk: Risk | None = None
+    row: str | None = None  # the layer row that measures it (table name)
+
+    @property
+    def verdict(self) -> str:
+        return self.risk.verdict if self.risk is not None else "unknown"
+
+    def to_dict(self) -> dict:
+        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items() if k != "risk"}
+        out["risk"] = None if self.risk is None else self.risk.to_dict()
+        return out
+
+
+@dataclass
+class LayerAudit:
+    """One layer's output: a conv / linear / matmul (after the batch norm, or the chain folded into
+    it, that follows), or a standalone batch norm.  ``norm`` is the node name of that batch norm
+    (or of the chain's first step).  ``folded`` measures the same tensor in the folded program,
+    found by node identity; None when the folded program no longer holds it."""
+
+    name: str
+    kind: str
+    norm: str | None
+    unfolded: TensorError
+    folded: TensorError | None
+    label: str = ""  # module path, when the graph records one
+    local_unfolded: TensorError | None = None  # the error this row adds by itself (inputs as emulated)
+    local_folded: TensorError | None = None
+    norms: tuple = ()  # node names of the batch norms this row measures through
+
+    @property
+    def title(self) -> str:
+        """The row's name in the table and the plot."""
+        return self.label or self.name
+
+    def to_dict(self) -> dict:
+        return {
+            "name": self.name,
+            "label": self.label,
+            "kind": self.kind,
+            "norm": self.norm,
+            "norms": list(self.norms),
+            "cumulative": {
+                "unfolded": self.unfolded.to_dict(),
+                "folded": None if self.folded is None else self.folded.to_dict(),
+            },
+            "local": {
+                "unfolded": None if self.local_unfolded is None else self.local_unfolded.to_dict(),
+                "folded": None if self.local_folded is None else self.local_folded.to_dict(),
+            },
+        }
+
+
+@dataclass
+class EndToEnd:
+    """The program's outputs over all batches, against the unfolded model's float64 outputs."""
+
+    output: TensorError
+    top1_agreement: float | None = None  # fraction of samples whose argmax matches the float32 model
+    accuracy: float | None = None  # fraction matching ``labels``, when given
+    predictions: torch.Tensor | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "output_sqnr_db": json_float(self.output.sqnr_db),
+            "output_finite_sqnr_db": json_float(self.output.finite_sqnr_db),
+            "output_max_abs_err": json_float(self.output.max_abs_err),
+            "elements": self.output.count,
+            "nan": self.output.nan,
+            "inf": self.output.inf,
+            "nonfinite_share": self.output.nonfinite_share,
+            "top1_agreement": self.top1_agreement,
+            "accuracy": self.accuracy,
+        }
+
+
+@dataclass
+class AuditReport:
+    profile: str
+    bn_eps: float | None
+    samples: int
+    batches: int
+    norms: list[NormAudit]
+    layers: list[LayerAudit]
+    unfolded: EndToEnd
+    folded: EndToEnd | None
+    fp32_accuracy: float | None = None
+    fold_report: Any = None
+    errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)  # every tensor, per program
+    name: str = "model"
+    random_inputs: bool = False  # the batches were random: top-1 agreement says little
+    runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
+
+    def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
+        """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
+        error each layer adds by itself instead of the cumulative one."""
+        attr = ("local_" if local else "") + which
+        rows = [r for r in self.layers if getattr(r, attr) is not None]
+        return sorted(rows, key=lambda r: (-getattr(r, attr).nonfinite, _sort_db(getattr(r, attr).sqnr_db)))[:n]
+
+    def advice(self) -> list[str]:
+        """The closing "what to do" lines (see :func:`bnfold.numerics.advice.advice`)."""
+        from .advice import advice
+
+        return advice(self)
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.name,
+            "profile": self.profile,
+            "bn_eps": self.bn_eps,
+            "random_inputs": self.random_inputs,
+            "what_to_do": self.advice(),
+            "samples": self.samples,
+            "batches": self.batches,
+            "fp32_accuracy": self.fp32_accuracy,
+            "end_to_end": {"unfolded": self.unfolded.to_dict(), "folded": self.folded and self.folded.to_dict()},
+            "normalizations": [n.to_dict() for n in self.norms],
+            "layers": [r.to_dict() for r in self.layers],
+            "fold_report": None if self.fold_report is None else self.fold_report.to_dict(),
+            "runtime": None if self.runtime is None else self.runtime.to_dict(),
+            "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
+        }
+
+    def table(self) -> str:
+        from .table import audit_table
+
+        return audit_table(self)
+
+    def plot(self, path, worst: int = 25) -> None:
+        """Write the SQNR chart (see :func:`bnfold.numerics.plot.plot_reports`)."""
+        from .plot import plot_reports
+
+        plot_reports([self], path, worst=worst)
+
+    def __str__(self) -> str:
+        return self.table()
+
+
+@dataclass
+class RuntimeRun:
+    """A real runtime run next to the emulation (``audit(..., runtime=...)``): its end-to-end numbers
+    against the same float64 reference, unfolded and folded, and the profile it is compared with."""
+
+    runtime: str  # "torch" (eager, half precision, CPU) or "onnxruntime" (a float16 model, CPU)
+    matches_profile: str  # the profile that emulates this runtime
+    unfolded: EndToEnd
+    folded: EndToEnd | None = None
+
+    def to_dict(self) -> dict:
+        return {
+            "runtime": self.runtime,
+            "matches_profile": self.matches_profile,
+            "unfolded": self.unfolded.to_dict(),
+            "folded": None if self.folded is None else self.folded.to_dict(),
+        }
+
+
+def _sort_db(db: float) -> float:
+    return -1e9 if math.isnan(db) else db

@@ -1,0 +1,88 @@
+"""Real fp16 runtimes next to the emulation (``audit(..., runtime=...)``).
+
+* ``torch``: PyTorch eager in half precision on CPU, running the ONNX graph op by op with the
+  same torch functions the emulator uses (:mod:`bnfold.numerics.onnx_ops`), every float value
+  and constant in ``torch.float16``.  The ``fp16`` profile emulates it.
+* ``onnxruntime``: ONNX Runtime's CPU provider running the float16 model that onnxconverter-common's
+  ``convert_float_to_float16(model, keep_io_types=True)`` writes.  The ``ort-cpu`` profile emulates it.
+
+Both are measured against the same float64 reference as the emulation, unfolded and folded.
+"""
+
+from __future__ import annotations
+
+import onnx
+import torch
+
+from .audit_report import RuntimeRun
+from .emulator import EmulationResult
+from .end_to_end import _end_to_end
+from .onnx_emulator import OnnxEmulator
+
+RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
+
+
+def torch_half(model: onnx.ModelProto, batch: tuple) -> list[torch.Tensor]:
+    """``model``'s outputs run by PyTorch eager in float16 on CPU (returned as float32)."""
+    emu = OnnxEmulator(model, "fp32")
+    env = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in emu._const_r.items()}
+    for name, x in zip(emu.inputs, batch):
+        x = torch.as_tensor(x)
+        env[name] = x.to(torch.float16) if x.is_floating_point() else x
+    for node, name, a in emu.plan:
+        outs = emu._op(node, name, a, [env[v] if v else None for v in node.input], torch.float16)
+        env.update((o, v) for o, v in zip(node.output, outs) if o)
+    return [env[o].to(torch.float32) if env[o].is_floating_point() else env[o] for o in emu.outputs]
+
+
+def float16_model(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` converted to float16 by onnxconverter-common (inputs and outputs stay float32)."""
+    try:
+        from onnxconverter_common import float16
+    except ImportError as e:
+        raise ValueError("runtime 'onnxruntime' needs onnxconverter-common (pip install onnxconverter-common)") from e
+    import warnings
+
+    with warnings.catch_warnings():  # it warns once per constant it clamps to [1e-7, 1e4]
+        warnings.simplefilter("ignore")
+        return float16.convert_float_to_float16(model, keep_io_types=True)
+
+
+def onnxruntime_fp16(model: onnx.ModelProto):
+    """``run(batch) -> outputs`` of ONNX Runtime (CPU) on the float16 conversion of ``model``."""
+    try:
+        import onnxruntime as ort
+    except ImportError as e:
+        raise ValueError("runtime 'onnxruntime' needs onnxruntime (pip install onnxruntime)") from e
+    half = float16_model(model)
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(half.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+
+    def run(batch: tuple) -> list[torch.Tensor]:
+        feed = {n: torch.as_tensor(x).numpy() for n, x in zip(names, batch)}
+        return [torch.from_numpy(o).to(torch.float32) for o in sess.run(None, feed)]
+
+    return run
+
+
+def _runner(runtime: str, model: onnx.ModelProto):
+    if runtime == "torch":
+        return lambda batch: torch_half(model, batch)
+    if runtime == "onnxruntime":
+        return onnxruntime_fp16(model)
+    raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
+
+
+def runtime_run(runtime: str, model, folded_model, batches: list[tuple], reference: list) -> RuntimeRun:
+    """Run ``runtime`` on the unfolded (and folded) model; end-to-end numbers against ``reference``."""
+    out = RuntimeRun(runtime, RUNTIMES.get(runtime, "?"), None)
+    for which, m in (("unfolded", model), ("folded", folded_model)):
+        if m is None:
+            continue
+        run = _runner(runtime, m)
+        res = EmulationResult(runtime)
+        res.outputs = [run(b) for b in batches]
+        setattr(out, which, _end_to_end(res, reference, [], None))
+    return out
