@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 
 import bnfold
-import bnfold.cli as cli
+import bnfold.cli.progress as cli_progress
 import cli_helpers as h
 
 TRAINING_LINE = "in training mode"
@@ -211,8 +211,8 @@ def test_long_folds_print_progress_lines(run, files, tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(bnfold, "fold", slow)
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0.05)
-    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.1)
+    monkeypatch.setattr(cli_progress, "PROGRESS_DELAY", 0.05)
+    monkeypatch.setattr(cli_progress, "PROGRESS_EVERY", 0.1)
     code, _, err = run("fold", files["foldable"], "-o", tmp_path / "f.pt2")
     assert code == 0
     progress = [ln for ln in err.splitlines() if ln.startswith(f"bnfold: folding {files['foldable']}... ")]

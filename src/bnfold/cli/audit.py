@@ -1,0 +1,71 @@
+"""``bnfold audit``: the fp16 / HTP numerics of a model, unfolded and folded, against float64."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..checks import refuse_training
+from ..errors import BnfoldError
+from ..io import files, quiet
+from . import inputs
+from .args import opt
+from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
+from .fold import load
+from .jsonout import print_json, versioned
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..numerics.progress import Progress
+
+    debug = opt(args, "debug")
+    if args.plot:
+        files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
+    progress = Progress(enabled=True)
+    try:
+        progress.stage("load")
+        ep = load(args.input, args).model
+        refuse_training(ep, args.input)
+        if files.model_kind(args.input) == files.ONNX:
+            from ..numerics.onnx_program import onnx_program
+
+            progress.stage("convert")
+            try:
+                with quiet(not debug):
+                    ep = onnx_program(ep)
+            except NotImplementedError as e:
+                raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
+        if args.batches:
+            batches = inputs.npz_batches(ep, args.batches)
+        else:
+            batches = inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+
+        from ..numerics import audit
+
+        with quiet(not debug):
+            report = audit(
+                ep,
+                batches,
+                profile=args.profile,
+                bn_eps=args.bn_eps,
+                progress=progress,
+                name=os.path.basename(args.input),
+                random_inputs=not args.batches,
+            )
+        if args.plot:
+            progress.stage("plot")
+            with quiet(not debug):
+                report.plot(args.plot)  # written atomically
+    finally:
+        progress.close()
+    if opt(args, "json"):
+        payload = versioned(input=args.input)
+        if args.plot:
+            payload["plot"] = args.plot
+        payload.update(report.to_dict())
+        print_json(payload)
+    else:
+        print(report.table())
+        if args.plot:
+            print(f"wrote {args.plot}")
+    return EXIT_OK
