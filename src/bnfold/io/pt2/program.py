@@ -10,6 +10,7 @@ from typing import Any
 from ..limits import Limits, json_depth
 from .exprs import MAX_EXPONENT, sym_expr_is_safe
 from .guards import guard_is_safe
+from .mutation import graphs, mutation_problem
 from .ops import target_is_allowed
 from .treespec import check_namedtuple_fields, is_plain_name, treespec_problem
 from .walk import nodes, short, values_for_key
@@ -37,14 +38,26 @@ def check_program_json(doc: dict[str, Any], entry: str, limits: Limits | None = 
             if not guard_is_safe(g):
                 problems.append(f"{entry} has a guard that is not a shape check: {short(g)}")
                 break
+    graph_of = None
     for node in nodes(doc):
         target = node.get("target")
         if not node_target_is_safe(target):
+            if graph_of is None:
+                graph_of = graphs(doc)
+            written = mutation_problem(node, graph_of.get(id(node)))
+            if written is None:
+                continue  # an in-place / out= op that writes only values of its own graph
             if _training_export(node, target):
                 problems.append(
                     f"{entry} updates num_batches_tracked in place ({short(target)}, not on bnfold's operator "
                     "allowlist): the model was exported in training mode; call model.eval() before torch.export "
                     "and export again"
+                )
+                break
+            if written:
+                problems.append(
+                    f"{entry} has a graph node calling {short(target)} in place on {written}, not on a value "
+                    "the graph computed; bnfold's operator allowlist admits in-place ops on intermediates only"
                 )
                 break
             problems.append(
