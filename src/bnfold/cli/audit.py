@@ -8,7 +8,7 @@ import os
 from ..checks import refuse_training
 from ..errors import BnfoldError
 from ..io import files, quiet
-from . import inputs
+from . import inputs, shapes, verbosity
 from .args import opt
 from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
 from .fold import load
@@ -24,7 +24,8 @@ def run(args: argparse.Namespace) -> int:
     progress = Progress(enabled=True)
     try:
         progress.stage("load")
-        ep = load(args.input, args).model
+        loaded = load(args.input, args)
+        ep = shapes.apply(loaded, args)  # --input-shape: the ONNX model traced with these shapes
         refuse_training(ep, args.input)
         if files.model_kind(args.input) == files.ONNX:
             from ..numerics.onnx_program import onnx_program
@@ -65,7 +66,18 @@ def run(args: argparse.Namespace) -> int:
         payload.update(report.to_dict())
         print_json(payload)
     else:
-        print(report.table())
+        level = verbosity.level(args)
+        print(report.table() if level > verbosity.QUIET else summary(report.table()))
+        if level == verbosity.VERBOSE and report.fold_report is not None:
+            print(f"\nfold report:\n{report.fold_report.table()}")
+            print("\n".join(verbosity.entry_details(report.fold_report)))
         if args.plot:
             print(f"wrote {args.plot}")
     return EXIT_OK
+
+
+def summary(table: str) -> str:
+    """``-q``: the audit table's headline, its end-to-end block and what to do (no per-norm, per-layer rows)."""
+    blocks = table.split("\n\n")
+    advice = [b for b in blocks[2:] if b.lstrip().startswith("what to do")]
+    return "\n\n".join(blocks[:2] + advice)

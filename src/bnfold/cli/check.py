@@ -8,6 +8,7 @@ from typing import Any
 
 from ..checks import check_model_path, refuse_training
 from ..errors import BnfoldError
+from . import shapes, verbosity
 from .args import opt
 from .constants import EXIT_ERROR, EXIT_OK, EXIT_SURVIVORS, FOLDABLE
 from .errors import print_error
@@ -39,8 +40,9 @@ def check_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     """One file's check: its survivors and its exit status (1 when it fails the gate)."""
     check_model_path(path)
     loaded = load(path, args)
-    report = fold_quietly(loaded.model, None, opt(args, "debug"), label=path).report
-    refuse_training(loaded.model, path, report)
+    model = shapes.apply(loaded, args)
+    report = fold_quietly(model, None, opt(args, "debug"), label=path).report
+    refuse_training(model, path, report)
     left = survivors(report)
     foldable = sum(s["status"] == "foldable" for s in left)
     failed = foldable > 0 or (args.strict and bool(left))
@@ -54,8 +56,9 @@ def check_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
-def lines(result: dict[str, Any], strict: bool) -> list[str]:
-    """The text ``check`` prints for one file: a headline, then one line per normalization left."""
+def lines(result: dict[str, Any], strict: bool, level: int = verbosity.NORMAL) -> list[str]:
+    """The text ``check`` prints for one file: a headline, then one line per normalization left
+    (none with ``-q``; with ``-v`` also its graph node and, when foldable, the layer it folds into)."""
     path, left = result["input"], result["survivors"]
     if not left:
         return [f"{path}: ok, no normalization left"]
@@ -67,8 +70,16 @@ def lines(result: dict[str, Any], strict: bool) -> list[str]:
         head = f"{path}: {n} normalization{plural} left that bnfold cannot fold (failing: --strict)"
     else:
         head = f"{path}: ok, {unfoldable} normalization{plural} left that bnfold cannot fold"
+    if level == verbosity.QUIET:
+        return [head]
     width = max(len(s["norm"]) for s in left)
-    return [head] + [f"  {s['norm']:<{width}}  {s['reason']}" for s in left]
+    out = [head]
+    for s in left:
+        out.append(f"  {s['norm']:<{width}}  {s['reason']}")
+        if level == verbosity.VERBOSE:
+            into = f", folds into {s['into']} (node {s['into_node']}, {s['pattern']})" if s.get("into") else ""
+            out.append(f"  {'':<{width}}  node {s['node']}{into}")
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -81,7 +92,7 @@ def run(args: argparse.Namespace) -> int:
             results.append({"input": path, "ok": False, "error": message, "exit_code": EXIT_ERROR})
             continue
         if not opt(args, "json"):
-            print("\n".join(lines(results[-1], args.strict)), flush=True)
+            print("\n".join(lines(results[-1], args.strict, verbosity.level(args))), flush=True)
     code = max(r["exit_code"] for r in results)
     if opt(args, "json"):
         print_json(versioned(ok=code == EXIT_OK, strict=args.strict, files=results))

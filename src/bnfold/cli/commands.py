@@ -46,7 +46,7 @@ COMMANDS: tuple[Command, ...] = (
         "check",
         help="CI gate: fail while something foldable is left",
         description="List the normalizations left in each IN and why; exit 1 when one could be folded.",
-        options=(*COMMON, *LOADING, "inputs", "strict"),
+        options=(*COMMON, *LOADING, "inputs", "strict", "input_shape"),
         run=check.run,
         epilog=texts.CHECK_EPILOG,
     ),
@@ -55,7 +55,7 @@ COMMANDS: tuple[Command, ...] = (
         help="measure the fp16 / HTP numerics of a program before and after folding",
         description="Run IN under a precision profile next to a float64 reference, unfolded and\n"
         "folded, and summarize the error per layer.",
-        options=(*COMMON, *LOADING, "input", "profile", "bn_eps", "batches", "random", "seed", "plot"),
+        options=(*COMMON, *LOADING, "input", "profile", "bn_eps", "batches", "random", "seed", "input_shape", "plot"),
         run=audit.run,
         epilog=texts.AUDIT_EPILOG,
     ),

@@ -7,7 +7,8 @@ import sys
 from typing import Any
 
 from ..checks import check_model_path, refuse_training
-from ..io import files, models, quiet
+from ..io import atomic, files, models, quiet
+from . import verbosity
 from .args import comma_list, opt
 from .constants import EXIT_OK
 from .jsonout import json_text, print_json, versioned
@@ -48,11 +49,14 @@ def run(args: argparse.Namespace) -> int:
     refuse_training(loaded.model, args.input, result.report)
     payload = report_payload(args.input, plan.path, result.report)
     texts = {args.report: json_text(payload) + "\n"} if args.report else None
-    models.save_model(result.model, plan, layout=loaded.layout, texts=texts, debug=debug)
+    with atomic.modes_like(args.input):  # new files get the input's permission bits
+        models.save_model(result.model, plan, layout=loaded.layout, texts=texts, debug=debug)
     if opt(args, "json"):
         print_json(payload)
-    else:
+    elif verbosity.level(args) > verbosity.QUIET:
         print(result.report.table())
+        if verbosity.level(args) == verbosity.VERBOSE:
+            print("\n".join(verbosity.entry_details(result.report)))
         if not result.report.folded and not result.report.lowered:
             print(f"nothing to fold in {args.input}: no normalization could be folded; wrote an unchanged copy")
         extra = f" (report: {args.report})" if args.report else ""

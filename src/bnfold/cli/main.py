@@ -27,6 +27,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # --help, --version, usage errors
         return e.code if isinstance(e.code, int) else (0 if e.code is None else EXIT_ERROR)
+    if getattr(args, "func", None) is None:
+        # no command: the help, on stderr, and exit 2 -- argparse's convention for a missing required
+        # argument, which is what onnxsim, onnxslim and torchrun do when run bare
+        parser.print_help(sys.stderr)
+        return EXIT_ERROR
     debug = opt(args, "debug")
     try:
         with quiet(not debug):  # library warnings only with --debug

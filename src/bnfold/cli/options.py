@@ -12,7 +12,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import types
+from . import shapes, types
 from .constants import DEFAULT_RANDOM_BATCHES, ONLY_KINDS, PROFILES
 from .texts import TRUST_HELP
 
@@ -52,12 +52,28 @@ OPTIONS: dict[str, Option] = {
     # output and verbosity (every command)
     "json": _flag("--json", help="print machine-readable JSON on stdout", anywhere=True),
     "debug": _flag("--debug", help="show tracebacks and library warnings", anywhere=True),
+    "quiet": _flag(
+        "-q", "--quiet", help="print the summary only (no per-normalization table)", anywhere=True, group="verbosity"
+    ),
+    "verbose": _flag(
+        "-v",
+        "--verbose",
+        help="print every entry in full (graph nodes, the fold report)",
+        anywhere=True,
+        group="verbosity",
+    ),
     # loading a model file
     "trust": _flag("--trust", help=TRUST_HELP),
     "max_bytes": Option(
         ("--max-bytes",),
         "most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
         {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+    ),
+    "input_shape": Option(
+        ("--input-shape",),
+        "ONNX: fix the shape of input NAME (dims the model leaves open, e.g. a batch or a side); repeatable "
+        "(onnxsim's --overwrite-input-shape convention)",
+        {"metavar": "NAME:D0,D1,...", "type": shapes.input_shape, "action": "append"},
     ),
     # fold
     "output": Option(("-o", "--output"), "where to write the folded model (same format as IN)", {"metavar": "OUT"}),
@@ -112,5 +128,5 @@ OPTIONS: dict[str, Option] = {
 }
 
 #: Option groups commands take together.
-COMMON = ("json", "debug")
+COMMON = ("json", "debug", "quiet", "verbose")
 LOADING = ("trust", "max_bytes")

@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, option in OPTIONS.items():
         if option.anywhere:
             option.add_to(parser, name, hidden=True)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for command in COMMANDS:
         p = sub.add_parser(
             command.name,
