@@ -178,7 +178,7 @@ class TimmNet(nn.Module):
 
 
 MODELS = {"resnet18": ResNet18, "mobilenet_v2": MobileNetV2, "timm_style": TimmNet}
-INPUT_SHAPE = (2, 3, 32, 32)
+INPUT_SHAPE = (1, 3, 32, 32)
 
 
 def calibrate(model: nn.Module, batches: int = 3, seed: int = 0) -> nn.Module:
