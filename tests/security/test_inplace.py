@@ -198,3 +198,37 @@ def test_crafted_writes_to_state_are_refused_by_every_command(inplace, tmp_path)
 )
 def test_functional_forms_come_from_the_schemas(target, functional):
     assert mutation.functional_form(target) == functional
+
+
+def _chain(n: int, base: str) -> dict:
+    """A serialized graph: ``base`` (a graph input, or a conv of it) then ``n`` chained relu_ nodes."""
+    nodes = [
+        {
+            "target": "torch.ops.aten.conv2d.default",
+            "inputs": [{"name": "input", "arg": {"as_tensor": {"name": "x"}}, "kind": 1}],
+            "outputs": [{"as_tensor": {"name": "conv"}}],
+        }
+    ]
+    prev = base
+    for i in range(n):
+        nodes.append(
+            {
+                "target": "torch.ops.aten.relu_.default",
+                "inputs": [{"name": "self", "arg": {"as_tensor": {"name": prev}}, "kind": 1}],
+                "outputs": [{"as_tensor": {"name": f"r{i}"}}],
+            }
+        )
+        prev = f"r{i}"
+    return {"nodes": nodes, "inputs": [{"as_tensor": {"name": "x"}}], "outputs": []}
+
+
+def test_aliasing_is_followed_once_per_value_even_through_long_chains_and_cycles():
+    n = 20_000  # deeper than Python's recursion limit; every node asks about its whole chain
+    intermediate = mutation.Graph(_chain(n, "conv"), {"x": "graph input 'x'"})
+    assert all(intermediate.outside_value(f"r{i}") is None for i in range(n - 1, -1, -1))
+    on_input = mutation.Graph(_chain(n, "x"), {"x": "graph input 'x'"})
+    assert on_input.outside_value(f"r{n - 1}") == "graph input 'x'"
+    cycle = _chain(2, "r1")  # r0 = relu_(r1), r1 = relu_(r0)
+    looped = mutation.Graph(cycle, {"x": "graph input 'x'"})
+    assert "depends on itself" in looped.outside_value("r0")
+    assert looped.outside_value("r1") is not None

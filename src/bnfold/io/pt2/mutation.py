@@ -163,6 +163,8 @@ class Graph:
 
     def __init__(self, graph: dict[str, Any], inputs: dict[str, str]):
         self.inputs = inputs  # value name -> what it is ("parameter conv.weight" ...)
+        self._memo: dict[str, str | None] = {}
+        self._open: set[str] = set()
         self.producers: dict[str, tuple[dict[str, Any], int] | None] = {}
         for node in graph.get("nodes") or ():
             if not isinstance(node, dict):
@@ -173,30 +175,53 @@ class Graph:
                     self.producers[name] = None if name in self.producers else (node, j)
 
     def outside_value(self, name: str) -> str | None:
-        """What the base of value ``name`` is when it is not an intermediate of this graph, else None."""
-        seen: set[str] = set()
-        todo = [name]
-        while todo:
-            cur = todo.pop()
-            if cur in seen:
+        """What the base of value ``name`` is when it is not an intermediate of this graph, else None.
+
+        Memoized over the graph, so every value is resolved once however many in-place ops write
+        through it: linear in the size of the graph, also for a crafted one (cycles included).
+        """
+        memo = self._memo
+        stack = [name]
+        while stack:
+            cur = stack[-1]
+            if cur in memo:
+                stack.pop()
                 continue
-            seen.add(cur)
-            if cur in self.inputs:
-                return self.inputs[cur]
-            if cur not in self.producers:
-                return f"value {short(cur)}, which no node of the graph produces"
-            produced = self.producers[cur]
-            if produced is None:
-                return f"value {short(cur)}, which two nodes produce"
-            node, j = produced
-            target = node.get("target")
-            aliasing = _aliasing(target) if isinstance(target, str) else None
-            if aliasing is None or j >= len(aliasing):
-                return f"the output of {short(target)}, whose aliasing bnfold cannot follow"
-            args = _inputs_by_name(node)
-            for arg_name in aliasing[j][1]:
-                todo.extend(tensor_names(args.get(arg_name)))
-        return None
+            parents = self._parents(cur)
+            if isinstance(parents, str):
+                memo[cur] = parents
+                stack.pop()
+                continue
+            todo = [p for p in parents if p not in memo]
+            if todo and cur not in self._open:
+                self._open.add(cur)
+                stack.extend(todo)
+                continue
+            self._open.discard(cur)
+            if todo:  # a parent is still open: the value depends on itself
+                memo[cur] = f"value {short(cur)}, which depends on itself"
+            else:
+                memo[cur] = next((memo[p] for p in parents if memo[p] is not None), None)
+            stack.pop()
+        return memo[name]
+
+    def _parents(self, name: str) -> str | list[str]:
+        """What value ``name`` is when that settles it (a graph input, an unknown value), else the
+        values it may alias (none: it is a fresh intermediate)."""
+        if name in self.inputs:
+            return self.inputs[name]
+        if name not in self.producers:
+            return f"value {short(name)}, which no node of the graph produces"
+        produced = self.producers[name]
+        if produced is None:
+            return f"value {short(name)}, which two nodes produce"
+        node, j = produced
+        target = node.get("target")
+        aliasing = _aliasing(target) if isinstance(target, str) else None
+        if aliasing is None or j >= len(aliasing):
+            return f"the output of {short(target)}, whose aliasing bnfold cannot follow"
+        args = _inputs_by_name(node)
+        return [n for arg_name in sorted(aliasing[j][1]) for n in tensor_names(args.get(arg_name))]
 
 
 def mutation_problem(node: dict[str, Any], graph: Graph | None) -> str | None:
