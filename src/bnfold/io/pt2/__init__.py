@@ -46,7 +46,8 @@ is checked here, on the archive's bytes, before any of them is unpickled:
    by :mod:`.treespec` (``treespec_loads`` imports modules named in
    enum / defaultdict contexts, and dict keys reach generated code).
 9. **Operators.**  Every graph node target must be on the allowlist of
-   :mod:`.ops` (``audit`` executes the graph).
+   :mod:`.ops` (``audit`` executes the graph), or be the in-place / ``out=`` form of an allowed
+   operator that writes only values its graph computed (:mod:`.mutation`).
 10. **Bounded work.**  Entry sizes within the byte budget and no zip bomb
     (:mod:`bnfold.io.limits`), JSON depth bounded before parsing, expressions
     with small integers and exponents, tensor records matching their declared
@@ -71,6 +72,7 @@ torch may add ways to run code that this package does not know about.
     guards.py      guard code .module() execs (4)
     treespec.py    in_spec / out_spec as data (8)
     ops.py         the operator allowlist, derived from torch's schemas and tags (9)
+    mutation.py    in-place / out= nodes that write only intermediates of their graph (9)
     walk.py        walking the program JSON
 """
 
