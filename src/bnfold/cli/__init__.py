@@ -2,7 +2,7 @@
 
 ``main(argv=None) -> int`` returns the exit status: 0 ok, 1 ``check`` found
 normalizations left, 2 bad input (unreadable, wrong-format or unsafe file,
-bad arguments), 3 an internal error.  Errors are one line on stderr
+bad arguments, no command: the help goes to stderr), 3 an internal error.  Errors are one line on stderr
 (``bnfold: error: ...``); ``--debug`` adds the traceback.  torch, onnx and the
 numerics are imported inside the commands, so ``--help`` does not load them.
 
@@ -18,6 +18,8 @@ numerics are imported inside the commands, so ``--help`` does not load them.
     args.py       reading parsed arguments
     fold.py, check.py, audit.py, demo.py   the commands
     inputs.py     input batches for audit (random or from an .npz)
+    shapes.py     --input-shape: parsing, and fixing an ONNX model's open input dims
+    verbosity.py  -q / -v
     progress.py   notes on stderr during a long fold
     errors.py     one-line errors and hints; a closed stdout
     jsonout.py    --json output
