@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cli_helpers as h
-from bnfold import cli_inputs
+from bnfold.cli import inputs as cli_inputs
 from bnfold.numerics.progress import Progress
 
 

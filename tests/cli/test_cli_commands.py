@@ -215,9 +215,9 @@ def test_demo_wiring(run, tmp_path, monkeypatch):
 
 
 def test_json_output_is_strict_json():
-    from bnfold.cli import _json_text
+    from bnfold.cli.jsonout import json_text
 
-    text = _json_text({"sqnr": float("inf"), "err": [float("nan"), 1.5], "pair": (1, 2)})
+    text = json_text({"sqnr": float("inf"), "err": [float("nan"), 1.5], "pair": (1, 2)})
     assert json.loads(text) == {"sqnr": "inf", "err": ["nan", 1.5], "pair": [1, 2]}
     assert "NaN" not in text and "Infinity" not in text
 

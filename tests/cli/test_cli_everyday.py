@@ -1,6 +1,7 @@
 """Everyday use of the command line (issue 13): loud failures, the check gate, names, summaries,
-pipes, file errors, --exclude and quiet library warnings.  Exit codes, pipes and messages are
-checked through a real ``python -m bnfold`` process; the rest in-process."""
+pipes, file errors, --exclude and quiet library warnings.  Loud failures, pipes and messages are
+checked through a real ``python -m bnfold`` process; the check gate's statuses and the rest in-process
+(``main()`` returns the status ``python -m bnfold`` exits with; test_cli_subprocess.py checks that)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 import torch.nn as nn
 
 import bnfold
-import bnfold.cli as cli
+import bnfold.cli.progress as cli_progress
 import cli_helpers as h
 
 TRAINING_LINE = "in training mode"
@@ -119,20 +120,21 @@ def test_nothing_foldable_exits_0_and_says_so(files, tmp_path):
 # ----------------------------------------------------------------------------- the check gate
 
 
-def test_check_gate_default_and_strict(files, tmp_path):
+def test_check_gate_default_and_strict(run, files, tmp_path):
+    # in-process: the exit statuses through `python -m bnfold` are test_cli_subprocess.py's
     folded = tmp_path / "preact_folded.pt2"
-    assert bnfold_cli("fold", files["preact"], "-o", folded).returncode == 0
-    proc = bnfold_cli("check", files["preact"])
-    assert proc.returncode == 1 and "1 foldable" in proc.stdout
-    proc = bnfold_cli("check", folded)  # only the pre-activation BN is left: it can never fold
-    assert proc.returncode == 0, proc.stdout
-    assert "ok, 1 normalization left that bnfold cannot fold" in proc.stdout
-    assert "pre  no conv, transposed conv or linear next to it" in proc.stdout
-    proc = bnfold_cli("check", "--strict", folded)
-    assert proc.returncode == 1 and "(failing: --strict)" in proc.stdout
-    proc = bnfold_cli("check", files["clean"], folded, files["foldable"])
-    assert proc.returncode == 1  # the worst of 0, 0, 1
-    assert proc.stdout.count("\n") >= 5 and proc.stderr == ""
+    assert run("fold", files["preact"], "-o", folded)[0] == 0
+    code, out, _ = run("check", files["preact"])
+    assert code == 1 and "1 foldable" in out
+    code, out, _ = run("check", folded)  # only the pre-activation BN is left: it can never fold
+    assert code == 0, out
+    assert "ok, 1 normalization left that bnfold cannot fold" in out
+    assert "pre  no conv, transposed conv or linear next to it" in out
+    code, out, _ = run("check", "--strict", folded)
+    assert code == 1 and "(failing: --strict)" in out
+    code, out, err = run("check", files["clean"], folded, files["foldable"])
+    assert code == 1  # the worst of 0, 0, 1
+    assert out.count("\n") >= 5 and err == ""
 
 
 # ----------------------------------------------------------------------------- conventions
@@ -211,8 +213,8 @@ def test_long_folds_print_progress_lines(run, files, tmp_path, monkeypatch):
         return real(*a, **kw)
 
     monkeypatch.setattr(bnfold, "fold", slow)
-    monkeypatch.setattr(cli, "PROGRESS_DELAY", 0.05)
-    monkeypatch.setattr(cli, "PROGRESS_EVERY", 0.1)
+    monkeypatch.setattr(cli_progress, "PROGRESS_DELAY", 0.05)
+    monkeypatch.setattr(cli_progress, "PROGRESS_EVERY", 0.1)
     code, _, err = run("fold", files["foldable"], "-o", tmp_path / "f.pt2")
     assert code == 0
     progress = [ln for ln in err.splitlines() if ln.startswith(f"bnfold: folding {files['foldable']}... ")]

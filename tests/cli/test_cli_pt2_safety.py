@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import cli_helpers as h
-from bnfold.io import pt2_safety
+from bnfold.io.pt2 import exprs, guards, inspection, pickles, program
 
 # name -> (builder, needs a marker, words the refusal names)
 HOSTILE = {
@@ -127,7 +127,7 @@ def test_trust_does_not_skip_file_errors(run, tmp_path):
 
 def test_real_archives_pass(models):
     for name in ("conv_bn", "bn_only", "conv", "dynamic", "str_input"):
-        result = pt2_safety.check_pt2_bytes(models[name].read_bytes(), name)
+        result = inspection.check_pt2_bytes(models[name].read_bytes(), name)
         assert result.safe and result.models == ["model"]
 
 
@@ -135,7 +135,7 @@ def test_pickle_globals_follows_the_memo():
     # protocol 4 writes STACK_GLOBAL with the names pushed (and memoized) just before
     import os
 
-    assert pt2_safety.pickle_globals(pickle.dumps(os.system, protocol=4)) == [f"{os.system.__module__}.system"]
+    assert pickles.pickle_globals(pickle.dumps(os.system, protocol=4)) == [f"{os.system.__module__}.system"]
     # names fetched back from the memo after other work
     crafted = (
         b"\x80\x04"
@@ -146,19 +146,19 @@ def test_pickle_globals_follows_the_memo():
         b"\x93"  # STACK_GLOBAL
         b"."
     )
-    assert pt2_safety.pickle_globals(crafted) == ["os.system"]
+    assert pickles.pickle_globals(crafted) == ["os.system"]
     # a name that is computed, not pushed, cannot be checked
     computed = b"\x80\x04\x8c\x02os\x94K\x01\x93."  # 'os', BININT1 1, STACK_GLOBAL
-    with pytest.raises(pt2_safety._Unresolvable):
-        pt2_safety.pickle_globals(computed)
+    with pytest.raises(pickles.Unresolvable):
+        pickles.pickle_globals(computed)
 
 
 def test_torch_save_payload_check():
-    assert pt2_safety.check_torch_save_payload(h.torch_saved(((torch.randn(2, 3),), {})), "x") == []
-    assert pt2_safety.check_torch_save_payload(b"", "x") == []
-    problems = pt2_safety.check_torch_save_payload(h.torch_saved(h.Evil("1")), "x")
+    assert pickles.check_torch_save_payload(h.torch_saved(((torch.randn(2, 3),), {})), "x") == []
+    assert pickles.check_torch_save_payload(b"", "x") == []
+    problems = pickles.check_torch_save_payload(h.torch_saved(h.Evil("1")), "x")
     assert problems and "eval" in problems[0]
-    problems = pt2_safety.check_torch_save_payload(h.torch_saved({"f": print}), "x")
+    problems = pickles.check_torch_save_payload(h.torch_saved({"f": print}), "x")
     assert problems and "print" in problems[0]
 
 
@@ -184,7 +184,7 @@ def test_torch_save_payload_check():
     ],
 )
 def test_sym_expr_check(expr, safe):
-    assert pt2_safety.sym_expr_is_safe(expr) is safe
+    assert exprs.sym_expr_is_safe(expr) is safe
 
 
 @pytest.mark.parametrize(
@@ -207,7 +207,7 @@ def test_sym_expr_check(expr, safe):
     ],
 )
 def test_guard_check(guard, safe):
-    assert pt2_safety.guard_is_safe(guard) is safe
+    assert guards.guard_is_safe(guard) is safe
 
 
 @pytest.mark.parametrize(
@@ -225,4 +225,4 @@ def test_guard_check(guard, safe):
     ],
 )
 def test_node_target_check(target, safe):
-    assert pt2_safety.node_target_is_safe(target) is safe
+    assert program.node_target_is_safe(target) is safe

@@ -12,7 +12,7 @@ import re
 
 import pytest
 import yaml
-from readme_blocks import KINDS, ROOT, Block, blocks, commands, in_order, run_readme, shell
+from readme_blocks import KINDS, ROOT, Block, blocks, commands, in_order, matches, run_readme, shell
 
 #: At most this many blocks may be skipped (each says why, in its marker).
 MAX_SKIPPED = 3
@@ -48,8 +48,38 @@ def test_the_parser_reads_markers_exit_codes_and_outputs():
     assert in_order(["wrote x (13 s)"], ["wrote y (13 s)"]) == ["wrote x (13 s)"]
 
 
+@pytest.mark.parametrize(
+    "want, got, same",
+    [
+        (
+            "  fp32   98.9%   100.0%   133.2 dB   0/0   blocks.2.project.0 (129.2)",
+            "  fp32 98.9% 100.0% 132.2 dB 0/0 blocks.2.project.0 (129.3)",
+            True,
+        ),  # another CPU, the same model
+        ("  fp32   98.9%   100.0%   133.2 dB", "  fp32   98.9%   100.0%   120.0 dB", False),  # out of tolerance
+        ("  fp16 folded  59.5 dB  head.0 (57.4)", "  fp16 folded  59.3 dB  blocks.1.se.reduce (57.5)", True),
+        ("  fp16 folded  59.5 dB  head.0 (57.4)", "  fp16 folded  59.5 dB", False),  # a value went missing
+        ("  fp16 folded  59.5 dB", "  fp16 folded  nan dB", False),
+        ("13 BatchNorms folded, 0 skipped", "12 BatchNorms folded, 1 skipped", False),  # counts are exact
+        (
+            "  folded   stem.1  into stem.0  conv2d+batch_norm [output]",
+            "  folded   block.1  into block.0  conv2d+batch_norm [output]",
+            False,
+        ),
+        ("headroom 6.97e+03x (at head.1, over its input", "headroom 7.1e+03x (at stem.1, over its input", True),
+        (
+            "wrote out/report.json and out/report_sqnr.png (13 s)",
+            "wrote out/other.json and out/report_sqnr.png (9 s)",
+            False,
+        ),
+    ],
+)
+def test_printed_numbers_are_compared_within_the_stated_tolerance(want, got, same):
+    assert matches(want, got) is same
+
+
 def _check_console(block: Block, cmd, proc) -> None:
-    where = f"README.md:{block.line}: $ {cmd.command}"
+    where = f"README.md:{block.line}: $ {cmd.command}"  # lines compared by readme_blocks.matches
     assert proc.returncode == cmd.exit_code, f"{where}: exit {proc.returncode}\n{proc.stdout}\n{proc.stderr}"
     actual = (proc.stdout + proc.stderr).splitlines()
     missing = in_order(cmd.output, actual)

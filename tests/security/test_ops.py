@@ -11,7 +11,7 @@ import crafted as c
 import pytest
 import torch
 
-from bnfold.io import op_allowlist
+from bnfold.io.pt2 import ops as op_allowlist
 
 FROM_FILE_INPUTS = [
     {"name": "filename", "arg": {"as_string": "PWNED"}, "kind": 1},

@@ -6,11 +6,9 @@
     errors.py         one_line(): every error message as one line
     files.py          model kind from the file name, reading a model file once, paths of side files
     quiet.py          silencing torch / onnx warnings and logs
-    pt2.py            load_pt2 / save_pt2: the safe .pt2 loader and the atomic saver
-    pt2_safety.py     inspecting a .pt2 archive's bytes before torch.export.load sees them
-    pt2_payloads.py   tensor records vs their declared sizes; pickles must load with weights_only=True
-    op_allowlist.py   the operators an untrusted graph may call, derived from torch's schemas and tags
-    treespec.py       in_spec / out_spec treespecs checked as data (no imports, no code)
+    pt2/              load_pt2 / save_pt2: the safe .pt2 loader (the archive's bytes inspected before
+                      torch.export.load sees them: pickles, expressions, guards, treespecs, the
+                      operator allowlist) and the atomic saver; see its __init__ for the modules
     limits.py         Limits (--max-bytes), regular files only, JSON with bounded depth
     onnx.py           load_onnx / save_onnx and the OnnxModel they pass around (needs onnx)
     onnx_external.py  ExternalLayout, reading external data safely, writing it out (needs onnx)

@@ -21,6 +21,7 @@ SIGINT already is), so a ``kill`` during a save removes them like Ctrl-C does.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import signal
 import tempfile
@@ -28,15 +29,35 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import BinaryIO
 
+#: Set by :func:`modes_like`: the file whose permission bits new files take.
+_MODE_SOURCE: contextvars.ContextVar[str | None] = contextvars.ContextVar("bnfold_mode_source", default=None)
+
 
 def file_mode(path: str) -> int:
-    """An existing file's permission bits; for a new file, 0o666 less the umask."""
+    """An existing file's permission bits; for a new file, 0o666 (or, inside :func:`modes_like`, the
+    bits of the file it is made from) less the umask -- what ``cp`` gives a new file."""
     try:
         return os.stat(path).st_mode & 0o777
     except OSError:
         umask = os.umask(0)
         os.umask(umask)
-        return 0o666 & ~umask
+        base = 0o666
+        source = _MODE_SOURCE.get()
+        if source is not None:
+            with contextlib.suppress(OSError):
+                base = os.stat(source).st_mode & 0o777
+        return base & ~umask
+
+
+@contextlib.contextmanager
+def modes_like(source: str | os.PathLike) -> Iterator[None]:
+    """Within the block, new files take the permission bits of ``source`` (a private model's folded
+    copy stays private); files that are replaced keep their own."""
+    token = _MODE_SOURCE.set(os.fspath(source))
+    try:
+        yield
+    finally:
+        _MODE_SOURCE.reset(token)
 
 
 @contextlib.contextmanager

@@ -6,10 +6,12 @@ allowlist is *derived*, not typed in, so it cannot drift from torch:
 
 * ``torch.ops.<ns>.<op>.<overload>`` for ``ns`` in :data:`OP_NAMESPACES` when
   the overload is tagged ``core`` / ``pointwise`` / ``view_copy``, is a view
-  (it returns an alias of an input), or is a composite
+  (it returns an alias of an input), is a composite
   (``CompositeImplicitAutograd`` / ``CompositeExplicitAutograd``: defined once
   for every backend, in terms of other operators or of tensor math, never a
-  backend's I/O kernel such as ``from_file``), and its schema
+  backend's I/O kernel such as ``from_file``), or has a decomposition in torch's
+  table (``torch._decomp``: a reference written in other operators, such as
+  ``hardswish``), and its schema
 
   - mutates nothing (``schema.is_mutable`` is false, no argument is written),
   - returns at least one value (an op that returns nothing is there for its
@@ -32,7 +34,8 @@ allowlist is *derived*, not typed in, so it cannot drift from torch:
   (:data:`PYTHON_FUNCTIONS`).
 
 Anything else is refused: ``aten.from_file`` (writes a file with
-``shared=True``), in-place and ``out=`` overloads, ``_operator.setitem``,
+``shared=True``), in-place and ``out=`` overloads (unless :mod:`.mutation` shows that the node
+writes only values its graph computed), ``_operator.setitem``,
 predispatch / functorch wrappers, autocast and grad-mode switches, custom
 namespaces and extension targets (``#...``).
 """
@@ -93,9 +96,22 @@ def _tagged(op: Any) -> bool:
     if any(r.alias_info is not None for r in op._schema.returns):
         return True  # a view: op_is_side_effect_free() still refuses one that writes
     try:
-        return any(op.has_kernel_for_dispatch_key(getattr(torch._C.DispatchKey, k)) for k in _COMPOSITE_KEYS)
+        if any(op.has_kernel_for_dispatch_key(getattr(torch._C.DispatchKey, k)) for k in _COMPOSITE_KEYS):
+            return True
     except RuntimeError:
         return False
+    return op in _decompositions()
+
+
+@functools.cache
+def _decompositions() -> frozenset:
+    """The overloads torch can decompose (``torch._decomp.decomposition_table``): each has a Python
+    reference written in other operators (``hardswish``, ``pixel_shuffle`` ...)."""
+    try:
+        from torch._decomp import decomposition_table
+    except Exception:  # noqa: BLE001  # pragma: no cover - torch moved it: fewer overloads are allowed
+        return frozenset()
+    return frozenset(decomposition_table)
 
 
 @functools.cache
@@ -124,18 +140,30 @@ def allowed_overload(namespace: str, name: str, overload: str) -> bool:
     return op_is_side_effect_free(op)
 
 
+def split_target(target: Any) -> tuple[str, str, str | None] | None:
+    """``(namespace, name, overload)`` of a serialized operator target (``torch.ops.aten.add_.Tensor``,
+    an edge-dialect one, ``torch.ops.higher_order.cond``), or None for anything else."""
+    if not isinstance(target, str):
+        return None
+    if target.startswith(_EDGE_PREFIX):
+        target = "torch.ops." + target[len(_EDGE_PREFIX) :]
+    m = _TARGET.match(target)
+    if not m:
+        return None
+    namespace, name, overload = m.groups()
+    return namespace, name, overload if overload or namespace == "higher_order" else "default"
+
+
 def target_is_allowed(target: Any) -> bool:
     """True when a serialized node target (``torch.ops.aten.conv2d.default`` ...) is on the allowlist."""
     if not isinstance(target, str):
         return False
-    if target.startswith(_EDGE_PREFIX):
-        target = "torch.ops." + target[len(_EDGE_PREFIX) :]
-    m = _TARGET.match(target)
-    if m:
-        namespace, name, overload = m.groups()
+    parts = split_target(target)
+    if parts is not None:
+        namespace, name, overload = parts
         if namespace == "higher_order":
             return overload is None and name in HIGHER_ORDER
-        return allowed_overload(namespace, name, overload or "default")
+        return allowed_overload(namespace, name, overload)
     module, _, func = target.rpartition(".")
     return func in PYTHON_FUNCTIONS.get(module, ())
 

@@ -18,8 +18,8 @@ import io
 import re
 from typing import Any
 
-from ..errors import ModelFileError
-from .errors import one_line
+from ...errors import ModelFileError
+from ..errors import one_line
 
 MAX_ELEMENTS = 1 << 62  # no tensor of a model file may declare more elements than this
 _PATH_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.]*\Z")

@@ -24,8 +24,9 @@ import keyword
 import re
 from typing import Any
 
-from ..errors import ModelFileError
-from .limits import Limits, loads_json
+from ...errors import ModelFileError
+from ..limits import Limits, loads_json
+from .walk import short
 
 CONTAINERS = frozenset(
     {"builtins.tuple", "builtins.list", "builtins.dict", "collections.OrderedDict", "collections.namedtuple"}
@@ -74,7 +75,7 @@ def _node_problem(node: Any, namedtuples: dict[str, Any], limits: Limits | None)
     if typ is None:
         return None if context is None and not children else "a leaf with a context or children"
     if typ not in CONTAINERS:
-        return f"container type {_short(typ)} is not one of {', '.join(sorted(CONTAINERS))}"
+        return f"container type {short(typ)} is not one of {', '.join(sorted(CONTAINERS))}"
     if not isinstance(context, str):
         return f"the context of a {typ} is not a string"
     if typ == "collections.namedtuple":
@@ -88,18 +89,18 @@ def _node_problem(node: Any, namedtuples: dict[str, Any], limits: Limits | None)
             return f"the keys of a {typ} are not a list with one key per child"
         for key in value:
             if not (is_plain_name(key) or (type(key) is int)):
-                return f"dict key {_short(key)} is not a plain name (an identifier, not a keyword) or an int"
+                return f"dict key {short(key)} is not a plain name (an identifier, not a keyword) or an int"
         return None
-    return None if value is None else f"a {typ} with context {_short(value)}"
+    return None if value is None else f"a {typ} with context {short(value)}"
 
 
 def _namedtuple_problem(context: str, namedtuples: dict[str, Any]) -> str | None:
     if not _DOTTED.match(context) or context not in namedtuples:
-        return f"namedtuple type {_short(context)} is not declared in treespec_namedtuple_fields"
+        return f"namedtuple type {short(context)} is not declared in treespec_namedtuple_fields"
     fields = namedtuples[context]
     names = fields.get("field_names") if isinstance(fields, dict) else None
     if not isinstance(names, list) or not all(is_plain_name(n) for n in names):
-        return f"namedtuple {_short(context)} has fields that are not plain names"
+        return f"namedtuple {short(context)} has fields that are not plain names"
     return None
 
 
@@ -114,10 +115,5 @@ def check_namedtuple_fields(fields: Any, where: str) -> str | None:
         if problem:
             return f"{where}: {problem}"
         if not isinstance(value, dict):
-            return f"{where}: namedtuple {_short(name)} is malformed"
+            return f"{where}: namedtuple {short(name)} is malformed"
     return None
-
-
-def _short(value: Any, n: int = 60) -> str:
-    text = " ".join(repr(value).split())
-    return text if len(text) <= n else text[: n - 3] + "..."

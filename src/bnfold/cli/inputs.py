@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .errors import BnfoldError, ModelFileError
-from .io.npz import read_npz
+from ..errors import BnfoldError, ModelFileError
+from ..io.npz import read_npz
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """``.pt2`` archives (``torch.export.save``): the safe loader and the atomic saver.
 
 :func:`load_pt2` reads the file once into memory, checks those bytes with
-:mod:`bnfold.io.pt2_safety` (unless ``trust``) and hands the *same* bytes to
+:mod:`bnfold.io.pt2.inspection` (unless ``trust``) and hands the *same* bytes to
 ``torch.export.load``, so the file cannot change between the check and the
 load.  :func:`save_pt2` serializes into memory first and then writes through
 :mod:`bnfold.io.atomic`, so a full disk is a one-line error, never torch's zip
@@ -13,12 +13,15 @@ from __future__ import annotations
 import io
 import os
 
-from ..errors import BnfoldError, ModelFileError
-from . import atomic, pt2_safety
-from .errors import one_line
-from .files import read_model_bytes
-from .limits import Limits
-from .quiet import quiet
+from ...errors import BnfoldError, ModelFileError
+from .. import atomic
+from ..errors import one_line
+from ..files import read_model_bytes
+from ..limits import Limits
+from ..quiet import quiet
+from .archive import sniff
+from .inspection import check_pt2_bytes
+from .layout import ZIP_MAGIC
 
 
 def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = False, limits: Limits | None = None):
@@ -31,11 +34,11 @@ def load_pt2(path: str | os.PathLike, *, trust: bool = False, debug: bool = Fals
     path = os.fspath(path)
     data = read_model_bytes(path)
     if trust:
-        if data[:4] != pt2_safety.ZIP_MAGIC:
-            raise ModelFileError(f"{path}: not a .pt2 archive (not a zip file; {pt2_safety.sniff(data)})")
+        if data[:4] != ZIP_MAGIC:
+            raise ModelFileError(f"{path}: not a .pt2 archive (not a zip file; {sniff(data)})")
     else:
         with quiet(not debug):
-            pt2_safety.check_pt2_bytes(data, path, limits)
+            check_pt2_bytes(data, path, limits)
 
     import torch
 

@@ -1,0 +1,106 @@
+"""``bnfold audit``: the fp16 / HTP numerics of a model, unfolded and folded, against float64."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..checks import refuse_training
+from ..errors import BnfoldError
+from ..io import files, quiet
+from . import inputs, shapes, verbosity
+from .args import opt
+from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
+from .fold import load
+from .jsonout import print_json, versioned
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..numerics.progress import Progress
+
+    debug = opt(args, "debug")
+    if args.plot:
+        files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
+    progress = Progress(enabled=True)
+    try:
+        progress.stage("load")
+        loaded = load(args.input, args)
+        ep = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed
+        refuse_training(ep, args.input)
+        if files.model_kind(args.input) == files.ONNX:
+            report = _audit_onnx(ep, args, progress, debug)
+        else:
+            if args.runtime:
+                raise BnfoldError("--runtime is for ONNX models")
+            if args.batches:
+                batches = inputs.npz_batches(ep, args.batches)
+            else:
+                batches = inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+
+            from ..numerics import audit
+
+            with quiet(not debug):
+                report = audit(
+                    ep,
+                    batches,
+                    profile=args.profile,
+                    bn_eps=args.bn_eps,
+                    progress=progress,
+                    name=os.path.basename(args.input),
+                    random_inputs=not args.batches,
+                )
+        if args.plot:
+            progress.stage("plot")
+            with quiet(not debug):
+                report.plot(args.plot)  # written atomically
+    finally:
+        progress.close()
+    if opt(args, "json"):
+        payload = versioned(input=args.input)
+        if args.plot:
+            payload["plot"] = args.plot
+        payload.update(report.to_dict())
+        print_json(payload)
+    else:
+        level = verbosity.level(args)
+        print(report.table() if level > verbosity.QUIET else summary(report.table()))
+        if level == verbosity.VERBOSE and report.fold_report is not None:
+            print(f"\nfold report:\n{report.fold_report.table()}")
+            print("\n".join(verbosity.entry_details(report.fold_report)))
+        if args.plot:
+            print(f"wrote {args.plot}")
+    return EXIT_OK
+
+
+def _audit_onnx(model, args: argparse.Namespace, progress, debug: bool):
+    """``bnfold audit model.onnx``: the model and the ONNX ``fold`` writes, emulated (numerics.onnx_audit)."""
+    from ..numerics import audit
+    from ..numerics.onnx_audit import random_batches
+
+    input_shapes = shapes.input_shapes(getattr(args, "input_shape", None))
+    try:
+        if args.batches:
+            batches = inputs.onnx_npz_batches(model, args.batches)
+        else:
+            batches = random_batches(model, input_shapes, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+        with quiet(not debug):
+            return audit(
+                model,
+                batches,
+                profile=args.profile,
+                bn_eps=args.bn_eps,
+                progress=progress,
+                name=os.path.basename(args.input),
+                random_inputs=not args.batches,
+                input_shapes=input_shapes,
+                runtime=args.runtime,
+            )
+    except (NotImplementedError, ValueError) as e:  # an op the audit cannot run, inputs that do not fit
+        raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
+
+
+def summary(table: str) -> str:
+    """``-q``: the audit table's headline, its end-to-end block and what to do (no per-norm, per-layer rows)."""
+    blocks = table.split("\n\n")
+    advice = [b for b in blocks[2:] if b.lstrip().startswith("what to do")]
+    return "\n\n".join(blocks[:2] + advice)

@@ -1,0 +1,66 @@
+"""``bnfold fold``: fold a model file and write the folded model (and the report)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ..checks import check_model_path, refuse_training
+from ..io import atomic, files, models, quiet
+from . import verbosity
+from .args import comma_list, opt
+from .constants import EXIT_OK
+from .jsonout import json_text, print_json, versioned
+from .progress import Heartbeat
+
+
+def fold_quietly(model: Any, only=None, debug: bool = False, exclude=None, label: str = "", lower_unfoldable=False):
+    """``bnfold.fold`` with library warnings silenced (unless ``debug``) and a heartbeat on stderr."""
+    from .. import fold
+
+    with quiet(not debug), Heartbeat(f"folding {label}" if label else "folding"):
+        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)
+
+
+def load(path: str, args: argparse.Namespace):
+    """The model file at ``path`` through the safe loader, with the loading options of ``args``."""
+    return models.load_model(path, trust=opt(args, "trust"), debug=opt(args, "debug"), max_bytes=opt(args, "max_bytes"))
+
+
+def report_payload(input_path: str, output: str | None, report) -> dict[str, Any]:
+    payload = versioned(input=input_path)
+    if output is not None:
+        payload["output"] = output
+    payload.update(report.to_dict())
+    return payload
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..io.output import plan_output
+
+    debug = opt(args, "debug")
+    check_model_path(args.input)
+    plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
+    if args.report:
+        files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
+    loaded = load(args.input, args)
+    result = fold_quietly(loaded.model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable)
+    refuse_training(loaded.model, args.input, result.report)
+    payload = report_payload(args.input, plan.path, result.report)
+    texts = {args.report: json_text(payload) + "\n"} if args.report else None
+    with atomic.modes_like(args.input):  # new files get the input's permission bits
+        models.save_model(result.model, plan, layout=loaded.layout, texts=texts, debug=debug)
+    if opt(args, "json"):
+        print_json(payload)
+    elif verbosity.level(args) > verbosity.QUIET:
+        print(result.report.table())
+        if verbosity.level(args) == verbosity.VERBOSE:
+            print("\n".join(verbosity.entry_details(result.report)))
+        if not result.report.folded and not result.report.lowered:
+            print(f"nothing to fold in {args.input}: no normalization could be folded; wrote an unchanged copy")
+        extra = f" (report: {args.report})" if args.report else ""
+        print(f"wrote {plan.path}{extra}")
+    sys.stdout.flush()
+    print(f"bnfold: {result.report.summary_line()}", file=sys.stderr)
+    return EXIT_OK

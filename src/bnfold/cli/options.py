@@ -1,0 +1,137 @@
+"""Every option of ``bnfold``, declared once as data.
+
+``OPTIONS`` maps an option's name (its ``args`` attribute) to an :class:`Option`: its flags and what
+argparse needs. A command (:mod:`bnfold.cli.commands`) lists the names it takes; the parser
+(:mod:`bnfold.cli.parser`) adds exactly those, so a flag is spelled, typed and documented in one place.
+An option marked ``anywhere`` is also accepted before the command (``bnfold --json check m.pt2``).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from . import shapes, types
+from .constants import DEFAULT_RANDOM_BATCHES, ONLY_KINDS, PROFILES
+from .texts import TRUST_HELP
+
+#: The default of an option that is absent unless given: ``args`` has no attribute for it, so an
+#: option accepted both before and after the command keeps the value given before it.
+ABSENT = argparse.SUPPRESS
+
+
+@dataclass(frozen=True)
+class Option:
+    """One command-line option or positional argument: ``flags`` (none for a positional) and the
+    keyword arguments of ``argparse.ArgumentParser.add_argument``."""
+
+    flags: tuple[str, ...]
+    help: str
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None  #: options with the same group exclude each other
+    anywhere: bool = False  #: also accepted before the command
+
+    def add_to(self, parser, name: str, hidden: bool = False) -> None:
+        kwargs = dict(self.kwargs)
+        if self.flags:
+            kwargs["dest"] = name
+        help_text = argparse.SUPPRESS if hidden else self.help
+        parser.add_argument(*(self.flags or (name,)), help=help_text, **kwargs)
+
+
+def _flag(*flags: str, help: str, anywhere: bool = False, group: str | None = None) -> Option:
+    """A switch that is absent unless given."""
+    return Option(flags, help, {"action": "store_true", "default": ABSENT}, group=group, anywhere=anywhere)
+
+
+OPTIONS: dict[str, Option] = {
+    # positionals
+    "input": Option((), "a .pt2 program (torch.export.save) or an .onnx model", {"metavar": "IN"}),
+    "inputs": Option((), "a .pt2 or .onnx model (several are allowed)", {"metavar": "IN", "nargs": "+"}),
+    # output and verbosity (every command)
+    "json": _flag("--json", help="print machine-readable JSON on stdout", anywhere=True),
+    "debug": _flag("--debug", help="show tracebacks and library warnings", anywhere=True),
+    "quiet": _flag(
+        "-q", "--quiet", help="print the summary only (no per-normalization table)", anywhere=True, group="verbosity"
+    ),
+    "verbose": _flag(
+        "-v",
+        "--verbose",
+        help="print every entry in full (graph nodes, the fold report)",
+        anywhere=True,
+        group="verbosity",
+    ),
+    # loading a model file
+    "trust": _flag("--trust", help=TRUST_HELP),
+    "max_bytes": Option(
+        ("--max-bytes",),
+        "most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
+        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+    ),
+    "input_shape": Option(
+        ("--input-shape",),
+        "ONNX: fix the shape of input NAME (dims the model leaves open, e.g. a batch or a side); repeatable "
+        "(onnxsim's --overwrite-input-shape convention)",
+        {"metavar": "NAME:D0,D1,...", "type": shapes.input_shape, "action": "append"},
+    ),
+    # fold
+    "output": Option(("-o", "--output"), "where to write the folded model (same format as IN)", {"metavar": "OUT"}),
+    "report": Option(("--report",), "also write the fold report as JSON to FILE", {"metavar": "FILE"}),
+    "only": Option(
+        ("--only",),
+        "fold only into these layer kinds and/or only these normalization kinds, comma-separated: "
+        + ",".join(ONLY_KINDS),
+        {"metavar": "KINDS", "type": types.kinds},
+    ),
+    "exclude": Option(
+        ("--exclude",),
+        "leave layers and normalizations whose module path (ONNX: node name) matches these "
+        "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable",
+        {"metavar": "PATTERNS", "action": "append"},
+    ),
+    "lower_unfoldable": Option(
+        ("--lower-unfoldable",),
+        "rewrite each batch norm that cannot fold as mul + add by constants computed with the model's eps "
+        "(no backend can then apply its own eps)",
+        {"action": "store_true"},
+    ),
+    "force": Option(("--force",), "replace OUT if it exists", {"action": "store_true"}),
+    "in_place": Option(
+        ("--in-place",), "overwrite IN with the folded model (OUT defaults to IN)", {"action": "store_true"}
+    ),
+    # check
+    "strict": Option(("--strict",), "also fail on normalizations bnfold cannot fold", {"action": "store_true"}),
+    # audit
+    "profile": Option(("--profile",), "precision profile (default: fp16)", {"choices": PROFILES, "default": "fp16"}),
+    "bn_eps": Option(
+        ("--bn-eps",),
+        "use eps E in every batch norm of the emulated runs",
+        {"type": types.positive_float, "metavar": "E"},
+    ),
+    "batches": Option(("--inputs",), "input batches from an .npz file", {"metavar": "FILE.npz"}, group="source"),
+    "random": Option(
+        ("--random",),
+        f"N random batches shaped like the example inputs (default: {DEFAULT_RANDOM_BATCHES})",
+        {"type": types.positive_int, "metavar": "N"},
+        group="source",
+    ),
+    "seed": Option(("--seed",), "seed for --random (default: 0)", {"type": int, "default": 0}),
+    "runtime": Option(
+        ("--runtime",),
+        "ONNX: also run this real runtime in fp16 (torch half on CPU; ONNX Runtime on a float16 model)",
+        {"choices": ("torch", "onnxruntime")},
+    ),
+    "plot": Option(
+        ("--plot",),
+        "write the SQNR chart (whole model and worst layers) to FILE.png",
+        {"metavar": "FILE.png"},
+    ),
+    # demo
+    "out": Option(("--out",), "folder for the demo's files (default: .)", {"metavar": "DIR", "default": "."}),
+    "quick": Option(("--quick",), "a smaller, faster run", {"action": "store_true"}),
+}
+
+#: Option groups commands take together.
+COMMON = ("json", "debug", "quiet", "verbose")
+LOADING = ("trust", "max_bytes")

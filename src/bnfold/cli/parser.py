@@ -1,0 +1,50 @@
+"""``build_parser()``: the argparse parser of ``bnfold``, built from the option and command tables."""
+
+from __future__ import annotations
+
+import argparse
+
+from .. import __version__
+from .commands import COMMANDS
+from .options import OPTIONS
+from .texts import MAIN_EPILOG
+
+RAW = argparse.RawDescriptionHelpFormatter
+
+
+def _add_options(parser: argparse.ArgumentParser, names) -> None:
+    groups: dict[str, argparse._MutuallyExclusiveGroup] = {}
+    for name in names:
+        option = OPTIONS[name]
+        target = parser
+        if option.group is not None:
+            if option.group not in groups:
+                groups[option.group] = parser.add_mutually_exclusive_group()
+            target = groups[option.group]
+        option.add_to(target, name)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="bnfold",
+        description="Fold BatchNorm into the conv / transposed conv / linear next to it in\n"
+        "torch.export programs (.pt2) and ONNX models, and check the numerics.",
+        epilog=MAIN_EPILOG,
+        formatter_class=RAW,
+    )
+    parser.add_argument("--version", action="version", version=f"bnfold {__version__}")
+    for name, option in OPTIONS.items():
+        if option.anywhere:
+            option.add_to(parser, name, hidden=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for command in COMMANDS:
+        p = sub.add_parser(
+            command.name,
+            help=command.help,
+            description=command.description,
+            epilog=command.epilog,
+            formatter_class=RAW,
+        )
+        _add_options(p, command.options)
+        p.set_defaults(func=command.run)
+    return parser

@@ -1,0 +1,123 @@
+"""One pt2 zip seen through both zip readers ``torch.export.load`` may use: entry names, sizes
+(the byte budget, zip bombs) and records; ``sniff`` for files that are not zip archives."""
+
+from __future__ import annotations
+
+import io
+import zipfile
+from collections import Counter
+
+from ...errors import ModelFileError
+from ..errors import one_line
+from ..limits import MAX_BYTES_HINT, RATIO_FREE_BYTES, Limits
+from .layout import ZIP_MAGIC, layout
+
+
+class Archive:
+    """One pt2 zip seen through both zip readers torch.export.load may use."""
+
+    def __init__(self, data: bytes, source: str, result, limits: Limits | None = None):
+        self.source = source
+        self.limits = limits or Limits()
+        self.sizes: dict[str, int] = {}
+        if len(data) == 0:
+            raise ModelFileError(f"{source}: the file is empty")
+        if data[:4] != ZIP_MAGIC:
+            raise ModelFileError(f"{source}: not a .pt2 archive (not a zip file; {sniff(data)})")
+        try:
+            with zipfile.ZipFile(io.BytesIO(data)) as zf:
+                infos = zf.infolist()
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
+            raise ModelFileError(f"{source}: truncated or corrupted zip archive ({one_line(e)})") from None
+        names = [i.filename for i in infos if not i.filename.endswith("/")]
+        if not names:
+            raise ModelFileError(f"{source}: the zip archive is empty")
+        _check_sizes(infos, len(data), source, self.limits)
+        counts = Counter(names)
+        dup = next((n for n, c in counts.items() if c > 1), None)
+        if dup is not None:
+            result.unsafe.append(f"entry {dup} appears twice, and zip readers disagree about which one counts")
+        roots = {n.split("/", 1)[0] if "/" in n else None for n in names}
+        if None in roots or len(roots) != 1:
+            # torch's reader needs one root folder; without it torch.export.load
+            # falls back to its legacy zip reader, which unpickles unsafely.
+            top = sorted(n for n in names if "/" not in n)[:3]
+            self.names = []
+            self.reader = None
+            self._foreign_top = top
+            raise ModelFileError(f"{source}: {self.describe_foreign()}")
+        root = roots.pop()
+        ours = {n[len(root) + 1 :] for n in names}
+        try:
+            import torch
+
+            self.reader = torch._C.PyTorchFileReader(io.BytesIO(data))
+            torch_names = list(self.reader.get_all_records())
+        except Exception as e:  # noqa: BLE001
+            self.names, self._foreign_top = sorted(ours), []
+            if layout()["ARCHIVE_FORMAT_PATH"] not in ours:
+                raise ModelFileError(f"{source}: {self.describe_foreign()}") from None
+            raise ModelFileError(f"{source}: not a readable torch archive ({one_line(e)})") from None
+        if set(torch_names) != ours:
+            result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
+        self.names = sorted(set(torch_names))
+        self.sizes = {i.filename[len(root) + 1 :]: i.file_size for i in infos}
+        self._foreign_top = []
+
+    def has(self, name: str) -> bool:
+        return name in self.names
+
+    def get(self, name: str) -> bytes | None:
+        if name not in self.names:
+            return None
+        try:
+            return bytes(self.reader.get_record(name))
+        except Exception as e:  # noqa: BLE001
+            raise ModelFileError(f"{self.source}: entry {name} is corrupted ({one_line(e)})") from None
+
+    def need(self, name: str) -> bytes:
+        data = self.get(name)
+        if data is None:
+            raise ModelFileError(f"{self.source}: the archive lacks {name}")
+        return data
+
+    def describe_foreign(self) -> str:
+        names = set(self.names)
+        top = set(self._foreign_top)
+        if "data.pkl" in names:
+            return "a torch.save checkpoint, not a torch.export program (save one with torch.export.save)"
+        if "constants.pkl" in names or any(n.startswith("code/") for n in names):
+            return "a TorchScript archive, not a torch.export program (save one with torch.export.save)"
+        if "version" in top or "serialized_exported_program.json" in top:
+            return "a pre-2.7 torch.export archive or a foreign zip layout; re-save it with torch.export.save"
+        return "not a torch.export .pt2 archive (no archive_format 'pt2' entry)"
+
+
+def _check_sizes(infos: list[zipfile.ZipInfo], file_size: int, source: str, limits: Limits) -> None:
+    """Refuse an archive whose entries unpack to more than the byte budget, or that inflate like a zip bomb."""
+    budget = limits.byte_budget(file_size)
+    total = sum(i.file_size for i in infos)
+    if total > budget:
+        raise ModelFileError(
+            f"{source}: the archive unpacks to {total} bytes, over the limit of {budget}; {MAX_BYTES_HINT}"
+        )
+    for i in infos:
+        if i.file_size > RATIO_FREE_BYTES and i.file_size > limits.zip_ratio * max(i.compress_size, 1):
+            raise ModelFileError(
+                f"{source}: entry {i.filename} inflates {i.file_size // max(i.compress_size, 1)}-fold "
+                f"(at most {limits.zip_ratio} is accepted); refused as a zip bomb"
+            )
+
+
+def sniff(data: bytes) -> str:
+    """What the first bytes of a file that is not a zip archive look like, for an error message."""
+    head = data[:64]
+    if head.startswith(b"\x80") and len(head) > 1 and head[1] <= 5:
+        return "looks like a raw pickle"
+    if head.startswith(b"\x08") or head[:1] in (b"\x0a", b"\x12", b"\x1a", b"\x3a", b"\x42"):
+        return "looks like a protobuf (an .onnx model?)"
+    try:
+        head.decode("utf-8")
+        return "looks like a text file"
+    except UnicodeDecodeError:
+        return "unrecognized binary data"
