@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
+from .batches import as_batches as _as_batches
 from .emulator import EmulationResult, Emulator
 from .end_to_end import _end_to_end, _split_labels
 from .fold_walk import _FoldMap, _layers, _rows, _segments
@@ -29,17 +30,6 @@ from .norm_rows import _norms
 from .profiles import get_profile
 
 # -- running it ------------------------------------------------------------------------------------
-
-
-def _as_batches(inputs) -> list[tuple]:
-    if isinstance(inputs, torch.Tensor):
-        return [(inputs,)]
-    if isinstance(inputs, tuple):
-        return [inputs]
-    batches = list(inputs)
-    if not batches:
-        raise ValueError("audit needs at least one batch of inputs")
-    return [b if isinstance(b, tuple) else tuple(b) if isinstance(b, list) else (b,) for b in batches]
 
 
 def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.ExportedProgram:

@@ -18,6 +18,7 @@ import onnx
 import torch
 
 from .audit_report import AuditReport, LayerAudit, NormAudit
+from .batches import as_batches
 from .emulator import EmulationResult
 from .end_to_end import _end_to_end, _split_labels
 from .norm_rows import _fold_status, _risk, _smallest_headroom, norm_numbers
@@ -230,13 +231,12 @@ def audit_onnx(
     runtime: str | None = None,
 ) -> AuditReport:
     """Audit an ONNX model and the ONNX ``bnfold.fold`` writes for it (see :func:`bnfold.numerics.audit`)."""
-    from .audit import _as_batches
 
     prof = get_profile(profile)
     if inputs is None:
         batches = random_batches(model, input_shapes)
     else:
-        batches = _as_batches(inputs)
+        batches = as_batches(inputs)
         check_batches(model, batches, input_shapes)
     fold_result = None
     if fold:
