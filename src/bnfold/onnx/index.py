@@ -88,6 +88,7 @@ class ModelIndex:
         self.node_names: set[str] = set()
         self.dead: set[int] = set()
         self.inserts: dict[int, list[NodeProto]] = {}
+        self._meter = None
         self._add_graph(model.graph, None, "graph")
 
     # ------------------------------------------------------------------ build
@@ -151,7 +152,23 @@ class ModelIndex:
         return not any(self.live_uses(u.gi, o) for o in n.output if o)
 
     def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
-        """The constant ``name`` as seen from ``gi``, or a reason it is not one."""
+        """The constant ``name`` as seen from ``gi``, or a reason it is not one.
+
+        A value computed by a chain of ``CONST_OPS`` nodes is evaluated
+        iteratively (an explicit stack: a chain of any length, no recursion),
+        each node once, and metered (:meth:`meter`).
+        """
+        found = self._find(gi, name, what)
+        if not isinstance(found, tuple):
+            return found
+        g, node = found
+        value = self._evaluate_chain(g, node)
+        if value is None:
+            return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
+        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
+
+    def _find(self, gi: GraphInfo, name: str, what: str) -> Const | str | tuple[GraphInfo, NodeProto]:
+        """Where ``name`` comes from: a stored constant, a reason it is none, or the node that computes it."""
         if not name:
             return f"{what} is missing"
         for g in gi.chain():
@@ -166,24 +183,45 @@ class ModelIndex:
                     if t is not None:
                         return _const(t, g, node)
                 elif is_onnx_op(node, *CONST_OPS) and node.output[0] == name:
-                    value = self._evaluate(g, node)
-                    if value is not None:
-                        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
+                    return g, node
                 return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
             if name in g.inputs:
                 return f"{what} '{name}' is a graph input, not a constant"
         return f"{what} '{name}' is not defined in scope"
 
-    def _evaluate(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+    def _evaluate_chain(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without recursion."""
+        memo: dict[int, np.ndarray | None] = {}
+        stack, on_stack = [(gi, node)], {id(node)}
+        while stack:
+            g, n = stack[-1]
+            if id(n) in memo:
+                stack.pop()
+                continue
+            todo = []
+            for i in inputs_needed(n):
+                f = self._find(g, n.input[i], "input") if i < len(n.input) else None
+                if isinstance(f, tuple) and id(f[1]) not in memo and id(f[1]) not in on_stack:
+                    todo.append(f)
+            if todo:
+                stack.extend(todo)
+                on_stack.update(id(t[1]) for t in todo)
+                continue
+            stack.pop()
+            memo[id(n)] = self._evaluate(g, n, memo)
+        return memo[id(node)]
+
+    def _evaluate(self, gi: GraphInfo, node: NodeProto, memo: dict) -> np.ndarray | None:
         """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
         values: list[np.ndarray | None] = []
         needed = inputs_needed(node)
         for i, name in enumerate(node.input):
             if i in needed:
-                c = self.constant(gi, name, "input")
-                if isinstance(c, str):
+                f = self._find(gi, name, "input")
+                v = memo.get(id(f[1])) if isinstance(f, tuple) else None if isinstance(f, str) else f.value
+                if v is None:
                     return None
-                values.append(c.value)
+                values.append(v)
             elif node.op_type == "CastLike" and i == 1:
                 dtype = self.declared_dtype(gi, name)
                 if dtype is None:
@@ -192,9 +230,18 @@ class ModelIndex:
             else:
                 values.append(None)
         try:
-            return evaluate(node, values)
-        except (ValueError, TypeError, KeyError, IndexError):
+            return evaluate(node, values, self.meter())
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
             return None
+
+    def meter(self):
+        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights."""
+        if self._meter is None:
+            from ..io.cost import Budget, Meter
+
+            held = sum(tensors.nbytes(t) for g in self.graphs for t in g.inits.values())
+            self._meter = Meter(Budget.for_content(held), "constant evaluation")
+        return self._meter
 
     def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:
         """The numpy dtype a value is declared with (graph input, value_info or output), if any."""
