@@ -56,7 +56,11 @@ class Budget:
     def for_content(cls, weights: int, inputs: int = 0, override: int | None = None) -> Budget:
         """The budget of a model whose weights hold ``weights`` bytes, run on ``inputs`` bytes of one batch."""
         override = current_override() if override is None else override
-        b = override if override else max(FLOOR_BYTES, CONTENT_MULTIPLE * max(0, int(weights))) + INPUT_MULTIPLE * inputs
+        b = (
+            override
+            if override
+            else max(FLOOR_BYTES, CONTENT_MULTIPLE * max(0, int(weights))) + INPUT_MULTIPLE * inputs
+        )
         return cls(b, FLOPS_PER_BYTE * b)
 
     @classmethod
@@ -154,18 +158,24 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
     flops = 0
     for i, s in enumerate(steps):
         if s.nbytes > budget.bytes:
-            raise WorkError(f"{where}: {s.op} would create {_size(s.nbytes)}, over the budget of "
-                            f"{_size(budget.bytes)}; {MAX_WORK_HINT}")
+            raise WorkError(
+                f"{where}: {s.op} would create {_size(s.nbytes)}, over the budget of "
+                f"{_size(budget.bytes)}; {MAX_WORK_HINT}"
+            )
         for name in s.out:
             live[name] = s.nbytes // max(len(s.out), 1)
         held += s.nbytes
         if held > budget.bytes:
-            raise WorkError(f"{where}: at {s.op} the values alive at once would take {_size(held)}, over the "
-                            f"budget of {_size(budget.bytes)}; {MAX_WORK_HINT}")
+            raise WorkError(
+                f"{where}: at {s.op} the values alive at once would take {_size(held)}, over the "
+                f"budget of {_size(budget.bytes)}; {MAX_WORK_HINT}"
+            )
         flops += runs * (s.flops + NODE_FLOPS)
         if flops > budget.flops:
-            raise WorkError(f"{where}: at {s.op} the run would take over {flops:.3g} FLOPs ({runs} run(s)), over "
-                            f"the budget of {budget.flops:.3g}; {MAX_WORK_HINT}")
+            raise WorkError(
+                f"{where}: at {s.op} the run would take over {flops:.3g} FLOPs ({runs} run(s)), over "
+                f"the budget of {budget.flops:.3g}; {MAX_WORK_HINT}"
+            )
         for r in set(s.reads):
             if last.get(r) == i and r in live:
                 held -= live.pop(r)
@@ -238,7 +248,6 @@ def _tensor_bytes(t: Any, subs: dict, what: str) -> tuple[int, list[int]]:
 
 def _fx_flops(node: Any, out_dims: list[int], subs: dict) -> int:
     """FLOPs of one op: matrix and conv ops by their inner products, anything else by the elements it touches."""
-    import torch
 
     name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
     out = elements(out_dims)
@@ -394,3 +403,80 @@ def onnx_plan(model: Any, where: str, content_bytes: int | None = None, batch: i
                 flops += _onnx_flops(node, dims, elements(dims[o]))
         steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops))
     check_plan(steps, budget, where, live=live)
+
+
+# ----------------------------------------------------------------------------- the audit
+
+
+#: ops that index a table with an input: (table argument, index argument, axis argument or a fixed axis)
+_INDEXING = {"embedding": (0, 1, 0), "index_select": (0, 2, 1), "gather": (0, 2, 1)}
+
+
+def _index_bounds(ep: Any) -> dict[str, list[tuple[str, int, bool]]]:
+    """``{user input: [(op node, table size along the indexed axis, negatives allowed)]}``."""
+    import torch
+
+    bounds: dict[str, list] = {}
+    for node in ep.graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = getattr(node.target, "__name__", "").split(".")[0]
+        rule = _INDEXING.get(name)
+        if rule is None or len(node.args) <= max(rule[0], rule[1]):
+            continue
+        table, index = node.args[rule[0]], node.args[rule[1]]
+        axis = rule[2] if name == "embedding" else (node.args[rule[2]] if len(node.args) > rule[2] else 0)
+        val = table.meta.get("val") if isinstance(table, torch.fx.Node) else None
+        if not isinstance(index, torch.fx.Node) or index.op != "placeholder" or not isinstance(val, torch.Tensor):
+            continue
+        if not isinstance(axis, int) or not -val.dim() <= axis < max(val.dim(), 1):
+            continue
+        size = _dim(val.shape[axis], {}) if val.dim() else 1
+        if size is not None:
+            bounds.setdefault(index.name, []).append((node.name, size, name != "embedding"))
+    return bounds
+
+
+def check_indices(ep: Any, batches: list) -> None:
+    """Integer inputs that index a table (embedding, index_select, gather) hold indices inside it."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    bounds = _index_bounds(ep)
+    if not bounds:
+        return
+    users = [s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT]
+    for batch in batches:
+        for name, x in zip(users, batch):
+            if name not in bounds or not isinstance(x, torch.Tensor) or x.is_floating_point() or not x.numel():
+                continue
+            lo, hi = int(x.min()), int(x.max())
+            for op, size, negative in bounds[name]:
+                if hi >= size or lo < (-size if negative else 0):
+                    bad = hi if hi >= size else lo
+                    raise ModelFileError(
+                        f"input {name!r} holds the index {bad}, out of range for {op!r} (size {size}); "
+                        "check the input batches"
+                    )
+
+
+def audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = None) -> None:
+    """The check the audit makes before it runs anything: no higher-order op (the audit cannot run
+    one), indices inside their tables, and the plan of ``runs`` runs per batch within the budget."""
+    import torch
+
+    where = name or "the model"
+    if type(model).__name__ == "ModelProto":
+        onnx_plan(model, where)
+        return
+    if not isinstance(model, torch.export.ExportedProgram):
+        return  # an nn.Module of the caller's: exported by the audit itself
+    hops = higher_order_ops(model)
+    if hops:
+        op, node = hops[0]
+        raise ModelFileError(
+            f"{where}: the audit cannot run the higher-order op {op} (node {node!r}); "
+            "fold and check handle it, audit a program without it"
+        )
+    check_indices(model, batches)
+    fx_plan(model, batches, where=where, runs=runs)
