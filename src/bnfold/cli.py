@@ -179,6 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
     )
+    loading.add_argument(
+        "--max-work",
+        type=_positive_int,
+        metavar="N",
+        default=argparse.SUPPRESS,
+        help="most bytes running the model may hold at once (FLOPs: 256 N); default from its weights; see SECURITY.md",
+    )
 
     parser = argparse.ArgumentParser(
         prog="bnfold",
@@ -370,11 +377,12 @@ def _report_payload(input_path: str, output: str | None, report) -> dict[str, An
 
 
 def cmd_fold(args: argparse.Namespace) -> int:
-    from .io.output import plan_output
+    from .io.output import check_outputs, plan_output
 
     debug = _opt(args, "debug")
     check_model_path(args.input)
     plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
+    check_outputs({"output": plan.path, "report": args.report}, inputs=[args.input])
     if args.report:
         files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = models.load_model(args.input, trust=_opt(args, "trust"), debug=debug, max_bytes=_opt(args, "max_bytes"))
@@ -511,6 +519,9 @@ def cmd_audit(args: argparse.Namespace) -> int:
     from .numerics.progress import Progress
 
     debug = _opt(args, "debug")
+    from .io.output import check_outputs
+
+    check_outputs({"plot": args.plot}, inputs=[args.input, args.inputs])
     if args.plot:
         files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
     progress = Progress(enabled=True)
@@ -609,7 +620,10 @@ def _stdout_gone() -> int:
 
 def _run(args: argparse.Namespace) -> int:
     """The command, its output flushed (so that a closed pipe shows up here, not at exit)."""
-    code = args.func(args)
+    from .io.cost import max_work
+
+    with max_work(getattr(args, "max_work", None)):
+        code = args.func(args)
     sys.stdout.flush()
     return code
 

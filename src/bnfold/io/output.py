@@ -102,3 +102,49 @@ def input_files(path: str) -> set[str]:
             if loc:
                 found.add(os.path.realpath(os.path.join(base, loc)))
     return found
+
+
+def _written(role: str, path: str) -> list[tuple[str, str]]:
+    """The files an output writes: an ONNX model also writes its external data file beside it."""
+    found = [(role, path)]
+    if role == "output" and model_kind_or_none(path) == ONNX:
+        found.append((f"{role}'s external data file", onnx_data_path(path)))
+    return found
+
+
+def model_kind_or_none(path: str) -> str | None:
+    try:
+        return model_kind(path)
+    except BnfoldError:
+        return None
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: list[str | None]) -> None:
+    """No output of a run (model and its data file, report, plot) may be another output of the same run,
+    or a file any input reads (an input itself, an ONNX input's external data, an ``--inputs`` file).
+
+    ``outputs`` maps a role ("output", "report", "plot") to a path (None: not written); ``inputs`` are
+    the files the run reads.  Checked before any work is done; one-line ``BnfoldError``.
+    """
+    read: dict[str, str] = {}
+    for p in inputs:
+        if not p:
+            continue
+        read.setdefault(os.path.realpath(p), os.fspath(p))
+        for extra in input_files(os.fspath(p)):
+            read.setdefault(extra, f"the external data of {os.fspath(p)}")
+    seen: dict[str, str] = {}
+    for role, path in outputs.items():
+        if not path:
+            continue
+        for what, p in _written(role, os.fspath(path)):
+            real = os.path.realpath(p)
+            if real in read:
+                raise BnfoldError(
+                    f"{p}: the {what} would overwrite {read[real]}, which this run reads; write it elsewhere"
+                )
+            if real in seen:
+                raise BnfoldError(
+                    f"{p}: the {what} is another output of this run (the {seen[real]}); choose another name"
+                )
+            seen[real] = what
