@@ -155,10 +155,11 @@ def onnx_malformed(d: Path, name: str) -> Path:
         w.float_data.extend([0.0] * 108)
     elif name == "string-initializer":
         m.graph.initializer.append(helper.make_tensor("names", TensorProto.STRING, [2], [b"a", b"b"]))
-    elif name == "int-mul":  # not malformed: a Mul of two integer initializers (the audit used to fail on it)
-        m.graph.initializer.extend([_i64([2, 3], "i1"), _i64([4, 5], "i2")])
+    elif name == "int-mul":  # not malformed: a shape computed by a Mul of integer initializers (the audit failed)
+        m.graph.initializer.extend([_i64([1, 4], "i1"), _i64([1, 36], "i2")])
         m.graph.node.append(helper.make_node("Mul", ["i1", "i2"], ["prod"], name="imul"))
-        m.graph.output.append(helper.make_tensor_value_info("prod", TensorProto.INT64, [2]))
+        m.graph.node.append(helper.make_node("Reshape", ["Y", "prod"], ["flat"], name="flatten"))
+        m.graph.output.append(helper.make_tensor_value_info("flat", TensorProto.FLOAT, [1, 144]))
     return _onnx(d, name, m)
 
 
