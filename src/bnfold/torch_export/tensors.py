@@ -228,19 +228,22 @@ class FxTensors:
             self.drop_placeholder(node)
 
     def erase_dead(self, node: Any) -> None:
-        """Erase ``node`` if nothing uses it any more, then its inputs in turn."""
-        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
-            return
-        if node.op in ("placeholder", "get_attr"):
-            self.drop_if_unused(node)
-            return
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None or schema.is_mutable:
-            return
-        inputs = list(node.all_input_nodes)
-        self.graph.erase_node(node)
-        for arg in inputs:
-            self.erase_dead(arg)
+        """Erase ``node`` if nothing uses it any more, then its inputs in turn (an explicit stack:
+        a dead chain of any length)."""
+        stack = [node]
+        while stack:
+            node = stack.pop()
+            if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+                continue
+            if node.op in ("placeholder", "get_attr"):
+                self.drop_if_unused(node)
+                continue
+            schema = getattr(node.target, "_schema", None)
+            if node.op != "call_function" or schema is None or schema.is_mutable:
+                continue
+            inputs = list(node.all_input_nodes)
+            self.graph.erase_node(node)
+            stack.extend(reversed(inputs))
 
     def set_val(self, node: Node, value: torch.Tensor) -> None:
         old = node.meta.get("val")
