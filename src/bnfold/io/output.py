@@ -137,9 +137,11 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str | None]) -> N
     for role, path in outputs.items():
         if not path:
             continue
+        # --in-place: the model replaces its input (and its data file); plan_output allowed that
+        in_place = role == "output" and os.path.realpath(path) in read
         for what, p in _written(role, os.fspath(path)):
             real = os.path.realpath(p)
-            if real in read:
+            if real in read and not in_place:
                 raise BnfoldError(
                     f"{p}: the {what} would overwrite {read[real]}, which this run reads; write it elsewhere"
                 )
