@@ -238,9 +238,13 @@ def _vals(v: Any) -> list:
     return []
 
 
-def _tensor_bytes(t: Any, subs: dict, what: str) -> tuple[int, list[int]]:
+def _tensor_bytes(t: Any, subs: dict, what: str, strict: bool = True) -> tuple[int, list[int]]:
+    """Bytes and dims of a ``meta["val"]`` tensor; a size known only at run time is refused when ``strict``
+    (the graph is about to run), else counted as 0 (load: fold and check never run it)."""
     dims = [_dim(d, subs) for d in t.shape]
     if any(d is None for d in dims):
+        if not strict:
+            return 0, [0 if d is None else d for d in dims]
         raise WorkError(f"{what} has a size known only when it runs; the audit cannot bound it; refused")
     n = elements(dims)
     return n * t.element_size(), dims
@@ -285,7 +289,9 @@ def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
 
 def fx_plan(ep: Any, batches: list | None = None, *, where: str = "the program", runs: int = 1) -> None:
     """Check the cost of running ``ep`` (an ExportedProgram) on one of ``batches`` (default: its own shapes),
-    ``runs`` times per batch, against the budget its content justifies."""
+    ``runs`` times per batch, against the budget its content justifies.  With ``batches`` (the graph is
+    about to run) a size known only at run time is refused; without, it is not counted."""
+    strict = batches is not None
     import torch
     from torch.export.graph_signature import InputKind
 
@@ -311,7 +317,7 @@ def fx_plan(ep: Any, batches: list | None = None, *, where: str = "the program",
             continue
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
-            nbytes = _tensor_bytes(val, subs, f"{where}: input {node.name!r}")[0]
+            nbytes = _tensor_bytes(val, subs, f"{where}: input {node.name!r}", strict)[0]
             live[node.name] = nbytes
             if node.name in users:
                 inputs[node.name] = nbytes
@@ -326,7 +332,7 @@ def fx_plan(ep: Any, batches: list | None = None, *, where: str = "the program",
         label = f"{getattr(node.target, '__name__', node.target)} {node.name!r}"
         nbytes, flops = 0, 0
         for t in _vals(node.meta.get("val")):
-            b, dims = _tensor_bytes(t, subs, f"{where}: {label}")
+            b, dims = _tensor_bytes(t, subs, f"{where}: {label}", strict)
             nbytes += b
             flops += _fx_flops(node, dims, subs)
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops))
@@ -386,6 +392,9 @@ def onnx_plan(model: Any, where: str, content_bytes: int | None = None, batch: i
     for t in g.initializer:
         live[t.name] = elements(t.dims) * itemsize(t.data_type)
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
+    for node in g.node:  # Constant nodes hold weights too
+        if node.op_type == "Constant" and content_bytes is None:
+            weights += sum(elements(a.t.dims) * itemsize(a.t.data_type) for a in node.attribute if a.HasField("t"))
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     dims = {n: concrete(n) for n in live}
