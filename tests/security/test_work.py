@@ -111,6 +111,8 @@ CASES = {
     "plot-ignores-matplotlibrc": lambda d, p: [
         (["audit", _hostile_rc(d, p), "--random", "1", "--plot", d / "p.png"], 0),
     ],
+    # the override: the same 16 GiB zeros loads with --max-work (check exits 1: its batch norm is foldable)
+    "max-work-flag": lambda d, p: [(["check", w.audit_program(d, "full"), "--max-work", str(1 << 36)], 1)],
     # 8. higher-order ops: the audit cannot run them
     "audit-while-loop": lambda d, p: [
         (["audit", c.export(d / "loop.pt2", w.WhileLoop(), (w.X,)), "--random", "1"], ("while_loop",)),
@@ -138,22 +140,13 @@ def _plot_is_default(d):
 AFTER = {"plot-ignores-matplotlibrc": _plot_is_default}
 
 
-def _selected(request) -> list[str]:
-    picked = [
-        item.callspec.params["case"]
-        for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec") and "case" in item.callspec.params
-    ]
-    return picked or list(CASES)
-
-
 @pytest.fixture(scope="module")
 def results(request, programs, tmp_path_factory):
     """``{case: [(argv, expected, result), ...]}`` for the selected cases, run in one subprocess."""
     root = tmp_path_factory.mktemp("work")
     (root / OUT).mkdir()
     plan, argvs = [], []
-    for case in _selected(request):
+    for case in c.selected(request) or list(CASES):
         d = root / case
         d.mkdir()
         for argv, expected in CASES[case](d, programs):
