@@ -145,6 +145,18 @@ def assert_refused(result: dict, *words: str) -> str:
     return line
 
 
+def selected(request, param: str = "case") -> list | None:
+    """The values of ``param`` that this run selected (``-k``) in the requesting module; None: all of them.
+
+    A module-scoped fixture that runs every case in one subprocess uses it to run only those."""
+    picked = [
+        item.callspec.params[param]
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec") and param in item.callspec.params
+    ]
+    return picked or None
+
+
 def listing(folder: Path) -> set[str]:
     return {p.name for p in folder.iterdir()}
 

@@ -1,7 +1,8 @@
 """Run bnfold's command line on crafted files, inside the limits that ``crafted.run_bnfold`` sets.
 
 Argument: JSON ``{"argvs": [[...], ...], "control": [path, ...]}``.  Prints one
-JSON line: per argv ``{"code", "stderr", "marker"}``, then per control file
+JSON line: per argv ``{"code", "stderr", "marker", "peak_mib"}`` (``peak_mib``: the
+process's peak resident memory so far, in MiB), then per control file
 the markers present after plain ``torch.export.load`` + ``.module()`` of it
 (``marker`` lists the ``PWNED*`` files in the working folder).
 The working folder is put first on ``sys.path`` (as ``python -m`` does), the
@@ -12,6 +13,7 @@ import contextlib
 import io
 import json
 import os
+import resource
 import sys
 
 MARKER = "PWNED"
@@ -36,7 +38,8 @@ def main() -> None:
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = bnfold(argv)
-        out.append({"code": code, "stderr": err.getvalue(), "marker": marker()})
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        out.append({"code": code, "stderr": err.getvalue(), "marker": marker(), "peak_mib": peak})
     for path in job["control"]:
         import torch
 

@@ -14,6 +14,7 @@ import os
 
 import crafted as c
 import numpy as np
+import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 MIB = 1 << 20
@@ -106,28 +107,55 @@ def onnx_cases(d) -> dict:
     return cases
 
 
-def test_crafted_files_are_refused_within_bounds(programs, tmp_path):
+PT2_CASES = [
+    "guard 10**10**10", "sympy 10**10**10", "empty record of 16 GiB", "zip bomb", "--max-bytes", "JSON 200k deep",
+    "FIFO model",
+]  # fmt: skip
+ONNX_CASES = [
+    "one byte range, 300 tensors", "ConstantOfShape 2**50", "Expand 2**50", "dims overflow int64", "Identity cycle",
+    "FIFO external data",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(request, programs, tmp_path_factory):
+    """``{case: [result, ...]}`` for the selected cases (all run in one limited subprocess), the words each
+    refusal must name, and the output folder."""
+    tmp_path = tmp_path_factory.mktemp("bounded")
     d = tmp_path / "in"
     d.mkdir()
     out = tmp_path / "out"
     out.mkdir()
-    expect, argvs = [], []
-    for name, (path, extra, words) in pt2_cases(programs, d).items():
-        argvs += [["fold", path, "-o", out / "o.pt2", *extra], ["check", path, *extra]]
-        argvs += [["audit", path, "--random", "1", *extra]]
-        expect += [(name, words)] * 3
-    for name, (path, words) in onnx_cases(d).items():
-        argvs += [["fold", path, "-o", out / "o.onnx"], ["check", path]]
-        expect += [(name, words)] * 2
-    fifo = d / "inputs.npz"
-    os.mkfifo(fifo)
-    argvs.append(["audit", programs["conv_bn"], "--inputs", fifo])
-    expect.append(("FIFO --inputs", "not a regular file"))
+    chosen = set(c.selected(request) or [*PT2_CASES, *ONNX_CASES, "FIFO --inputs"])
+    names, argvs, words = [], [], {"FIFO --inputs": "not a regular file"}
+    for name, (path, extra, word) in pt2_cases(programs, d).items():
+        words[name] = word
+        if name in chosen:
+            argvs += [["fold", path, "-o", out / "o.pt2", *extra], ["check", path, *extra]]
+            argvs += [["audit", path, "--random", "1", *extra]]
+            names += [name] * 3
+    for name, (path, word) in onnx_cases(d).items():
+        words[name] = word
+        if name in chosen:
+            argvs += [["fold", path, "-o", out / "o.onnx"], ["check", path]]
+            names += [name] * 2
+    if "FIFO --inputs" in chosen:
+        fifo = d / "inputs.npz"
+        os.mkfifo(fifo)
+        argvs.append(["audit", programs["conv_bn"], "--inputs", fifo])
+        names.append("FIFO --inputs")
+    results: dict[str, list] = {}
+    for name, r in zip(names, c.run_bnfold(tmp_path, *argvs), strict=True):
+        results.setdefault(name, []).append(r)
+    return results, words, out
 
-    runs = c.run_bnfold(tmp_path, *argvs)
-    for (name, words), r in zip(expect, runs, strict=True):
+
+@pytest.mark.parametrize("case", [*PT2_CASES, *ONNX_CASES, "FIFO --inputs"])
+def test_crafted_file_is_refused_within_bounds(case, runs):
+    results, words, out = runs
+    for r in results[case]:
         try:
-            c.assert_refused(r, words)
+            c.assert_refused(r, words[case])
         except AssertionError as e:
-            raise AssertionError(f"{name}: {e}") from None
+            raise AssertionError(f"{case}: {e}") from None
     assert c.listing(out) == set()

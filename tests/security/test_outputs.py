@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import crafted as c
 import numpy as np
+import pytest
 from onnx import numpy_helper
 
 
@@ -18,21 +19,28 @@ def _onnx_with_external(folder, location: str):
     return c.save_onnx(m, folder / "m.onnx")
 
 
-def test_outputs_never_clobber_and_a_full_disk_is_one_line(programs, tmp_path):
-    """The process runs with RLIMIT_FSIZE: a write past 4 KiB fails with EFBIG, as on a full disk."""
+CASES = [
+    "report-on-external-data", "output-is-external-data", "existing-report", "existing-plot", "full-disk",
+]  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs(programs, tmp_path_factory):
+    """All five commands in one subprocess with RLIMIT_FSIZE: a write past 4 KiB fails with EFBIG, as on a
+    full disk.  Returns ``{case: result}`` and the folder."""
+    tmp_path = tmp_path_factory.mktemp("outputs")
     src = _onnx_with_external(tmp_path, "w.data")
-    data_before = (tmp_path / "w.data").read_bytes()
     src2_dir = tmp_path / "two"
     src2_dir.mkdir()
     src2 = _onnx_with_external(src2_dir, "x.onnx")  # its external data file has a model's name
-    x_before = (src2_dir / "x.onnx").read_bytes()
     report = tmp_path / "r.json"
     report.write_text("precious")
     plot = tmp_path / "p.png"
     plot.write_text("precious")
     full = tmp_path / "full"
     full.mkdir()
-    runs = c.run_bnfold(
+    before = {"w.data": (tmp_path / "w.data").read_bytes(), "x.onnx": (src2_dir / "x.onnx").read_bytes()}
+    results = c.run_bnfold(
         tmp_path,
         ["fold", src, "-o", tmp_path / "o.onnx", "--report", tmp_path / "w.data", "--force"],
         ["fold", src2, "-o", src2_dir / "x.onnx", "--force"],
@@ -41,13 +49,24 @@ def test_outputs_never_clobber_and_a_full_disk_is_one_line(programs, tmp_path):
         ["fold", programs["conv_bn"], "-o", full / "o.pt2", "--report", full / "r.json"],
         fsize=4096,
     )
-    c.assert_refused(runs[0], "w.data", "external data")
-    c.assert_refused(runs[1], "x.onnx", "external data")
-    c.assert_refused(runs[2], "r.json", "already exists", "--force")
-    c.assert_refused(runs[3], "p.png", "already exists")
-    c.assert_refused(runs[4], "o.pt2", "cannot write")
-    assert (tmp_path / "w.data").read_bytes() == data_before
-    assert (src2_dir / "x.onnx").read_bytes() == x_before
-    assert report.read_text() == plot.read_text() == "precious"
+    return dict(zip(CASES, results, strict=True)), tmp_path, before
+
+
+EXPECTED = {
+    "report-on-external-data": ("w.data", "external data"),
+    "output-is-external-data": ("x.onnx", "external data"),
+    "existing-report": ("r.json", "already exists", "--force"),
+    "existing-plot": ("p.png", "already exists"),
+    "full-disk": ("o.pt2", "cannot write"),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_outputs_never_clobber_and_a_full_disk_is_one_line(case, runs):
+    results, tmp_path, before = runs
+    c.assert_refused(results[case], *EXPECTED[case])
+    assert (tmp_path / "w.data").read_bytes() == before["w.data"]
+    assert (tmp_path / "two" / "x.onnx").read_bytes() == before["x.onnx"]
+    assert (tmp_path / "r.json").read_text() == (tmp_path / "p.png").read_text() == "precious"
     assert c.listing(tmp_path) == {"m.onnx", "w.data", "two", "r.json", "p.png", "full"}
-    assert c.listing(full) == set()  # no temporary file left behind
+    assert c.listing(tmp_path / "full") == set()  # no temporary file left behind

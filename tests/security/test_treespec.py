@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import crafted as c
+import pytest
 
 # evil_<case>.py in the working folder: importing it leaves PWNED_<case>
 EVIL_MODULE = (
@@ -50,9 +51,15 @@ CASES = {
 }
 
 
-def test_crafted_treespecs_are_refused_and_real_ones_pass(programs, tmp_path):
+@pytest.fixture(scope="module")
+def runs(request, programs, tmp_path_factory):
+    """``{case: (the three refusals, the control)}`` for the selected cases, and the real program's runs;
+    all in one limited subprocess."""
+    tmp_path = tmp_path_factory.mktemp("treespec")
+    chosen = [k for k in CASES if k in (c.selected(request) or CASES)]
     argvs, controls = [], []
-    for case, (build, _) in CASES.items():
+    for case in chosen:
+        build = CASES[case][0]
         (tmp_path / f"evil_{case}.py").write_text(EVIL_MODULE)
         bad = c.edit_program(programs["dict_io"], tmp_path / f"bad_{case}.pt2", build)
         argvs += [["fold", bad, "-o", tmp_path / "out.pt2"], ["check", bad], ["audit", bad, "--random", "1"]]
@@ -60,13 +67,25 @@ def test_crafted_treespecs_are_refused_and_real_ones_pass(programs, tmp_path):
     # dict and keyword inputs, dict / list / tuple outputs: what torch.export.save writes is accepted
     real_out = tmp_path / "real.pt2"
     argvs += [["check", programs["dict_io"]], ["fold", programs["dict_io"], "-o", real_out]]
-    runs = c.run_bnfold(tmp_path, *argvs, control=controls)
+    out = c.run_bnfold(tmp_path, *argvs, control=controls)
+    n = 3 * len(chosen)
+    by_case = {case: (out[3 * i : 3 * i + 3], out[n + 2 + i]) for i, case in enumerate(chosen)}
+    return by_case, out[n : n + 2], tmp_path
 
-    for i, case in enumerate(CASES):
-        for r in runs[3 * i : 3 * i + 3]:
-            c.assert_refused(r, f"bad_{case}.pt2", "refusing to load", "spec")
-    assert [r["code"] for r in runs[9:11]] == [1, 0], runs[9:11]
-    assert real_out.exists() and not (tmp_path / "out.pt2").exists()
-    for (case, (_, marker)), control in zip(CASES.items(), runs[11:], strict=True):
-        if marker:
-            assert marker in control["marker"], f"control: plain torch did not run the {case} payload"
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_crafted_treespec_is_refused(case, runs):
+    by_case, _, tmp_path = runs
+    refusals, control = by_case[case]
+    for r in refusals:
+        c.assert_refused(r, f"bad_{case}.pt2", "refusing to load", "spec")
+    assert not (tmp_path / "out.pt2").exists()
+    marker = CASES[case][1]
+    if marker:
+        assert marker in control["marker"], f"control: plain torch did not run the {case} payload"
+
+
+def test_real_treespecs_pass(runs):
+    _, real, tmp_path = runs
+    assert [r["code"] for r in real] == [1, 0], real
+    assert (tmp_path / "real.pt2").exists()

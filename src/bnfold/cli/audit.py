@@ -16,9 +16,11 @@ from .jsonout import print_json, versioned
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..io.output import check_outputs
     from ..numerics.progress import Progress
 
     debug = opt(args, "debug")
+    check_outputs({"plot": args.plot}, inputs=[args.input, args.batches])
     if args.plot:
         files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
     progress = Progress(enabled=True)

@@ -37,11 +37,12 @@ def report_payload(input_path: str, output: str | None, report) -> dict[str, Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io.output import plan_output
+    from ..io.output import check_outputs, plan_output
 
     debug = opt(args, "debug")
     check_model_path(args.input)
     plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
+    check_outputs({"output": plan.path, "report": args.report}, inputs=[args.input])
     if args.report:
         files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)

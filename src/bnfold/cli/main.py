@@ -16,7 +16,10 @@ from .parser import build_parser
 
 def _run(args: argparse.Namespace) -> int:
     """The command, its output flushed (so that a closed pipe shows up here, not at exit)."""
-    code = args.func(args)
+    from ..io.cost import max_work
+
+    with max_work(opt(args, "max_work")):  # --max-work: the budget of the cost model (SECURITY.md)
+        code = args.func(args)
     sys.stdout.flush()
     return code
 

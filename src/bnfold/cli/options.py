@@ -69,6 +69,11 @@ OPTIONS: dict[str, Option] = {
         "most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
         {"type": types.positive_int, "metavar": "N", "default": ABSENT},
     ),
+    "max_work": Option(
+        ("--max-work",),
+        "most bytes running the model may hold at once (FLOPs: 256 N); default from its weights; see SECURITY.md",
+        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+    ),
     "input_shape": Option(
         ("--input-shape",),
         "ONNX: fix the shape of input NAME (dims the model leaves open, e.g. a batch or a side); repeatable "
@@ -134,4 +139,4 @@ OPTIONS: dict[str, Option] = {
 
 #: Option groups commands take together.
 COMMON = ("json", "debug", "quiet", "verbose")
-LOADING = ("trust", "max_bytes")
+LOADING = ("trust", "max_bytes", "max_work")

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BnfoldError, ModelFileError
+from . import cost
 from .atomic import atomic_path
 from .errors import naming, one_line
 from .files import PT2, model_kind
@@ -39,25 +40,44 @@ class LoadedModel:
 
 
 def load_model(
-    path: str | os.PathLike, *, trust: bool = False, debug: bool = False, max_bytes: int | None = None
+    path: str | os.PathLike,
+    *,
+    trust: bool = False,
+    debug: bool = False,
+    max_bytes: int | None = None,
+    max_work: int | None = None,
 ) -> LoadedModel:
     """Read a ``.pt2`` (safely, unless ``trust``) or ``.onnx`` file, chosen by its extension.
 
     ``max_bytes`` bounds what the file may unpack to (default: see
     :class:`bnfold.io.limits.Limits`); running out of memory is a one-line error.
+    Then the cost of running the model once (:mod:`bnfold.io.cost`) must fit the
+    budget its weights justify, or ``max_work`` bytes (also ``--trust``: it
+    is about work, not code).
     """
     path = os.fspath(path)
     kind = model_kind(path)
     limits = Limits(max_bytes=max_bytes or None)
     try:
         if kind == PT2:
-            return LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug, limits=limits))
-        model, layout = _load_onnx(path, debug, limits)
+            loaded = LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug, limits=limits))
+        else:
+            loaded = LoadedModel(path, kind, *_load_onnx(path, debug, limits))
+        with cost.max_work(max_work or cost.current_override()):
+            check_cost(loaded)
     except MemoryError:
         raise ModelFileError(f"{path}: out of memory while loading the model; {MAX_BYTES_HINT}") from None
     except RecursionError:
         raise ModelFileError(f"{path}: the model nests too deeply to be read; refused") from None
-    return LoadedModel(path, kind, model, layout)
+    return loaded
+
+
+def check_cost(loaded: LoadedModel) -> None:
+    """Refuse a model whose one run (its own example shapes) costs more than its content justifies."""
+    if loaded.kind == PT2:
+        cost.fx_plan(loaded.model, where=loaded.path)
+    else:
+        cost.onnx_plan(loaded.model, loaded.path)
 
 
 def save_model(

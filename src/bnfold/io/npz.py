@@ -8,26 +8,40 @@ import zipfile
 
 from ..errors import ModelFileError
 from .errors import one_line
-from .limits import Limits, read_regular_file
+from .limits import RATIO_FREE_BYTES, Limits, read_regular_file
+
+#: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
+NUMERIC_KINDS = "biufc"
 
 
 def read_npz(path: str, limits: Limits | None = None):
     """``{name: array}`` from ``path``, read with ``allow_pickle=False``; one-line ModelFileError otherwise.
 
-    The file must be a regular file (a FIFO would block forever) and its
-    arrays may unpack to no more than the byte budget of ``limits``.
+    The file must be a regular file (a FIFO would block forever), its arrays
+    may unpack to no more than the byte budget of ``limits``, no entry over
+    1 MiB may inflate more than the ``.pt2`` bound (200-fold), and every array
+    must be numeric (bool, integer, float, complex: no strings, dates,
+    records or objects).
     """
     import numpy as np
 
     data = read_regular_file(path, "an .npz file")
     budget = (limits or Limits()).byte_budget(len(data))
+    limits = limits or Limits()
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            total = sum(i.file_size for i in zf.infolist())
+            infos = zf.infolist()
     except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
         raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
+    total = sum(i.file_size for i in infos)
     if total > budget:
         raise ModelFileError(f"{path}: the arrays unpack to {total} bytes, over the limit of {budget}; refused")
+    for i in infos:
+        if i.file_size > RATIO_FREE_BYTES and i.file_size > limits.zip_ratio * max(i.compress_size, 1):
+            raise ModelFileError(
+                f"{path}: entry {i.filename!r} inflates {i.file_size // max(i.compress_size, 1)}-fold "
+                f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
+            )
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as npz:
             arrays = {k: npz[k] for k in npz.files}
@@ -37,4 +51,9 @@ def read_npz(path: str, limits: Limits | None = None):
         raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
     if not arrays:
         raise ModelFileError(f"{path}: the .npz file holds no arrays")
+    for name, a in arrays.items():
+        if a.dtype.kind not in NUMERIC_KINDS or a.dtype.fields is not None:
+            raise ModelFileError(
+                f"{path}: array {name!r} has dtype {a.dtype}; inputs must be numeric (bool, integer, float)"
+            )
     return arrays

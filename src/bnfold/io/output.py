@@ -73,3 +73,51 @@ def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
         raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
     if os.path.realpath(data) in input_files(input_path):
         raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
+
+
+def _written(role: str, path: str) -> list[tuple[str, str]]:
+    """The files an output writes: an ONNX model also writes its external data file beside it."""
+    found = [(role, path)]
+    if role == "output" and model_kind_or_none(path) == ONNX:
+        found.append((f"{role}'s external data file", onnx_data_path(path)))
+    return found
+
+
+def model_kind_or_none(path: str) -> str | None:
+    try:
+        return model_kind(path)
+    except BnfoldError:
+        return None
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: list[str | None]) -> None:
+    """No output of a run (model and its data file, report, plot) may be another output of the same run,
+    or a file any input reads (an input itself, an ONNX input's external data, an ``--inputs`` file).
+
+    ``outputs`` maps a role ("output", "report", "plot") to a path (None: not written); ``inputs`` are
+    the files the run reads.  Checked before any work is done; one-line ``BnfoldError``.
+    """
+    read: dict[str, str] = {}
+    for p in inputs:
+        if not p:
+            continue
+        read.setdefault(os.path.realpath(p), os.fspath(p))
+        for extra in input_files(os.fspath(p)):
+            read.setdefault(extra, f"the external data of {os.fspath(p)}")
+    seen: dict[str, str] = {}
+    for role, path in outputs.items():
+        if not path:
+            continue
+        # --in-place: the model replaces its input (and its data file); plan_output allowed that
+        in_place = role == "output" and os.path.realpath(path) in read
+        for what, p in _written(role, os.fspath(path)):
+            real = os.path.realpath(p)
+            if real in read and not in_place:
+                raise BnfoldError(
+                    f"{p}: the {what} would overwrite {read[real]}, which this run reads; write it elsewhere"
+                )
+            if real in seen:
+                raise BnfoldError(
+                    f"{p}: the {what} is another output of this run (the {seen[real]}); choose another name"
+                )
+            seen[real] = what

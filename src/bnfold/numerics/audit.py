@@ -146,6 +146,9 @@ def audit(
             f"the program has batch norms in training mode ({', '.join(training[:3])}"
             f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
         )
+    from ..io.cost import audit_plan  # the cost check before anything runs (see bnfold.io.cost)
+
+    audit_plan(ep, batches, runs=3 if fold else 2, name=name)
     fold_result = None
     if fold:
         from ..api import fold as bnfold_fold

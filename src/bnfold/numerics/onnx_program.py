@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import torch
 from onnx import numpy_helper
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from .onnx_ops import OPS, STATIC_ARGS, attrs, constant
 
@@ -70,9 +71,10 @@ def _static(node: onnx.NodeProto, ins: list, a: dict):
         to = onnx.helper.tensor_dtype_to_np_dtype(a["to"])
         return ins[0].astype(to)
     if ins and all(v is None or isinstance(v, np.ndarray) for v in ins) and node.op_type in OPS:
-        t = [None if v is None else torch.as_tensor(v.copy()) for v in ins]
-        out = OPS[node.op_type](t, a)
-        return out.numpy() if isinstance(out, torch.Tensor) else out
+        with unset_fake_temporarily():  # known values are real tensors, also while export traces the module
+            t = [None if v is None else torch.as_tensor(v.copy()) for v in ins]
+            out = OPS[node.op_type](t, a)
+            return out.numpy() if isinstance(out, torch.Tensor) else out
     return None
 
 

@@ -122,6 +122,18 @@ def plot_reports(reports, path, titles=None, worst: int = 25) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
+    with matplotlib.rc_context():  # restored after the plot
+        matplotlib.rcParams.update(builtin_defaults(matplotlib))
+        return _plot(plt, reports, path, titles, worst)
+
+
+def builtin_defaults(matplotlib) -> dict:
+    """matplotlib's built-in settings, whatever ``matplotlibrc`` the current folder, ``MATPLOTLIBRC`` or
+    the user's config holds (a crafted one can ask for a canvas of gigabytes); the backend stays Agg."""
+    return {k: v for k, v in matplotlib.rcParamsDefault.items() if k not in ("backend", "backend_fallback")}
+
+
+def _plot(plt, reports, path, titles, worst: int) -> Path:
     n = len(reports)
     shown = min(worst, max((len(r.layers) for r in reports), default=1))
     height = max(4.0, 0.2 * shown + 1.8)

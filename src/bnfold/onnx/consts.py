@@ -26,11 +26,13 @@ CONST_OPS = (
 )
 
 
-def evaluate(node: NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | None:
+def evaluate(node: NodeProto, inputs: list[np.ndarray | None], meter=None) -> np.ndarray | None:
     """The value of ``node``'s first output, or None when it cannot be computed here.
 
     ``inputs`` holds the constant inputs; for CastLike the second one may be an
-    empty array that only carries the target dtype.
+    empty array that only carries the target dtype.  ``meter``
+    (``bnfold.io.cost.Meter``) is charged with the bytes of the result before
+    it is made (the broadcast result for Expand, the fill for ConstantOfShape).
     """
     op = node.op_type
     x = inputs[0] if inputs else None
@@ -38,6 +40,11 @@ def evaluate(node: NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | N
         return None if x is None else _shape(x.shape, node)
     if x is None or any(v is None for v in inputs[1:]):
         return None
+    if meter is not None:
+        nbytes = result_bytes(node, inputs)
+        if nbytes is None:
+            return None
+        meter.charge(f"{op} '{node.name or node.output[0]}'", nbytes)
     if op == "Identity":
         return x
     if op == "Transpose":
@@ -69,6 +76,30 @@ def evaluate(node: NodeProto, inputs: list[np.ndarray | None]) -> np.ndarray | N
             out = np.expand_dims(out, a)
         return out
     return None
+
+
+def result_bytes(node: NodeProto, inputs: list[np.ndarray]) -> int | None:
+    """The bytes ``evaluate`` allocates for ``node``'s result (0 for an alias), without making it."""
+    from ..io.cost import elements
+
+    op, x = node.op_type, inputs[0]
+    if op == "Identity":
+        return 0
+    if op == "ConstantOfShape":
+        v = attr(node, "value")
+        size = 4 if v is None else onnx.helper.tensor_dtype_to_np_dtype(v.data_type).itemsize
+        return elements(int(d) for d in x.reshape(-1)) * size
+    if op == "Expand":
+        shape = tuple(int(s) for s in inputs[1].reshape(-1))
+        if len(shape) > 64 or any(s < 0 for s in shape):
+            return None
+        return elements(np.broadcast_shapes(x.shape, shape)) * x.dtype.itemsize
+    itemsize = x.dtype.itemsize
+    if op == "Cast":
+        itemsize = onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "to"))).itemsize
+    elif op == "CastLike":
+        itemsize = inputs[1].dtype.itemsize
+    return x.size * itemsize
 
 
 def _shape(shape, node: NodeProto) -> np.ndarray:

@@ -88,6 +88,9 @@ class ModelIndex:
         self.node_names: set[str] = set()
         self.dead: set[int] = set()
         self.inserts: dict[int, list[NodeProto]] = {}
+        self._meter = None
+        self._dead: dict[int, bool] = {}  # id(node) -> a constant node nobody uses (see _dead_const)
+        self._values: dict[int, np.ndarray | None] = {}  # id(node) -> its computed value (see constant)
         self._add_graph(model.graph, None, "graph")
 
     # ------------------------------------------------------------------ build
@@ -145,13 +148,58 @@ class ModelIndex:
         return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
 
     def _dead_const(self, u: Use) -> bool:
-        n = u.node
-        if n is None or not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
+        """Whether ``u`` is by a constant-computing node whose results nobody uses (also through
+        others such): iterative, each node decided once until the next edit."""
+        if u.node is None:
             return False
-        return not any(self.live_uses(u.gi, o) for o in n.output if o)
+        memo = self._dead
+        stack, on_stack = [(u.gi, u.node)], {id(u.node)}
+        while stack:
+            g, n = stack[-1]
+            if id(n) in memo:
+                stack.pop()
+                continue
+            if not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
+                memo[id(n)] = False
+                stack.pop()
+                continue
+            users = [v for o in n.output if o for v in self.visible_uses(g, o)]
+            if any(v.node is None or id(v.node) in on_stack and id(v.node) not in memo for v in users):
+                memo[id(n)] = False  # a graph output (or a cycle) uses it
+                stack.pop()
+                continue
+            todo = [(v.gi, v.node) for v in users if id(v.node) not in memo]
+            if todo:
+                stack.extend(todo)
+                on_stack.update(id(t[1]) for t in todo)
+                continue
+            memo[id(n)] = all(memo[id(v.node)] for v in users)
+            stack.pop()
+        return memo[id(u.node)]
+
+    def _edited(self) -> None:
+        """Forget what was derived from the graph as it was (constants, dead constant nodes)."""
+        self._dead.clear()
+        self._values.clear()
 
     def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
-        """The constant ``name`` as seen from ``gi``, or a reason it is not one."""
+        """The constant ``name`` as seen from ``gi``, or a reason it is not one.
+
+        A value computed by a chain of ``CONST_OPS`` nodes is evaluated
+        iteratively (an explicit stack: a chain of any length, no recursion),
+        each node once, and metered (:meth:`meter`).
+        """
+        found = self._find(gi, name, what)
+        if not isinstance(found, tuple):
+            return found
+        g, node = found
+        value = self._evaluate_chain(g, node)
+        if value is None:
+            return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
+        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
+
+    def _find(self, gi: GraphInfo, name: str, what: str) -> Const | str | tuple[GraphInfo, NodeProto]:
+        """Where ``name`` comes from: a stored constant, a reason it is none, or the node that computes it."""
         if not name:
             return f"{what} is missing"
         for g in gi.chain():
@@ -166,24 +214,45 @@ class ModelIndex:
                     if t is not None:
                         return _const(t, g, node)
                 elif is_onnx_op(node, *CONST_OPS) and node.output[0] == name:
-                    value = self._evaluate(g, node)
-                    if value is not None:
-                        return Const(value, onnx.helper.np_dtype_to_tensor_dtype(value.dtype), g, node)
+                    return g, node
                 return f"{what} '{name}' is computed by {node.op_type} '{label(node)}', not a constant"
             if name in g.inputs:
                 return f"{what} '{name}' is a graph input, not a constant"
         return f"{what} '{name}' is not defined in scope"
 
-    def _evaluate(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+    def _evaluate_chain(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
+        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without recursion."""
+        memo = self._values
+        stack, on_stack = [(gi, node)], {id(node)}
+        while stack:
+            g, n = stack[-1]
+            if id(n) in memo:
+                stack.pop()
+                continue
+            todo = []
+            for i in inputs_needed(n):
+                f = self._find(g, n.input[i], "input") if i < len(n.input) else None
+                if isinstance(f, tuple) and id(f[1]) not in memo and id(f[1]) not in on_stack:
+                    todo.append(f)
+            if todo:
+                stack.extend(todo)
+                on_stack.update(id(t[1]) for t in todo)
+                continue
+            stack.pop()
+            memo[id(n)] = self._evaluate(g, n, memo)
+        return memo[id(node)]
+
+    def _evaluate(self, gi: GraphInfo, node: NodeProto, memo: dict) -> np.ndarray | None:
         """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
         values: list[np.ndarray | None] = []
         needed = inputs_needed(node)
         for i, name in enumerate(node.input):
             if i in needed:
-                c = self.constant(gi, name, "input")
-                if isinstance(c, str):
+                f = self._find(gi, name, "input")
+                v = memo.get(id(f[1])) if isinstance(f, tuple) else None if isinstance(f, str) else f.value
+                if v is None:
                     return None
-                values.append(c.value)
+                values.append(v)
             elif node.op_type == "CastLike" and i == 1:
                 dtype = self.declared_dtype(gi, name)
                 if dtype is None:
@@ -192,9 +261,18 @@ class ModelIndex:
             else:
                 values.append(None)
         try:
-            return evaluate(node, values)
-        except (ValueError, TypeError, KeyError, IndexError):
+            return evaluate(node, values, self.meter())
+        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
             return None
+
+    def meter(self):
+        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights."""
+        if self._meter is None:
+            from ..io.cost import Budget, Meter
+
+            held = sum(tensors.nbytes(t) for g in self.graphs for t in g.inits.values())
+            self._meter = Meter(Budget.for_content(held), "constant evaluation")
+        return self._meter
 
     def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:
         """The numpy dtype a value is declared with (graph input, value_info or output), if any."""
@@ -216,6 +294,7 @@ class ModelIndex:
 
     # ------------------------------------------------------------------- edits
     def set_input(self, gi: GraphInfo, node: NodeProto, idx: int, name: str) -> None:
+        self._edited()
         while len(node.input) <= idx:
             node.input.append("")
         old = node.input[idx]
@@ -227,6 +306,7 @@ class ModelIndex:
 
     def clear_input(self, gi: GraphInfo, node: NodeProto, idx: int) -> None:
         """Leave the optional input ``idx`` of ``node`` empty (trailing empty inputs are dropped)."""
+        self._edited()
         old = node.input[idx]
         if old:
             self._unuse(old, node, idx)
@@ -236,6 +316,7 @@ class ModelIndex:
             del node.input[-1]
 
     def rename_output(self, gi: GraphInfo, node: NodeProto, idx: int, new: str) -> None:
+        self._edited()
         old = node.output[idx]
         if gi.producer.get(old, (None,))[0] is node:
             del gi.producer[old]
@@ -245,6 +326,7 @@ class ModelIndex:
         self.tracker.gone.add(old)
 
     def remove_node(self, gi: GraphInfo, node: NodeProto) -> None:
+        self._dead.clear()  # the values of the nodes that stay do not change
         for i, name in enumerate(node.input):
             if name:
                 self._unuse(name, node, i)
@@ -257,10 +339,12 @@ class ModelIndex:
 
     def insert_after(self, gi: GraphInfo, anchor: NodeProto, node: NodeProto) -> None:
         """Add ``node`` right after ``anchor`` (placed at :meth:`compact`)."""
+        self._edited()
         self.inserts.setdefault(id(anchor), []).append(node)
         self._index_node(gi, node)
 
     def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
+        self._edited()
         gi.graph.initializer.append(t)
         gi.inits[t.name] = gi.graph.initializer[len(gi.graph.initializer) - 1]
         self.names.add(t.name)
@@ -271,6 +355,7 @@ class ModelIndex:
 
     def replace_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
         """Overwrite the initializer named ``t.name`` in place (same name, same slot)."""
+        self._edited()
         old = gi.inits[t.name]
         changed_shape = list(old.dims) != list(t.dims)
         old.CopyFrom(t)
@@ -326,8 +411,10 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         index = ModelIndex(model, tracker)
         removed = False
         for gi in index.graphs:
-            for name in sorted(tracker.touched):
-                if index.visible_uses(gi, name):
+            todo = sorted(tracker.touched, reverse=True)
+            while todo:  # a removed node's inputs are looked at next, in the same index
+                name = todo.pop()
+                if name not in tracker.touched or index.visible_uses(gi, name):
                     continue
                 if name in gi.inits and name not in gi.inputs:
                     for i in range(len(gi.graph.initializer) - 1, -1, -1):
@@ -344,6 +431,7 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
                     ):
                         index.remove_node(gi, node)
                         tracker.touched.discard(name)
+                        todo.extend(n for n in node.input if n)
                         removed = True
         index.compact()
         if not removed:

@@ -23,6 +23,7 @@ class FxTensors:
     def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
+        self._work = None  # the constant evaluator's Meter, made on first use
         self._fake_mode = next(
             (
                 n.meta["val"].fake_mode
@@ -68,23 +69,52 @@ class FxTensors:
             return self.placeholder_tensor(node)
         return None
 
-    def constant_value(self, node: Any, _depth: int = 0) -> torch.Tensor | None:
+    def constant_value(self, node: Any) -> torch.Tensor | None:
         """Like ``tensor``, but also evaluates (in float64) a pure subgraph computed
-        only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``."""
+        only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``.
+
+        Iterative (an explicit stack, so a chain of any length evaluates), and
+        metered: each value's bytes and FLOPs, known from its ``meta["val"]``,
+        are counted before it is computed (``bnfold.io.cost``); past the budget
+        that the program's weights justify, ``WorkError``.
+        """
         value = self.tensor(node)
-        if value is not None or not isinstance(node, Node) or node.op != "call_function" or _depth > 16:
+        if value is not None or not self._evaluable(node):
             return value
-        if node in self._computed:
-            return self._computed[node]
+        stack = [node]
+        while stack:
+            n = stack[-1]
+            if n in self._computed:
+                stack.pop()
+                continue
+            todo = [a for a in n.all_input_nodes if a not in self._computed and self._evaluable(a)]
+            todo = [a for a in todo if self.tensor(a) is None]
+            if todo:
+                stack.extend(todo)
+                continue
+            stack.pop()
+            self._computed[n] = self._evaluate(n)
+        return self._computed[node]
+
+    def _evaluable(self, node: Any) -> bool:
+        """Whether ``node`` is an op constant evaluation may run: pure, deterministic, reading a node."""
+        if not isinstance(node, Node) or node.op != "call_function":
+            return False
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
-            return None
+            return False
         if torch.Tag.nondeterministic_seeded in getattr(node.target, "tags", ()) or "empty" in schema.name:
-            return None  # random or uninitialized: not a constant, whatever its inputs
+            return False  # random or uninitialized: not a constant, whatever its inputs
+        return True
+
+    def _evaluate(self, node: Node) -> torch.Tensor | None:
+        """``node``'s value from its inputs' (already computed or stored), or None when one is not a constant."""
 
         def resolve(arg):
             if isinstance(arg, Node):
-                v = self.constant_value(arg, _depth + 1)
+                v = self.tensor(arg)
+                if v is None:
+                    v = self._computed.get(arg)
                 if v is None:
                     raise LookupError
                 return v.double() if v.is_floating_point() else v
@@ -93,14 +123,47 @@ class FxTensors:
         try:
             args = torch.fx.node.map_aggregate(node.args, resolve)
             kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
-            value = node.target(*args, **kwargs)
         except LookupError:
-            value = None
+            return None
+        cost = self._cost(node)
+        if cost is None:
+            return None  # a size known only when it runs: not a constant evaluated here
+        self._meter().charge(f"{getattr(node.target, '__name__', node.target)} {node.name!r}", *cost)
+        try:
+            value = node.target(*args, **kwargs)
         except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
-            value = None
-        value = value if isinstance(value, torch.Tensor) else None
-        self._computed[node] = value
-        return value
+            return None
+        return value if isinstance(value, torch.Tensor) else None
+
+    def _cost(self, node: Node) -> tuple[int, int] | None:
+        """Bytes (float64 for floating values) and FLOPs of ``node``'s value, from its metadata."""
+        from ..io import cost
+
+        vals = cost._vals(node.meta.get("val"))
+        if not vals:
+            return None
+        nbytes = flops = 0
+        for t in vals:
+            dims = [cost._dim(d, {}) for d in t.shape]
+            if any(d is None for d in dims):
+                return None
+            n = cost.elements(dims)
+            nbytes += n * (8 if t.is_floating_point() else t.element_size())
+            flops += cost._fx_flops(node, dims, {})
+        return nbytes, flops
+
+    def _meter(self):
+        """The evaluator's running check (``bnfold.io.cost.Meter``), its budget from the graph's tensors."""
+        if self._work is None:
+            from ..io import cost
+
+            held = 0
+            for n in self.graph.nodes:
+                t = self.tensor(n) if n.op in ("placeholder", "get_attr") else None
+                if isinstance(t, torch.Tensor):
+                    held += t.numel() * t.element_size()
+            self._work = cost.Meter(cost.Budget.for_content(held), "constant evaluation")
+        return self._work
 
     def target(self, node: Node) -> str:
         """The state_dict / constants key of a tensor node (get_attr: its attribute path)."""
@@ -165,19 +228,22 @@ class FxTensors:
             self.drop_placeholder(node)
 
     def erase_dead(self, node: Any) -> None:
-        """Erase ``node`` if nothing uses it any more, then its inputs in turn."""
-        if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
-            return
-        if node.op in ("placeholder", "get_attr"):
-            self.drop_if_unused(node)
-            return
-        schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None or schema.is_mutable:
-            return
-        inputs = list(node.all_input_nodes)
-        self.graph.erase_node(node)
-        for arg in inputs:
-            self.erase_dead(arg)
+        """Erase ``node`` if nothing uses it any more, then its inputs in turn (an explicit stack:
+        a dead chain of any length)."""
+        stack = [node]
+        while stack:
+            node = stack.pop()
+            if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+                continue
+            if node.op in ("placeholder", "get_attr"):
+                self.drop_if_unused(node)
+                continue
+            schema = getattr(node.target, "_schema", None)
+            if node.op != "call_function" or schema is None or schema.is_mutable:
+                continue
+            inputs = list(node.all_input_nodes)
+            self.graph.erase_node(node)
+            stack.extend(reversed(inputs))
 
     def set_val(self, node: Node, value: torch.Tensor) -> None:
         old = node.meta.get("val")
