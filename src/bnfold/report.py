@@ -30,6 +30,22 @@ class Folded:
 
 
 @dataclass
+class Merged:
+    """Parallel branches that read one value and were summed, merged into one conv (structural
+    re-parameterization).  ``into`` names the conv that now computes the sum (``into_node`` its graph
+    node), ``branches`` each branch (a conv, ``identity``, an average pool; a normalization on it in
+    brackets), ``pattern`` the sum (``conv3x3+conv1x1+identity``), ``node`` the node whose value the
+    conv now holds (the last add) and ``norms`` the normalizations folded on the way."""
+
+    into: str
+    branches: list
+    pattern: str
+    node: str = ""
+    into_node: str = ""
+    norms: list = field(default_factory=list)
+
+
+@dataclass
 class Skipped:
     """A normalization left in the model, with the reason it was not folded."""
 
@@ -92,6 +108,7 @@ class FoldReport:
     notes: list[str] = field(default_factory=list)
     lowered: list[Lowered] = field(default_factory=list)
     stats: FoldStats | None = None
+    merged: list[Merged] = field(default_factory=list)
 
     @property
     def extra_bytes(self) -> int:
@@ -102,6 +119,7 @@ class FoldReport:
             "folded": len(self.folded),
             "skipped": len(self.skipped),
             "lowered": len(self.lowered),
+            "merged": len(self.merged),
             "extra_bytes": self.extra_bytes,
         }
         if self.stats is not None:
@@ -110,6 +128,7 @@ class FoldReport:
             "folded": [asdict(f) for f in self.folded],
             "skipped": [asdict(s) for s in self.skipped],
             "lowered": [asdict(x) for x in self.lowered],
+            "merged": [asdict(m) for m in self.merged],
             "notes": list(self.notes),
             "summary": summary,
         }
@@ -143,6 +162,8 @@ class FoldReport:
             lines.append(f"  skipped  {s.norm:<{width}} {s.reason}")
         for x in self.lowered:
             lines.append(f"  lowered  {x.norm:<{width}} to mul + add ({x.reason})")
+        for m in self.merged:
+            lines.append(f"  merged   {' + '.join(m.branches)} into {m.into} ({m.pattern})")
         return "\n".join(lines)
 
     def __str__(self) -> str:

@@ -18,12 +18,13 @@ from ..report import FoldReport, Skipped
 from .fanout import fold_fanout
 from .graph import GraphAdapter, Norm
 from .lower import lower_unfoldable
+from .reparam import merge_branches
 from .rules import fold_input, fold_output
 
 #: The rules, in the order they run on each layer: output side first, so that
 #: a batch norm between two layers goes into the one before it (no padding issue);
 #: then a chain that feeds several layers, then one that feeds this layer alone.
-RULES = (fold_output, fold_fanout, fold_input)
+RULES = (fold_output, fold_fanout, fold_input, merge_branches)
 
 #: Each round folds at least one node, so this bound is never reached in practice.
 MAX_ROUNDS = 64
@@ -133,7 +134,8 @@ def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict)
                 outcome = rule(graph, layer, only)
                 for step, reason in outcome.reasons.items():
                     reasons.setdefault(step, reason)
-                if outcome.folded:
+                report.merged.extend(outcome.merged)  # re-parameterization (engine/reparam.py)
+                if outcome.folded or outcome.merged:
                     report.folded.extend(outcome.folded)
                     changed = True
         if not changed:

@@ -159,6 +159,37 @@ class Outcome:
 
     folded: list = field(default_factory=list)
     reasons: dict = field(default_factory=dict)
+    merged: list = field(default_factory=list)  # ``bnfold.report.Merged`` entries (engine/reparam.py)
+
+
+@dataclass
+class ConvGeometry:
+    """How a conv slides over its input, per spatial axis: ``kernel`` sizes, ``stride``, ``dilation``
+    and ``pads`` as ``(begin, end)``; ``groups`` as in the layer."""
+
+    kernel: tuple
+    stride: tuple
+    dilation: tuple
+    pads: tuple
+    groups: int = 1
+
+
+@dataclass
+class Pool:
+    """An average pool over the spatial axes of ``input`` (channels on axis 1), in ConvGeometry terms.
+    ``count_include_pad``: the padded zeros count in the divisor; ``ceil_mode``: a last partial window;
+    ``divisor``: a fixed divisor (None: the window size)."""
+
+    node: Any
+    input: Any
+    output: Any
+    op: str
+    kernel: tuple
+    stride: tuple
+    pads: tuple
+    count_include_pad: bool = True
+    ceil_mode: bool = False
+    divisor: int | None = None
 
 
 class GraphAdapter(Protocol):
@@ -199,3 +230,11 @@ class GraphAdapter(Protocol):
     def add_bias(self, layer: Layer, value: Any, bias: torch.Tensor, axis: int, rank: int | None) -> None: ...
     # Replace a batch norm by ``x * scale + shift`` with per-channel constants in the input's dtype.
     def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor, rank: int) -> None: ...
+
+    # -- re-parameterization (``engine/reparam.py``)
+    def conv_geometry(self, layer: Layer) -> ConvGeometry | str: ...  # or why it is not known
+    def pool(self, node: Any) -> Pool | None: ...  # an average pool, or None
+    def inputs(self, node: Any) -> list: ...  # the values ``node`` reads, in order
+    # Remove ``nodes`` (they compute ``old`` and are read by nothing else once ``old`` is replaced) and
+    # make every reader of ``old`` read ``new``; a graph output keeps its name.
+    def bypass(self, old: Any, new: Any, nodes: list) -> None: ...

@@ -1,0 +1,87 @@
+"""How a conv or an average pool of an fx graph slides over its input (re-parameterization,
+``bnfold.engine.reparam``): op table rows, read into ``ConvGeometry`` / ``Pool``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.fx import Node
+
+from ..engine.graph import ConvGeometry, Layer, Pool
+from .ops import _arg, node_key, op_name
+
+
+def _tuple(value: Any, rank: int, what: str) -> tuple | str:
+    if isinstance(value, (list, tuple)):
+        if len(value) == 1:
+            value = value[0]
+        elif len(value) == rank:
+            return tuple(int(v) for v in value)
+        else:
+            return f"its {what} {list(value)} does not match the kernel's {rank} spatial axes"
+    return (int(value),) * rank
+
+
+#: conv op key -> argument positions of (stride, padding, dilation); groups are in the Layer.
+CONV_ARGS = {
+    "aten::conv1d.default": (3, 4, 5),
+    "aten::conv2d.default": (3, 4, 5),
+    "aten::conv3d.default": (3, 4, 5),
+    "aten::conv1d.padding": (3, 4, 5),
+    "aten::conv2d.padding": (3, 4, 5),
+    "aten::conv3d.padding": (3, 4, 5),
+    "aten::convolution.default": (3, 4, 5),
+    "aten::_convolution.default": (3, 4, 5),
+}
+
+
+def conv_geometry(layer: Layer, kernel: tuple | None) -> ConvGeometry | str:
+    node = layer.node
+    where = CONV_ARGS.get(node_key(node))
+    if where is None or layer.kind != "conv":
+        return f"{op_name(node)} is not a conv"
+    if kernel is None:
+        return "the shape of its weight is not known"
+    rank = len(kernel)
+    s_at, p_at, d_at = where
+    stride = _tuple(_arg(node, s_at, "stride", 1), rank, "stride")
+    padding = _arg(node, p_at, "padding", 0)
+    if isinstance(padding, str):
+        if padding != "valid":
+            return f"padding={padding!r}"
+        padding = 0
+    padding = _tuple(padding, rank, "padding")
+    dilation = _tuple(_arg(node, d_at, "dilation", 1), rank, "dilation")
+    for value in (stride, padding, dilation):
+        if isinstance(value, str):
+            return value
+    return ConvGeometry(tuple(kernel), stride, dilation, tuple((p, p) for p in padding), layer.groups)
+
+
+#: avg_poolNd(input, kernel_size, stride=[], padding=0, ceil_mode=False, count_include_pad=True,
+#: divisor_override=None), by the number of spatial axes.
+AVG_POOLS = {"aten::avg_pool1d.default": 1, "aten::avg_pool2d.default": 2, "aten::avg_pool3d.default": 3}
+
+
+def parse_pool(node: Node) -> Pool | None:
+    rank = AVG_POOLS.get(node_key(node))
+    if rank is None or not node.args or not isinstance(node.args[0], Node):
+        return None
+    kernel = _tuple(node.args[1], rank, "kernel")
+    stride = _arg(node, 2, "stride", [])
+    stride = kernel if stride in ([], (), None) else _tuple(stride, rank, "stride")
+    padding = _tuple(_arg(node, 3, "padding", 0), rank, "padding")
+    if any(isinstance(v, str) for v in (kernel, stride, padding)):
+        return None
+    return Pool(
+        node,
+        node.args[0],
+        node,
+        op_name(node),
+        kernel,
+        stride,
+        tuple((p, p) for p in padding),
+        bool(_arg(node, 5, "count_include_pad", True)),
+        bool(_arg(node, 4, "ceil_mode", False)),
+        _arg(node, 6, "divisor_override", None),
+    )
