@@ -98,7 +98,7 @@ class AvgBranch(nn.Module):
         self.pool = nn.Sequential(nn.AvgPool2d(3, stride, 1, count_include_pad=count_include_pad), nn.BatchNorm2d(c))
 
     def forward(self, x):
-        return self.dense(x) + self.one(x) + self.pool(x)
+        return self.pool(x) + self.dense(x) + self.one(x)
 
 
 # ------------------------------------------------------------------------------------------- refused
@@ -129,7 +129,7 @@ class DifferentInputs(nn.Module):
         self.dense, self.one, self.other = conv_bn(c, c, 3), conv_bn(c, c, 1), conv_bn(c, c, 1)
 
     def forward(self, x):
-        return self.dense(x) + self.one(x) + self.other(torch.relu(x))
+        return self.dense(x) + self.other(torch.relu(x)) + self.one(x)
 
 
 class DifferentStrides(nn.Module):

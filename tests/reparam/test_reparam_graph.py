@@ -9,10 +9,6 @@ import warnings
 import numpy as np
 import pytest
 import torch
-from bnfold_testutil import assert_matches, export, reference
-
-import bnfold
-from bnfold.torch_export.ops import op_name
 from reparam_models import (
     ACNet,
     ActivationInBranch,
@@ -29,6 +25,10 @@ from reparam_models import (
     SharedBranch,
     calibrate,
 )
+
+import bnfold
+from bnfold.torch_export.ops import op_name
+from bnfold_testutil import assert_matches, export, reference
 
 SHAPE = (2, 4, 8, 8)
 
@@ -49,14 +49,14 @@ CASES = {
 IRS = ("default", "decomposed", "edge", "onnx")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _model(name: str):
     block = calibrate(CASES[name][0](), SHAPE, seed=len(name))
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(7))
     return block, x, reference(block, x)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default(name: str):
     block, x, _ = _model(name)
     return export(block, (x,))
@@ -122,3 +122,53 @@ def test_block_merges_into_its_own_convs(name, ir):
     assert_matches(out, ref)
     entry = result.report.to_dict()["merged"][0]
     assert entry["into"] and len(entry["branches"]) >= 2 and "+" in entry["pattern"]
+
+
+REFUSED = {
+    "activation": (ActivationInBranch, "an activation inside a branch"),
+    "shared_branch": (SharedBranch, "has another user"),
+    "different_inputs": (DifferentInputs, "the branches read different inputs"),
+    "different_strides": (DifferentStrides, "different stride"),
+    "different_groups": (DifferentGroups, "different groups"),
+    "different_dilations": (DifferentDilations, "different dilation"),
+    "misaligned_padding": (Misaligned, "padding does not align"),
+    "pool_without_pad_count": (lambda: AvgBranch(count_include_pad=False), "count_include_pad=False"),
+}
+
+
+def _refusals(report) -> list[str]:
+    return [s.reason for s in report.skipped if "do not merge into one conv" in s.reason]
+
+
+@pytest.mark.parametrize("ir", ["default", "onnx"])
+@pytest.mark.parametrize("name", list(REFUSED))
+def test_refused_merges_keep_the_branches_and_say_why(name, ir):
+    make, reason = REFUSED[name]
+    block = calibrate(make(), SHAPE, seed=3)
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(7))
+    ref = reference(block, x)
+    if ir == "onnx":
+        result = bnfold.fold(_onnx(block, x))
+        outs = [_run_onnx(result.model, x)]
+    else:
+        result = bnfold.fold(export(block, (x,)))
+        with torch.no_grad():
+            outs = result.model.module()(x)
+    outs = outs if isinstance(outs, (list, tuple)) else [outs]
+    refs = ref if isinstance(ref, (list, tuple)) else [ref]
+    assert not result.report.merged, result.report
+    reasons = _refusals(result.report)
+    assert len(reasons) == 1 and reason in reasons[0], result.report
+    assert_matches(outs[0], refs[0])
+
+
+def test_exclude_and_only_keep_the_branches():
+    block, x, ref = _model("repvgg")
+    ep = _default("repvgg")
+    for kw in (dict(exclude=["one.*"]), dict(exclude=["dense.*"]), dict(only=["linear"])):
+        result = bnfold.fold(ep, **kw)
+        assert not result.report.merged, (kw, result.report)
+        assert _fx_counts(result.model)["conv"] == 2, kw
+        with torch.no_grad():
+            assert_matches(result.model.module()(x), ref)
+    assert bnfold.fold(ep, only=["conv"]).report.merged

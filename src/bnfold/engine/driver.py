@@ -98,6 +98,7 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
         nodes = [n for n in nodes if n not in skip]
     if patterns or norm_only:
         view = _Hiding(graph, left_alone)
+        view.excluded_layers = skip if patterns else set()  # engine/reparam.py merges none of them
     _run_rules(view, nodes, layer_only, report, reasons)
     if lower:
         why = lambda norm: reasons.get(norm.node) or no_neighbour(graph, norm)  # noqa: E731

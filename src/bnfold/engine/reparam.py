@@ -168,7 +168,7 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         tree = _Tree(channels, shift=torch.zeros(channels, dtype=torch.float64))
         root_value = _output(graph, root)
         _expand(graph, root_value, torch.ones(channels, dtype=torch.float64), None, tree, [])
-        ours = [t for t in tree.terms if _same(t.source, layer.input)]
+        ours = [t for t in tree.terms if _same(t.source, layer.input) or _activation(graph, t, layer.input)]
         if len(ours) < 2:
             continue  # not branches of one value (a residual add of another block's value)
         try:
@@ -185,20 +185,29 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     return out
 
 
+def _activation(graph: GraphAdapter, term: _Term, x: Any) -> str:
+    """Why ``term`` is a branch of ``x`` with an op that is not affine in it (an activation), or ""."""
+    node = graph.producer(term.value)
+    if term.kind != "identity" or node is None:
+        return ""
+    for v in graph.inputs(node):
+        below = graph.producer(v)
+        inner = graph.layer(below) if below is not None else None
+        if inner is not None and _same(inner.input, x):
+            return (
+                f"{graph.describe_node(node)} after {graph.describe_node(inner.node)} is not affine: "
+                "an activation inside a branch"
+            )
+    return ""
+
+
 def _foreign(graph: GraphAdapter, term: _Term, x: Any, tree: _Tree) -> str:
     what = graph.describe(term.value)
     if term.value in tree.problems:
         return f"{what} is not a per-channel affine of a branch ({tree.problems[term.value]})"
-    node = graph.producer(term.value)
-    if term.kind == "identity" and node is not None:
-        for v in graph.inputs(node):
-            below = graph.producer(v)
-            inner = graph.layer(below) if below is not None else None
-            if inner is not None and _same(inner.input, x):
-                return (
-                    f"{graph.describe_node(node)} after {graph.describe_node(inner.node)} is not affine: "
-                    "an activation inside a branch"
-                )
+    activation = _activation(graph, term, x)
+    if activation:
+        return activation
     return f"the sum also adds {what}, which does not read {graph.describe(x)}: the branches read different inputs"
 
 
@@ -212,6 +221,10 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
         if term.shared and term.kind != "identity":
             raise _Refused(f"the branch value {graph.describe(term.value)} has another user")
     convs = [t for t in tree.terms if t.kind == "conv"]
+    excluded = getattr(graph, "excluded_layers", ())  # the driver's view when ``exclude`` is given
+    for t in convs:
+        if t.layer.node in excluded:
+            raise _Refused(f"{graph.describe_node(t.layer.node)} is excluded (--exclude)")
     geometry = {}
     for t in convs:
         g = graph.conv_geometry(t.layer)
