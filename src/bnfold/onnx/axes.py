@@ -38,6 +38,8 @@ def follow_axis(graph: Any, hop: Hop, axis: int, forward: bool) -> int | str:
         return perm.index(a) if forward else perm[a]
     if p.op_type in ("Unsqueeze", "Squeeze"):
         return _squeeze(graph, hop, a, rank, forward, what)
+    if p.op_type in NON_CHANNEL_HOPS:
+        return _non_channel(graph, hop, a, forward, what)
     before, after = graph.shape_info(hop.input).shape, _shape_after(graph, hop)
     if before is None or after is None:
         return (
@@ -219,3 +221,48 @@ def producer_rank(graph: Any, node: Any) -> int | None:
         target = graph.const(graph.value(node.gi, p.input[1]))
         return None if target is None else int(np.asarray(target.value).size)
     return None
+
+
+#: Hops that pick or average along axes other than the channel's (issue 21): a per-channel affine
+#: commutes with a Gather of one index, a Slice and a ReduceMean there.
+NON_CHANNEL_HOPS = ("Gather", "Slice", "ReduceMean")
+
+
+def _const_ints(graph: Any, hop: Hop, slot: int) -> list[int] | None | str:
+    p = hop.node.proto
+    if len(p.input) <= slot or not p.input[slot]:
+        return None
+    c = graph.const(graph.value(hop.node.gi, p.input[slot]))
+    if c is None:
+        return f"{graph.describe_node(hop.node)} has an input {slot} that is not a constant"
+    return [int(v) for v in np.asarray(c.value).reshape(-1)]
+
+
+def _non_channel(graph: Any, hop: Hop, a: int, forward: bool, what: str) -> int | str:
+    """The channel axis through a Gather of one index, a Slice or a ReduceMean along other axes."""
+    p = hop.node.proto
+    rank = graph.shape_info(hop.input).rank
+    if rank is None:
+        return f"the rank before {what} is unknown, so the channel axis cannot be followed"
+    if p.op_type == "Gather":
+        index = graph.const(graph.value(hop.node.gi, p.input[1])) if len(p.input) > 1 else None
+        if index is None or np.asarray(index.value).ndim != 0:
+            return f"{what} does not pick one constant index"
+        removed, keep = {int(attr(p, "axis", 0)) % rank}, False
+    elif p.op_type == "Slice":
+        axes = _const_ints(graph, hop, 3)
+        starts = _const_ints(graph, hop, 1)
+        if isinstance(axes, str) or isinstance(starts, str) or (axes is None and starts is None):
+            return axes if isinstance(axes, str) else f"{what} has starts that are not a constant"
+        removed, keep = {x % rank for x in (axes if axes is not None else range(len(starts)))}, True
+    else:
+        axes = attr(p, "axes")
+        axes = [int(x) for x in axes] if axes is not None else _const_ints(graph, hop, 1)
+        if isinstance(axes, str) or not axes:
+            return axes if isinstance(axes, str) else f"{what} averages every axis"
+        removed, keep = {x % rank for x in axes}, bool(int(attr(p, "keepdims", 1)))
+    kept = list(range(rank)) if keep else [i for i in range(rank) if i not in removed]
+    source = a if forward else (kept[a] if a < len(kept) else None)
+    if source is None or source in removed:
+        return f"{what} picks, slices or averages along the channel axis"
+    return kept.index(source) if forward else source

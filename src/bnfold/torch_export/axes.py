@@ -30,8 +30,40 @@ def follow_axis(node: Node, before: tuple | None, after: tuple | None, axis: int
     if key.startswith("aten::permute"):
         perm = [int(d) % len(before) for d in node.args[1]]
         return perm.index(axis) if forward else perm[axis]
+    if key in NON_CHANNEL_HOPS:
+        return _non_channel(node, len(before), axis, forward)
     src, dst = (before, after) if forward else (after, before)
     return _same_place(src, dst, axis)
+
+
+#: Hops that pick or average along axes other than the channel's (issue 21): select, slice, mean.
+NON_CHANNEL_HOPS = {
+    "aten::select.int",
+    "aten::select_copy.int",
+    "aten::slice.Tensor",
+    "aten::slice_copy.Tensor",
+    "aten::mean.dim",
+}
+
+
+def _non_channel(node: Node, rank: int, axis: int, forward: bool) -> int | None:
+    """The channel axis through a select / slice / mean over other axes (``rank``: of its input)."""
+    key = node_key(node)
+    if key.startswith("aten::slice"):
+        d = int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank
+        return None if axis == d else axis
+    if key.startswith("aten::select"):
+        removed, keep = {int(node.args[1]) % rank}, False
+    else:  # mean.dim(x, dim, keepdim=False, *, dtype=None)
+        if node.kwargs.get("dtype") is not None or not node.args[1]:
+            return None
+        removed = {int(d) % rank for d in node.args[1]}
+        keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    kept = list(range(rank)) if keep else [i for i in range(rank) if i not in removed]
+    if forward:
+        return None if axis in removed else kept.index(axis)
+    source = kept[axis] if axis < len(kept) else None
+    return None if source is None or source in removed else source
 
 
 def _same_place(src: tuple, dst: tuple, axis: int) -> int | None:

@@ -1,0 +1,92 @@
+"""The last folds in reach (issue 21): a per-channel affine through a select / slice / mean along
+other axes (ViT's class token, BN -> global mean -> Linear), in every IR and in ONNX."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from reparam_models import calibrate
+
+import bnfold
+from bnfold_testutil import assert_matches, export, reference
+
+
+class ClassToken(nn.Module):
+    """ViT's end: ``head(norm(x)[:, 0])``."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 5)
+
+    def forward(self, x):
+        return self.head(self.norm(x)[:, 0])
+
+
+class SliceTokens(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 5)
+
+    def forward(self, x):
+        return self.head(self.norm(x)[:, 1:3])
+
+
+class GlobalMean(nn.Module):
+    """``fc(bn(relu(conv(x))).mean((2, 3)))``: the BN cannot go into the conv, it goes into the linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(self.bn(torch.relu(self.conv(x))).mean((2, 3)))
+
+
+CASES = {
+    "class_token": (ClassToken, (2, 4, 8)),
+    "slice_tokens": (SliceTokens, (2, 4, 8)),
+    "global_mean": (GlobalMean, (2, 3, 8, 8)),
+}
+
+
+def _calibrated(name):
+    make, shape = CASES[name]
+    model = calibrate(make(), shape, seed=1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-1, 1)
+    return model, torch.randn(shape, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_affine_folds_through_a_non_channel_pick_or_mean(name, ir):
+    model, x = _calibrated(name)
+    ref = reference(model, x)
+    if ir == "onnx":
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+        import numpy as np
+        import onnxruntime as ort
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+        result = bnfold.fold(proto)
+        sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+        ops = [n.op_type for n in result.model.graph.node]
+        assert "BatchNormalization" not in ops
+    else:
+        result = bnfold.fold(export(model, (x,), ir))
+        with torch.no_grad():
+            out = result.model.module()(x)
+        assert not [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)]
+    norm = "bn" if name == "global_mean" else "norm"
+    assert [f.norm for f in result.report.folded][0] in (norm, "node_" + norm) or ir == "onnx", result.report
+    assert result.report.folded and not result.report.skipped, result.report
+    assert_matches(out, ref)
