@@ -90,3 +90,34 @@ def test_affine_folds_through_a_non_channel_pick_or_mean(name, ir):
     assert [f.norm for f in result.report.folded][0] in (norm, "node_" + norm) or ir == "onnx", result.report
     assert result.report.folded and not result.report.skipped, result.report
     assert_matches(out, ref)
+
+
+class BiasLessAfterBN(nn.Module):
+    """``conv2(bn(relu(conv1(x))))`` with a bias-less conv2: the dynamo exporter (optimize=False)
+    writes its zero bias as ``Expand(CastLike(0, y))``, whose type-only read of ``y`` is no user."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.c2 = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1, bias=False)
+
+    def forward(self, x):
+        return self.c2(self.bn(torch.relu(self.c1(x))))
+
+
+def test_onnx_castlike_type_input_is_no_user():
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    import numpy as np
+    import onnxruntime as ort
+
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(BiasLessAfterBN(), tuple(x.shape), seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+    assert "CastLike" in [n.op_type for n in proto.graph.node]
+    result = bnfold.fold(proto)
+    assert len(result.report.folded) == 1 and not result.report.skipped, result.report
+    assert "BatchNormalization" not in [n.op_type for n in result.model.graph.node]
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+    assert_matches(out, reference(model, x))

@@ -33,6 +33,7 @@ from .ops import (
     parse_layer,
     parse_norm,
     reads_only_metadata,
+    reads_only_type,
 )
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .shapes import Shapes
@@ -106,7 +107,12 @@ class OnnxGraph:
         for use in self.index.visible_uses(value.gi, value.name):
             if use.node is None or use.gi is not value.gi:
                 out.append(None)
-            elif not self.index.is_dead(use.node) and not reads_only_metadata(use.node) and id(use.node) not in seen:
+            elif (
+                not self.index.is_dead(use.node)
+                and not reads_only_metadata(use.node)
+                and not reads_only_type(use.node, use.idx)
+                and id(use.node) not in seen
+            ):
                 seen.add(id(use.node))
                 out.append(Node(use.node, use.gi))
         return out
@@ -341,7 +347,9 @@ class OnnxGraph:
         found = gi.producer.get(source.name) if source.gi is gi else None
         others = index.visible_uses(source.gi, source.name)
         leaves = any(u.node is None for u in index.visible_uses(out.gi, out.name))
-        shape_readers = all(u.node is not None and reads_only_metadata(u.node) for u in others)
+        shape_readers = all(
+            u.node is not None and (reads_only_metadata(u.node) or reads_only_type(u.node, u.idx)) for u in others
+        )
         if found is not None and (not others or (leaves and shape_readers)):
             # the producer writes ``out`` itself; whoever else read ``source`` read only its shape
             index.rename_output(gi, found[0], found[1], out.name)

@@ -74,6 +74,15 @@ def reads_only_metadata(node: NodeProto) -> bool:
     return is_onnx_op(node, *METADATA_READERS)
 
 
+#: Inputs that give only a type: a reader through them is no user for a fold (``CastLike(0, x)``,
+#: how the dynamo exporter writes a bias-less conv's zero bias).
+TYPE_ONLY_INPUTS = {"CastLike": (1,)}
+
+
+def reads_only_type(node: NodeProto, idx: int) -> bool:
+    return is_onnx_op(node, *TYPE_ONLY_INPUTS) and idx in TYPE_ONLY_INPUTS[node.op_type]
+
+
 # --------------------------------------------------------------------------- layers
 
 
