@@ -121,3 +121,34 @@ def test_onnx_castlike_type_input_is_no_user():
     sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
     out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
     assert_matches(out, reference(model, x))
+
+
+class WSConv(nn.Conv2d):
+    """timm's nf_resnet-style weight standardization: ``batch_norm(w, training=True)`` over the weight."""
+
+    def forward(self, x):
+        flat = self.weight.reshape(1, self.out_channels, -1)
+        w = torch.nn.functional.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-5)
+        return torch.nn.functional.conv2d(x, w.reshape_as(self.weight), self.bias)
+
+
+class WSThenBN(nn.Module):
+    def __init__(self, bn=True):
+        super().__init__()
+        self.conv, self.bn = WSConv(3, 4, 3), nn.BatchNorm2d(4) if bn else nn.Identity()
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge"])
+def test_weight_standardized_conv_folds_in_every_ir(ir):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(WSThenBN(), tuple(x.shape), seed=5)
+    result = bnfold.fold(export(model, (x,), ir))
+    assert [f.norm for f in result.report.folded] == ["bn"] and not result.report.skipped, result.report
+    assert not [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)]
+    with torch.no_grad():
+        assert_matches(result.model.module()(x), reference(model, x))
+    alone = bnfold.fold(export(calibrate(WSThenBN(bn=False), tuple(x.shape)), (x,), ir)).report
+    assert len(alone.skipped) == 1 and "normalizes a constant (weight standardization)" in alone.skipped[0].reason

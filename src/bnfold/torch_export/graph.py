@@ -34,6 +34,12 @@ from .ops import (
 )
 from .tensors import FxTensors
 
+#: Why a normalization over a constant stays (weight standardization, ``batch_norm(w, training=True)``).
+CONSTANT_NORM = (
+    "it normalizes a constant (weight standardization): its result is a constant, computed once "
+    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
+)
+
 
 class FxGraph:
     """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors."""
@@ -67,7 +73,10 @@ class FxGraph:
     def norm(self, node: Any) -> Norm | None:
         if not isinstance(node, Node):
             return None
-        return parse_norm(node) or parse_norm_affine(node)
+        norm = parse_norm(node) or parse_norm_affine(node)
+        if norm is not None and norm.problem and self.editor.constant_value(norm.input) is not None:
+            norm.problem = CONSTANT_NORM  # weight standardization: batch statistics of a parameter
+        return norm
 
     def binary(self, node: Any) -> Binary | None:
         op = BINARY_OPS.get(node_key(node)) if isinstance(node, Node) else None

@@ -10,6 +10,7 @@ lives; ``ProgramEditor`` (a program's signature) and ``GraphModuleEditor``
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ class FxTensors:
     def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
+        self._tuples: dict[Node, tuple | None] = {}
         self._fake_mode = next(
             (
                 n.meta["val"].fake_mode
@@ -76,6 +78,31 @@ class FxTensors:
             return value
         if node in self._computed:
             return self._computed[node]
+        if node.target is operator.getitem:  # one output of a multi-output op computed from constants
+            outputs = self._outputs(node.args[0], _depth + 1)
+            i = node.args[1]
+            value = (
+                outputs[i] if outputs is not None and isinstance(i, int) and -len(outputs) <= i < len(outputs) else None
+            )
+            self._computed[node] = value if isinstance(value, torch.Tensor) else None
+            return self._computed[node]
+        value = self._run(node, _depth)
+        value = value if isinstance(value, torch.Tensor) else None
+        self._computed[node] = value
+        return value
+
+    def _outputs(self, node: Any, _depth: int) -> tuple | None:
+        """The tuple a multi-output op (``_native_batch_norm_legit.no_stats`` over a weight) computes
+        from constants, or None."""
+        if not isinstance(node, Node) or node.op != "call_function" or _depth > 16:
+            return None
+        if node not in self._tuples:
+            value = self._run(node, _depth)
+            self._tuples[node] = tuple(value) if isinstance(value, (tuple, list)) else None
+        return self._tuples[node]
+
+    def _run(self, node: Node, _depth: int) -> Any:
+        """``node`` run eagerly on its constant inputs (float64), or None."""
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
             return None
@@ -98,8 +125,6 @@ class FxTensors:
             value = None
         except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
             value = None
-        value = value if isinstance(value, torch.Tensor) else None
-        self._computed[node] = value
         return value
 
     def target(self, node: Node) -> str:
@@ -172,7 +197,8 @@ class FxTensors:
             self.drop_if_unused(node)
             return
         schema = getattr(node.target, "_schema", None)
-        if node.op != "call_function" or schema is None or schema.is_mutable:
+        pure = node.target is operator.getitem or (schema is not None and not schema.is_mutable)
+        if node.op != "call_function" or not pure:
             return
         inputs = list(node.all_input_nodes)
         self.graph.erase_node(node)
