@@ -172,3 +172,19 @@ def test_exclude_and_only_keep_the_branches():
         with torch.no_grad():
             assert_matches(result.model.module()(x), ref)
     assert bnfold.fold(ep, only=["conv"]).report.merged
+
+
+def test_executorch_pass_merges_in_place():
+    pytest.importorskip("executorch")
+    from executorch.exir import to_edge
+
+    from bnfold.executorch import FoldBatchNormPass
+
+    block, x, ref = _model("mobileone")
+    fold = FoldBatchNormPass()
+    edge = to_edge(_default("mobileone")).transform([fold])
+    assert len(fold.report.merged) == 2, fold.report
+    counts = _fx_counts(edge.exported_program())
+    assert counts == {"conv": 2, "sum": 0, "bn": 0, "pool": 0, "mul": 0}, counts
+    with torch.no_grad():
+        assert_matches(edge.exported_program().module()(x), ref)
