@@ -105,8 +105,8 @@ class Net(nn.Module):
         return self.head(self.blocks(x).mean((2, 3)))
 
     def reparameterize(self):
-        for m in self.modules():
-            if isinstance(m, RepBlock):
+        for m in list(self.modules()):
+            if isinstance(m, (RepBlock, RepVGGDW)):
                 m.reparameterize()
 
 
@@ -133,7 +133,69 @@ def repvgg_a0():
     return Net(blocks, cin)
 
 
-MODELS = {"mobileone_s0": mobileone_s0, "repvgg_a0": repvgg_a0}
+class RepVGGDW(nn.Module):
+    """RepViT's token mixer: ``bn(conv_bn_3x3(x) + conv_1x1(x) + x)``, depthwise, with its own ``fuse``."""
+
+    def __init__(self, c):
+        super().__init__()
+        self.conv = _conv_bn(c, c, 3, 1, c)
+        self.conv1 = nn.Conv2d(c, c, 1, groups=c)
+        self.bn = nn.BatchNorm2d(c)
+        self.deploy = None
+
+    def forward(self, x):
+        if self.deploy is not None:
+            return self.deploy(x)
+        return self.bn(self.conv(x) + self.conv1(x) + x)
+
+    @torch.no_grad()
+    def reparameterize(self):
+        k, b = RepBlock._fuse(self.conv[0].weight, self.conv[1])
+        k = k + nn.functional.pad(self.conv1.weight, [1, 1, 1, 1])
+        b = b + self.conv1.bias
+        ident = torch.zeros_like(k)
+        ident[:, 0, 1, 1] = 1.0
+        k, b = k + ident, b
+        k, b2 = RepBlock._fuse(k, self.bn)
+        b = b * (self.bn.weight / (self.bn.running_var + self.bn.eps).sqrt()) + b2
+        deploy = nn.Conv2d(k.shape[0], k.shape[0], 3, 1, 1, groups=k.shape[0])
+        deploy.weight.copy_(k)
+        deploy.bias.copy_(b)
+        self.deploy = deploy
+        del self.conv, self.conv1, self.bn
+
+
+class RepViTBlock(nn.Module):
+    """Token mixer (RepVGGDW, or a stride-2 depthwise conv_bn + pointwise conv_bn), then a residual
+    channel mixer ``x + conv_bn(gelu(conv_bn(x)))``."""
+
+    def __init__(self, cin, cout, stride):
+        super().__init__()
+        if stride == 1:
+            self.token = RepVGGDW(cin)
+        else:
+            self.token = nn.Sequential(_conv_bn(cin, cin, 3, 2, cin), _conv_bn(cin, cout, 1, 1, 1))
+        self.mix = nn.Sequential(_conv_bn(cout, 2 * cout, 1, 1, 1), nn.GELU(), _conv_bn(2 * cout, cout, 1, 1, 1))
+
+    def forward(self, x):
+        x = self.token(x)
+        return x + self.mix(x)
+
+
+def repvit_m0_9():
+    """RepViT-M0.9-shaped: stem to 48, widths 48/96/192/384, blocks 2/2/14/2 (stride 2 at each new stage)."""
+    blocks = [_conv_bn(3, 24, 3, 2, 1), nn.GELU(), _conv_bn(24, 48, 3, 2, 1)]
+    cin = 48
+    for cout, n in ((48, 2), (96, 2), (192, 14), (384, 2)):
+        for i in range(n):
+            stride = 2 if i == 0 and cout != cin else 1
+            blocks.append(RepViTBlock(cin, cout, stride))
+            cin = cout
+    net = Net(blocks, cin)
+    return net
+
+
+MODELS = {"mobileone_s0": mobileone_s0, "repvgg_a0": repvgg_a0, "repvit_m0_9": repvit_m0_9}
 
 
 def calibrated(make, size, seed=0):

@@ -188,3 +188,14 @@ def calibrate(module: nn.Module, shape, seed: int = 0) -> nn.Module:
                 m.weight.copy_(torch.rand(m.num_features, generator=g) * 1.5 + 0.25)
                 m.bias.copy_(torch.randn(m.num_features, generator=g) * 0.5)
     return module.eval()
+
+
+class StemThenRepVGG(nn.Module):
+    """A RepVGG block whose input is a conv's output (the identity term is then that conv's value)."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.stem, self.block = conv_bn(c, c, 3), RepVGG(c)
+
+    def forward(self, x):
+        return self.block(self.stem(x))

@@ -23,6 +23,7 @@ from reparam_models import (
     RepVGG,
     RepViTGhost,
     SharedBranch,
+    StemThenRepVGG,
     calibrate,
 )
 
@@ -45,6 +46,7 @@ CASES = {
     "fastvit_repmixer": (lambda: RepMixer(), 1, 1),
     "acnet": (lambda: ACNet(), 1, 1),
     "avg_pool_branch": (lambda: AvgBranch(), 1, 1),
+    "stem_then_repvgg": (lambda: StemThenRepVGG(), 2, 1),
 }
 IRS = ("default", "decomposed", "edge", "onnx")
 

@@ -48,6 +48,7 @@ class _Term:
 @dataclass
 class _Tree:
     channels: int
+    x: Any  # the value the anchor conv reads: a leaf wherever it appears, whatever computes it
     terms: list = field(default_factory=list)
     shift: torch.Tensor = None
     nodes: list = field(default_factory=list)  # the sum and affine nodes (removed by the merge)
@@ -104,6 +105,9 @@ def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree
 
 def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, tree: _Tree, norms: list) -> None:
     node = graph.producer(value)
+    if _same(value, tree.x):
+        tree.terms.append(_Term(value, coeff, "identity", value, False, norms=norms))
+        return
     inside = node is not None and (parent is None or graph.users(value) == [parent])
     if inside and len(tree.nodes) < MAX_TREE:
         parts = _sum(graph, node)
@@ -165,7 +169,7 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     channels = int(weights.weight.shape[0])
     refusal = None
     for root in _roots(graph, users[0]):
-        tree = _Tree(channels, shift=torch.zeros(channels, dtype=torch.float64))
+        tree = _Tree(channels, layer.input, shift=torch.zeros(channels, dtype=torch.float64))
         root_value = _output(graph, root)
         _expand(graph, root_value, torch.ones(channels, dtype=torch.float64), None, tree, [])
         ours = [t for t in tree.terms if _same(t.source, layer.input) or _activation(graph, t, layer.input)]
