@@ -199,3 +199,16 @@ class StemThenRepVGG(nn.Module):
 
     def forward(self, x):
         return self.block(self.stem(x))
+
+
+class SamePadding(nn.Module):
+    """ACNet-like branches written with ``padding="same"`` (torch's ``conv2d.padding`` overload) and an identity."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.square = nn.Sequential(nn.Conv2d(c, c, 3, padding="same", bias=False), nn.BatchNorm2d(c))
+        self.one = nn.Sequential(nn.Conv2d(c, c, 1, padding="same", bias=False), nn.BatchNorm2d(c))
+        self.hor = nn.Sequential(nn.Conv2d(c, c, (1, 3), padding="same", bias=False), nn.BatchNorm2d(c))
+
+    def forward(self, x):
+        return self.square(x) + self.one(x) + self.hor(x) + x

@@ -22,6 +22,7 @@ from reparam_models import (
     RepMixer,
     RepVGG,
     RepViTGhost,
+    SamePadding,
     SharedBranch,
     StemThenRepVGG,
     calibrate,
@@ -47,6 +48,7 @@ CASES = {
     "acnet": (lambda: ACNet(), 1, 1),
     "avg_pool_branch": (lambda: AvgBranch(), 1, 1),
     "stem_then_repvgg": (lambda: StemThenRepVGG(), 2, 1),
+    "same_padding": (lambda: SamePadding(), 1, 1),
 }
 IRS = ("default", "decomposed", "edge", "onnx")
 

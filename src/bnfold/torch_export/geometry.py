@@ -46,16 +46,22 @@ def conv_geometry(layer: Layer, kernel: tuple | None) -> ConvGeometry | str:
     s_at, p_at, d_at = where
     stride = _tuple(_arg(node, s_at, "stride", 1), rank, "stride")
     padding = _arg(node, p_at, "padding", 0)
-    if isinstance(padding, str):
+    dilation = _tuple(_arg(node, d_at, "dilation", 1), rank, "dilation")
+    if isinstance(dilation, str) or isinstance(stride, str):
+        return dilation if isinstance(dilation, str) else stride
+    if padding == "same":  # torch pads d*(k-1) in all, the odd one at the end
+        totals = [d * (k - 1) for d, k in zip(dilation, kernel)]
+        pads = tuple((t // 2, t - t // 2) for t in totals)
+    elif isinstance(padding, str):
         if padding != "valid":
             return f"padding={padding!r}"
-        padding = 0
-    padding = _tuple(padding, rank, "padding")
-    dilation = _tuple(_arg(node, d_at, "dilation", 1), rank, "dilation")
-    for value in (stride, padding, dilation):
-        if isinstance(value, str):
-            return value
-    return ConvGeometry(tuple(kernel), stride, dilation, tuple((p, p) for p in padding), layer.groups)
+        pads = ((0, 0),) * rank
+    else:
+        padding = _tuple(padding, rank, "padding")
+        if isinstance(padding, str):
+            return padding
+        pads = tuple((p, p) for p in padding)
+    return ConvGeometry(tuple(kernel), stride, dilation, pads, layer.groups)
 
 
 #: avg_poolNd(input, kernel_size, stride=[], padding=0, ceil_mode=False, count_include_pad=True,
