@@ -246,7 +246,12 @@ def xnnpack(ep):
     from executorch.runtime import Runtime
 
     buffer = to_edge_transform_and_lower(ep, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
-    return Runtime.get().load_program(buffer).load_method("forward"), len(buffer)
+    program = Runtime.get().load_program(buffer)
+    _KEEP.append((buffer, program))  # a method must not outlive its program and buffer
+    return program.load_method("forward"), len(buffer)
+
+
+_KEEP: list = []
 
 
 def interleaved(calls: dict, rounds: int, warmup: int = 3) -> dict:
