@@ -10,7 +10,7 @@ own ``reparameterize()``.  Three programs per model:
 
 Printed: node counts (call_function nodes, BN, conv, add) of the default IR, eager latency and
 XNNPACK (``to_edge_transform_and_lower`` + ``executorch.runtime``) latency, each timed in
-alternation (today / bnfold / own, round after round) on one thread; ratios are medians of the
+alternation (today / bnfold / own, the order reversed every other round) on one thread; ratios are medians of the
 per-round ratios against ``own``.  A benchmark prints a table; it asserts nothing.
 
     PYTHONPATH=src .venv/bin/python benchmarks/reparam.py [--models mobileone_s0,repvgg_a0] [--rounds 30]
@@ -254,15 +254,19 @@ def xnnpack(ep):
 _KEEP: list = []
 
 
-def interleaved(calls: dict, rounds: int, warmup: int = 3) -> dict:
+def interleaved(calls: dict, rounds: int, warmup: int = 10) -> dict:
+    """Each call once per round, the order reversed every other round (what runs first in a round
+    meets the cache the previous one left); ``warmup`` rounds first (XNNPACK packs weights on its
+    first runs)."""
     for _ in range(warmup):
         for fn in calls.values():
             fn()
     times = {k: [] for k in calls}
-    for _ in range(rounds):
-        for k, fn in calls.items():
+    keys = list(calls)
+    for r in range(rounds):
+        for k in keys if r % 2 == 0 else keys[::-1]:
             t = time.perf_counter()
-            fn()
+            calls[k]()
             times[k].append(time.perf_counter() - t)
     return times
 
