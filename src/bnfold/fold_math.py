@@ -280,3 +280,94 @@ def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Te
     if lost.any():
         raise FoldError(f"folded {what} underflows to zero in {dtype} ({int(lost.sum())} element(s))", Code.CAST_RANGE)
     return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Structural re-parameterization (issue 21): parallel branches that read one value and are summed
+# become one conv.  Every function here is exact in float64; the engine (``engine/reparam.py``)
+# decides which branches go together.  Kernels are conv weights ``[out, in/groups, *k]``; pads are
+# ``(begin, end)`` per spatial axis.
+
+
+def kernel_offsets(k_small, pads_small, k_big, pads_big, dilation) -> tuple[int, ...]:
+    """Where a ``k_small`` kernel sits inside a ``k_big`` one so that both convs (same stride and
+    ``dilation``) compute the same outputs: per axis the tap offset ``(p_big - p_small) / d``, which
+    must be a whole number with the kernel inside ``k_big`` at both ends.  For symmetric pads this is
+    ``p_small = p_big - (k_big - k_small) * d / 2``.  Raises FoldError when the paddings do not align."""
+    if not (len(k_small) == len(pads_small) == len(k_big) == len(pads_big) == len(dilation)):
+        raise FoldError(f"kernels {tuple(k_small)} and {tuple(k_big)} have different ranks", Code.MERGE_GEOMETRY)
+    offsets = []
+    for axis, (ks, (bs, es), kb, (bb, eb), d) in enumerate(zip(k_small, pads_small, k_big, pads_big, dilation)):
+        begin, end = bb - bs, eb - es
+        if ks > kb or begin < 0 or end < 0 or begin % d or end % d or begin // d + ks + end // d != kb:
+            raise FoldError(
+                f"padding does not align on spatial axis {axis}: a {ks}-tap kernel padded ({bs}, {es}) and a "
+                f"{kb}-tap kernel padded ({bb}, {eb}) with dilation {d} see different windows",
+                Code.MERGE_PADDING,
+            )
+        offsets.append(begin // d)
+    return tuple(offsets)
+
+
+def embed_kernel(weight, k_big, offsets) -> torch.Tensor:
+    """``weight`` (float64) zero-padded to the spatial size ``k_big``, its taps starting at ``offsets``."""
+    w = torch.as_tensor(weight).detach().to(torch.float64)
+    out = torch.zeros((*w.shape[:2], *k_big), dtype=torch.float64)
+    window = (slice(None), slice(None)) + tuple(slice(o, o + k) for o, k in zip(offsets, w.shape[2:]))
+    out[window] = w
+    return out
+
+
+def _per_channel_kernel(channels: int, groups: int, kernel, value: float) -> torch.Tensor:
+    if groups < 1 or channels % groups:
+        raise FoldError(f"{channels} channels are not divisible by groups={groups}", Code.LAYER_SHAPE)
+    per_group = channels // groups
+    w = torch.zeros((channels, per_group, *kernel), dtype=torch.float64)
+    o = torch.arange(channels)
+    w[o, o % per_group] = value
+    return w
+
+
+def identity_kernel(channels: int, groups: int, spatial_rank: int) -> torch.Tensor:
+    """The identity as a conv of ``groups`` groups: a 1×…×1 kernel ``I[o, o mod (C/g)] = 1``
+    (embed it with :func:`kernel_offsets` / :func:`embed_kernel` to put it at a kernel's centre)."""
+    return _per_channel_kernel(channels, groups, (1,) * spatial_rank, 1.0)
+
+
+def avg_pool_kernel(channels: int, groups: int, kernel) -> torch.Tensor:
+    """``avg_pool(k, s, p, count_include_pad=True)`` as a conv of ``groups`` groups (same stride and
+    pads): every tap of channel ``o`` reading channel ``o`` weighs ``1 / prod(k)``."""
+    n = 1
+    for k in kernel:
+        n *= int(k)
+    return _per_channel_kernel(channels, groups, tuple(kernel), 1.0 / n)
+
+
+def scale_branch(weight, bias, aff: Affine) -> tuple[torch.Tensor, torch.Tensor]:
+    """A conv branch followed by the per-output-channel ``aff`` (its BN, its coefficient in the
+    sum), in float64: ``(weight * scale, bias * scale + shift)``."""
+    w = torch.as_tensor(weight).detach().to(torch.float64)
+    if aff.channels != w.shape[0]:
+        raise FoldError(
+            f"the affine has {aff.channels} channels but the branch has {w.shape[0]} output channels", CHANNELS
+        )
+    b = torch.zeros(w.shape[0], dtype=torch.float64) if bias is None else _f64(bias)
+    return w * aff.scale.reshape(-1, *([1] * (w.dim() - 1))), b * aff.scale + aff.shift
+
+
+def sum_branches(branches) -> tuple[torch.Tensor, torch.Tensor]:
+    """Convs of one geometry reading one value, summed: one conv whose weight and bias are the sums
+    (``branches``: ``(weight, bias)`` pairs in float64, kernels already embedded to one size)."""
+    branches = list(branches)
+    if not branches:
+        raise FoldError("no branches to sum", Code.MERGE_GEOMETRY)
+    shape = tuple(branches[0][0].shape)
+    weight = torch.zeros(shape, dtype=torch.float64)
+    bias = torch.zeros(shape[0], dtype=torch.float64)
+    for w, b in branches:
+        if tuple(w.shape) != shape:
+            raise FoldError(f"branch weights have shapes {shape} and {tuple(w.shape)}", Code.MERGE_GEOMETRY)
+        weight = weight + torch.as_tensor(w, dtype=torch.float64)
+        if b is not None:
+            bias = bias + _f64(b)
+    return weight, bias

@@ -25,6 +25,7 @@ class Code(str, Enum):
     STATISTICS_USED = "statistics_used"  #: its saved-statistics outputs have users
     OUTPUT_UNUSED = "output_unused"  #: its normalized output has no user
     IN_FUNCTION = "in_function"  #: inside an ONNX model-local function that was not inlined
+    CONSTANT_NORM = "constant_norm"  #: it normalizes a constant with batch statistics (weight standardization)
     # where it sits
     NO_LAYER = "no_layer"  #: no conv / transposed conv / linear next to it
     SHARED_VALUE = "shared_value"  #: the value between it and the layer has other users
@@ -49,6 +50,14 @@ class Code(str, Enum):
     DTYPE = "dtype"  #: a parameter that is not floating point
     NOT_AFFINE = "not_affine"  #: the op is not an affine map of the tensor (``c - x`` is, ``c / x`` is not)
     FOLD_MATH = "fold_math"  #: any other fold-math refusal
+    # structural re-parameterization (``bnfold.engine.reparam``): summed branches that stay apart
+    # (a ``kept_ops`` note on the sum's last add)
+    MERGE_ACTIVATION = "merge_activation"  #: an op that is not affine (an activation) inside a branch
+    MERGE_SHARED = "merge_shared"  #: a branch's value has a reader outside the sum
+    MERGE_INPUTS = "merge_inputs"  #: the branches read different values
+    MERGE_GEOMETRY = "merge_geometry"  #: different strides / dilations / groups / shapes, or no covering kernel
+    MERGE_PADDING = "merge_padding"  #: the branches' paddings do not align (they see different windows)
+    MERGE_POOL = "merge_pool"  #: an average pool that is no conv kernel (count_include_pad=False, ceil_mode, ...)
     # requests
     EXCLUDED = "excluded"  #: excluded by ``exclude`` (``--exclude``)
     NOT_REQUESTED = "not_requested"  #: its kind, or its layer's kind, is not in ``only``
@@ -105,6 +114,22 @@ class Folded:
     def removed(self) -> list[str]:
         """The graph node names this fold took out of the graph."""
         return [s.node for s in self.steps if s.action == "removed"]
+
+
+@dataclass
+class Merged:
+    """Parallel branches that read one value and were summed, merged into one conv (structural
+    re-parameterization).  ``into`` names the conv that now computes the sum (``into_node`` its graph
+    node), ``branches`` each branch (a conv, ``identity``, an average pool; a normalization on it in
+    brackets), ``pattern`` the sum (``conv3x3+conv1x1+identity``), ``node`` the node whose value the
+    conv now holds (the last add) and ``norms`` the normalizations folded on the way."""
+
+    into: str
+    branches: list
+    pattern: str
+    node: str = ""
+    into_node: str = ""
+    norms: list = field(default_factory=list)
 
 
 @dataclass
@@ -178,8 +203,9 @@ class FoldStats:
 class FoldReport:
     """``folded`` and ``skipped`` entries (``skipped``: normalizations only), ``notes`` (what the API did
     on your behalf, e.g. folding an eval-mode copy of a module in training mode), ``kept_ops``
-    (elementwise affine ops that are not normalizations and stay, with the reason) and ``stats``
-    (sizes and time, when measured)."""
+    (elementwise affine ops that are not normalizations and stay, with the reason: a sum whose branches
+    do not merge is one, with a ``MERGE_*`` code), ``merged`` (summed branches merged into one conv,
+    :class:`Merged`) and ``stats`` (sizes and time, when measured)."""
 
     folded: list[Folded] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -187,6 +213,7 @@ class FoldReport:
     lowered: list[Lowered] = field(default_factory=list)
     stats: FoldStats | None = None
     kept_ops: list[KeptOp] = field(default_factory=list)
+    merged: list[Merged] = field(default_factory=list)
 
     @property
     def extra_bytes(self) -> int:
@@ -197,6 +224,7 @@ class FoldReport:
             "folded": len(self.folded),
             "skipped": len(self.skipped),
             "lowered": len(self.lowered),
+            "merged": len(self.merged),
             "extra_bytes": self.extra_bytes,
         }
         if self.stats is not None:
@@ -206,6 +234,7 @@ class FoldReport:
             "skipped": [entry_dict(s) for s in self.skipped],
             "lowered": [entry_dict(x) for x in self.lowered],
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
+            "merged": [entry_dict(m) for m in self.merged],
             "notes": list(self.notes),
             "summary": summary,
         }
@@ -215,6 +244,8 @@ class FoldReport:
         line = f"folded {len(self.folded)}, skipped {len(self.skipped)}"
         if self.lowered:
             line += f", lowered {len(self.lowered)}"
+        if self.merged:
+            line += f", merged {len(self.merged)}"
         if self.stats is not None:
             s = self.stats
             line += (
@@ -228,6 +259,7 @@ class FoldReport:
         lines = [
             f"folded {len(self.folded)}, skipped {len(self.skipped)}"
             + (f", lowered {len(self.lowered)}" if self.lowered else "")
+            + (f", merged {len(self.merged)}" if self.merged else "")
         ]
         lines += [f"  note: {n}" for n in self.notes]
         width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
@@ -241,6 +273,8 @@ class FoldReport:
             lines.append(f"  lowered  {x.norm:<{width}} to mul + add ({x.reason})")
         for k in self.kept_ops:
             lines.append(f"  kept     {k.op:<{width}} {k.reason}")
+        for m in self.merged:
+            lines.append(f"  merged   {' + '.join(m.branches)} into {m.into} ({m.pattern})")
         return "\n".join(lines)
 
     def __str__(self) -> str:

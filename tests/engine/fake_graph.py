@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bnfold.engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from bnfold.engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
 from bnfold.report import Code
 
 LAYERS = {"conv": "conv", "conv_transpose": "conv_transpose", "linear": "linear", "bmm": "linear"}
@@ -279,3 +279,23 @@ class FakeAdapter:
         node.dead = True
         self.g.nodes[i + 1 : i + 1] = [mul, add]
         self.g.shapes[mul.output] = self.g.shapes[node.output]
+
+    # -- re-parameterization (a 2-D conv: stride and dilation 1, ``pad`` on every side)
+    def conv_geometry(self, layer: Layer):
+        if layer.node.op != "conv":
+            return f"{layer.node.op} is not a conv"
+        kernel = tuple(self.g.consts[layer.weight].shape[2:])
+        pad = layer.node.attrs.get("pad", 0)
+        return ConvGeometry(kernel, (1, 1), (1, 1), ((pad, pad), (pad, pad)), layer.groups)
+
+    def pool(self, node):
+        return None  # the fake graph has no pooling op
+
+    def inputs(self, node) -> list:
+        return [v for v in node.inputs if v is not None]
+
+    def bypass(self, old, new, nodes) -> None:
+        for node in nodes:
+            self.removed.append(node.name)
+            node.dead = True
+        self._replace_uses(old, new)

@@ -274,3 +274,5 @@ def test_one_guard_does_not_block_other_folds():
     g.output(g.node("Add", [ya, yb], "y", name="add"), "b")
     r = check_fold(g.model(opset=15), g.feeds, folded=1, gone=(), skipped=1)
     assert r.report.folded[0].norm == "bn1" and r.report.skipped[0].norm == "bn2"
+    # the sum of the two convs does not merge (conv2's value is a graph output): a note on the add
+    assert [(k.op, k.code) for k in r.report.kept_ops] == [("add", Code.MERGE_SHARED)], r.report

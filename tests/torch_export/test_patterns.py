@@ -276,7 +276,7 @@ def test_batch_norm_before_conv_with_another_user_is_skipped():
 
         def forward(self, x):
             y = self.bn(torch.relu(x))
-            return self.conv(y) + y
+            return self.conv(y) * y  # a product: conv(y) + y would merge into one conv (reparam)
 
     _, result = _check(randomize_bn(M()).eval(), (torch.randn(2, 4, 6, 6),), folded=0, skipped=1)
 

@@ -4,12 +4,12 @@
 (:class:`GraphAdapter`); the frontends (``bnfold.torch_export``,
 ``bnfold.onnx``) each provide one adapter per graph kind.  The adapter answers
 questions and makes primitive edits; which edits a fold makes is decided here
-(``edit.py``).
+(``edit.py``); ``reparam.py`` merges summed conv branches into one conv.
 """
 
 from .driver import RULES, fold_graph
 from .edit import broadcast_shape, remove_chain
-from .graph import Binary, GraphAdapter, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from .graph import Binary, ConvGeometry, GraphAdapter, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
 
 __all__ = [
     "fold_graph",
@@ -22,6 +22,8 @@ __all__ = [
     "Hop",
     "ShapeInfo",
     "Step",
+    "ConvGeometry",
+    "Pool",
     "broadcast_shape",
     "remove_chain",
 ]

@@ -18,12 +18,15 @@ from ..report import Code, FoldReport, KeptOp, Skipped
 from .fanout import fold_fanout
 from .graph import GraphAdapter, Norm
 from .lower import lower_unfoldable
+from .reparam import merge_branches
 from .rules import fold_input, fold_output
 
 #: The rules, in the order they run on each layer: output side first, so that
 #: a batch norm between two layers goes into the one before it (no padding issue);
-#: then a chain that feeds several layers, then one that feeds this layer alone.
-RULES = (fold_output, fold_fanout, fold_input)
+#: then a chain that feeds several layers, then one that feeds this layer alone; last, the
+#: re-parameterization merge of summed conv branches (``reparam.py``), whose BN-free branches the
+#: other rules made.
+RULES = (fold_output, fold_fanout, fold_input, merge_branches)
 
 #: Each round folds at least one node, so this bound is never reached in practice.
 MAX_ROUNDS = 64
@@ -42,11 +45,13 @@ def exclusion_reason(pattern: str, what: str = "") -> tuple[str, Code]:
 class _Hiding:
     """The adapter as the rules see it when some normalizations are left alone (excluded, or of a kind
     ``only`` does not name): those are not normalizations, so no chain goes through them; every
-    other call goes to the adapter."""
+    other call goes to the adapter.  ``excluded_layers``: the layer nodes ``exclude`` names, which
+    no merge takes as a branch (``reparam.merge_branches``)."""
 
-    def __init__(self, graph: GraphAdapter, left_alone: Callable[[Norm], tuple | None]):
+    def __init__(self, graph: GraphAdapter, left_alone: Callable[[Norm], tuple | None], excluded_layers: set):
         self._graph = graph
         self._left_alone = left_alone
+        self.excluded_layers = excluded_layers
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._graph, name)
@@ -88,7 +93,7 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
     layer_only, norm_only = _split_only(only)
     report = FoldReport()
     reasons: dict[Any, tuple[str, Code]] = {}
-    nodes = [layer.node for layer in graph.layers()]  # a fold never makes or removes a layer
+    nodes = [layer.node for layer in graph.layers()]  # a fold never makes a layer (a merge removes some)
 
     def left_alone(norm: Norm) -> tuple[str, Code] | None:
         """Why ``norm`` is left where it is by request (``exclude``, ``only``), or None."""
@@ -104,7 +109,7 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
         skip = _excluded_layers(graph, nodes, patterns, reasons)
         nodes = [n for n in nodes if n not in skip]
     if patterns or norm_only:
-        view = _Hiding(graph, left_alone)
+        view = _Hiding(graph, left_alone, skip if patterns else set())
     _run_rules(view, nodes, layer_only, report, reasons)
     if lower:
         why = lambda norm: reasons.get(norm.node) or no_neighbour(graph, norm)  # noqa: E731
@@ -142,13 +147,14 @@ def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict)
         changed = False
         for rule in RULES:
             for node in nodes:
-                layer = graph.layer(node)  # parsed again: an earlier fold may have rewired it
+                layer = graph.layer(node) if graph.is_live(node) else None  # parsed again: a fold rewires
                 if layer is None:
                     continue
                 outcome = rule(graph, layer, only)
                 for step, why in outcome.reasons.items():
                     reasons.setdefault(step, why)
-                if outcome.folded:
+                report.merged.extend(outcome.merged)
+                if outcome.folded or outcome.merged:
                     report.folded.extend(outcome.folded)
                     changed = True
         if not changed:

@@ -8,7 +8,8 @@ name in a graph scope.  An adapter *classifies* (``layer``, ``norm``,
 ``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
 (``constant``, ``shape_info``, ``follow_axis``, names) and makes *primitive edits*
 (``write_layer``, ``remove_node``, ``strip_affine``, ``drop_unused``, ``add_bias``,
-``lower_norm``).  It decides nothing about folding: which nodes a fold removes, what
+``lower_norm``, and ``bypass`` for a re-parameterization merge; ``conv_geometry``, ``pool`` and
+``inputs`` read what a merge needs).  It decides nothing about folding: which nodes a fold removes, what
 stands where a chain ended and the shapes of new tensors are the engine's
 (``bnfold.engine.edit``).
 
@@ -161,10 +162,42 @@ class Step:
 
 @dataclass
 class Outcome:
-    """What one attempt at one layer did: folds made, and ``(reason, code)`` keyed by the node that stays."""
+    """What one attempt at one layer did: folds made, ``(reason, code)`` keyed by the node that stays, and
+    merges made (``bnfold.report.Merged``, by ``bnfold.engine.reparam``)."""
 
     folded: list = field(default_factory=list)
     reasons: dict = field(default_factory=dict)
+    merged: list = field(default_factory=list)
+
+
+@dataclass
+class ConvGeometry:
+    """How a conv slides over its input, per spatial axis: ``kernel`` sizes, ``stride``, ``dilation``
+    and ``pads`` as ``(begin, end)``; ``groups`` as in the layer."""
+
+    kernel: tuple
+    stride: tuple
+    dilation: tuple
+    pads: tuple
+    groups: int = 1
+
+
+@dataclass
+class Pool:
+    """An average pool over the spatial axes of ``input`` (channels on axis 1), in ConvGeometry terms.
+    ``count_include_pad``: the padded zeros count in the divisor; ``ceil_mode``: a last partial window;
+    ``divisor``: a fixed divisor (None: the window size)."""
+
+    node: Any
+    input: Any
+    output: Any
+    op: str
+    kernel: tuple
+    stride: tuple
+    pads: tuple
+    count_include_pad: bool = True
+    ceil_mode: bool = False
+    divisor: int | None = None
 
 
 N = TypeVar("N")  #: the adapter's node handle (an fx ``Node``; an ONNX ``handles.Node``)
@@ -222,3 +255,11 @@ class GraphAdapter(Protocol[N, V]):
     def add_bias(self, layer: Layer, value: V, bias: torch.Tensor) -> None: ...
     # Replace a batch norm by ``x * scale + shift``; the constants are in the input's dtype and shaped.
     def lower_norm(self, norm: Norm, scale: torch.Tensor, shift: torch.Tensor) -> None: ...
+
+    # -- re-parameterization (``bnfold.engine.reparam``): read, then one primitive edit
+    def conv_geometry(self, layer: Layer) -> ConvGeometry | str: ...  # or why it is not known
+    def pool(self, node: N | None) -> Pool | None: ...  # an average pool, or None
+    def inputs(self, node: N) -> list[V]: ...  # the values ``node`` reads, in order
+    # Remove ``nodes`` (the engine chose them: they compute ``old`` and nothing else reads them once
+    # ``old`` is replaced) and make every reader of ``old`` read ``new``; a graph output keeps its name.
+    def bypass(self, old: V, new: V, nodes: list[N]) -> None: ...

@@ -16,16 +16,19 @@ class Op:
 
     ``role``: ``layer`` / ``norm`` / ``binary`` (an elementwise binary op) / ``hop`` (shape-only) /
     ``metadata`` (reads only its input's shape: a user through it is no user for a fold) /
+    ``pool`` (an average pool: re-parameterization reads it as a conv kernel) /
     ``elementwise`` (computes, but keeps the shape).  ``kind``: for a layer its
     ``bnfold.kinds.LAYER_KINDS`` kind ("" when only parsing tells), for a norm its ``NORM_KINDS``
     kind, for a binary op the name of its row in ``fold_math.BINARY_AFFINES``, for a hop the name
     of its axis rule (the format's ``axes.AXIS_RULES``).  ``shape``: ``same`` (the output has the
     first input's shape), ``broadcast`` (the largest rank of the inputs), ``permuted`` (the first
     input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone folds
-    (ONNX), its axis and the input slots of its scale and bias (None: no bias input).
+    (ONNX), its axis and the input slots of its scale and bias (None: no bias input).  ``type_only``:
+    input slots whose dtype alone is read (ONNX ``CastLike``'s second): a reader there is no user.
     """
 
     role: str
     kind: str = ""
     shape: str = ""
     affine: tuple[int, int, int | None] | None = None
+    type_only: tuple[int, ...] = ()

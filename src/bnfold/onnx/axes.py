@@ -1,5 +1,6 @@
 """Where the channel axis goes through a shape-only hop (Identity, Dropout,
-Unsqueeze, Squeeze, Transpose, Reshape, Flatten), forward or backward, and
+Unsqueeze, Squeeze, Transpose, Reshape, Flatten; Gather / Slice / ReduceMean along
+other axes), forward or backward, and
 what the producer and the readers of a value imply about a shape that ONNX
 shape inference left unknown (a Reshape to a computed shape, dynamic dims).
 """
@@ -127,6 +128,65 @@ def _reshape_dims(graph: Any, hop: Hop) -> list | None:
     return built
 
 
+# --------------------------------------------------------------------------- along other axes (issue 21)
+
+
+def _const_ints(graph: Any, hop: Hop, slot: int) -> list[int] | None | str:
+    p = hop.node.proto
+    if len(p.input) <= slot or not p.input[slot]:
+        return None
+    c = graph.const(graph.value(hop.node.gi, p.input[slot]))
+    if c is None:
+        return f"{graph.describe_node(hop.node)} has an input {slot} that is not a constant"
+    return [int(v) for v in np.asarray(c.value).reshape(-1)]
+
+
+def _along_other_axes(removed_axes: Callable) -> Callable:
+    """The rule of a hop that picks, slices or averages along axes other than the channel's (a
+    per-channel affine commutes with it): ``removed_axes(graph, hop, what, rank)`` gives the axes it
+    acts on (of its input, of rank ``rank``) and whether they stay as size-1 axes, or why not known."""
+
+    def follow(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) -> int | str:
+        r_in = graph.shape_info(hop.input).rank
+        if r_in is None:
+            return f"the rank before {what} is unknown, so the channel axis cannot be followed"
+        found = removed_axes(graph, hop, what, r_in)
+        if isinstance(found, str):
+            return found
+        removed, keep = found
+        kept = list(range(r_in)) if keep else [i for i in range(r_in) if i not in removed]
+        source = a if forward else (kept[a] if a < len(kept) else None)
+        if source is None or source in removed:
+            return f"{what} picks, slices or averages along the channel axis"
+        return kept.index(source) if forward else source
+
+    return follow
+
+
+def _gathered(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    p = hop.node.proto
+    index = graph.const(graph.value(hop.node.gi, p.input[1])) if len(p.input) > 1 and p.input[1] else None
+    if index is None or np.asarray(index.value).ndim != 0:
+        return f"{what} does not pick one constant index"
+    return {int(attr(p, "axis", 0)) % rank}, False
+
+
+def _sliced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    axes, starts = _const_ints(graph, hop, 3), _const_ints(graph, hop, 1)
+    if isinstance(axes, str) or isinstance(starts, str) or (axes is None and starts is None):
+        return axes if isinstance(axes, str) else f"{what} has starts that are not a constant"
+    return {x % rank for x in (axes if axes is not None else range(len(starts)))}, True
+
+
+def _averaged(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    p = hop.node.proto
+    axes = attr(p, "axes")
+    axes = [int(x) for x in axes] if axes is not None else _const_ints(graph, hop, 1)
+    if isinstance(axes, str) or not axes:
+        return axes if isinstance(axes, str) else f"{what} averages every axis"
+    return {x % rank for x in axes}, bool(int(attr(p, "keepdims", 1)))
+
+
 #: How the channel axis passes each kind of hop (the ``kind`` of its row in ``ops.OPS``):
 #: ``rule(graph, hop, axis, rank, forward, what) -> axis | why not``; None: the identity.
 AXIS_RULES: dict[str, Callable | None] = {
@@ -136,6 +196,9 @@ AXIS_RULES: dict[str, Callable | None] = {
     "unsqueeze": _squeeze,
     "reshape": _reshaped(_reshape_dims),
     "flatten": _reshaped(_flatten_dims),
+    "gather": _along_other_axes(_gathered),
+    "slice": _along_other_axes(_sliced),
+    "mean": _along_other_axes(_averaged),
 }
 
 

@@ -15,9 +15,10 @@ from typing import Any
 import onnx
 import torch
 
-from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
 from ..fold_math import FoldError, affine, in_channels, out_channels
 from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
+from .geometry import conv_geometry, parse_pool
 from .handles import Node, Value, value
 from .index import Const, ModelIndex
 from .nodes import attr, is_onnx_op, remove_attr
@@ -32,6 +33,7 @@ from .ops import (
     parse_layer,
     parse_norm,
     reads_only_metadata,
+    reads_only_type,
 )
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .shapes import Shapes
@@ -108,7 +110,12 @@ class OnnxGraph:
         for use in self.index.visible_uses(value.gi, value.name):
             if use.node is None or use.gi is not value.gi:
                 out.append(None)
-            elif not self.index.is_dead(use.node) and not reads_only_metadata(use.node) and id(use.node) not in seen:
+            elif (
+                not self.index.is_dead(use.node)
+                and not reads_only_metadata(use.node)
+                and not reads_only_type(use.node, use.idx)
+                and id(use.node) not in seen
+            ):
                 seen.add(id(use.node))
                 out.append(Node(use.node, use.gi))
         return out
@@ -337,7 +344,9 @@ class OnnxGraph:
         found = gi.producer.get(source.name) if source.gi is gi else None
         others = index.visible_uses(source.gi, source.name)
         leaves = any(u.node is None for u in index.visible_uses(out.gi, out.name))
-        shape_readers = all(u.node is not None and reads_only_metadata(u.node) for u in others)
+        shape_readers = all(
+            u.node is not None and (reads_only_metadata(u.node) or reads_only_type(u.node, u.idx)) for u in others
+        )
         if found is not None and (not others or (leaves and shape_readers)):
             # the producer writes ``out`` itself; whoever else read ``source`` read only its shape
             index.rename_output(gi, found[0], found[1], out.name)
@@ -387,4 +396,35 @@ class OnnxGraph:
         index.insert_after(gi, p, mul)
         index.insert_after(gi, p, add)
         self._shape_names[scaled] = out
+        self._edited()
+
+    # ------------------------------------------------------------------ re-parameterization (engine/reparam.py)
+
+    def conv_geometry(self, layer: Layer) -> ConvGeometry | str:
+        return conv_geometry(layer, self.dims(layer.weight))
+
+    def pool(self, node: Any) -> Pool | None:
+        return parse_pool(self, node) if self.is_live(node) else None
+
+    def inputs(self, node: Any) -> list:
+        return [self.value(node.gi, name) for name in node.proto.input if name] if isinstance(node, Node) else []
+
+    def bypass(self, old: Any, new: Any, nodes: list) -> None:
+        """``nodes`` go; the producer of ``new`` then writes the name ``old`` when nothing else reads
+        ``new`` (every reader and graph output keeps its name), else ``old``'s readers read ``new``."""
+        index = self.index
+        self._edited()
+        for node in nodes:
+            index.remove_node(node.gi, node.proto)
+        found = new.gi.producer.get(new.name) if new.gi is old.gi else None
+        if found is not None and not index.visible_uses(new.gi, new.name):
+            index.rename_output(new.gi, found[0], found[1], old.name)
+            index.tracker.gone.discard(old.name)  # the name lives on, written by the merged layer
+        else:
+            for use in list(index.visible_uses(old.gi, old.name)):
+                if use.node is None:
+                    copy = new_node(index, "Identity", [new.name], [old.name], f"{safe(old.name)}_identity")
+                    index.insert_after(old.gi, found[0] if found else nodes[-1].proto, copy)
+                else:
+                    index.set_input(use.gi, use.node, use.idx, new.name)
         self._edited()

@@ -49,9 +49,15 @@ OPS: dict[str, Op] = {
     "Squeeze": Op("hop", "squeeze"),
     "Reshape": Op("hop", "reshape"),
     "Flatten": Op("hop", "flatten"),
+    # along axes other than the channel's: a per-channel affine commutes with picking, slicing or averaging there
+    "Gather": Op("hop", "gather"),  # of one constant index
+    "Slice": Op("hop", "slice", "permuted"),
+    "ReduceMean": Op("hop", "mean"),
+    "AveragePool": Op("pool", "avg_pool", "permuted"),  # a conv kernel to re-parameterization (geometry.py)
     "Shape": Op("metadata"),
     "Size": Op("metadata"),
     "Relu": Op("elementwise", shape="same"),
+    "CastLike": Op("elementwise", shape="same", type_only=(1,)),  # (x, like): only like's dtype is read
 }
 
 
@@ -71,8 +77,13 @@ LAYER_OPS = {name: op.kind for name, op in _having("layer").items()}
 BINARY_OPS = {name: op.kind for name, op in _having("binary").items()}
 #: Shape-only hops -> the axis rule that follows the channel axis through them.
 HOPS = {name: op.kind for name, op in _having("hop").items()}
+#: Average pools (re-parameterization reads one as a conv kernel: ``geometry.parse_pool``).
+AVG_POOLS = tuple(_having("pool"))
 #: Ops that read only the shape of their input.
 METADATA_READERS = tuple(_having("metadata"))
+#: Ops with inputs that give only a type -> those input slots: a reader through them is no user for a
+#: fold (``CastLike(0, x)``, how the dynamo exporter writes a bias-less conv's zero bias).
+TYPE_ONLY_INPUTS = {name: op.type_only for name, op in OPS.items() if op.type_only}
 #: Normalization op types -> their ``bnfold.kinds.NORM_KINDS`` kind.
 NORM_OPS = {name: op.kind for name, op in _having("norm").items()}
 NORMS = tuple(NORM_OPS)
@@ -102,6 +113,12 @@ class LayerWiring:
 def reads_only_metadata(node: NodeProto) -> bool:
     row = op_of(node)
     return row is not None and row.role == "metadata"
+
+
+def reads_only_type(node: NodeProto, idx: int) -> bool:
+    """Whether ``node`` reads only the dtype of its input ``idx``."""
+    row = op_of(node)
+    return row is not None and idx in row.type_only
 
 
 # --------------------------------------------------------------------------- layers

@@ -56,6 +56,45 @@ def _movedim(node: Node, before: tuple, after: tuple, axis: int, forward: bool) 
     return perm.index(axis) if forward else perm[axis]
 
 
+def _along_other_axes(removed_axes: Callable) -> Callable:
+    """The rule of a hop that picks, slices or averages along axes other than the channel's (a
+    per-channel affine commutes with it): ``removed_axes(node, rank)`` gives the axes it acts on (of
+    its input, of rank ``rank``) and whether they stay as size-1 axes; None: not known."""
+
+    def follow(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
+        rank = len(before)
+        found = removed_axes(node, rank)
+        if found is None:
+            return None
+        removed, keep = found
+        kept = list(range(rank)) if keep else [i for i in range(rank) if i not in removed]
+        if forward:
+            return None if axis in removed else kept.index(axis)
+        source = kept[axis] if axis < len(kept) else None
+        return None if source is None or source in removed else source
+
+    return follow
+
+
+def _selected(node: Node, rank: int) -> tuple[set, bool] | None:
+    # select(x, dim, index)
+    return {int(node.args[1]) % rank}, False
+
+
+def _sliced(node: Node, rank: int) -> tuple[set, bool] | None:
+    # slice(x, dim=0, start=None, end=None, step=1)
+    return {int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank}, True
+
+
+def _averaged(node: Node, rank: int) -> tuple[set, bool] | None:
+    # mean.dim(x, dim, keepdim=False, *, dtype=None)
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if node.kwargs.get("dtype") is not None or not dims:
+        return None
+    keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+    return {int(d) % rank for d in dims}, keep
+
+
 def _reshape(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
     src, dst = (before, after) if forward else (after, before)
     if all(isinstance(s, int) for s in src + dst):
@@ -73,6 +112,9 @@ AXIS_RULES: dict[str, Callable | None] = {
     "transpose": _transpose,
     "permute": _permute,
     "movedim": _movedim,
+    "select": _along_other_axes(_selected),
+    "slice": _along_other_axes(_sliced),
+    "mean": _along_other_axes(_averaged),
 }
 
 

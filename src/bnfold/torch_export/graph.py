@@ -15,8 +15,10 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ..engine.graph import Binary, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
+from ..report import Code
 from .axes import follow_axis
+from .geometry import conv_geometry, parse_pool
 from .ops import (
     BINARY_OPS,
     HOPS,
@@ -32,6 +34,12 @@ from .ops import (
     reads_only_metadata,
 )
 from .tensors import FxTensors
+
+#: Why a normalization over a constant stays (weight standardization, ``batch_norm(w, training=True)``).
+CONSTANT_NORM = (
+    "it normalizes a constant (weight standardization): its result is a constant, computed once "
+    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
+)
 
 
 class FxGraph:
@@ -81,7 +89,11 @@ class FxGraph:
     def norm(self, node: Any) -> Norm | None:
         if not isinstance(node, Node):
             return None
-        return parse_norm(node) or parse_norm_affine(node)
+        norm = parse_norm(node) or parse_norm_affine(node)
+        if norm is not None and norm.problem and self.editor.constant_value(norm.input) is not None:
+            # weight standardization: batch statistics of a parameter
+            norm.problem, norm.problem_code = CONSTANT_NORM, Code.CONSTANT_NORM
+        return norm
 
     def binary(self, node: Any) -> Binary | None:
         op = BINARY_OPS.get(node_key(node)) if isinstance(node, Node) else None
@@ -324,6 +336,36 @@ class FxGraph:
         if not target.endswith(".running_mean"):
             return None
         return self.editor.placeholder_for_target(target[: -len("running_mean")] + "num_batches_tracked")
+
+    # ------------------------------------------------------------------ re-parameterization (engine/reparam.py)
+
+    def conv_geometry(self, layer: Layer) -> ConvGeometry | str:
+        shape = self.shape_info(layer.weight).shape
+        return conv_geometry(layer, None if shape is None else tuple(shape[2:]))
+
+    def pool(self, node: Any) -> Pool | None:
+        return parse_pool(node) if isinstance(node, Node) and self.is_live(node) else None
+
+    def inputs(self, node: Any) -> list:
+        return list(node.all_input_nodes) if isinstance(node, Node) else []
+
+    def bypass(self, old: Any, new: Any, nodes: list) -> None:
+        """Every reader of ``old`` reads ``new``; ``nodes`` go (last first), then their dead inputs."""
+        old.replace_all_uses_with(new)
+        order = {n: i for i, n in enumerate(self.graph.nodes)}
+        inputs = []
+        for node in sorted(nodes, key=lambda n: -order[n]):
+            norm = self.norm(node)
+            inputs.extend(node.all_input_nodes)
+            if norm is not None and not norm.affine_only:
+                tracked = self._num_batches_tracked(norm)
+                if tracked is not None:
+                    inputs.append(tracked)
+            for user in list(node.users):  # a batch norm's getitems
+                self.graph.erase_node(user)
+            self.graph.erase_node(node)
+        for node in inputs:
+            self.editor.erase_dead(node)
 
 
 def derived_target(target: str, role: str, label: str | None) -> str:

@@ -416,7 +416,8 @@ def parse_norm(node: Node) -> Norm | None:
 #: Shape-only hops -> the axis rule (``axes.AXIS_RULES``) that follows the channel axis through them:
 #: ``identity`` (output = first input, element for element), ``reshape`` (view / squeeze / flatten:
 #: the channel axis is where as many elements come before it), ``unsqueeze``, ``transpose``,
-#: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``).
+#: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``);
+#: ``select``, ``slice``, ``mean`` (along axes other than the channel's).
 HOPS: dict[str, str] = {
     "aten::clone.default": "identity",
     "aten::alias.default": "identity",
@@ -458,6 +459,12 @@ HOPS: dict[str, str] = {
     "aten::movedim.intlist": "movedim",
     "aten::expand.default": "expand",
     "aten::expand_copy.default": "expand",
+    # along axes other than the channel's: a per-channel affine commutes with picking, slicing or averaging there
+    "aten::select.int": "select",
+    "aten::select_copy.int": "select",
+    "aten::slice.Tensor": "slice",
+    "aten::slice_copy.Tensor": "slice",
+    "aten::mean.dim": "mean",
 }
 
 
@@ -537,6 +544,12 @@ def _identity_dropout(node: Node) -> bool:
     return True
 
 
+#: Average pools -> their number of spatial axes; re-parameterization reads one as a conv kernel
+#: (``geometry.parse_pool``): avg_poolNd(input, kernel_size, stride=[], padding=0, ceil_mode=False,
+#: count_include_pad=True, divisor_override=None).
+AVG_POOLS = {"aten::avg_pool1d.default": 1, "aten::avg_pool2d.default": 2, "aten::avg_pool3d.default": 3}
+
+
 # --------------------------------------------------------------------------- every op, by role
 
 #: Every op key bnfold reads, as the format-neutral rows ``onnx.ops.OPS`` also holds (a view of the
@@ -548,6 +561,7 @@ OPS: dict[str, Op] = {
     **{key: Op("norm", parse.kind) for key, parse in NORM_AFFINES.items()},
     **{key: Op("binary", row, "broadcast") for key, row in BINARY_OPS.items()},
     **{key: Op("hop", rule) for key, rule in HOPS.items()},
+    **{key: Op("pool", "avg_pool") for key in AVG_POOLS},
 }
 
 

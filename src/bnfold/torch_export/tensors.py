@@ -10,6 +10,7 @@ lives; ``ProgramEditor`` (a program's signature) and ``GraphModuleEditor``
 
 from __future__ import annotations
 
+import operator
 from typing import Any
 
 import torch
@@ -24,6 +25,7 @@ class FxTensors:
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
         self._work = None  # the constant evaluator's Meter, made on first use
+        self._tuples: dict[Node, tuple] = {}  # the values of multi-output ops computed from constants
         self._fake_mode = next(
             (
                 n.meta["val"].fake_mode
@@ -97,9 +99,13 @@ class FxTensors:
         return self._computed[node]
 
     def _evaluable(self, node: Any) -> bool:
-        """Whether ``node`` is an op constant evaluation may run: pure, deterministic, reading a node."""
+        """Whether ``node`` is an op constant evaluation may run: pure, deterministic, reading a node
+        (a ``getitem`` of such an op: one output of a multi-output op, ``_native_batch_norm_legit.no_stats``
+        over a weight)."""
         if not isinstance(node, Node) or node.op != "call_function":
             return False
+        if node.target is operator.getitem:
+            return isinstance(node.args[1], int) and self._evaluable(node.args[0])
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
             return False
@@ -109,6 +115,8 @@ class FxTensors:
 
     def _evaluate(self, node: Node) -> torch.Tensor | None:
         """``node``'s value from its inputs' (already computed or stored), or None when one is not a constant."""
+        if node.target is operator.getitem:
+            return self._output(node)
 
         def resolve(arg):
             if isinstance(arg, Node):
@@ -133,6 +141,15 @@ class FxTensors:
             value = node.target(*args, **kwargs)
         except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
             return None
+        if isinstance(value, (tuple, list)):  # a multi-output op: its getitems read it
+            self._tuples[node] = tuple(value)
+            return None
+        return value if isinstance(value, torch.Tensor) else None
+
+    def _output(self, node: Node) -> torch.Tensor | None:
+        """The value of a ``getitem`` of a multi-output op computed from constants, or None."""
+        outputs, i = self._tuples.get(node.args[0]), node.args[1]
+        value = outputs[i] if outputs is not None and -len(outputs) <= i < len(outputs) else None
         return value if isinstance(value, torch.Tensor) else None
 
     def _cost(self, node: Node) -> tuple[int, int] | None:
@@ -239,7 +256,8 @@ class FxTensors:
                 self.drop_if_unused(node)
                 continue
             schema = getattr(node.target, "_schema", None)
-            if node.op != "call_function" or schema is None or schema.is_mutable:
+            pure = node.target is operator.getitem or (schema is not None and not schema.is_mutable)
+            if node.op != "call_function" or not pure:
                 continue
             inputs = list(node.all_input_nodes)
             self.graph.erase_node(node)

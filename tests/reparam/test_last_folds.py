@@ -1,0 +1,155 @@
+"""The last folds in reach (issue 21): a per-channel affine through a select / slice / mean along
+other axes (ViT's class token, BN -> global mean -> Linear), in every IR and in ONNX."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from reparam_models import calibrate
+
+import bnfold
+from bnfold.report import Code
+from bnfold_testutil import assert_matches, export, reference
+
+
+class ClassToken(nn.Module):
+    """ViT's end: ``head(norm(x)[:, 0])``."""
+
+    def __init__(self, dim=8):
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 5)
+
+    def forward(self, x):
+        return self.head(self.norm(x)[:, 0])
+
+
+class SliceTokens(nn.Module):
+    def __init__(self, dim=8):
+        super().__init__()
+        self.norm, self.head = nn.LayerNorm(dim), nn.Linear(dim, 5)
+
+    def forward(self, x):
+        return self.head(self.norm(x)[:, 1:3])
+
+
+class GlobalMean(nn.Module):
+    """``fc(bn(relu(conv(x))).mean((2, 3)))``: the BN cannot go into the conv, it goes into the linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn, self.fc = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Linear(8, 5)
+
+    def forward(self, x):
+        return self.fc(self.bn(torch.relu(self.conv(x))).mean((2, 3)))
+
+
+CASES = {
+    "class_token": (ClassToken, (2, 4, 8)),
+    "slice_tokens": (SliceTokens, (2, 4, 8)),
+    "global_mean": (GlobalMean, (2, 3, 8, 8)),
+}
+
+
+def _calibrated(name):
+    make, shape = CASES[name]
+    model = calibrate(make(), shape, seed=1)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, nn.LayerNorm):
+                m.weight.uniform_(0.5, 1.5)
+                m.bias.uniform_(-1, 1)
+    return model, torch.randn(shape, generator=torch.Generator().manual_seed(2))
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx"])
+@pytest.mark.parametrize("name", list(CASES))
+def test_affine_folds_through_a_non_channel_pick_or_mean(name, ir):
+    model, x = _calibrated(name)
+    ref = reference(model, x)
+    if ir == "onnx":
+        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+        import numpy as np
+        import onnxruntime as ort
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+        result = bnfold.fold(proto)
+        sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+        out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+        ops = [n.op_type for n in result.model.graph.node]
+        assert "BatchNormalization" not in ops
+    else:
+        result = bnfold.fold(export(model, (x,), ir))
+        with torch.no_grad():
+            out = result.model.module()(x)
+        assert not [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)]
+    norm = "bn" if name == "global_mean" else "norm"
+    assert [f.norm for f in result.report.folded][0] in (norm, "node_" + norm) or ir == "onnx", result.report
+    assert result.report.folded and not result.report.skipped, result.report
+    assert_matches(out, ref)
+
+
+class BiasLessAfterBN(nn.Module):
+    """``conv2(bn(relu(conv1(x))))`` with a bias-less conv2: the dynamo exporter (optimize=False)
+    writes its zero bias as ``Expand(CastLike(0, y))``, whose type-only read of ``y`` is no user."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.c2 = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Conv2d(4, 4, 1, bias=False)
+
+    def forward(self, x):
+        return self.c2(self.bn(torch.relu(self.c1(x))))
+
+
+def test_onnx_castlike_type_input_is_no_user():
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    import numpy as np
+    import onnxruntime as ort
+
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(BiasLessAfterBN(), tuple(x.shape), seed=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+    assert "CastLike" in [n.op_type for n in proto.graph.node]
+    result = bnfold.fold(proto)
+    assert len(result.report.folded) == 1 and not result.report.skipped, result.report
+    assert "BatchNormalization" not in [n.op_type for n in result.model.graph.node]
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+    assert_matches(out, reference(model, x))
+
+
+class WSConv(nn.Conv2d):
+    """timm's nf_resnet-style weight standardization: ``batch_norm(w, training=True)`` over the weight."""
+
+    def forward(self, x):
+        flat = self.weight.reshape(1, self.out_channels, -1)
+        w = torch.nn.functional.batch_norm(flat, None, None, training=True, momentum=0.0, eps=1e-5)
+        return torch.nn.functional.conv2d(x, w.reshape_as(self.weight), self.bias)
+
+
+class WSThenBN(nn.Module):
+    def __init__(self, bn=True):
+        super().__init__()
+        self.conv, self.bn = WSConv(3, 4, 3), nn.BatchNorm2d(4) if bn else nn.Identity()
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge"])
+def test_weight_standardized_conv_folds_in_every_ir(ir):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(WSThenBN(), tuple(x.shape), seed=5)
+    result = bnfold.fold(export(model, (x,), ir))
+    assert [f.norm for f in result.report.folded] == ["bn"] and not result.report.skipped, result.report
+    assert not [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)]
+    with torch.no_grad():
+        assert_matches(result.model.module()(x), reference(model, x))
+    alone = bnfold.fold(export(calibrate(WSThenBN(bn=False), tuple(x.shape)), (x,), ir)).report
+    assert [s.code for s in alone.skipped] == [Code.CONSTANT_NORM], alone
