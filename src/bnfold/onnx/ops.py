@@ -32,7 +32,7 @@ BINARY_OPS = {"Mul": "mul", "Div": "div", "Add": "add", "Sub": "sub"}
 #: Ops whose output is their input, element for element (Dropout only when not training).
 IDENTITY_HOPS = ("Identity", "Dropout")
 #: Ops that only change the shape; the channel axis is followed through them.
-RESHAPE_HOPS = ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten", "Gather", "Slice", "ReduceMean")
+RESHAPE_HOPS = ("Unsqueeze", "Squeeze", "Reshape", "Transpose", "Flatten", "Gather", "Slice")
 #: Ops that read only the shape of their input: a user through them is no user for a fold.
 METADATA_READERS = ("Shape", "Size")
 #: Normalizations whose statistics stay and whose elementwise affine (scale, bias) may fold into the

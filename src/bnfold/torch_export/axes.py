@@ -36,7 +36,8 @@ def follow_axis(node: Node, before: tuple | None, after: tuple | None, axis: int
     return _same_place(src, dst, axis)
 
 
-#: Hops that pick or average along axes other than the channel's (issue 21): select, slice, mean.
+#: Hops that pick along axes other than the channel's (issue 21): select, slice.  ``mean.dim`` has
+#: an axis rule below but is no hop yet (see ops.RESHAPE_HOPS).
 NON_CHANNEL_HOPS = {
     "aten::select.int",
     "aten::select_copy.int",

@@ -442,12 +442,11 @@ RESHAPE_HOPS = {
     "aten::permute_copy.default",
     "aten::expand.default",
     "aten::expand_copy.default",  # only when it broadcasts nothing (see hop_is_exact)
-    # along a non-channel axis (axes.py): a per-channel affine commutes with picking or averaging there
+    # along a non-channel axis (axes.py): a per-channel affine commutes with picking there
     "aten::select.int",
     "aten::select_copy.int",
     "aten::slice.Tensor",
     "aten::slice_copy.Tensor",
-    "aten::mean.dim",
 }
 #: Elementwise binary ops, by the name of their row in ``fold_math.BINARY_AFFINES``.
 BINARY_OPS = {
