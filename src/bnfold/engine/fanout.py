@@ -63,9 +63,6 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     producer = graph.producer(x)
     if len(users) < 2 or not _is_step(graph, producer) or graph.hop(producer) is not None:
         return out
-    op = graph.binary(producer)
-    if op is not None and graph.constant(op.a) is None and graph.constant(op.b) is None:
-        return out  # a product or sum of two computed values (x * sigmoid(x)) is no affine step
     layers: list[Layer] = []
     for user in users:
         other = _layer_below(graph, user)
