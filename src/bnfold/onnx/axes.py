@@ -1,6 +1,6 @@
 """Where the channel axis goes through a shape-only hop (Identity, Dropout,
-Unsqueeze, Squeeze, Transpose, Reshape, Flatten; Gather / Slice / ReduceMean along
-other axes), forward or backward, and
+Unsqueeze, Squeeze, Transpose, Reshape, Flatten; Gather / Slice along other axes),
+forward or backward, and
 what the producer and the readers of a value imply about a shape that ONNX
 shape inference left unknown (a Reshape to a computed shape, dynamic dims).
 """
@@ -198,7 +198,7 @@ AXIS_RULES: dict[str, Callable | None] = {
     "flatten": _reshaped(_flatten_dims),
     "gather": _along_other_axes(_gathered),
     "slice": _along_other_axes(_sliced),
-    "mean": _along_other_axes(_averaged),
+    "mean": _along_other_axes(_averaged),  # no row names it yet (ops.OPS)
 }
 
 

@@ -49,10 +49,10 @@ OPS: dict[str, Op] = {
     "Squeeze": Op("hop", "squeeze"),
     "Reshape": Op("hop", "reshape"),
     "Flatten": Op("hop", "flatten"),
-    # along axes other than the channel's: a per-channel affine commutes with picking, slicing or averaging there
+    # along axes other than the channel's: a per-channel affine commutes with picking or slicing there
+    # (ReduceMean has its axis rule, ``mean``, but is no hop yet, as in the torch table)
     "Gather": Op("hop", "gather"),  # of one constant index
     "Slice": Op("hop", "slice", "permuted"),
-    "ReduceMean": Op("hop", "mean"),
     "AveragePool": Op("pool", "avg_pool", "permuted"),  # a conv kernel to re-parameterization (geometry.py)
     "Shape": Op("metadata"),
     "Size": Op("metadata"),

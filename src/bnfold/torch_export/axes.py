@@ -114,7 +114,7 @@ AXIS_RULES: dict[str, Callable | None] = {
     "movedim": _movedim,
     "select": _along_other_axes(_selected),
     "slice": _along_other_axes(_sliced),
-    "mean": _along_other_axes(_averaged),
+    "mean": _along_other_axes(_averaged),  # no row names it yet (ops.HOPS)
 }
 
 
