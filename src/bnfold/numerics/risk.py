@@ -332,8 +332,16 @@ def judge(risk: Risk) -> Risk:
     elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas and meas.loss_db and meas.loss_db >= DEGRADE_DB)):
         risk.verdict = "degrades"
         measured = meas is not None and meas.loss_db is not None and meas.loss_db > pred.loss_db
-        risk.detail = f"by ~{risk.loss_db:.0f} dB ({'measured' if measured else 'predicted'}), mostly {pred.cause}"
-        risk.cause = pred.cause
+        if measured and pred.loss_db < DEGRADE_DB:  # the statistics did not predict it: the inputs did it
+            risk.detail = (
+                f"by ~{risk.loss_db:.0f} dB measured (predicted {pred.loss_db:.0f} dB from the running statistics: "
+                "these inputs reach a range the statistics do not describe)"
+            )
+            risk.cause = "inputs vs statistics"
+        else:
+            how = "measured" if measured else "predicted"
+            risk.detail = f"by ~{risk.loss_db:.0f} dB ({how}), mostly {pred.cause}"
+            risk.cause = pred.cause
     elif pred is not None:
         risk.verdict = "safe"
         risk.detail = f"predicted loss {pred.loss_db:.1f} dB"
