@@ -61,10 +61,6 @@ def test_fold_and_check_strict_without_trust(run, exported, tmp_path):
     scale = float(ref.abs().max())
     torch.testing.assert_close(y, ref, rtol=0, atol=1e-4 * scale)
     code, out, err = run("check", "--strict", folded)
-    if exported["name"] == "mobilenet_v2" and code == 1:
-        pytest.xfail(
-            "issue 18 item 2 (developer A): MobileNetV2's residual adds are reported as skipped normalizations"
-        )
     assert code == 0, out + err
     assert "ok, no normalization left" in out
 

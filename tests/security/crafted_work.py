@@ -139,6 +139,11 @@ def onnx_budget(d: Path, name: str) -> Path:
     elif name == "sparse-huge-dims":
         values = numpy_helper.from_array(np.ones(1, np.float32), "sp")
         g.sparse_initializer.append(helper.make_sparse_tensor(values, _i64([0], "sp_idx"), [1 << 20, 1 << 20, 1024]))
+    elif name == "resize-open-dims":  # open H/W: only the shapes the audit runs with show the 7 GB Resize
+        g.input[0].CopyFrom(helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 3, "H", "W"]))
+        g.output[0].CopyFrom(helper.make_tensor_value_info("Y", TensorProto.FLOAT, None))
+        g.initializer.append(numpy_helper.from_array(np.array([1, 1, 3000, 3000], np.float32), "scales"))
+        _side_output(m, helper.make_node("Resize", ["X", "", "scales"], ["big"], name="grow"))
     elif name == "conv-pads":  # a Conv whose pads make a 50 GB output: only the audit runs it
         g.node[0].attribute.append(helper.make_attribute("pads", [30000] * 4))
         g.output[0].type.tensor_type.ClearField("shape")

@@ -58,6 +58,10 @@ CASES = {
     # 1. the audit runs ops whose sizes come from the file: refused by the cost model at load
     **{f"audit-{n}": _audit_case(n) for n in (*w.AUDIT_EXTRAS, "conv-padding")},
     "audit-onnx-conv-pads": _onnx_budget("conv-pads", "Conv 'conv'", "over the budget"),
+    "audit-onnx-resize-open-dims": lambda d, p: [
+        (["audit", w.onnx_budget(d, "resize-open-dims"), "--input-shape", "X:1,3,8,8"], ("Resize 'grow'", "budget")),
+        (["check", d / "resize-open-dims.onnx"], 1),
+    ],
     # 2. constant evaluation: metered, and iterative
     "const-eval-budget": lambda d, p: _all3(
         c.export(d / "computed.pt2", w.ComputedWeight(), (w.X,)), "computing the constant", "--max-work"

@@ -100,7 +100,7 @@ def test_residual_model_without_normalization_skips_nothing_and_passes_strict(tm
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-def test_a_foldable_elementwise_op_without_a_normalization_never_fails_check():
+def test_a_foldable_elementwise_op_without_a_normalization_never_fails_check(tmp_path, capsys):
     class M(nn.Module):  # a hardswish's "/ 6" folds into the next conv: no normalization anywhere
         def __init__(self):
             super().__init__()
@@ -115,6 +115,12 @@ def test_a_foldable_elementwise_op_without_a_normalization_never_fails_check():
     assert [(f.kind, f.removed) for f in report.folded] == [("", ["div"])] and not report.skipped, report
     check = bnfold.check(ep)
     assert check.ok and check.strict_ok and [f.removed for f in check.foldable_ops] == [["div"]]
+    path = tmp_path / "hardswish.pt2"  # the command line agrees with bnfold.check
+    torch.export.save(ep, str(path))
+    from bnfold.cli import main
+
+    assert main(["check", "--strict", str(path)]) == 0, capsys.readouterr()
+    assert "ok, no normalization left" in capsys.readouterr().out
 
 
 def test_mobilenet_v2_style_blocks_fold_every_batch_norm_and_skip_nothing():

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..checks import check_model_path, refuse_training
 from ..errors import BnfoldError
+from ..report import CheckResult
 from . import shapes, verbosity
 from .args import opt
 from .constants import EXIT_ERROR, EXIT_OK, EXIT_SURVIVORS, FOLDABLE
@@ -17,9 +18,12 @@ from .jsonout import print_json, versioned
 
 
 def survivors(report) -> list[dict[str, Any]]:
-    """Normalizations still in a model, from a fold report of it: foldable ones and skipped ones."""
+    """Normalizations still in a model, from a fold report of it: foldable ones and skipped ones.
+    Elementwise ops (folded alone or kept) are not normalizations: they never count here
+    (``bnfold.CheckResult``)."""
+    result = CheckResult.from_report(report)
     out: list[dict[str, Any]] = []
-    for f in report.folded:
+    for f in result.foldable:
         out.append(
             {
                 "norm": f.norm,
@@ -31,8 +35,17 @@ def survivors(report) -> list[dict[str, Any]]:
                 "pattern": f.pattern,
             }
         )
-    for s in report.skipped:
-        out.append({"norm": s.norm, "node": s.node, "status": "skipped", "reason": s.reason, "producer": s.producer})
+    for s in result.unfoldable:
+        out.append(
+            {
+                "norm": s.norm,
+                "node": s.node,
+                "status": "skipped",
+                "reason": s.reason,
+                "code": str(s.code.value if hasattr(s.code, "value") else s.code),
+                "producer": s.producer,
+            }
+        )
     return out
 
 

@@ -54,7 +54,7 @@ def fix_input_shapes(model, shapes: dict[str, tuple[int, ...]], path: str):
                 f"{path}: --input-shape {name}: gives {len(shape)} dims, the model's input has {len(dims)}"
             )
         for k, (d, size) in enumerate(zip(dims, shape)):
-            if d.HasField("dim_value") and d.dim_value != size:
+            if d.HasField("dim_value") and d.dim_value >= 0 and d.dim_value != size:  # paddle2onnx: -1 is open
                 raise BnfoldError(
                     f"{path}: --input-shape {name}: dim {k} is {size}, but the model fixes it to {d.dim_value}"
                 )

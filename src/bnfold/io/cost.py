@@ -414,6 +414,29 @@ def onnx_plan(model: Any, where: str, content_bytes: int | None = None, batch: i
     check_plan(steps, budget, where, live=live)
 
 
+def onnx_run_plan(model: Any, batches: list, where: str) -> None:
+    """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
+    check before it runs: dims the file leaves open are then those of the real inputs)."""
+    import onnx
+
+    inputs = [v for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}]
+    largest: dict[str, tuple] = {}
+    for batch in batches:
+        for v, x in zip(inputs, batch):
+            shape = tuple(int(d) for d in getattr(x, "shape", ()))
+            if elements(shape) >= elements(largest.get(v.name, ())):
+                largest[v.name] = shape
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for v in m.graph.input:
+        if v.name in largest and v.type.HasField("tensor_type"):
+            dims = v.type.tensor_type.shape.dim
+            del dims[:]
+            for d in largest[v.name]:
+                dims.add().dim_value = d
+    onnx_plan(m, where)
+
+
 # ----------------------------------------------------------------------------- the audit
 
 

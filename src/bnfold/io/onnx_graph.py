@@ -230,8 +230,8 @@ def _declared(v: onnx.ValueInfoProto) -> list[int] | None:
     tt = v.type.tensor_type if v.type.HasField("tensor_type") else None
     if tt is None or not tt.HasField("shape"):
         return None
-    dims = [d.dim_value if d.HasField("dim_value") else 1 for d in tt.shape.dim]
-    return dims
+    # an open dim counts as 1; so does a negative dim_value, which paddle2onnx writes for a dynamic axis
+    return [d.dim_value if d.HasField("dim_value") and d.dim_value >= 0 else 1 for d in tt.shape.dim]
 
 
 def _small_value(t: TensorProto) -> list[int] | None:

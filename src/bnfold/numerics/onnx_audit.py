@@ -238,6 +238,9 @@ def audit_onnx(
     else:
         batches = as_batches(inputs)
         check_batches(model, batches, input_shapes)
+    from ..io.cost import onnx_run_plan  # the cost check before anything runs (see bnfold.io.cost)
+
+    onnx_run_plan(model, batches, name or "the model")
     fold_result = None
     if fold:
         from ..api import fold as bnfold_fold

@@ -8,7 +8,8 @@ for it.  Per channel ``c``, with ``s = gamma / sqrt(var + eps)``,
 * **overflow**: the ``htp`` form computes ``x*s``, stores ``bias'`` and adds
   them, all in fp16.  Their largest magnitudes are predicted with ``x`` in
   ``mean +- 4 sqrt(var)``; the headroom is ``65504`` over the largest.
-  The ``fp16`` form computes in float32 and stores only its input and output.
+  The ``fp16`` form computes in float32 and stores its input, its output and
+  its running statistics (a ``var`` past 65504 is inf there).
 * **SQNR**: each fp16 rounding of a value ``v`` adds an error of mean square
   ``ulp(v)^2 / 12`` (``v`` nearly constant) or ``0.18 u^2 E[v^2]`` (``v``
   spread over binades; ``u = 2^-11``).  Unfolded, the rounding of the input,
@@ -214,6 +215,11 @@ def predict(stats: NormStats, profile: Profile, eps: float) -> EpsRisk | None:
     s_m, b_m = at_model
     sd = stats.var.clamp_min(0).sqrt()
     inter = _intermediates(profile, s, b, stats.mean - SIGMAS * sd, stats.mean + SIGMAS * sd)
+    if profile.fp16_storage and not profile.htp_batch_norm:
+        # the fp16 form stores the running statistics themselves (``model.half()``): a var past 65504
+        # becomes inf and the scale 0 (PP-OCRv4's detector has var ~1.2e7)
+        inter["stored var"] = float(stats.var.abs().max())
+        inter["stored mean"] = float(stats.mean.abs().max())
     kappa = bare[1].abs()
     unf, fold, signal = _noise_terms(stats, profile, s, b, s_m, b_m)
     sums = {k: float(v.sum()) for k, v in unf.items()}
@@ -332,8 +338,16 @@ def judge(risk: Risk) -> Risk:
     elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas and meas.loss_db and meas.loss_db >= DEGRADE_DB)):
         risk.verdict = "degrades"
         measured = meas is not None and meas.loss_db is not None and meas.loss_db > pred.loss_db
-        risk.detail = f"by ~{risk.loss_db:.0f} dB ({'measured' if measured else 'predicted'}), mostly {pred.cause}"
-        risk.cause = pred.cause
+        if measured and pred.loss_db < DEGRADE_DB:  # the statistics did not predict it: the inputs did it
+            risk.detail = (
+                f"by ~{risk.loss_db:.0f} dB measured (predicted {pred.loss_db:.0f} dB from the running statistics: "
+                "these inputs reach a range the statistics do not describe)"
+            )
+            risk.cause = "inputs vs statistics"
+        else:
+            how = "measured" if measured else "predicted"
+            risk.detail = f"by ~{risk.loss_db:.0f} dB ({how}), mostly {pred.cause}"
+            risk.cause = pred.cause
     elif pred is not None:
         risk.verdict = "safe"
         risk.detail = f"predicted loss {pred.loss_db:.1f} dB"
