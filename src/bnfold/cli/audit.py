@@ -29,28 +29,7 @@ def run(args: argparse.Namespace) -> int:
         loaded = load(args.input, args)
         ep = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed
         refuse_training(ep, args.input)
-        if files.model_kind(args.input) == files.ONNX:
-            report = _audit_onnx(ep, args, progress, debug)
-        else:
-            if args.runtime:
-                raise BnfoldError("--runtime is for ONNX models")
-            if args.batches:
-                batches = inputs.npz_batches(ep, args.batches)
-            else:
-                batches = inputs.random_batches(ep, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
-
-            from ..numerics import audit
-
-            with quiet(not debug):
-                report = audit(
-                    ep,
-                    batches,
-                    profile=args.profile,
-                    bn_eps=args.bn_eps,
-                    progress=progress,
-                    name=os.path.basename(args.input),
-                    random_inputs=not args.batches,
-                )
+        report = _audit(ep, args, progress, debug, onnx=files.model_kind(args.input) == files.ONNX)
         if args.plot:
             progress.stage("plot")
             with quiet(not debug):
@@ -74,17 +53,32 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _audit_onnx(model, args: argparse.Namespace, progress, debug: bool):
-    """``bnfold audit model.onnx``: the model and the ONNX ``fold`` writes, emulated (numerics.onnx_audit)."""
+def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
+    """The audit of the loaded model on ``--inputs`` or ``--random`` batches.  An ONNX model is audited
+    with the ONNX ``fold`` writes, both emulated (``numerics.onnx_audit``); ``--runtime`` is ONNX only."""
     from ..numerics import audit
-    from ..numerics.onnx_audit import random_batches
 
-    input_shapes = shapes.input_shapes(getattr(args, "input_shape", None))
-    try:
+    extra: dict = {}
+    if onnx:
+        from ..numerics.onnx_audit import random_batches
+
+        extra["input_shapes"] = shapes.input_shapes(getattr(args, "input_shape", None))
+        extra["runtime"] = args.runtime
         if args.batches:
             batches = inputs.onnx_npz_batches(model, args.batches)
         else:
-            batches = random_batches(model, input_shapes, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+            n = args.random or DEFAULT_RANDOM_BATCHES
+            try:
+                batches = random_batches(model, extra["input_shapes"], n, seed=args.seed)
+            except ValueError as e:  # open dims that no --input-shape fixes
+                raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
+    elif args.runtime:
+        raise BnfoldError("--runtime is for ONNX models")
+    elif args.batches:
+        batches = inputs.npz_batches(model, args.batches)
+    else:
+        batches = inputs.random_batches(model, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+    try:
         with quiet(not debug):
             return audit(
                 model,
@@ -94,10 +88,11 @@ def _audit_onnx(model, args: argparse.Namespace, progress, debug: bool):
                 progress=progress,
                 name=os.path.basename(args.input),
                 random_inputs=not args.batches,
-                input_shapes=input_shapes,
-                runtime=args.runtime,
+                **extra,
             )
     except (NotImplementedError, ValueError) as e:  # an op the audit cannot run, inputs that do not fit
+        if not onnx:
+            raise
         raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
 
 
