@@ -33,6 +33,7 @@ class _FoldMap:
     nodes: dict[str, torch.fx.Node]  # the folded program's nodes, by name
     into_output: dict[str, set[str]]  # layer name -> the steps the report folded into its output
     step_of: dict[str, tuple[str, str]]  # step name -> (layer it went into, side)
+    merges: dict[str, str]  # merged conv -> the node whose value it now holds (``Merged.node``: the last add)
 
     @classmethod
     def of(cls, report, folded_ep) -> _FoldMap:
@@ -44,6 +45,7 @@ class _FoldMap:
             {n.name: n for n in folded_ep.graph.nodes},
             into_output,
             {f.node: (_into_node(f), f.side) for f in report.folded},
+            {m.into_node: m.node for m in getattr(report, "merged", ()) if m.into_node and m.node},
         )
 
     def kept(self, node: torch.fx.Node) -> bool:
@@ -180,16 +182,34 @@ def _plain_layer_row(node: torch.fx.Node, kind: str, fold: _FoldMap | None) -> _
     return _Row(node.name, kind, norm and norm.node.name, out, module_path(node), folded, merged)
 
 
+def _merge_row(node: torch.fx.Node, kind: str, fold: _FoldMap, by_name: dict) -> _Row | None:
+    """The row of a conv that re-parameterization made compute a whole sum of branches: the unfolded
+    sum (``Merged.node``) against the folded-program node that its consumers now read."""
+    total = by_name.get(fold.merges[node.name])
+    if total is None:
+        return None
+    holder = fold.read_instead(total)
+    return _Row(node.name, kind, None, total.name, f"{module_path(node)} (merged sum)", holder and holder.name)
+
+
 def _rows(ep, fold: _FoldMap | None) -> list[_Row]:
-    """A row per layer (with the norm or chain after it) and per remaining eval-mode norm, in graph order."""
+    """A row per layer (with the norm or chain after it) and per remaining eval-mode norm, in graph order.
+    A layer that a merge took out of the graph has no folded twin; the conv it merged into measures the sum."""
     nodes = list(ep.graph_module.graph.nodes)
+    by_name = {n.name: n for n in nodes}
     rows = []
     for node in nodes:
         kind = layer_kind(node)
         if kind is None:
             continue
+        if fold is not None and node.name in fold.merges and (row := _merge_row(node, kind, fold, by_name)):
+            rows.append(row)
+            continue
         row = _chain_row(node, kind, fold) if fold is not None and node.name in fold.into_output else None
-        rows.append(row or _plain_layer_row(node, kind, fold))
+        row = row or _plain_layer_row(node, kind, fold)
+        if fold is not None and not fold.kept(node):  # merged into another conv: nothing to pair it with
+            row.folded = None
+        rows.append(row)
     merged = set().union(*(r.merged for r in rows))
     for node in nodes:
         norm = running_stats_norm(node)
