@@ -1,8 +1,8 @@
 """``bnfold audit`` on the trained PaddleOCR models the rapidocr wheels ship (a test dependency).
 
-The CLI path runs on the three cheapest (the v2.0 angle classifier, the PP-OCRv4 and PP-OCRv6
-detectors) under ``fp16`` with ``--input-shape`` and under ``htp --bn-eps 1e-9`` with ``--inputs``;
-the two recognizers run through the API with the smallest input they take, under both.  Every
+The CLI runs all five (the v2.0 angle classifier, the PP-OCRv4 and PP-OCRv6 detectors and
+recognizers) under ``fp16`` with ``--input-shape`` and under ``htp --bn-eps 1e-9`` with ``--inputs``,
+each with the smallest input it takes; the two recognizers also run through the API, under both.  Every
 BatchNormalization is listed with a verdict, and the folded side is the ONNX ``bnfold fold`` writes.
 """
 
@@ -58,7 +58,7 @@ def _run(capsys, *argv):
     return json.loads(out.out)
 
 
-@pytest.mark.parametrize("key", ["cls", "v4-det", "v6-det"])
+@pytest.mark.parametrize("key", list(SHAPES))
 def test_cli_fp16_with_input_shape(key, folded, capsys):
     shape = ",".join(map(str, SHAPES[key]))
     doc = _run(capsys, model_path(key), "--profile", "fp16", "--input-shape", f"x:{shape}", "--random", "1")
@@ -66,7 +66,7 @@ def test_cli_fp16_with_input_shape(key, folded, capsys):
     assert doc["profile"] == "fp16" and doc["random_inputs"]
 
 
-@pytest.mark.parametrize("key", ["cls", "v4-det", "v6-det"])
+@pytest.mark.parametrize("key", list(SHAPES))
 def test_cli_htp_eps_1e9_with_inputs(key, folded, capsys, tmp_path):
     x = np.random.default_rng(0).standard_normal((1, *SHAPES[key])).astype(np.float32)  # one batch
     np.savez(tmp_path / "x.npz", x=x)
