@@ -141,3 +141,44 @@ def test_weight_standardized_conv_folds_in_every_ir(ir):
         assert_matches(result.model.module()(x), reference(model, x))
     alone = bnfold.fold(export(calibrate(WSThenBN(bn=False), tuple(x.shape)), (x,), ir)).report
     assert [s.code for s in alone.skipped] == [Code.CONSTANT_NORM], alone
+
+
+def test_onnx_castlike_of_a_constant_is_a_constant():
+    """A frozen BatchNorm written as ``x * CastLike(scale, x) + CastLike(shift, x)`` (DETR-style, or a
+    decomposed GroupNorm affine): the CastLike of a constant is a constant, so the chain folds."""
+    import numpy as np
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w, b = rng.standard_normal((4, 3, 3, 3)), rng.standard_normal(4)
+    scale, shift = rng.uniform(0.5, 2.0, (1, 4, 1, 1)), rng.standard_normal((1, 4, 1, 1))
+    inits = [
+        numpy_helper.from_array(w.astype(np.float32), "W"),
+        numpy_helper.from_array(b.astype(np.float32), "B"),
+        numpy_helper.from_array(scale, "scale64"),  # float64 constants, cast like the data
+        numpy_helper.from_array(shift, "shift64"),
+    ]
+    nodes = [
+        helper.make_node("Conv", ["X", "W", "B"], ["c"], name="conv"),
+        helper.make_node("CastLike", ["scale64", "c"], ["s"], name="cast_scale"),
+        helper.make_node("Mul", ["c", "s"], ["m"], name="mul"),
+        helper.make_node("CastLike", ["shift64", "c"], ["t"], name="cast_shift"),
+        helper.make_node("Add", ["m", "t"], ["Y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("X", TensorProto.FLOAT, [2, 3, 8, 8])],
+        [helper.make_tensor_value_info("Y", TensorProto.FLOAT, [2, 4, 6, 6])],
+        inits,
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 19)])
+    result = bnfold.fold(model)
+    assert len(result.report.folded) == 1 and result.report.folded[0].into == "conv", result.report
+    assert [n.op_type for n in result.model.graph.node] == ["Conv"]  # Mul, Add and both CastLikes gone
+    x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = torch.from_numpy(np.asarray(sess.run(None, {"X": x})[0]))
+    conv = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), torch.from_numpy(b))
+    assert_matches(out, conv * torch.from_numpy(scale) + torch.from_numpy(shift))

@@ -48,7 +48,9 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     model.CopyFrom(source)
     tracker = Tracker()
     index = ModelIndex(model, tracker)
-    report = fold_graph(OnnxGraph(index, Shapes(source)), only, exclude, lower=lower_unfoldable)
+    shapes = Shapes(source)
+    index.inferred_type = shapes.elem_type  # CastLike(constant, x): x's type, where only inference knows it
+    report = fold_graph(OnnxGraph(index, shapes), only, exclude, lower=lower_unfoldable)
     report.notes.extend(notes)
     report.skipped.extend(skipped_in_functions(model))
     index.compact()  # only now: node protos are the engine's handles while it runs

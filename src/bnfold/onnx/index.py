@@ -9,7 +9,7 @@ graph output or a subgraph refers to.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -87,6 +87,8 @@ class ModelIndex:
         self.names: set[str] = set()
         self.node_names: set[str] = set()
         self.dead: set[int] = set()
+        #: the element type ONNX shape inference gives a value (``Shapes.elem_type``), or None
+        self.inferred_type: Callable[[str], int | None] = lambda name: None
         self.inserts: dict[int, list[NodeProto]] = {}
         self._meter = None
         self._dead: dict[int, bool] = {}  # id(node) -> a constant node nobody uses (see _dead_const)
@@ -282,7 +284,8 @@ class ModelIndex:
                     return onnx.helper.tensor_dtype_to_np_dtype(v.type.tensor_type.elem_type)
             if name in g.inits:
                 return onnx.helper.tensor_dtype_to_np_dtype(g.inits[name].data_type)
-        return None
+        inferred = self.inferred_type(name)
+        return onnx.helper.tensor_dtype_to_np_dtype(inferred) if inferred else None
 
     def unique(self, base: str) -> str:
         """A value name not used anywhere in the model (and now reserved)."""
