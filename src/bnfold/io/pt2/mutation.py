@@ -30,7 +30,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from .ops import allowed_overload, split_target
-from .walk import short
+from .walk import dicts, short
 
 #: The torchgen schema kinds that write into an argument of the functional op's signature.
 _WRITING_KINDS = ("inplace", "out")
@@ -252,14 +252,7 @@ def graphs(doc: dict[str, Any]) -> dict[int, Graph]:
     gm = doc.get("graph_module")
     top = gm.get("graph") if isinstance(gm, dict) else None
     described = _described_inputs(gm.get("signature") if isinstance(gm, dict) else None)
-    stack: list[Any] = [doc]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, list):
-            stack.extend(v for v in cur if isinstance(v, (dict, list)))
-            continue
-        if not isinstance(cur, dict):
-            continue
+    for cur in dicts(doc):
         if isinstance(cur.get("nodes"), list) and isinstance(cur.get("inputs"), list):
             names = [n for item in cur["inputs"] for n in tensor_names(item)]
             if cur is top:
@@ -270,7 +263,6 @@ def graphs(doc: dict[str, Any]) -> dict[int, Graph]:
             for node in cur["nodes"]:
                 if isinstance(node, dict):
                     out.setdefault(id(node), graph)
-        stack.extend(v for v in cur.values() if isinstance(v, (dict, list)))
     return out
 
 

@@ -13,7 +13,7 @@ from .guards import guard_is_safe
 from .mutation import graphs, mutation_problem
 from .ops import target_is_allowed
 from .treespec import check_namedtuple_fields, is_plain_name, treespec_problem
-from .walk import nodes, short, values_for_key
+from .walk import dicts, nodes, short, values_for_key
 
 
 def node_target_is_safe(target: Any) -> bool:
@@ -142,14 +142,7 @@ def _bad_name(doc: dict[str, Any]) -> str | None:
     ``*_name`` / ``fqn`` fields (parameter, buffer, module paths) dotted names,
     and ``forward_arg_names`` identifiers.
     """
-    stack: list[Any] = [doc]
-    while stack:
-        cur = stack.pop()
-        if isinstance(cur, list):
-            stack.extend(v for v in cur if isinstance(v, (dict, list)))
-            continue
-        if not isinstance(cur, dict):
-            continue
+    for cur in dicts(doc):
         for key, value in cur.items():
             if key == "name" and isinstance(value, str):
                 if value and not is_plain_name(value):
@@ -165,8 +158,6 @@ def _bad_name(doc: dict[str, Any]) -> str | None:
                 for k in value:
                     if not is_plain_name(k):
                         return short(k)
-            if isinstance(value, (dict, list)):
-                stack.append(value)
     return None
 
 

@@ -20,6 +20,18 @@ def values_for_key(obj: Any, key: str) -> Iterator[Any]:
             stack.extend(v for v in cur if isinstance(v, (dict, list)))
 
 
+def dicts(obj: Any) -> Iterator[dict[str, Any]]:
+    """Every dict in a JSON tree (iteratively: a deep file never reaches the recursion limit)."""
+    stack = [obj]
+    while stack:
+        cur = stack.pop()
+        if isinstance(cur, dict):
+            yield cur
+            stack.extend(v for v in cur.values() if isinstance(v, (dict, list)))
+        elif isinstance(cur, list):
+            stack.extend(v for v in cur if isinstance(v, (dict, list)))
+
+
 def nodes(obj: Any) -> Iterator[dict[str, Any]]:
     stack = [obj]
     while stack:
