@@ -32,7 +32,7 @@ from . import accumulate
 from .errors import TensorError, measure
 from .graph import layer_kind, lifted_tensor, lifted_tensors, op_name, running_stats_norm
 from .probe import NormProbe
-from .profiles import Profile, get_profile, round_fp16
+from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 
 # Ops whose output holds only values of their (already fp16) inputs: no rounding needed.
 _EXACT_OPS = frozenset(
@@ -313,10 +313,7 @@ class Emulator:
 
         gamma, beta, mean, var = host(bn.weight, 1.0), host(bn.bias, 0.0), host(bn.mean, 0.0), host(bn.var, 1.0)
         eps = bn.eps if self.bn_eps is None else self.bn_eps
-        scale = gamma / torch.sqrt(var + eps)
-        shift = beta - mean * scale
-        shape = (1, -1) + (1,) * (x.dim() - 2)
-        return round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape)
+        return htp_host_scale_shift(gamma, beta, mean, var, eps, x.dim())
 
 
 def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:

@@ -32,7 +32,7 @@ from .emulator import BatchResult
 from .errors import TensorError, measure
 from .onnx_ops import EXACT_OPS, LAYER_OPS, OPS, SAME_ERROR_OPS, attrs, constant
 from .probe import NormProbe
-from .profiles import Profile, get_profile, round_fp16
+from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 
 _FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
@@ -247,12 +247,9 @@ class OnnxEmulator:
         ``scale``/``shift`` from the unrounded parameters, stored in fp16 (see ``Emulator``)."""
         pair = self._htp.get(norm.node)
         if pair is None:
-            f32 = lambda t: t.to(torch.float32)  # noqa: E731
             eps = norm.eps if self.bn_eps is None else self.bn_eps
-            scale = f32(norm.gamma) / torch.sqrt(f32(norm.var) + eps)
-            shift = f32(norm.beta) - f32(norm.mean) * scale
-            shape = (1, -1) + (1,) * (x.dim() - 2)
-            pair = self._htp[norm.node] = (round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape))
+            pair = htp_host_scale_shift(norm.gamma, norm.beta, norm.mean, norm.var, eps, x.dim())
+            self._htp[norm.node] = pair
         return round_fp16(round_fp16(x * pair[0]) + pair[1])
 
     # -- a batch -----------------------------------------------------------------------------------

@@ -53,6 +53,18 @@ def round_fp16(t: torch.Tensor) -> torch.Tensor:
     return t.to(torch.float16).to(torch.float32)
 
 
+def htp_host_scale_shift(gamma, beta, mean, var, eps: float, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """An NPU runtime's BatchNorm constants: ``scale = gamma / sqrt(var + eps)`` and ``shift = beta -
+    mean * scale`` computed by the host in float32 from the unrounded parameters, then stored in fp16,
+    shaped ``[1, C, 1, ...]`` to broadcast over a rank-``rank`` tensor.  (Emulation of the runtime's own
+    arithmetic: the exact fold is ``bnfold.fold_math``.)"""
+    f32 = [t.to(torch.float32) for t in (gamma, beta, mean, var)]
+    scale = f32[0] / torch.sqrt(f32[3] + eps)
+    shift = f32[1] - f32[2] * scale
+    shape = (1, -1) + (1,) * (rank - 2)
+    return round_fp16(scale).reshape(shape), round_fp16(shift).reshape(shape)
+
+
 @dataclass(frozen=True)
 class Profile:
     """How the emulated run computes.  Use :func:`get_profile` to build one."""
