@@ -49,6 +49,7 @@ class Code(str, Enum):
     UNDEFINED = "undefined"  #: running_var + eps <= 0
     DTYPE = "dtype"  #: a parameter that is not floating point
     NOT_AFFINE = "not_affine"  #: the op is not an affine map of the tensor (``c - x`` is, ``c / x`` is not)
+    NEGATIVE_SCALE = "negative_scale"  #: a scale that would move through a max (max-pool) is negative somewhere
     FOLD_MATH = "fold_math"  #: any other fold-math refusal
     # structural re-parameterization (``bnfold.engine.reparam``): summed branches that stay apart
     # (a ``kept_ops`` note on the sum's last add)

@@ -21,7 +21,7 @@ from bnfold.report import Code
 
 LAYERS = {"conv": "conv", "conv_transpose": "conv_transpose", "linear": "linear", "bmm": "linear"}
 BINARIES = ("mul", "add", "sub", "div")
-HOPS = ("identity", "flatten")
+HOPS = ("identity", "flatten", "maxpool")  # maxpool: 2x2, stride 2, a maximum (``Hop.monotone``)
 
 
 @dataclass(eq=False)
@@ -115,6 +115,8 @@ class FakeGraph:
             return a[0]
         if n.op == "flatten":
             return a[0].reshape(a[0].shape[0], -1)
+        if n.op == "maxpool":
+            return F.max_pool2d(a[0], 2)
         if n.op == "concat":
             return torch.cat(a, 1)
         raise AssertionError(n.op)
@@ -176,7 +178,7 @@ class FakeAdapter:
     def hop(self, node) -> Hop | None:
         if not isinstance(node, FNode) or node.dead or node.op not in HOPS:
             return None
-        return Hop(node, node.inputs[0], node.output, node.op)
+        return Hop(node, node.inputs[0], node.output, node.op, monotone=node.op == "maxpool")
 
     # -- navigate
     def users(self, value) -> list:
@@ -206,7 +208,7 @@ class FakeAdapter:
         return ShapeInfo(len(shape), torch.float64, shape)
 
     def follow_axis(self, hop: Hop, axis: int, forward: bool):
-        return axis if hop.op == "identity" else f"'{hop.node.name}' (flatten) merges the channel axis"
+        return axis if hop.op != "flatten" else f"'{hop.node.name}' (flatten) merges the channel axis"
 
     def describe(self, value) -> str:
         node = self.producer(value)

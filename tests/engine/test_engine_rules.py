@@ -164,6 +164,67 @@ def test_a_lone_shift_after_a_layer_without_a_bias_stays():
     assert not report.folded and g.ops() == ["bmm", "add"]
 
 
+# ------------------------------------------------------------------ through a maximum (max-pool)
+
+
+def _gamma(c: int, negative: tuple = ()) -> torch.Tensor:
+    gamma = rand(c, lo=0.5, hi=1.5)
+    gamma[list(negative)] *= -1
+    return gamma
+
+
+@pytest.mark.parametrize("negative", [(), (2,)])
+def test_output_side_through_a_max_pool_needs_a_non_negative_scale(negative):
+    g = FakeGraph()
+    x, feeds = x_input(g, hw=6)
+    y = g.node("maxpool", [conv(g, x, 4, 6, "conv", k=3, pad=1)], "pool")
+    g.outputs = [g.node("relu", [bn(g, y, 6, "bn", gamma=_gamma(6, negative))], "relu")]
+    report, _ = fold(g, feeds)
+    if not negative:
+        (f,) = report.folded
+        assert [(s.node, s.action) for s in f.steps] == [("pool", "kept"), ("bn", "removed")]
+        assert g.ops() == ["conv", "maxpool", "relu"]
+    else:
+        assert not report.folded and g.ops() == ["conv", "maxpool", "bn", "relu"]
+        (s,) = report.skipped
+        assert s.code == Code.NEGATIVE_SCALE and "1 of 6 channels" in s.reason
+
+
+def test_the_scale_that_crosses_is_the_composed_one():
+    """bn1 (negative on a channel) does not cross the pool; bn2 after it does: only bn2's sign counts.
+    Then a second negative BN after the pool: bn2 * bn3 is positive there, so both cross."""
+    g = FakeGraph()
+    x, feeds = x_input(g, hw=6)
+    y = bn(g, conv(g, x, 4, 6, "conv", k=3, pad=1), 6, "bn1", gamma=_gamma(6, (1,)))
+    y = bn(g, g.node("maxpool", [y], "pool"), 6, "bn2", gamma=_gamma(6, (3,)))
+    g.outputs = [g.node("relu", [bn(g, y, 6, "bn3", gamma=_gamma(6, (3,)))], "relu")]
+    report, _ = fold(g, feeds)
+    assert [f.norm for f in report.folded] == ["bn1", "bn2", "bn3"] and not report.skipped
+    assert g.ops() == ["conv", "maxpool", "relu"]
+
+
+def test_input_side_through_a_max_pool():
+    g = FakeGraph()
+    x, feeds = x_input(g, hw=6)
+    for negative, name in (((), "ok"), ((0,), "neg")):
+        y = g.node("maxpool", [bn(g, g.node("relu", [x], f"r_{name}"), 4, f"bn_{name}", gamma=_gamma(4, negative))])
+        g.outputs.append(conv(g, y, 4, 3, f"conv_{name}"))
+    report, _ = fold(g, feeds)
+    assert [f.norm for f in report.folded] == ["bn_ok"] and report.folded[0].side == "input"
+    assert [(s.norm, s.code) for s in report.skipped] == [("bn_neg", Code.NEGATIVE_SCALE)]
+
+
+def test_fanout_does_not_cross_a_max_pool_unchecked():
+    """A BN feeding two convs, one of them through a max-pool: the consumer's own hops must not take
+    a maximum (nothing would check the sign there), so the fan-out folds nowhere."""
+    g = FakeGraph()
+    x, feeds = x_input(g, hw=6)
+    y = bn(g, g.node("relu", [x], "r"), 4, "bn", gamma=_gamma(4, (0,)))
+    g.outputs = [conv(g, y, 4, 3, "c1"), conv(g, g.node("maxpool", [y], "pool"), 4, 3, "c2")]
+    report, _ = fold(g, feeds)
+    assert not report.folded and [s.code for s in report.skipped] == [Code.FANOUT_NOT_ALL_LAYERS]
+
+
 # ------------------------------------------------------------------ input side and fan-out
 
 

@@ -19,6 +19,18 @@ class LinearBn(nn.Module):
         return torch.relu(self.bn(self.fc(x)))
 
 
+class BnMeanLinear(nn.Module):
+    """conv -> BN -> ReLU, then a BN whose global mean feeds a linear head (it folds into the head)."""
+
+    def __init__(self, c=16, classes=10):
+        super().__init__()
+        self.conv, self.bn, self.post = nn.Conv2d(3, c, 3, padding=1), nn.BatchNorm2d(c), nn.BatchNorm2d(c)
+        self.head = nn.Linear(c, classes)
+
+    def forward(self, x):
+        return self.head(self.post(torch.relu(self.bn(self.conv(x)))).mean((2, 3)))
+
+
 class ConvBnHardtanhMean(nn.Module):
     def __init__(self):
         super().__init__()
@@ -91,6 +103,7 @@ def build(name: str, seed: int = 0) -> tuple[nn.Module, tuple[torch.Tensor, ...]
             (1, 4, 10),
         ),
         "shared_bn_residual": lambda: (SharedBnResidual(8), (1, 8, 10, 10)),
+        "bn_mean_linear": lambda: (BnMeanLinear(), (2, 3, 12, 12)),
     }
     module, shape = models[name]()
     return prepared(module, seed), (torch.randn(*shape, generator=g),)

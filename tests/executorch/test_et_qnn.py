@@ -119,6 +119,31 @@ def test_qnn_linear_bn1d_through_convert_linear_to_conv2d():
         assert_matches(ep.module()(*x), reference(model, *x))
 
 
+@pytest.mark.parametrize("name", ["linear_bn1d", "bn_mean_linear"])
+def test_qnn_to_edge_transform_and_lower_into_a_linear(name):
+    """The README's QNN call without a partitioner: linear decomposes to addmm, which QNN's
+    DecomposeAddmm splits into mm + add of the folded bias, and ExpandBroadcastTensorShape reads that
+    bias's shape after ExportPass re-traced it.  A folded tensor registered as a buffer got symbolic
+    dims there (an unhashable SymInt); as a parameter its shape stays static.  Runs to a .pte."""
+    from et_models import run_pte
+    from executorch.exir import to_edge_transform_and_lower
+
+    model, x = build(name)
+    pm = qnn_pass_manager()
+    ep = pm.transform_for_export_pipeline(torch.export.export(model, x, strict=True))
+    passes = pm.get_to_edge_transform_passes(ep, compiler_specs=COMPILER_SPECS)
+    (fold,) = [p for p in passes if isinstance(p, FoldBatchNormGraphPass)]
+    edge = to_edge_transform_and_lower(ep, transform_passes=passes, compile_config=qnn_edge_config())
+    expected = len(norm_nodes(torch.export.export(model, x)))
+    assert len(fold.report.folded) == expected and not fold.report.skipped, fold.report
+    assert norm_nodes(edge.exported_program()) == []
+    if name == "bn_mean_linear":
+        post = next(f for f in fold.report.folded if f.norm == "post")
+        assert (post.side, post.pattern.split("+")[1]) == ("input", "mean"), post
+    ref = reference(model, *x)
+    assert_matches(run_pte(edge.to_executorch().buffer, x), ref)
+
+
 def test_stock_qnn_pipeline_keeps_batch_norm_and_takes_the_fold_tables():
     """The control for the assertions above: QNN's own pass manager keeps the batch norm.  Handed
     qnn_pass_manager()'s tables (what to_edge_transform_and_lower_to_qnn(passes_job=..., dep_table=...)

@@ -180,7 +180,7 @@ def binary_step(
 
 def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) -> tuple[Step, int | None, str]:
     """The hop as a step, the channel axis after it (None: lost) and, if lost here, why."""
-    step = Step(hop.node, hop.input, hop.output, None, hop.op)
+    step = Step(hop.node, hop.input, hop.output, None, hop.op, monotone=hop.monotone)
     if axis is None:
         return step, None, ""
     new_axis = graph.follow_axis(hop, axis, forward)

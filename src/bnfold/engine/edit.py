@@ -3,9 +3,9 @@ broadcast shape of new per-channel tensors.  Adapters only make primitive edits 
 users then read another value, strip a normalization's affine, drop a tensor nobody reads, write a
 layer's tensors, add a bias after a value).
 
-The retry policy: when the composed affine does not fold (a cast overflows, a shift meets padding),
-the step farthest from the layer(s) is dropped (its reason and code kept) and the shorter chain is
-tried; hops left at the far end stay where they are.
+The retry policy: when the composed affine does not fold (a cast overflows, a shift meets padding,
+a negative scale would cross a max-pool), the step farthest from the layer(s) is dropped (its reason
+and code kept) and the shorter chain is tried; hops left at the far end stay where they are.
 """
 
 from __future__ import annotations
@@ -125,6 +125,12 @@ def fold_chain(
     far = -1 if side == "output" else 0  # the end of the chain farthest from the layer
     trim_hops(steps, far)
     while steps:
+        crossing = negative_crossing(graph, steps, side)
+        if crossing:
+            dropped = steps.pop(far)
+            note(graph, out, dropped.node, crossing, Code.NEGATIVE_SCALE)
+            trim_hops(steps, far)
+            continue
         total = compose(steps)
         try:
             new = [params(layer, w, total) for layer, w in targets]
@@ -136,6 +142,30 @@ def fold_chain(
             continue
         _write(graph, targets, steps, rule, side, new, out)
         return
+
+
+def negative_crossing(graph: GraphAdapter, steps: list[Step], side: str) -> str:
+    """Why the chain cannot move to the layer through one of its maxima, or "".
+
+    Folding moves every affine step farther from the layer than a max-pool across it, and
+    ``max(x * s + t) = max(x) * s + t`` per channel only where ``s >= 0``: the composed scale of
+    those steps must be non-negative on every channel.
+    """
+    for i, step in enumerate(steps):
+        if not step.monotone:
+            continue
+        crossing = steps[i + 1 :] if side == "output" else steps[:i]
+        if not any(s.affine is not None for s in crossing):
+            continue
+        scale = compose(crossing).scale
+        negative = int((scale < 0).sum())
+        if negative:
+            what = graph.describe_node(step.node)
+            return (
+                f"the scale that would move through {what} is negative on {negative} of {scale.numel()} "
+                "channels; a maximum commutes only with a non-negative scale"
+            )
+    return ""
 
 
 def _fails(params: Params, layer: Layer, w: LayerWeights, total: Affine) -> bool:

@@ -21,12 +21,12 @@ from .rules import check_layer, input_params
 
 
 def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
-    """From ``layer`` up through shape-only hops that have no other user: the value reached and
+    """From ``layer`` up through hops (no maximum) that have no other user: the value reached and
     the channel axis there (None: a hop lost it)."""
     x = layer.input
     rank = graph.shape_info(x).rank
     axis = layer.in_axis % rank if rank else layer.in_axis
-    while len(graph.users(x)) == 1 and (hop := graph.hop(graph.producer(x))) is not None:
+    while len(graph.users(x)) == 1 and (hop := graph.hop(graph.producer(x))) is not None and not hop.monotone:
         found = graph.follow_axis(hop, axis, False) if axis is not None else None
         axis = None if isinstance(found, str) else found
         x = hop.input
@@ -34,7 +34,7 @@ def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
 
 
 def _layer_below(graph: GraphAdapter, user: Any) -> Layer | None:
-    """The layer that ``user`` is, or that it reaches through shape-only hops with no other user."""
+    """The layer that ``user`` is, or that it reaches through hops (no maximum) with no other user."""
     node = user
     for _ in range(64):
         if node is None:
@@ -44,7 +44,7 @@ def _layer_below(graph: GraphAdapter, user: Any) -> Layer | None:
             return layer
         hop = graph.hop(node)
         users = graph.users(hop.output) if hop is not None else []
-        if hop is None or len(users) != 1:
+        if hop is None or hop.monotone or len(users) != 1:  # a max-pool is crossed only by a checked chain
             return None
         node = users[0]
     return None

@@ -125,12 +125,19 @@ class Binary:
 
 @dataclass
 class Hop:
-    """A node that only moves data: its ``output`` is its ``input``, reshaped or not."""
+    """A node a per-channel affine moves through unchanged: one that only moves data (its
+    ``output`` is its ``input``, reshaped or not), or one that picks, averages or takes the
+    maximum along axes other than the channel's (select, mean, max-pool).
+
+    ``monotone``: a maximum (max-pool, amax), which commutes with ``x * s + t`` only where
+    ``s >= 0`` on every channel; the engine checks the scale that would cross it.
+    """
 
     node: Any
     input: Any
     output: Any
     op: str
+    monotone: bool = False
 
 
 @dataclass
@@ -147,7 +154,8 @@ class Step:
     """One node of an affine chain.  The step reads ``input`` and its result is
     ``output``; ``affine`` is None for a hop.  ``operands`` are the parameter
     values that may become dead when the step is removed.  ``axis`` and
-    ``rank`` place the channels in ``output`` (set on the output side)."""
+    ``rank`` place the channels in ``output`` (set on the output side).
+    ``monotone``: the step is a maximum (``Hop.monotone``)."""
 
     node: Any
     input: Any
@@ -158,6 +166,7 @@ class Step:
     operands: tuple = ()
     axis: int = 1
     rank: int | None = None
+    monotone: bool = False
 
 
 @dataclass

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 class Op:
     """What an op is to the engine and what it implies about shapes.
 
-    ``role``: ``layer`` / ``norm`` / ``binary`` (an elementwise binary op) / ``hop`` (shape-only) /
+    ``role``: ``layer`` / ``norm`` / ``binary`` (an elementwise binary op) / ``hop`` (a per-channel affine
+    moves through it: shape-only, or a pick / mean / max along other axes) /
     ``metadata`` (reads only its input's shape: a user through it is no user for a fold) /
     ``pool`` (an average pool: re-parameterization reads it as a conv kernel) /
     ``elementwise`` (computes, but keeps the shape).  ``kind``: for a layer its
@@ -25,6 +26,8 @@ class Op:
     input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone folds
     (ONNX), its axis and the input slots of its scale and bias (None: no bias input).  ``type_only``:
     input slots whose dtype alone is read (ONNX ``CastLike``'s second): a reader there is no user.
+    ``monotone``: a hop that takes a maximum (max-pool): a per-channel affine crosses it only
+    with a scale ``>= 0`` (``bnfold.engine.graph.Hop.monotone``).
     """
 
     role: str
@@ -32,3 +35,4 @@ class Op:
     shape: str = ""
     affine: tuple[int, int, int | None] | None = None
     type_only: tuple[int, ...] = ()
+    monotone: bool = False

@@ -1,6 +1,6 @@
-"""Where the channel axis goes through a shape-only hop (Identity, Dropout,
-Unsqueeze, Squeeze, Transpose, Reshape, Flatten; Gather / Slice along other axes),
-forward or backward, and
+"""Where the channel axis goes through a hop (Identity, Dropout, Unsqueeze, Squeeze,
+Transpose, Reshape, Flatten; Gather / Slice / ReduceMean / ReduceMax / pools along other
+axes), forward or backward, and
 what the producer and the readers of a value imply about a shape that ONNX
 shape inference left unknown (a Reshape to a computed shape, dynamic dims).
 """
@@ -142,9 +142,10 @@ def _const_ints(graph: Any, hop: Hop, slot: int) -> list[int] | None | str:
 
 
 def _along_other_axes(removed_axes: Callable) -> Callable:
-    """The rule of a hop that picks, slices or averages along axes other than the channel's (a
-    per-channel affine commutes with it): ``removed_axes(graph, hop, what, rank)`` gives the axes it
-    acts on (of its input, of rank ``rank``) and whether they stay as size-1 axes, or why not known."""
+    """The rule of a hop that picks, slices, averages or pools along axes other than the channel's
+    (a per-channel affine commutes with it; with a maximum, only a non-negative scale does):
+    ``removed_axes(graph, hop, what, rank)`` gives the axes it acts on (of its input, of rank
+    ``rank``) and whether they stay in the result, or why not known."""
 
     def follow(graph: Any, hop: Hop, a: int, rank: int, forward: bool, what: str) -> int | str:
         r_in = graph.shape_info(hop.input).rank
@@ -178,13 +179,19 @@ def _sliced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | st
     return {x % rank for x in (axes if axes is not None else range(len(starts)))}, True
 
 
-def _averaged(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+def _reduced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    # ReduceMean / ReduceMax: axes an attribute (before opset 18) or input 1; none: every axis
     p = hop.node.proto
     axes = attr(p, "axes")
     axes = [int(x) for x in axes] if axes is not None else _const_ints(graph, hop, 1)
     if isinstance(axes, str) or not axes:
-        return axes if isinstance(axes, str) else f"{what} averages every axis"
+        return axes if isinstance(axes, str) else f"{what} reduces every axis"
     return {x % rank for x in axes}, bool(int(attr(p, "keepdims", 1)))
+
+
+def _spatial(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    # MaxPool, GlobalAveragePool, GlobalMaxPool: over the axes after N and C, which stay
+    return set(range(2, rank)), True
 
 
 #: How the channel axis passes each kind of hop (the ``kind`` of its row in ``ops.OPS``):
@@ -198,7 +205,8 @@ AXIS_RULES: dict[str, Callable | None] = {
     "flatten": _reshaped(_flatten_dims),
     "gather": _along_other_axes(_gathered),
     "slice": _along_other_axes(_sliced),
-    "mean": _along_other_axes(_averaged),  # no row names it yet (ops.OPS)
+    "reduce": _along_other_axes(_reduced),
+    "spatial": _along_other_axes(_spatial),
 }
 
 

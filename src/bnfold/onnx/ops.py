@@ -49,10 +49,15 @@ OPS: dict[str, Op] = {
     "Squeeze": Op("hop", "squeeze"),
     "Reshape": Op("hop", "reshape"),
     "Flatten": Op("hop", "flatten"),
-    # along axes other than the channel's: a per-channel affine commutes with picking or slicing there
-    # (ReduceMean has its axis rule, ``mean``, but is no hop yet, as in the torch table)
+    # along axes other than the channel's: a per-channel affine commutes with picking, slicing or
+    # averaging there; with a maximum only when its scale is >= 0 (monotone, checked by the engine)
     "Gather": Op("hop", "gather"),  # of one constant index
     "Slice": Op("hop", "slice", "permuted"),
+    "ReduceMean": Op("hop", "reduce"),
+    "GlobalAveragePool": Op("hop", "spatial", "permuted"),
+    "ReduceMax": Op("hop", "reduce", monotone=True),
+    "MaxPool": Op("hop", "spatial", "permuted", monotone=True),  # while nothing reads its Indices
+    "GlobalMaxPool": Op("hop", "spatial", "permuted", monotone=True),
     "AveragePool": Op("pool", "avg_pool", "permuted"),  # a conv kernel to re-parameterization (geometry.py)
     "Shape": Op("metadata"),
     "Size": Op("metadata"),
@@ -416,4 +421,6 @@ def parse_hop(graph: Any, node: Node) -> Hop | None:
         return None
     if not p.output or not p.output[0] or (p.op_type == "Dropout" and dropout_training(graph, node)):
         return None
-    return Hop(node, graph.value(node.gi, p.input[0]), graph.value(node.gi, p.output[0]), p.op_type)
+    if p.op_type != "Dropout" and any(name and graph.index.visible_uses(node.gi, name) for name in p.output[1:]):
+        return None  # MaxPool's Indices are read
+    return Hop(node, graph.value(node.gi, p.input[0]), graph.value(node.gi, p.output[0]), p.op_type, row.monotone)

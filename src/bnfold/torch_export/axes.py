@@ -57,9 +57,10 @@ def _movedim(node: Node, before: tuple, after: tuple, axis: int, forward: bool) 
 
 
 def _along_other_axes(removed_axes: Callable) -> Callable:
-    """The rule of a hop that picks, slices or averages along axes other than the channel's (a
-    per-channel affine commutes with it): ``removed_axes(node, rank)`` gives the axes it acts on (of
-    its input, of rank ``rank``) and whether they stay as size-1 axes; None: not known."""
+    """The rule of a hop that picks, slices, averages or pools along axes other than the channel's
+    (a per-channel affine commutes with it; with a maximum, only a non-negative scale does):
+    ``removed_axes(node, rank)`` gives the axes it acts on (of its input, of rank ``rank``) and
+    whether they stay in the result; None: not known."""
 
     def follow(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
         rank = len(before)
@@ -86,13 +87,22 @@ def _sliced(node: Node, rank: int) -> tuple[set, bool] | None:
     return {int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank}, True
 
 
-def _averaged(node: Node, rank: int) -> tuple[set, bool] | None:
-    # mean.dim(x, dim, keepdim=False, *, dtype=None)
+def _reduced(node: Node, rank: int) -> tuple[set, bool] | None:
+    # mean.dim(x, dim, keepdim=False, *, dtype=None), amax(x, dim=[], keepdim=False); no dims: all of them
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
     if node.kwargs.get("dtype") is not None or not dims:
         return None
     keep = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
     return {int(d) % rank for d in dims}, keep
+
+
+def _pooled(spatial: int) -> Callable:
+    """A pool over the last ``spatial`` axes (batched or not), which keeps every axis."""
+
+    def axes(node: Node, rank: int) -> tuple[set, bool] | None:
+        return set(range(rank - spatial, rank)), True
+
+    return axes
 
 
 def _reshape(node: Node, before: tuple, after: tuple, axis: int, forward: bool) -> int | None:
@@ -114,7 +124,10 @@ AXIS_RULES: dict[str, Callable | None] = {
     "movedim": _movedim,
     "select": _along_other_axes(_selected),
     "slice": _along_other_axes(_sliced),
-    "mean": _along_other_axes(_averaged),  # no row names it yet (ops.HOPS)
+    "reduce": _along_other_axes(_reduced),
+    "pool1d": _along_other_axes(_pooled(1)),
+    "pool2d": _along_other_axes(_pooled(2)),
+    "pool3d": _along_other_axes(_pooled(3)),
 }
 
 

@@ -22,6 +22,8 @@ from .geometry import conv_geometry, parse_pool
 from .ops import (
     BINARY_OPS,
     HOPS,
+    MAX_HOPS,
+    TUPLE_HOPS,
     addmm_like,
     hop_is_exact,
     in_dialect_of,
@@ -40,6 +42,14 @@ CONSTANT_NORM = (
     "it normalizes a constant (weight standardization): its result is a constant, computed once "
     "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
 )
+
+
+def _values_of(node: Node) -> Node | None:
+    """The ``getitem(node, 0)`` of an op returning ``(values, indices)``, when nothing reads the indices."""
+    users = list(node.users)
+    if len(users) != 1 or node_key(users[0]) != "getitem" or users[0].args[1] != 0:
+        return None
+    return users[0]
 
 
 class FxGraph:
@@ -104,11 +114,15 @@ class FxGraph:
     def hop(self, node: Any) -> Hop | None:
         if not isinstance(node, Node):
             return None
-        if node_key(node) not in HOPS:
+        key = node_key(node)
+        if key not in HOPS:
             return None
         if not node.args or not isinstance(node.args[0], Node) or not hop_is_exact(node):
             return None
-        return Hop(node, node.args[0], node, op_name(node.target))
+        output = _values_of(node) if key in TUPLE_HOPS else node
+        if output is None:
+            return None
+        return Hop(node, node.args[0], output, op_name(node.target), monotone=key in MAX_HOPS)
 
     def is_live(self, node: Any) -> bool:
         return isinstance(node, Node) and not getattr(node, "_erased", False)
@@ -129,10 +143,13 @@ class FxGraph:
     def producer(self, value: Any) -> Any:
         if not isinstance(value, Node) or value.op != "call_function":
             return None
-        if node_key(value) == "getitem":  # a batch norm's normalized output
+        if node_key(value) == "getitem":  # a batch norm's normalized output, a max-pool's values
             source = value.args[0]
             norm = self.norm(source)
-            return source if norm is not None and norm.output is value else None
+            if norm is not None:
+                return source if norm.output is value else None
+            hop = self.hop(source)
+            return source if hop is not None and hop.output is value else None
         return value
 
     # ------------------------------------------------------------------ read

@@ -3,10 +3,16 @@
 QNN's edge passes receive a ``GraphModule`` whose placeholders stand for the
 tensors of a program they were built with, matched by name.  ``GraphModuleEditor``
 reads placeholders through that program's signature and never changes them:
-every folded tensor becomes a buffer of the graph module read by a
-``get_attr`` node (``register_buffer`` + ``graph.get_attr``, as QNN's
-``CanonicalizeConv`` does), and a placeholder whose tensor was replaced stays
-in the graph without users.  ``get_attr`` tensors are read and written as they are.
+every folded tensor becomes a tensor of the graph module read by a ``get_attr``
+node (as QNN's ``CanonicalizeConv`` adds its own), and a placeholder whose
+tensor was replaced stays in the graph without users.  ``get_attr`` tensors
+are read and written as they are.
+
+A new tensor is registered as a parameter that needs no gradient, not as a
+buffer: ExecuTorch's ``ExportPass`` re-traces a ``get_attr`` tensor with static
+shapes only when it is a parameter.  A buffer's dims become symbols there,
+which QNN's ``ExpandBroadcastTensorShape`` cannot hash (a folded linear's
+``[out]`` bias beside its ``[N, out]`` product failed in its pipeline).
 """
 
 from __future__ import annotations
@@ -59,7 +65,7 @@ class GraphModuleEditor(FxTensors):
 
     def add_placeholder(self, like: Node, target: str, value: torch.Tensor) -> Node:
         last = [n for n in self.graph.nodes if n.op == "placeholder"][-1]  # get_attr nodes follow the inputs
-        return self.add_attr(last, target.replace(".", "_") + "_bnfold", value)
+        return self.add_attr(last, target.replace(".", "_") + "_bnfold", value, parameter=True)
 
     def drop_placeholder(self, node: Node) -> None:
         """Placeholders stay: the pipeline updates the signature positionally."""

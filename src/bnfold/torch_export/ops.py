@@ -417,7 +417,8 @@ def parse_norm(node: Node) -> Norm | None:
 #: ``identity`` (output = first input, element for element), ``reshape`` (view / squeeze / flatten:
 #: the channel axis is where as many elements come before it), ``unsqueeze``, ``transpose``,
 #: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``);
-#: ``select``, ``slice`` (along axes other than the channel's).
+#: ``select``, ``slice``, ``reduce`` (a mean or max along axes other than the channel's), ``pool1d`` /
+#: ``pool2d`` / ``pool3d`` (a pool over the last 1 / 2 / 3 axes).  The maxima are in ``MAX_HOPS`` too.
 HOPS: dict[str, str] = {
     "aten::clone.default": "identity",
     "aten::alias.default": "identity",
@@ -459,14 +460,55 @@ HOPS: dict[str, str] = {
     "aten::movedim.intlist": "movedim",
     "aten::expand.default": "expand",
     "aten::expand_copy.default": "expand",
-    # along axes other than the channel's: a per-channel affine commutes with picking or slicing there
-    # (``aten::mean.dim`` has its axis rule, ``mean``, but is no hop yet: a BN that cannot fold, then a
-    # global mean, would fold into the linear after it, which the QNN pipeline's snippet does not expect)
+    # along axes other than the channel's: a per-channel affine commutes with picking, slicing or
+    # averaging there (each output is a mean of inputs of its channel: weights that sum to one)
     "aten::select.int": "select",
     "aten::select_copy.int": "select",
     "aten::slice.Tensor": "slice",
     "aten::slice_copy.Tensor": "slice",
+    "aten::mean.dim": "reduce",
+    "aten::adaptive_avg_pool1d.default": "pool1d",
+    "aten::adaptive_avg_pool2d.default": "pool2d",
+    "aten::_adaptive_avg_pool2d.default": "pool2d",
+    "aten::adaptive_avg_pool3d.default": "pool3d",
+    "aten::_adaptive_avg_pool3d.default": "pool3d",
+    # maxima along other axes: only a non-negative scale commutes with them (``MAX_HOPS``)
+    "aten::amax.default": "reduce",
+    "aten::max_pool1d.default": "pool1d",
+    "aten::max_pool2d.default": "pool2d",
+    "aten::max_pool3d.default": "pool3d",
+    "aten::max_pool2d_with_indices.default": "pool2d",
+    "aten::max_pool3d_with_indices.default": "pool3d",
+    "aten::adaptive_max_pool1d.default": "pool1d",
+    "aten::adaptive_max_pool2d.default": "pool2d",
+    "aten::adaptive_max_pool3d.default": "pool3d",
 }
+#: The hops of ``HOPS`` that take a maximum: ``max(x * s + t) = max(x) * s + t`` only where ``s >= 0``,
+#: which the engine checks (``engine.edit.negative_crossing``).  Ending in ``_with_indices`` / adaptive:
+#: they return ``(values, indices)``, and are hops only while nothing reads the indices (``TUPLE_HOPS``).
+MAX_HOPS = frozenset(
+    {
+        "aten::amax.default",
+        "aten::max_pool1d.default",
+        "aten::max_pool2d.default",
+        "aten::max_pool3d.default",
+        "aten::max_pool2d_with_indices.default",
+        "aten::max_pool3d_with_indices.default",
+        "aten::adaptive_max_pool1d.default",
+        "aten::adaptive_max_pool2d.default",
+        "aten::adaptive_max_pool3d.default",
+    }
+)
+#: Hops that return ``(values, indices)``: the hop's output is ``getitem(node, 0)``.
+TUPLE_HOPS = frozenset(
+    {
+        "aten::max_pool2d_with_indices.default",
+        "aten::max_pool3d_with_indices.default",
+        "aten::adaptive_max_pool1d.default",
+        "aten::adaptive_max_pool2d.default",
+        "aten::adaptive_max_pool3d.default",
+    }
+)
 
 
 def transpose_dims(node: Node) -> tuple:
@@ -529,9 +571,12 @@ def _mentions(arg: Any, value: Node) -> bool:
 def hop_is_exact(node: Node) -> bool:
     """Whether a hop-like node moves data without changing it: eval dropout, a same-dtype copy,
     an expand to the shape it already has."""
-    if HOPS.get(node_key(node)) == "expand":
+    key = node_key(node)
+    if HOPS.get(key) == "expand":
         before, after = _shape(node.args[0]), _shape(node)
         return before is not None and before == after
+    if key == "aten::mean.dim":  # a mean into another dtype also rounds
+        return node.kwargs.get("dtype") is None
     return _identity_dropout(node)
 
 
@@ -561,7 +606,7 @@ OPS: dict[str, Op] = {
     **{key: Op("norm", "batch_norm") for key in NORMS},
     **{key: Op("norm", parse.kind) for key, parse in NORM_AFFINES.items()},
     **{key: Op("binary", row, "broadcast") for key, row in BINARY_OPS.items()},
-    **{key: Op("hop", rule) for key, rule in HOPS.items()},
+    **{key: Op("hop", rule, monotone=key in MAX_HOPS) for key, rule in HOPS.items()},
     **{key: Op("pool", "avg_pool") for key in AVG_POOLS},
 }
 

@@ -219,8 +219,9 @@ class FxTensors:
             return self.add_placeholder(like, target, value)
         return self.add_attr(like, target.replace(".", "_"), value)
 
-    def add_attr(self, like: Node, name: str, value: torch.Tensor) -> Node:
-        """A new ``get_attr`` tensor registered on the graph module (a parameter if ``like``'s is one)."""
+    def add_attr(self, like: Node, name: str, value: torch.Tensor, parameter: bool = False) -> Node:
+        """A new ``get_attr`` tensor registered on the graph module: a parameter if ``like``'s is one,
+        or if ``parameter`` (then one that needs no gradient), else a buffer."""
         base, i = name, 0
         while hasattr(self.gm, name):
             i += 1
@@ -228,6 +229,8 @@ class FxTensors:
         old = getattr_path(self.gm, like.target) if like.op == "get_attr" else None
         if isinstance(old, torch.nn.Parameter):
             self.gm.register_parameter(name, _like(old, value))
+        elif parameter:
+            self.gm.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
         else:
             self.gm.register_buffer(name, value)
         with self.graph.inserting_after(like):
