@@ -182,7 +182,7 @@ def f64_io(pairs) -> list:
 
 
 def _bn_folds(report) -> int:
-    return sum("batch_norm" in f.pattern for f in report.folded)
+    return sum(f.kind == "batch_norm" for f in report.folded)
 
 
 def _patterns(report) -> dict:
@@ -221,7 +221,7 @@ def measure(name: str, rounds: int) -> dict:
         "nodes_edge": len(eep.graph.nodes),
         "batch_norm_nodes_aten": batch_norm_nodes(ep),
         "batch_norm_nodes_edge": batch_norm_nodes(eep),
-        # folds whose pattern holds a batch_norm; the rest are other per-channel affines bnfold also folds
+        # folds of a batch norm (``Folded.kind``); the rest are other per-channel affines bnfold also folds
         # (e.g. the ``/ 6`` of a decomposed hardswish in the edge program)
         "folded": _bn_folds(res.report),
         "folded_other": len(res.report.folded) - _bn_folds(res.report),

@@ -16,6 +16,7 @@ import torch
 from .. import fold_math
 from ..fold_math import FoldError
 from ..report import Code
+from .axes import channel_axis
 from .graph import GraphAdapter, Hop, Layer, Norm, Step
 
 #: A chain longer than this is cut (a fold is never worth an unbounded walk).
@@ -194,7 +195,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
     the Stop that ended the walk, if one did."""
     x = layer.output
     rank = graph.shape_info(x).rank
-    axis = layer.out_axis if rank is None or layer.out_axis >= 0 else rank + layer.out_axis
+    axis = channel_axis(layer.out_axis, rank)
     steps: list[Step] = []
     lost = ""
     try:
@@ -245,7 +246,7 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
     """The steps that lead to ``layer``'s input, nearest the layer last (each
     the only user of the one before it), and the Stop that ended the walk."""
     rank = graph.shape_info(layer.input).rank
-    axis = layer.in_axis if rank is None or layer.in_axis >= 0 else rank + layer.in_axis
+    axis = channel_axis(layer.in_axis, rank)
     return chain_up(graph, layer.input, axis, channels)
 
 

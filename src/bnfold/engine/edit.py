@@ -15,6 +15,7 @@ from typing import Any
 
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
+from .axes import channel_axis
 from .graph import GraphAdapter, Layer, LayerWeights, Outcome, Step
 
 
@@ -192,7 +193,7 @@ def _write(graph: GraphAdapter, targets: list, steps: list[Step], rule: str, sid
             value, axis, rank = end, steps[-1].axis, steps[-1].rank
         else:
             value, rank = layer.output, graph.shape_info(layer.output).rank
-            axis = layer.out_axis if rank is None or layer.out_axis >= 0 else rank + layer.out_axis
+            axis = channel_axis(layer.out_axis, rank)
         shape = broadcast_shape(pending.numel(), axis, rank, graph.full_rank_constants)
         graph.add_bias(layer, value, pending.reshape(shape))
         for entry in entries:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..report import Code
+from .axes import channel_axis
 from .chain import Stop, _same, chain_up
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
@@ -25,7 +26,7 @@ def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
     the channel axis there (None: a hop lost it)."""
     x = layer.input
     rank = graph.shape_info(x).rank
-    axis = layer.in_axis % rank if rank else layer.in_axis
+    axis = channel_axis(layer.in_axis, rank)
     while len(graph.users(x)) == 1 and (hop := graph.hop(graph.producer(x))) is not None and not hop.monotone:
         found = graph.follow_axis(hop, axis, False) if axis is not None else None
         axis = None if isinstance(found, str) else found
