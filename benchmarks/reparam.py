@@ -35,9 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import paired_ratio, quiet  # noqa: E402
 from reparam_models import MODELS, calibrated  # noqa: E402
 
-# ------------------------------------------------------------------------------------------ models
-
-
 # ------------------------------------------------------------------------------------------ measure
 
 
