@@ -54,7 +54,7 @@ class Code(str, Enum):
     # structural re-parameterization (``bnfold.engine.reparam``): summed branches that stay apart
     # (a ``kept_ops`` note on the sum's last add)
     MERGE_ACTIVATION = "merge_activation"  #: an op that is not affine (an activation) inside a branch
-    MERGE_SHARED = "merge_shared"  #: a branch's value has a reader outside the sum
+    MERGE_SHARED = "merge_shared"  #: a branch's value has a reader outside the sum (or an in-place add writes into one)
     MERGE_INPUTS = "merge_inputs"  #: the branches read different values
     MERGE_GEOMETRY = "merge_geometry"  #: different strides / dilations / groups / shapes, or no covering kernel
     MERGE_PADDING = "merge_padding"  #: the branches' paddings do not align (they see different windows)

@@ -293,6 +293,9 @@ class FakeAdapter:
     def pool(self, node):
         return None  # the fake graph has no pooling op
 
+    def inplace_sum(self, node):
+        return None  # nor in-place ops
+
     def inputs(self, node) -> list:
         return [v for v in node.inputs if v is not None]
 

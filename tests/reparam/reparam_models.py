@@ -101,6 +101,46 @@ class AvgBranch(nn.Module):
         return self.pool(x) + self.dense(x) + self.one(x)
 
 
+class InPlaceSums(nn.Module):
+    """GhostNetV3's ghost module and stride-2 depthwise conv, summed as it (and timm's MobileOne) writes
+    it: ``out = 0`` or the scale and identity branches, then ``out += branch(x)`` per conv branch
+    (``add_`` in the default IR; the stride-2 one subtracts, ``sub_``), an in-place ReLU."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.primary = nn.ModuleList(conv_bn(c, c, 1) for _ in range(3))
+        self.cheap = nn.ModuleList(conv_bn(c, c, 3, groups=c) for _ in range(3))
+        self.cheap_scale, self.cheap_skip = conv_bn(c, c, 1, groups=c), nn.BatchNorm2d(c)
+        self.dw = nn.ModuleList(conv_bn(2 * c, 2 * c, 3, 2, groups=2 * c) for _ in range(3))
+        self.dw_scale = conv_bn(2 * c, 2 * c, 1, 2, groups=2 * c)
+
+    def forward(self, x):
+        x1 = 0
+        for branch in self.primary:
+            x1 += branch(x)
+        x1 = torch.relu_(x1)
+        x2 = self.cheap_scale(x1) + self.cheap_skip(x1)
+        for branch in self.cheap:
+            x2 += branch(x1)
+        y = torch.cat([x1, x2], 1)
+        out = self.dw_scale(y)
+        for branch in self.dw:
+            out -= branch(y)
+        return out
+
+
+class BranchTwice(nn.Module):
+    """One branch's value summed twice (``y + y``) with a second branch: the kept conv appears twice."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.dense, self.one = conv_bn(c, c, 3), conv_bn(c, c, 1)
+
+    def forward(self, x):
+        y = self.dense(x)
+        return y + y + self.one(x)
+
+
 # ------------------------------------------------------------------------------------------- refused
 
 
@@ -172,6 +212,20 @@ class Misaligned(nn.Module):
 
     def forward(self, x):
         return self.dense(x) + self.two(x)
+
+
+class InPlaceIntoInput(nn.Module):
+    """``x += conv_bn(x)``: the in-place add writes into the value its branch reads (exact as a sum once
+    functional, in the decomposed IR; refused on the ``add_`` of the default IR)."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.conv = conv_bn(c, c, 3)
+
+    def forward(self, x):
+        x = torch.relu(x)
+        x += self.conv(x)
+        return x
 
 
 def calibrate(module: nn.Module, shape, seed: int = 0) -> nn.Module:

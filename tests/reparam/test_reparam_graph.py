@@ -13,10 +13,13 @@ from reparam_models import (
     ACNet,
     ActivationInBranch,
     AvgBranch,
+    BranchTwice,
     DifferentDilations,
     DifferentGroups,
     DifferentInputs,
     DifferentStrides,
+    InPlaceIntoInput,
+    InPlaceSums,
     Misaligned,
     MobileOne,
     RepMixer,
@@ -50,6 +53,8 @@ CASES = {
     "avg_pool_branch": (lambda: AvgBranch(), 1, 1),
     "stem_then_repvgg": (lambda: StemThenRepVGG(), 2, 1),
     "same_padding": (lambda: SamePadding(), 1, 1),
+    "inplace_sums": (lambda: InPlaceSums(), 3, 3),
+    "branch_summed_twice": (lambda: BranchTwice(), 1, 1),
 }
 IRS = ("default", "decomposed", "edge", "onnx")
 
@@ -166,6 +171,27 @@ def test_refused_merges_keep_the_branches_and_say_why(name, ir):
     assert _refusals(result.report) == [code], result.report
     assert not [s for s in result.report.skipped if s.code.name.startswith("MERGE_")], result.report
     assert_matches(outs[0], refs[0])
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge"])
+def test_inplace_add_into_the_branch_input_is_refused_until_functional(ir):
+    """``x += conv_bn(x)``: the default IR's ``add_`` mutates a value its branch reads, and is kept with
+    the reason; the decomposed and edge IR spell it ``add``, which merges.  Exact in all three."""
+    block = calibrate(InPlaceIntoInput(), SHAPE, seed=5)
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(7))
+    ref = reference(block, x)
+    result = bnfold.fold(export(block, (x,), ir))
+    counts = _fx_counts(result.model)
+    if ir == "default":
+        assert not result.report.merged, result.report
+        assert _refusals(result.report) == [Code.MERGE_SHARED], result.report
+        assert "adds in place into" in result.report.kept_ops[0].reason, result.report
+        assert counts == {"conv": 1, "sum": 1, "bn": 0, "pool": 0, "mul": 0}, counts
+    else:
+        assert len(result.report.merged) == 1, result.report
+        assert counts == {"conv": 1, "sum": 0, "bn": 0, "pool": 0, "mul": 0}, counts
+    with torch.no_grad():
+        assert_matches(result.model.module()(x), ref)
 
 
 def test_exclude_and_only_keep_the_branches():

@@ -129,7 +129,8 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
             Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node), Code(code))
         )
     for node, (reason, code) in reasons.items():
-        if graph.norm(node) is None and graph.is_live(node) and graph.binary(node) is not None:
+        is_op = graph.binary(node) is not None or graph.inplace_sum(node) is not None  # a sum a merge kept
+        if graph.norm(node) is None and graph.is_live(node) and is_op:
             report.kept_ops.append(KeptOp(graph.op_label(node), reason, graph.node_name(node), Code(code)))
     return report
 

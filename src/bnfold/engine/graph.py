@@ -268,6 +268,9 @@ class GraphAdapter(Protocol[N, V]):
     # -- re-parameterization (``bnfold.engine.reparam``): read, then one primitive edit
     def conv_geometry(self, layer: Layer) -> ConvGeometry | str: ...  # or why it is not known
     def pool(self, node: N | None) -> Pool | None: ...  # an average pool, or None
+    # ``a += b`` / ``a -= b`` (fx ``add_``): a Binary whose output is ``a`` mutated; None in a format
+    # without in-place ops.  The engine reads it as a sum only where nothing else reads ``a``.
+    def inplace_sum(self, node: N | None) -> Binary | None: ...
     def inputs(self, node: N) -> list[V]: ...  # the values ``node`` reads, in order
     # Remove ``nodes`` (the engine chose them: they compute ``old`` and nothing else reads them once
     # ``old`` is replaced) and make every reader of ``old`` read ``new``; a graph output keeps its name.

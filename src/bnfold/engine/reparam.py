@@ -1,9 +1,10 @@
 """Structural re-parameterization: parallel branches that read one value and are summed become one conv.
 
-A RepVGG / MobileOne / RepViT / ACNet block computes ``Σ coeff_i ⊙ branch_i(x) + shift`` where each
-branch is a conv reading ``x`` (its BN already folded into it by the other rules), ``x`` itself (an
-identity, possibly through a BN or per-channel affine: a coefficient) or an average pool of ``x``.
-The sum is read down from its last add through adds, subs and per-channel affines (a layer scale, a
+A RepVGG / MobileOne / RepViT / ACNet / GhostNetV3 block computes ``Σ coeff_i ⊙ branch_i(x) + shift``
+where each branch is a conv reading ``x`` (its BN already folded into it by the other rules), ``x``
+itself (an identity, possibly through a BN or per-channel affine: a coefficient) or an average pool
+of ``x``.  The sum is read down from its last add through adds, subs (in place too, ``out +=
+branch(x)``, where nothing else reads what it adds into) and per-channel affines (a layer scale, a
 BN) whose values have no other reader; every leaf must be a branch of the same ``x``.  The branches
 then become the conv with the largest kernel (``bnfold.fold_math``: kernels embedded where the
 paddings align, identity and pool as kernels, coefficients and sums), and the sum's value is that
@@ -11,11 +12,11 @@ conv's output; a BN after the sum then folds into it by the output rule.
 
 What is not exact is refused with a reason and a ``MERGE_*`` :class:`~bnfold.report.Code`, kept on
 the sum's last add (a ``report.kept_ops`` note: the add is no normalization): an activation inside a
-branch (``MERGE_ACTIVATION``), a branch value with another reader (``MERGE_SHARED``), branches that
-read different values (``MERGE_INPUTS``), different strides / dilations / groups (``MERGE_GEOMETRY``),
-misaligned padding (``MERGE_PADDING``), an average pool that does not count its padding
-(``MERGE_POOL``).  Written once, for every graph kind: the adapter only answers and makes one
-primitive edit (``bypass``) besides writing the layer.
+branch (``MERGE_ACTIVATION``), a branch value with another reader or an in-place add into a value
+another op reads (``MERGE_SHARED``), branches that read different values (``MERGE_INPUTS``),
+different strides / dilations / groups (``MERGE_GEOMETRY``), misaligned padding (``MERGE_PADDING``),
+an average pool that does not count its padding (``MERGE_POOL``).  Written once, for every graph
+kind: the adapter only answers and makes one primitive edit (``bypass``) besides writing the layer.
 """
 
 from __future__ import annotations
@@ -69,8 +70,8 @@ class _Refused(Exception):
 
 
 def _sum(graph: GraphAdapter, node: Any) -> tuple[Any, Any, float] | None:
-    """``node`` as ``a + k * b`` of two computed values (an add or a sub), or None."""
-    op = graph.binary(node) if node is not None else None
+    """``node`` as ``a + k * b`` of two computed values (an add or a sub, in place or not), or None."""
+    op = (graph.inplace_sum(node) or graph.binary(node)) if node is not None else None
     if op is None or op.op not in ("add", "sub") or graph.constant(op.a) is not None:
         return None
     if graph.constant(op.b) is not None:
@@ -83,7 +84,7 @@ def _sum(graph: GraphAdapter, node: Any) -> tuple[Any, Any, float] | None:
 
 
 def _output(graph: GraphAdapter, node: Any) -> Any:
-    op = graph.binary(node)
+    op = graph.inplace_sum(node) or graph.binary(node)
     if op is not None:
         return op.output
     norm = graph.norm(node)
@@ -232,6 +233,13 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
     """The merged weight and bias and the conv that takes them; None when another branch's conv keeps
     them; _Refused with the reason when the merge is not exact."""
     x = anchor.input
+    for node in tree.nodes:
+        op = graph.inplace_sum(node)
+        if op is not None and graph.users(op.a) != [node]:  # the merge would leave it unchanged for them
+            raise _Refused(
+                f"{graph.describe_node(node)} adds in place into {graph.describe(op.a)}, which another op reads",
+                Code.MERGE_SHARED,
+            )
     for term in tree.terms:
         if not _same(term.source, x):
             raise _foreign(graph, term, x, tree)
@@ -363,7 +371,7 @@ def _apply(graph: GraphAdapter, root: Any, root_value: Any, tree: _Tree, plan, o
     norms = [graph.norm_label(n) for n in tree.norms]
     merged = Merged(into, branches, "+".join(pattern), graph.node_name(root), into_node, norms)
     removed = list(tree.nodes)
-    removed += [t.layer.node for t in tree.terms if t.kind == "conv" and t is not target]
+    removed += [t.layer.node for t in tree.terms if t.kind == "conv" and t.layer.node != target.layer.node]
     removed += [t.pool.node for t in tree.terms if t.kind == "pool"]
     seen, unique = set(), []
     for node in removed:
@@ -407,7 +415,7 @@ def _apply(graph: GraphAdapter, root: Any, root_value: Any, tree: _Tree, plan, o
 
 def _op(graph: GraphAdapter, node: Any) -> str:
     """The readable op of a node a merge removes (a sum, an affine, a branch conv or pool)."""
-    for parse in (graph.norm, graph.binary, graph.layer, graph.pool):
+    for parse in (graph.norm, graph.inplace_sum, graph.binary, graph.layer, graph.pool):
         found = parse(node)
         if found is not None:
             return getattr(found, "name", "") or found.op

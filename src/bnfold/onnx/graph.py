@@ -406,6 +406,9 @@ class OnnxGraph:
     def pool(self, node: Any) -> Pool | None:
         return parse_pool(self, node) if self.is_live(node) else None
 
+    def inplace_sum(self, node: Any) -> Binary | None:
+        return None  # ONNX has no in-place ops
+
     def inputs(self, node: Any) -> list:
         return [self.value(node.gi, name) for name in node.proto.input if name] if isinstance(node, Node) else []
 

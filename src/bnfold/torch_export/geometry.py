@@ -1,6 +1,7 @@
-"""How a conv or an average pool of an fx graph slides over its input (re-parameterization,
-``bnfold.engine.reparam``): the conv rows of ``ops.LAYERS`` and the ``ops.AVG_POOLS`` rows, read
-into ``ConvGeometry`` / ``Pool``."""
+"""What the re-parameterization (``bnfold.engine.reparam``) reads of an fx graph besides the fold's
+op tables: how a conv or an average pool slides over its input (the conv rows of ``ops.LAYERS`` and
+the ``ops.AVG_POOLS`` rows, read into ``ConvGeometry`` / ``Pool``), and the in-place sums
+(``out += branch(x)``) the training IR keeps."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from torch.fx import Node
 
-from ..engine.graph import ConvGeometry, Layer, Pool
+from ..engine.graph import Binary, ConvGeometry, Layer, Pool
 from .ops import AVG_POOLS, LAYERS, _arg, node_key, op_name
 
 
@@ -78,3 +79,16 @@ def parse_pool(node: Node) -> Pool | None:
         bool(_arg(node, 4, "ceil_mode", False)),
         _arg(node, 6, "divisor_override", None),
     )
+
+
+#: In-place sums: ``out += branch(x)`` is ``aten.add_.Tensor`` in the training IR (run_decompositions
+#: makes it ``add``).  Only the merge reads them, and only where nothing else reads what they mutate.
+INPLACE_SUMS = {"aten::add_.Tensor": "add", "aten::sub_.Tensor": "sub"}
+
+
+def parse_inplace_sum(node: Node) -> Binary | None:
+    """``a += alpha * b`` (``a -= ...``) as a Binary whose output is the node (``a``, mutated)."""
+    op = INPLACE_SUMS.get(node_key(node))
+    if op is None or len(node.args) < 2:
+        return None
+    return Binary(node, op, node.args[0], node.args[1], node, node.kwargs.get("alpha", 1), op_name(node.target))

@@ -18,7 +18,7 @@ from torch.fx import Node
 from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
 from ..report import Code
 from .axes import follow_axis
-from .geometry import conv_geometry, parse_pool
+from .geometry import conv_geometry, parse_inplace_sum, parse_pool
 from .ops import (
     BINARY_OPS,
     HOPS,
@@ -362,6 +362,9 @@ class FxGraph:
 
     def pool(self, node: Any) -> Pool | None:
         return parse_pool(node) if isinstance(node, Node) and self.is_live(node) else None
+
+    def inplace_sum(self, node: Any) -> Binary | None:
+        return parse_inplace_sum(node) if isinstance(node, Node) and self.is_live(node) else None
 
     def inputs(self, node: Any) -> list:
         return list(node.all_input_nodes) if isinstance(node, Node) else []
