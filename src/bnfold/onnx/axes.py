@@ -165,11 +165,16 @@ def _along_other_axes(removed_axes: Callable) -> Callable:
 
 
 def _gathered(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
+    # one index (the axis goes) or a 1-D list of them (the axis stays, shorter); other ranks add axes
     p = hop.node.proto
-    index = graph.const(graph.value(hop.node.gi, p.input[1])) if len(p.input) > 1 and p.input[1] else None
-    if index is None or np.asarray(index.value).ndim != 0:
-        return f"{what} does not pick one constant index"
-    return {int(attr(p, "axis", 0)) % rank}, False
+    if len(p.input) < 2 or not p.input[1]:
+        return f"{what} has no indices"
+    indices = graph.value(hop.node.gi, p.input[1])
+    index = graph.const(indices)
+    index_rank = np.asarray(index.value).ndim if index is not None else graph.shape_info(indices).rank
+    if index_rank not in (0, 1):
+        return f"{what} does not pick one index or a 1-D list of them"
+    return {int(attr(p, "axis", 0)) % rank}, index_rank == 1
 
 
 def _sliced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:

@@ -87,6 +87,17 @@ def _sliced(node: Node, rank: int) -> tuple[set, bool] | None:
     return {int(node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % rank}, True
 
 
+def _index_selected(node: Node, rank: int) -> tuple[set, bool] | None:
+    # index_select(x, dim, index): the dim stays, with len(index) entries
+    return {int(node.args[1]) % rank}, True
+
+
+def _indexed(node: Node, rank: int) -> tuple[set, bool] | None:
+    # index.Tensor(x, [None, ..., idx]): one 1-D index (ops.hop_is_exact) at its position
+    (pos,) = [i for i, index in enumerate(node.args[1]) if index is not None]
+    return {pos}, True
+
+
 def _reduced(node: Node, rank: int) -> tuple[set, bool] | None:
     # mean.dim(x, dim, keepdim=False, *, dtype=None), amax(x, dim=[], keepdim=False); no dims: all of them
     dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
@@ -124,6 +135,8 @@ AXIS_RULES: dict[str, Callable | None] = {
     "movedim": _movedim,
     "select": _along_other_axes(_selected),
     "slice": _along_other_axes(_sliced),
+    "index_select": _along_other_axes(_index_selected),
+    "index": _along_other_axes(_indexed),
     "reduce": _along_other_axes(_reduced),
     "pool1d": _along_other_axes(_pooled(1)),
     "pool2d": _along_other_axes(_pooled(2)),

@@ -417,8 +417,9 @@ def parse_norm(node: Node) -> Norm | None:
 #: ``identity`` (output = first input, element for element), ``reshape`` (view / squeeze / flatten:
 #: the channel axis is where as many elements come before it), ``unsqueeze``, ``transpose``,
 #: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``);
-#: ``select``, ``slice``, ``reduce`` (a mean or max along axes other than the channel's), ``pool1d`` /
-#: ``pool2d`` / ``pool3d`` (a pool over the last 1 / 2 / 3 axes).  The maxima are in ``MAX_HOPS`` too.
+#: ``select``, ``slice``, ``index_select``, ``index``, ``reduce`` (a mean or max), along axes other
+#: than the channel's; ``pool1d`` / ``pool2d`` / ``pool3d`` (a pool over the last 1 / 2 / 3 axes).
+#: The maxima are in ``MAX_HOPS`` too.
 HOPS: dict[str, str] = {
     "aten::clone.default": "identity",
     "aten::alias.default": "identity",
@@ -466,6 +467,8 @@ HOPS: dict[str, str] = {
     "aten::select_copy.int": "select",
     "aten::slice.Tensor": "slice",
     "aten::slice_copy.Tensor": "slice",
+    "aten::index_select.default": "index_select",
+    "aten::index.Tensor": "index",  # x[:, idx]: one 1-D integer index (``hop_is_exact``)
     "aten::mean.dim": "reduce",
     "aten::adaptive_avg_pool1d.default": "pool1d",
     "aten::adaptive_avg_pool2d.default": "pool2d",
@@ -577,6 +580,16 @@ def hop_is_exact(node: Node) -> bool:
         return before is not None and before == after
     if key == "aten::mean.dim":  # a mean into another dtype also rounds
         return node.kwargs.get("dtype") is None
+    if key == "aten::index.Tensor":  # one 1-D integer index: a bool mask or several indices move axes
+        indices = node.args[1] if len(node.args) > 1 else []
+        given = [i for i in indices if i is not None]
+        val = given[0].meta.get("val") if len(given) == 1 and isinstance(given[0], Node) else None
+        return (
+            isinstance(val, torch.Tensor)
+            and val.dim() == 1
+            and not val.dtype.is_floating_point
+            and val.dtype != torch.bool
+        )
     return _identity_dropout(node)
 
 
