@@ -51,7 +51,7 @@ OPS: dict[str, Op] = {
     "Flatten": Op("hop", "flatten"),
     # along axes other than the channel's: a per-channel affine commutes with picking, slicing or
     # averaging there; with a maximum only when its scale is >= 0 (monotone, checked by the engine)
-    "Gather": Op("hop", "gather"),  # of one constant index
+    "Gather": Op("hop", "gather"),  # of one index or a 1-D list of them (axes.py)
     "Slice": Op("hop", "slice", "permuted"),
     "ReduceMean": Op("hop", "reduce"),
     "GlobalAveragePool": Op("hop", "spatial", "permuted"),

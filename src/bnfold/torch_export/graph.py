@@ -22,7 +22,7 @@ from .geometry import conv_geometry, parse_inplace_sum, parse_pool
 from .ops import (
     BINARY_OPS,
     HOPS,
-    MAX_HOPS,
+    OPS,
     TUPLE_HOPS,
     addmm_like,
     hop_is_exact,
@@ -122,7 +122,7 @@ class FxGraph:
         output = _values_of(node) if key in TUPLE_HOPS else node
         if output is None:
             return None
-        return Hop(node, node.args[0], output, op_name(node.target), monotone=key in MAX_HOPS)
+        return Hop(node, node.args[0], output, op_name(node.target), monotone=OPS[key].monotone)
 
     def is_live(self, node: Any) -> bool:
         return isinstance(node, Node) and not getattr(node, "_erased", False)
