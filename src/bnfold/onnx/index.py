@@ -263,7 +263,7 @@ class ModelIndex:
             else:
                 values.append(None)
         try:
-            return evaluate(node, values, self.meter())
+            return evaluate(node, values, self.meter(), self.opset)
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):
             return None
 
