@@ -9,6 +9,7 @@ graph output or a subgraph refers to.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -149,35 +150,45 @@ class ModelIndex:
         uses any more (the clean-up removes those)."""
         return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
 
+    def unused_constant(self, gi: GraphInfo, node: NodeProto) -> bool:
+        """Whether ``node`` computes a constant whose results nobody uses any more (the clean-up
+        removes it): a weight computed in the graph, once the layer it fed holds the folded one."""
+        return self._dead_const(Use(gi, node, -1))
+
     def _dead_const(self, u: Use) -> bool:
         """Whether ``u`` is by a constant-computing node whose results nobody uses (also through
-        others such): iterative, each node decided once until the next edit."""
+        others such): iterative, each node decided once until the next edit, and decided as soon
+        as one user shows it is used (a graph output, a node that computes no constant, a user
+        known to be used, a cycle)."""
         if u.node is None:
             return False
         memo = self._dead
-        stack, on_stack = [(u.gi, u.node)], {id(u.node)}
-        while stack:
-            g, n = stack[-1]
-            if id(n) in memo:
-                stack.pop()
+        frames: list[list] = [[u.gi, u.node, None]]
+        on_path = {id(u.node)}
+        while frames:
+            frame = frames[-1]
+            g, n, users = frame
+            if users is None:
+                users = frame[2] = self._const_users(g, n)
+            pending = False if users is False else _first_undecided(users, memo, on_path)
+            if isinstance(pending, Use):
+                frames.append([pending.gi, pending.node, None])
+                on_path.add(id(pending.node))
                 continue
-            if not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
-                memo[id(n)] = False
-                stack.pop()
-                continue
-            users = [v for o in n.output if o for v in self.visible_uses(g, o)]
-            if any(v.node is None or id(v.node) in on_stack and id(v.node) not in memo for v in users):
-                memo[id(n)] = False  # a graph output (or a cycle) uses it
-                stack.pop()
-                continue
-            todo = [(v.gi, v.node) for v in users if id(v.node) not in memo]
-            if todo:
-                stack.extend(todo)
-                on_stack.update(id(t[1]) for t in todo)
-                continue
-            memo[id(n)] = all(memo[id(v.node)] for v in users)
-            stack.pop()
+            memo[id(n)] = pending is None  # None: every user is dead; False: one is used
+            on_path.discard(id(n))
+            frames.pop()
         return memo[id(u.node)]
+
+    def _const_users(self, gi: GraphInfo, node: NodeProto) -> list[Use] | bool:
+        """The uses of ``node``'s outputs, or False when ``node`` is used for sure: it computes no
+        constant, or a graph output or a node that computes no constant reads it."""
+        if not _computes_constant(node):
+            return False
+        users = [v for o in node.output if o for v in self.visible_uses(gi, o)]
+        if any(v.node is None or not _computes_constant(v.node) for v in users):
+            return False
+        return users
 
     def _edited(self) -> None:
         """Forget what was derived from the graph as it was (constants, dead constant nodes)."""
@@ -223,26 +234,70 @@ class ModelIndex:
         return f"{what} '{name}' is not defined in scope"
 
     def _evaluate_chain(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
-        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without recursion."""
+        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without
+        recursion.  A node that reads a value known not to be a constant is no constant: that is
+        looked for first, breadth-first (:meth:`_reads_non_constant`), so a node on a data path is
+        decided by its nearest data input, not by walking its whole constant-typed past."""
         memo = self._values
-        stack, on_stack = [(gi, node)], {id(node)}
-        while stack:
-            g, n = stack[-1]
-            if id(n) in memo:
-                stack.pop()
-                continue
-            todo = []
-            for i in inputs_needed(n):
-                f = self._find(g, n.input[i], "input") if i < len(n.input) else None
-                if isinstance(f, tuple) and id(f[1]) not in memo and id(f[1]) not in on_stack:
-                    todo.append(f)
-            if todo:
-                stack.extend(todo)
-                on_stack.update(id(t[1]) for t in todo)
-                continue
-            stack.pop()
-            memo[id(n)] = self._evaluate(g, n, memo)
+        if id(node) not in memo and self._reads_non_constant(gi, node):
+            memo[id(node)] = None
+        frames = [[gi, node, inputs_needed(node), 0]]
+        on_path = {id(node)}
+        while frames:
+            frame = frames[-1]
+            g, n, needed, pos = frame
+            if id(n) not in memo:
+                pending, frame[3] = self._next_input(g, n, needed, pos, on_path)
+                if pending is not None:
+                    frames.append([pending[0], pending[1], inputs_needed(pending[1]), 0])
+                    on_path.add(id(pending[1]))
+                    continue
+                memo[id(n)] = self._evaluate(g, n, memo) if frame[3] == len(needed) else None
+            on_path.discard(id(n))
+            frames.pop()
         return memo[id(node)]
+
+    def _next_input(
+        self, gi: GraphInfo, node: NodeProto, needed: list[int], pos: int, on_path: set[int]
+    ) -> tuple[tuple[GraphInfo, NodeProto] | None, int]:
+        """From input ``needed[pos]`` on: the first computed input still to evaluate and where it is;
+        or ``(None, pos)`` with ``pos`` the input that is no constant (``len(needed)``: all are)."""
+        memo = self._values
+        while pos < len(needed):
+            found = self._find(gi, node.input[needed[pos]], "input")
+            if isinstance(found, str):
+                return None, pos
+            if isinstance(found, tuple):
+                key = id(found[1])
+                if key not in memo:
+                    return (None, pos) if key in on_path else (found, pos)  # on the path: a cycle
+                if memo[key] is None:
+                    return None, pos
+            pos += 1
+        return None, pos
+
+    def _reads_non_constant(self, gi: GraphInfo, node: NodeProto) -> bool:
+        """Whether a value ``node`` needs, directly or through the ``CONST_OPS`` nodes it reads, is known
+        not to be a constant (a graph input, the output of another op, a node already evaluated to
+        nothing).  Breadth-first, each node once, no arrays made."""
+        memo = self._values
+        queue, seen = deque([(gi, node)]), {id(node)}
+        while queue:
+            g, n = queue.popleft()
+            for i in inputs_needed(n):
+                found = self._find(g, n.input[i], "input")
+                if isinstance(found, str):
+                    return True
+                if not isinstance(found, tuple):
+                    continue
+                key = id(found[1])
+                if key in memo:
+                    if memo[key] is None:
+                        return True
+                elif key not in seen:
+                    seen.add(key)
+                    queue.append(found)
+        return False
 
     def _evaluate(self, gi: GraphInfo, node: NodeProto, memo: dict) -> np.ndarray | None:
         """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
@@ -398,6 +453,26 @@ def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str
         return Const(tensors.to_numpy(t), t.data_type, gi, node)
     except FoldError as e:
         return str(e)
+
+
+def _computes_constant(node: NodeProto) -> bool:
+    """Whether ``node`` is of a type that may compute a constant (``Constant``, ``CONST_OPS``)."""
+    return is_onnx_op(node, "Constant", *CONST_OPS)
+
+
+def _first_undecided(users: list[Use], memo: dict[int, bool], on_path: set[int]) -> Use | bool | None:
+    """The first user whose node is not decided yet; False when one is decided used (or is on the
+    walk's path: a cycle); None when every one is decided dead."""
+    for v in users:
+        key = id(v.node)
+        if key in memo:
+            if not memo[key]:
+                return False
+        elif key in on_path:
+            return False
+        else:
+            return v
+    return None
 
 
 def _drop_value_info(graph: GraphProto, name: str) -> None:
