@@ -35,6 +35,7 @@ from .ops import (
 )
 from .tensors import FxTensors
 
+
 class FxGraph:
     """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors."""
 
