@@ -476,9 +476,20 @@ def _first_undecided(users: list[Use], memo: dict[int, bool], on_path: set[int])
 
 
 def _drop_value_info(graph: GraphProto, name: str) -> None:
-    for i in range(len(graph.value_info) - 1, -1, -1):
-        if graph.value_info[i].name == name:
-            del graph.value_info[i]
+    _drop_value_infos(graph, {name})
+
+
+def _drop_value_infos(graph: GraphProto, names: set[str]) -> None:
+    """Drop the value_info entries of ``names`` (one pass over the graph's value_info)."""
+    _drop_named(graph.value_info, names)
+
+
+def _drop_named(entries, names: set[str]) -> None:
+    """Delete the entries of a repeated proto field whose ``name`` is in ``names``: one pass to find
+    them, then deletions from the end (each moves pointers in C, nothing is copied)."""
+    if names:
+        for i in [i for i, e in enumerate(entries) if e.name in names][::-1]:
+            del entries[i]
 
 
 def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
@@ -489,28 +500,10 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         index = ModelIndex(model, tracker)
         removed = False
         for gi in index.graphs:
-            todo = sorted(tracker.touched, reverse=True)
-            while todo:  # a removed node's inputs are looked at next, in the same index
-                name = todo.pop()
-                if name not in tracker.touched or index.visible_uses(gi, name):
-                    continue
-                if name in gi.inits and name not in gi.inputs:
-                    for i in range(len(gi.graph.initializer) - 1, -1, -1):
-                        if gi.graph.initializer[i].name == name:
-                            del gi.graph.initializer[i]
-                    _drop_value_info(gi.graph, name)
-                    tracker.touched.discard(name)
-                    removed = True
-                elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
-                    if is_onnx_op(node, "Constant") or (
-                        is_onnx_op(node, *CONST_OPS)
-                        and not isinstance(index.constant(gi, name, "x"), str)
-                        and not any(index.visible_uses(gi, o) for o in node.output if o)
-                    ):
-                        index.remove_node(gi, node)
-                        tracker.touched.discard(name)
-                        todo.extend(n for n in node.input if n)
-                        removed = True
+            unused = _remove_unused(index, gi, tracker)
+            _drop_named(gi.graph.initializer, unused)
+            _drop_value_infos(gi.graph, unused)
+            removed = removed or bool(unused) or bool(index.dead)
         index.compact()
         if not removed:
             break
@@ -519,9 +512,31 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         defined: set[str] = set()
         for g in gi.chain():
             defined |= set(g.producer) | set(g.inits) | g.inputs
-        for name in tracker.gone | tracker.touched:
-            if name not in defined:
-                _drop_value_info(gi.graph, name)
+        _drop_value_infos(gi.graph, {name for name in tracker.gone | tracker.touched if name not in defined})
+
+
+def _remove_unused(index: ModelIndex, gi: GraphInfo, tracker: Tracker) -> set[str]:
+    """Mark removed the constant-computing nodes of ``gi`` that the touched values lead to and nobody
+    uses; return the initializers that nobody uses any more (for the caller to delete)."""
+    unused: set[str] = set()
+    todo = sorted(tracker.touched, reverse=True)
+    while todo:  # a removed node's inputs are looked at next, in the same index
+        name = todo.pop()
+        if name not in tracker.touched or index.visible_uses(gi, name):
+            continue
+        if name in gi.inits and name not in gi.inputs:
+            unused.add(name)
+            tracker.touched.discard(name)
+        elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
+            if is_onnx_op(node, "Constant") or (
+                is_onnx_op(node, *CONST_OPS)
+                and not isinstance(index.constant(gi, name, "x"), str)
+                and not any(index.visible_uses(gi, o) for o in node.output if o)
+            ):
+                index.remove_node(gi, node)
+                tracker.touched.discard(name)
+                todo.extend(n for n in node.input if n)
+    return unused
 
 
 def _reserve(taken: set[str], base: str) -> str:
