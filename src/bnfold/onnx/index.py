@@ -160,34 +160,32 @@ class ModelIndex:
         others such): iterative, each node decided once until the next edit, and decided as soon
         as one user shows it is used (a graph output, a node that computes no constant, a user
         known to be used, a cycle)."""
-        if u.node is None:
-            return False
         memo = self._dead
-        frames: list[list] = [[u.gi, u.node, None]]
+        if u.node is None or id(u.node) in memo:
+            return u.node is not None and memo[id(u.node)]
+        frames = [(u.gi, u.node, self._const_users(u.gi, u.node))]
         on_path = {id(u.node)}
         while frames:
-            frame = frames[-1]
-            g, n, users = frame
-            if users is None:
-                users = frame[2] = self._const_users(g, n)
-            pending = False if users is False else _first_undecided(users, memo, on_path)
-            if isinstance(pending, Use):
-                frames.append([pending.gi, pending.node, None])
+            g, n, users = frames[-1]
+            pending = _undecided_user(users, memo, on_path)
+            if pending is not None:
+                frames.append((pending.gi, pending.node, self._const_users(pending.gi, pending.node)))
                 on_path.add(id(pending.node))
                 continue
-            memo[id(n)] = pending is None  # None: every user is dead; False: one is used
+            # a user on the walk's path (a cycle) is not in memo: it counts as used
+            memo[id(n)] = users is not None and all(memo.get(id(v.node), False) for v in users)
             on_path.discard(id(n))
             frames.pop()
         return memo[id(u.node)]
 
-    def _const_users(self, gi: GraphInfo, node: NodeProto) -> list[Use] | bool:
-        """The uses of ``node``'s outputs, or False when ``node`` is used for sure: it computes no
+    def _const_users(self, gi: GraphInfo, node: NodeProto) -> list[Use] | None:
+        """The uses of ``node``'s outputs, or None when ``node`` is used for sure: it computes no
         constant, or a graph output or a node that computes no constant reads it."""
         if not _computes_constant(node):
-            return False
+            return None
         users = [v for o in node.output if o for v in self.visible_uses(gi, o)]
         if any(v.node is None or not _computes_constant(v.node) for v in users):
-            return False
+            return None
         return users
 
     def _edited(self) -> None:
@@ -460,17 +458,14 @@ def _computes_constant(node: NodeProto) -> bool:
     return is_onnx_op(node, "Constant", *CONST_OPS)
 
 
-def _first_undecided(users: list[Use], memo: dict[int, bool], on_path: set[int]) -> Use | bool | None:
-    """The first user whose node is not decided yet; False when one is decided used (or is on the
-    walk's path: a cycle); None when every one is decided dead."""
-    for v in users:
+def _undecided_user(users: list[Use] | None, memo: dict[int, bool], on_path: set[int]) -> Use | None:
+    """The first of ``users`` still to decide, or None when their node is decided: none is left,
+    one is known to be used, or one is on the walk's path (a cycle)."""
+    for v in users or ():
         key = id(v.node)
-        if key in memo:
-            if not memo[key]:
-                return False
-        elif key in on_path:
-            return False
-        else:
+        if key in on_path or (key in memo and not memo[key]):
+            return None
+        if key not in memo:
             return v
     return None
 
