@@ -243,3 +243,13 @@ def test_a_long_residual_chain_folds_in_linear_work(monkeypatch):
     assert len(report.merged) == BLOCKS, report
     assert [n.op_type for n in result.model.graph.node] == ["Conv"] * BLOCKS
     assert calls["find"] < 60 * BLOCKS, calls  # about 30 per block
+
+
+def test_an_omitted_trailing_input_is_absent():
+    """``ReduceMean(t, "")`` (opset 18, the axes input left out) is the mean over every axis."""
+    g = G()
+    t = g.rng.standard_normal((2, 3)).astype(np.float32)
+    mean = g.node("ReduceMean", [g.init("t", t), ""], "m", keepdims=0)
+    g.output(g.node("Add", [g.input("x", [1]), mean], "y"))
+    index = _index(g)
+    _same(index.constant(index.graphs[0], "m", "value").value, torch.mean(_t(t)), np.float32)

@@ -298,10 +298,14 @@ class ModelIndex:
         return False
 
     def _evaluate(self, gi: GraphInfo, node: NodeProto, memo: dict) -> np.ndarray | None:
-        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
+        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants.
+        Omitted trailing inputs (empty names) are absent; an omitted one before a given one is None."""
         values: list[np.ndarray | None] = []
         needed = inputs_needed(node)
-        for i, name in enumerate(node.input):
+        given = list(node.input)
+        while given and not given[-1]:
+            given.pop()
+        for i, name in enumerate(given):
             if i in needed:
                 f = self._find(gi, name, "input")
                 v = memo.get(id(f[1])) if isinstance(f, tuple) else None if isinstance(f, str) else f.value
