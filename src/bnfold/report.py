@@ -64,6 +64,13 @@ class Code(str, Enum):
     NOT_REQUESTED = "not_requested"  #: its kind, or its layer's kind, is not in ``only``
 
 
+#: The reason of a :attr:`Code.CONSTANT_NORM` skip, in every IR (the torch and the ONNX adapters).
+CONSTANT_NORM_REASON = (
+    "it normalizes a constant (weight standardization): its result is a constant, computed once "
+    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
+)
+
+
 @dataclass
 class FoldStep:
     """One node of a folded chain: ``node`` (its graph node name), ``op`` and ``action``:

@@ -151,26 +151,88 @@ class WSConv(nn.Conv2d):
         return torch.nn.functional.conv2d(x, w.reshape_as(self.weight), self.bias)
 
 
+class ScaledWSConv(nn.Conv2d):
+    """timm's ``ScaledStdConv2d``: the standardized weight times a learnable ``gain`` and ``fan_in ** -0.5``."""
+
+    def __init__(self, *args, eps=1e-6, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.gain = nn.Parameter(torch.ones(self.out_channels, 1, 1, 1))
+        self.scale, self.eps = self.weight[0].numel() ** -0.5, eps
+
+    def forward(self, x):
+        flat = self.weight.reshape(1, self.out_channels, -1)
+        gain = (self.gain * self.scale).view(-1)
+        w = torch.nn.functional.batch_norm(flat, None, None, weight=gain, training=True, momentum=0.0, eps=self.eps)
+        return torch.nn.functional.conv2d(x, w.reshape_as(self.weight), self.bias)
+
+
+WS_CONVS = {"std": WSConv, "scaled_std": ScaledWSConv}
+
+
 class WSThenBN(nn.Module):
-    def __init__(self, bn=True):
+    def __init__(self, bn=True, conv=WSConv):
         super().__init__()
-        self.conv, self.bn = WSConv(3, 4, 3), nn.BatchNorm2d(4) if bn else nn.Identity()
+        self.conv, self.bn = conv(3, 4, 3), nn.BatchNorm2d(4) if bn else nn.Identity()
 
     def forward(self, x):
         return self.bn(self.conv(x))
 
 
-@pytest.mark.parametrize("ir", ["default", "decomposed", "edge"])
-def test_weight_standardized_conv_folds_in_every_ir(ir):
-    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
-    model = calibrate(WSThenBN(), tuple(x.shape), seed=5)
+def _onnx_fold(model, x):
+    """``bnfold.fold`` of the dynamo export (optimize=False: the weight computation stays in the
+    graph), and the folded model's output under onnxruntime."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    import numpy as np
+    import onnxruntime as ort
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+    result = bnfold.fold(proto)
+    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+    return proto, result, out
+
+
+def _fold_ws(model, x, ir):
+    """The fold result, the normalization nodes left, the folded output and the name the report
+    gives the BN after the conv (ONNX: its node, the one that reads the Conv's output)."""
+    if ir == "onnx":
+        proto, result, out = _onnx_fold(model, x)
+        conv = next(n for n in proto.graph.node if n.op_type == "Conv")
+        bn = [n.name for n in proto.graph.node if n.op_type == "BatchNormalization" and n.input[0] == conv.output[0]]
+        left = [n for n in result.model.graph.node if n.op_type == "BatchNormalization"]
+        return result, left, out, bn
     result = bnfold.fold(export(model, (x,), ir))
-    assert [f.norm for f in result.report.folded] == ["bn"] and not result.report.skipped, result.report
-    assert not [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)]
     with torch.no_grad():
-        assert_matches(result.model.module()(x), reference(model, x))
-    alone = bnfold.fold(export(calibrate(WSThenBN(bn=False), tuple(x.shape)), (x,), ir)).report
+        out = result.model.module()(x)
+    return result, [n for n in result.model.graph.nodes if "batch_norm" in str(n.target)], out, ["bn"]
+
+
+@pytest.mark.parametrize("conv", list(WS_CONVS))
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx"])
+def test_weight_standardized_conv_folds_in_every_ir(ir, conv):
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(WSThenBN(conv=WS_CONVS[conv]), tuple(x.shape), seed=5)
+    result, norms_left, out, bn = _fold_ws(model, x, ir)
+    assert [f.norm for f in result.report.folded] == bn and not result.report.skipped, result.report
+    assert not norms_left  # the conv's BN folded, the weight's is gone with the rest of its computation
+    assert_matches(out, reference(model, x))
+    alone = _fold_ws(calibrate(WSThenBN(bn=False, conv=WS_CONVS[conv]), tuple(x.shape)), x, ir)[0].report
     assert [s.code for s in alone.skipped] == [Code.CONSTANT_NORM], alone
+    assert not alone.folded, alone
+
+
+def test_onnx_weight_standardization_leaves_one_conv():
+    """After the fold the weight computation of the dynamo export (Concat, Reshape, ReduceMean, Sub, Mul,
+    BatchNormalization, Shape, Expand, CastLike) is gone: what is left is the conv with its folded weight."""
+    x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
+    model = calibrate(WSThenBN(conv=ScaledWSConv), tuple(x.shape), seed=5)
+    proto, result, _ = _onnx_fold(model, x)
+    assert {"ReduceMean", "Concat", "Mul", "BatchNormalization"} <= {n.op_type for n in proto.graph.node}
+    assert [n.op_type for n in result.model.graph.node] == ["Conv"]
+    conv = result.model.graph.node[0]
+    assert sorted(t.name for t in result.model.graph.initializer) == sorted(conv.input[1:])
 
 
 def test_onnx_castlike_of_a_constant_is_a_constant():

@@ -144,6 +144,22 @@ def onnx_budget(d: Path, name: str) -> Path:
         g.output[0].CopyFrom(helper.make_tensor_value_info("Y", TensorProto.FLOAT, None))
         g.initializer.append(numpy_helper.from_array(np.array([1, 1, 3000, 3000], np.float32), "scales"))
         _side_output(m, helper.make_node("Resize", ["X", "", "scales"], ["big"], name="grow"))
+    elif name == "const-chain":  # a conv weight computed from a 40 MiB fill: each value passes the load check,
+        # the float64 arithmetic of the Mul (400 MiB) does not
+        g.initializer.extend([_i64([2560, 4096], "fill_shape"), _i64([4, 3, 3, 3], "w_shape")])
+        one = numpy_helper.from_array(np.ones(1, np.float32))
+        chain = [
+            helper.make_node("ConstantOfShape", ["fill_shape"], ["fill"], name="fill", value=one),
+            helper.make_node("Concat", ["fill", "fill"], ["tall"], name="stack", axis=0),
+            helper.make_node("ReduceMean", ["tall"], ["row_mean"], name="row_mean", axes=[1]),
+            helper.make_node("Mul", ["tall", "row_mean"], ["scaled"], name="scale"),
+            helper.make_node("ReduceMean", ["scaled"], ["level"], name="level", keepdims=0),
+            helper.make_node("Expand", ["level", "w_shape"], ["W_computed"], name="weight"),
+        ]
+        for i, node in enumerate(chain):
+            g.node.insert(i, node)
+        g.node[len(chain)].input[1] = "W_computed"
+        del g.initializer[0]  # W
     elif name == "conv-pads":  # a Conv whose pads make a 50 GB output: only the audit runs it
         g.node[0].attribute.append(helper.make_attribute("pads", [30000] * 4))
         g.output[0].type.tensor_type.ClearField("shape")

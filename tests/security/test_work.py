@@ -71,6 +71,7 @@ CASES = {
         (["check", d / "identity-chain.onnx"], 1),
         (["audit", d / "identity-chain.onnx", "--random", "1"], 0),
     ],
+    "onnx-const-chain-budget": _onnx_budget("const-chain", "computing the constant Mul 'scale'", "--max-work"),
     # 3. ONNX budgets
     "onnx-expand-broadcast": _onnx_budget("expand-broadcast", "Expand 'grow'", "[65536, 65536]"),
     "onnx-expand-computed-shape": _onnx_budget(

@@ -1,10 +1,19 @@
-"""Evaluate the few shape and cast ops exporters put between a stored constant
-and the layer that reads it (Identity aliases, a zero bias built with
-Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill), so
-such values count as constants.  Plain numpy; nothing here is fold arithmetic.
+"""Evaluate the pure ops exporters put between a stored constant and the layer that reads it, so
+such values count as constants: shape and cast ops (Identity aliases, a zero bias built with
+Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill, a Concat of shape
+pieces) and the arithmetic of a weight computed in the graph (weight standardization:
+ReduceMean, Sub, Mul, an inference-mode BatchNormalization of the weight; Add, Div, Sqrt).
+
+Plain numpy; nothing here is fold arithmetic.  Each op is one row of :data:`RULES`: how to
+compute its first output and how many bytes that allocates (:func:`result_bytes`, charged to
+the meter before anything is made).  Floats are computed in float64 and cast back to the
+input's dtype; integers keep numpy's integer arithmetic (Div and the reductions take floats only).
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 import onnx
@@ -12,97 +21,105 @@ from onnx import NodeProto
 
 from .nodes import attr
 
-CONST_OPS = (
-    "Identity",
-    "Cast",
-    "CastLike",
-    "Expand",
-    "Shape",
-    "Reshape",
-    "Unsqueeze",
-    "Squeeze",
-    "ConstantOfShape",
-    "Transpose",
-)
+F64 = np.dtype(np.float64)
 
 
-def evaluate(node: NodeProto, inputs: list[np.ndarray | None], meter=None) -> np.ndarray | None:
+@dataclass(frozen=True)
+class Rule:
+    """How :func:`evaluate` computes one op type from its constant inputs.
+
+    ``compute(node, inputs, opset)``: the first output, or None when it cannot be computed here.
+    ``nbytes(node, inputs)``: the bytes ``compute`` allocates (result and float64 temporaries),
+    or None to refuse.  ``reads``: whether it reads every element of its inputs (counted as FLOPs).
+    """
+
+    compute: Callable[[NodeProto, list, int | None], np.ndarray | None]
+    nbytes: Callable[[NodeProto, list], int | None]
+    reads: bool = True
+
+
+def evaluate(
+    node: NodeProto, inputs: list[np.ndarray | None], meter=None, opset: int | None = None
+) -> np.ndarray | None:
     """The value of ``node``'s first output, or None when it cannot be computed here.
 
     ``inputs`` holds the constant inputs; for CastLike the second one may be an
     empty array that only carries the target dtype.  ``meter``
-    (``bnfold.io.cost.Meter``) is charged with the bytes of the result before
-    it is made (the broadcast result for Expand, the fill for ConstantOfShape).
+    (``bnfold.io.cost.Meter``) is charged with the bytes of the result (and of the
+    float64 temporaries) before they are made.  ``opset``: the model's default-domain
+    opset (None: a current one), for the defaults that changed with it.
     """
-    op = node.op_type
-    x = inputs[0] if inputs else None
-    if op == "Shape":  # only the shape of the input is needed, not its value
-        return None if x is None else _shape(x.shape, node)
-    if x is None or any(v is None for v in inputs[1:]):
+    rule = RULES.get(node.op_type)
+    if rule is None or not inputs or any(v is None for v in inputs):
         return None
     if meter is not None:
         nbytes = result_bytes(node, inputs)
         if nbytes is None:
             return None
-        meter.charge(f"{op} '{node.name or node.output[0]}'", nbytes)
-    if op == "Identity":
-        return x
-    if op == "Transpose":
-        perm = attr(node, "perm")
-        return np.ascontiguousarray(np.transpose(x, None if perm is None else [int(p) for p in perm]))
-    if op == "ConstantOfShape":
-        v = attr(node, "value")
-        fill = np.zeros(1, np.float32) if v is None else onnx.numpy_helper.to_array(v).reshape(-1)
-        return np.full([int(d) for d in x.reshape(-1)], fill[0], dtype=fill.dtype)
-    if op == "Cast":
-        return x.astype(onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "to"))))
-    if op == "CastLike":
-        return x.astype(inputs[1].dtype)
-    if op == "Expand":
-        shape = [int(s) for s in inputs[1].reshape(-1)]
-        return np.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(shape))).copy()
-    if op == "Reshape":
-        shape = [int(s) for s in inputs[1].reshape(-1)]
-        if not attr(node, "allowzero", 0):
-            shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-        return x.reshape(shape)
-    if op in ("Unsqueeze", "Squeeze"):
-        axes = [int(a) for a in inputs[1].reshape(-1)] if len(inputs) > 1 else attr(node, "axes")
-        if op == "Squeeze":
-            return np.squeeze(x, axis=None if axes is None else tuple(axes))
-        out = x
-        rank = x.ndim + len(axes)
-        for a in sorted(a % rank for a in axes):
-            out = np.expand_dims(out, a)
-        return out
-    return None
+        flops = sum(int(v.size) for v in inputs) if rule.reads else 0
+        meter.charge(f"{node.op_type} '{node.name or node.output[0]}'", nbytes, flops)
+    with np.errstate(all="ignore"):  # inf and NaN are values like any other here
+        return rule.compute(node, inputs, opset)
 
 
 def result_bytes(node: NodeProto, inputs: list[np.ndarray]) -> int | None:
     """The bytes ``evaluate`` allocates for ``node``'s result (0 for an alias), without making it."""
+    rule = RULES.get(node.op_type)
+    return None if rule is None else rule.nbytes(node, inputs)
+
+
+def inputs_needed(node: NodeProto) -> list[int]:
+    """Which inputs must be constant (CastLike's second input only gives a dtype)."""
+    if node.op_type == "CastLike":
+        return [0]
+    return [i for i, n in enumerate(node.input) if n]
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _elements(dims) -> int:
     from ..io.cost import elements
 
-    op, x = node.op_type, inputs[0]
-    if op == "Identity":
-        return 0
-    if op == "ConstantOfShape":
-        v = attr(node, "value")
-        size = 4 if v is None else onnx.helper.tensor_dtype_to_np_dtype(v.data_type).itemsize
-        return elements(int(d) for d in x.reshape(-1)) * size
-    if op == "Expand":
-        shape = tuple(int(s) for s in inputs[1].reshape(-1))
-        if len(shape) > 64 or any(s < 0 for s in shape):
-            return None
-        return elements(np.broadcast_shapes(x.shape, shape)) * x.dtype.itemsize
-    itemsize = x.dtype.itemsize
-    if op == "Cast":
-        itemsize = onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "to"))).itemsize
-    elif op == "CastLike":
-        itemsize = inputs[1].dtype.itemsize
-    return x.size * itemsize
+    return elements(dims)
 
 
-def _shape(shape, node: NodeProto) -> np.ndarray:
+def _is_float(dtype: np.dtype) -> bool:
+    return dtype.kind == "f" or dtype.name == "bfloat16"
+
+
+def _as_f64(x: np.ndarray) -> np.ndarray:
+    return x if x.dtype == F64 else x.astype(F64)
+
+
+def _f64_copies(*arrays: np.ndarray) -> int:
+    """The bytes of the float64 copies :func:`_as_f64` makes of ``arrays``."""
+    return sum(a.size * 8 for a in arrays if a.dtype != F64)
+
+
+def _cast_back(y: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    return np.asarray(y) if dtype == F64 else np.asarray(y).astype(dtype)
+
+
+def _cast_bytes(n: int, dtype: np.dtype) -> int:
+    """A float64 result of ``n`` elements, plus its cast to ``dtype``."""
+    return n * 8 + (0 if dtype == F64 else n * dtype.itemsize)
+
+
+def _axis(axis: int, rank: int) -> int | None:
+    """``axis`` in ``[0, rank)``, or None when out of range."""
+    return axis % rank if -rank <= axis < rank else None
+
+
+def _same_size(node: NodeProto, inputs: list) -> int:
+    return inputs[0].size * inputs[0].dtype.itemsize
+
+
+# --------------------------------------------------------------------------- shape and cast ops
+
+
+def _shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    shape = inputs[0].shape
     r = len(shape)
     start = int(attr(node, "start", 0))
     end = attr(node, "end", None)
@@ -111,8 +128,259 @@ def _shape(shape, node: NodeProto) -> np.ndarray:
     return np.array(shape[start:end], dtype=np.int64)
 
 
-def inputs_needed(node: NodeProto) -> list[int]:
-    """Which inputs must be constant (CastLike's second input only gives a dtype)."""
-    if node.op_type == "CastLike":
-        return [0]
-    return [i for i, n in enumerate(node.input) if n]
+def _transpose(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    perm = attr(node, "perm")
+    return np.ascontiguousarray(np.transpose(inputs[0], None if perm is None else [int(p) for p in perm]))
+
+
+def _fill(node: NodeProto) -> np.ndarray:
+    v = attr(node, "value")
+    return np.zeros(1, np.float32) if v is None else onnx.numpy_helper.to_array(v).reshape(-1)
+
+
+def _constant_of_shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    fill = _fill(node)
+    return np.full([int(d) for d in inputs[0].reshape(-1)], fill[0], dtype=fill.dtype)
+
+
+def _constant_of_shape_bytes(node: NodeProto, inputs: list) -> int:
+    v = attr(node, "value")
+    size = 4 if v is None else onnx.helper.tensor_dtype_to_np_dtype(v.data_type).itemsize
+    return _elements(int(d) for d in inputs[0].reshape(-1)) * size
+
+
+def _expand_shape(inputs: list) -> tuple[int, ...] | None:
+    shape = tuple(int(s) for s in inputs[1].reshape(-1))
+    return None if len(shape) > 64 or any(s < 0 for s in shape) else shape
+
+
+def _expand(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    x, shape = inputs[0], _expand_shape(inputs)
+    return None if shape is None else np.broadcast_to(x, np.broadcast_shapes(x.shape, shape)).copy()
+
+
+def _expand_bytes(node: NodeProto, inputs: list) -> int | None:
+    shape = _expand_shape(inputs)
+    if shape is None:
+        return None
+    return _elements(np.broadcast_shapes(inputs[0].shape, shape)) * inputs[0].dtype.itemsize
+
+
+def _reshape(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    x = inputs[0]
+    shape = [int(s) for s in inputs[1].reshape(-1)]
+    if not attr(node, "allowzero", 0):
+        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
+    return x.reshape(shape)
+
+
+def _squeeze_axes(node: NodeProto, inputs: list) -> list[int] | None:
+    return [int(a) for a in inputs[1].reshape(-1)] if len(inputs) > 1 else attr(node, "axes")
+
+
+def _squeeze(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    axes = _squeeze_axes(node, inputs)
+    return np.squeeze(inputs[0], axis=None if axes is None else tuple(axes))
+
+
+def _unsqueeze(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    out, axes = inputs[0], _squeeze_axes(node, inputs)
+    rank = out.ndim + len(axes)
+    for a in sorted(a % rank for a in axes):
+        out = np.expand_dims(out, a)
+    return out
+
+
+def _cast(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    return inputs[0].astype(onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "to"))))
+
+
+def _cast_bytes_of(node: NodeProto, inputs: list) -> int:
+    return inputs[0].size * onnx.helper.tensor_dtype_to_np_dtype(int(attr(node, "to"))).itemsize
+
+
+def _concat(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    axis = attr(node, "axis")
+    first = inputs[0]
+    if axis is None or first.ndim == 0 or any(v.dtype != first.dtype or v.ndim != first.ndim for v in inputs):
+        return None
+    axis = _axis(int(axis), first.ndim)
+    return None if axis is None else np.concatenate(inputs, axis=axis)
+
+
+def _concat_bytes(node: NodeProto, inputs: list) -> int:
+    return sum(v.size for v in inputs) * inputs[0].dtype.itemsize
+
+
+# --------------------------------------------------------------------------- arithmetic
+
+#: elementwise binary ops -> their numpy ufunc (Div of integers is refused: ONNX truncates, numpy floors)
+BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
+#: elementwise unary ops of floats -> their numpy ufunc
+UNARY = {"Sqrt": np.sqrt}
+
+
+def _binary_operands(node: NodeProto, inputs: list) -> tuple[np.ndarray, np.ndarray, tuple] | None:
+    """The two operands and their broadcast shape, or None when this op is not computed here: other
+    dtypes, integer Div, or the broadcast of opset < 7 (``broadcast`` / ``axis`` attributes)."""
+    if len(inputs) != 2:
+        return None
+    a, b = inputs
+    if a.dtype != b.dtype or not (_is_float(a.dtype) or a.dtype.kind in "iu"):
+        return None
+    if node.op_type == "Div" and not _is_float(a.dtype):
+        return None
+    legacy = attr(node, "broadcast") is not None or attr(node, "axis") is not None
+    if legacy and a.shape != b.shape:
+        return None
+    return a, b, np.broadcast_shapes(a.shape, b.shape)
+
+
+def _binary(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    found = _binary_operands(node, inputs)
+    if found is None:
+        return None
+    a, b, _ = found
+    ufunc = BINARY[node.op_type]
+    if not _is_float(a.dtype):
+        return np.asarray(ufunc(a, b))
+    return _cast_back(ufunc(_as_f64(a), _as_f64(b)), a.dtype)
+
+
+def _binary_bytes(node: NodeProto, inputs: list) -> int | None:
+    found = _binary_operands(node, inputs)
+    if found is None:
+        return None
+    a, b, shape = found
+    n = _elements(shape)
+    if not _is_float(a.dtype):
+        return n * a.dtype.itemsize
+    return _f64_copies(a, b) + _cast_bytes(n, a.dtype)
+
+
+def _unary(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    x = inputs[0]
+    return _cast_back(UNARY[node.op_type](_as_f64(x)), x.dtype) if _is_float(x.dtype) else None
+
+
+def _unary_bytes(node: NodeProto, inputs: list) -> int | None:
+    x = inputs[0]
+    return _f64_copies(x) + _cast_bytes(x.size, x.dtype) if _is_float(x.dtype) else None
+
+
+# --------------------------------------------------------------------------- reductions and normalization
+
+
+def _reduce_axes(node: NodeProto, inputs: list) -> tuple[int, ...] | None:
+    """The axes ReduceMean reduces (opset >= 18: its second input; before: its attribute), every axis
+    when none are given (an empty tuple: none, with ``noop_with_empty_axes``); None when invalid."""
+    x = inputs[0]
+    given = [int(a) for a in inputs[1].reshape(-1)] if len(inputs) > 1 else attr(node, "axes")
+    if not given:
+        return () if int(attr(node, "noop_with_empty_axes", 0)) else tuple(range(x.ndim))
+    axes = [_axis(int(a), x.ndim) for a in given]
+    if None in axes or len(set(axes)) != len(axes):
+        return None
+    return tuple(sorted(axes))
+
+
+def _reduced_shape(node: NodeProto, x: np.ndarray, axes: tuple[int, ...]) -> tuple[int, ...]:
+    keep = int(attr(node, "keepdims", 1))
+    return tuple(1 if i in axes else d for i, d in enumerate(x.shape) if keep or i not in axes)
+
+
+def _reduce_mean_axes(node: NodeProto, inputs: list) -> tuple[int, ...] | None:
+    """The axes to reduce, or None when this ReduceMean is not computed here (not a float, an
+    invalid axis, or a mean over no element)."""
+    x = inputs[0]
+    if not _is_float(x.dtype):
+        return None
+    axes = _reduce_axes(node, inputs)
+    if axes is None or (axes and _elements(x.shape[a] for a in axes) == 0):
+        return None
+    return axes
+
+
+def _reduce_mean(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    x, axes = inputs[0], _reduce_mean_axes(node, inputs)
+    if axes is None:
+        return None
+    if not axes:
+        return x.copy()
+    keep = bool(int(attr(node, "keepdims", 1)))
+    # numpy accumulates in float64 through a fixed-size buffer: the float64 result is the only copy
+    return _cast_back(np.mean(x, axis=axes, dtype=F64, keepdims=keep), x.dtype)
+
+
+def _reduce_mean_bytes(node: NodeProto, inputs: list) -> int | None:
+    x, axes = inputs[0], _reduce_mean_axes(node, inputs)
+    if axes is None:
+        return None
+    if not axes:
+        return x.size * x.dtype.itemsize
+    return _cast_bytes(_elements(_reduced_shape(node, x, axes)), x.dtype)
+
+
+def _batch_norm_inputs(node: NodeProto, inputs: list, opset) -> tuple[np.ndarray, list[np.ndarray]] | None:
+    """``(x, [scale, bias, mean, var])`` of an inference-mode BatchNormalization with per-channel
+    statistics, or None (training mode, spatial=0, other shapes, or not floats)."""
+    legacy = opset is not None and opset < 7  # is_test defaults to 0 (training) before opset 7
+    if legacy and int(attr(node, "is_test", 0)) == 0:
+        return None
+    if int(attr(node, "training_mode", 0)) or not int(attr(node, "spatial", 1)) or len(inputs) != 5:
+        return None
+    x, stats = inputs[0], inputs[1:]
+    if x.ndim < 2 or not all(_is_float(v.dtype) for v in inputs):
+        return None
+    if any(s.shape != (x.shape[1],) for s in stats):
+        return None
+    return x, stats
+
+
+def _batch_norm(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    found = _batch_norm_inputs(node, inputs, opset)
+    if found is None:
+        return None
+    x, (scale, bias, mean, var) = found
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    eps = float(attr(node, "epsilon", 1e-5))
+    y = np.array(x, dtype=F64)  # one float64 copy, updated in place
+    y -= _as_f64(mean).reshape(per_channel)
+    y /= np.sqrt(_as_f64(var) + eps).reshape(per_channel)
+    y *= _as_f64(scale).reshape(per_channel)
+    y += _as_f64(bias).reshape(per_channel)
+    return _cast_back(y, x.dtype)
+
+
+def _batch_norm_bytes(node: NodeProto, inputs: list) -> int | None:
+    x = inputs[0]
+    if x.ndim < 2:
+        return None
+    return _cast_bytes(x.size, x.dtype) + 6 * x.shape[1] * 8  # the statistics in float64, and sqrt(var + eps)
+
+
+def _identity(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    return inputs[0]
+
+
+#: Every op type evaluated here.  Supporting another is one row.
+RULES: dict[str, Rule] = {
+    "Identity": Rule(_identity, lambda node, inputs: 0, reads=False),
+    "Cast": Rule(_cast, _cast_bytes_of),
+    "CastLike": Rule(lambda node, i, opset: i[0].astype(i[1].dtype), lambda node, i: i[0].size * i[1].dtype.itemsize),
+    "Expand": Rule(_expand, _expand_bytes, reads=False),
+    "Shape": Rule(_shape, lambda node, inputs: 8 * inputs[0].ndim, reads=False),
+    "Reshape": Rule(_reshape, _same_size, reads=False),
+    "Unsqueeze": Rule(_unsqueeze, _same_size, reads=False),
+    "Squeeze": Rule(_squeeze, _same_size, reads=False),
+    "ConstantOfShape": Rule(_constant_of_shape, _constant_of_shape_bytes, reads=False),
+    "Transpose": Rule(_transpose, _same_size),
+    "Concat": Rule(_concat, _concat_bytes),
+    **{op: Rule(_binary, _binary_bytes) for op in BINARY},
+    **{op: Rule(_unary, _unary_bytes) for op in UNARY},
+    "ReduceMean": Rule(_reduce_mean, _reduce_mean_bytes),
+    "BatchNormalization": Rule(_batch_norm, _batch_norm_bytes),
+}
+
+#: The op types whose first output may be a constant computed from constants.
+CONST_OPS = tuple(RULES)

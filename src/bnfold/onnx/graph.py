@@ -17,6 +17,7 @@ import torch
 
 from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
 from ..fold_math import FoldError, affine, in_channels, out_channels
+from ..report import Code
 from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
 from .geometry import conv_geometry, parse_pool
 from .handles import Node, Value, value
@@ -79,9 +80,13 @@ class OnnxGraph:
                 yield layer
 
     def norms(self) -> Iterator[Norm]:
+        """The normalizations, less those of a constant that nobody reads any more (a standardized
+        weight whose layer now holds the folded one: the clean-up removes them)."""
         for node in self._nodes(NORMS):
             norm = parse_norm(self, node)
-            if norm is not None:
+            if norm is not None and not (
+                norm.problem_code is Code.CONSTANT_NORM and self.index.unused_constant(node.gi, node.proto)
+            ):
                 yield norm
 
     def layer(self, node: Any) -> Layer | None:

@@ -9,6 +9,7 @@ graph output or a subgraph refers to.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -149,35 +150,43 @@ class ModelIndex:
         uses any more (the clean-up removes those)."""
         return [u for u in self.visible_uses(gi, name) if not self._dead_const(u)]
 
+    def unused_constant(self, gi: GraphInfo, node: NodeProto) -> bool:
+        """Whether ``node`` computes a constant whose results nobody uses any more (the clean-up
+        removes it): a weight computed in the graph, once the layer it fed holds the folded one."""
+        return self._dead_const(Use(gi, node, -1))
+
     def _dead_const(self, u: Use) -> bool:
         """Whether ``u`` is by a constant-computing node whose results nobody uses (also through
-        others such): iterative, each node decided once until the next edit."""
-        if u.node is None:
-            return False
+        others such): iterative, each node decided once until the next edit, and decided as soon
+        as one user shows it is used (a graph output, a node that computes no constant, a user
+        known to be used, a cycle)."""
         memo = self._dead
-        stack, on_stack = [(u.gi, u.node)], {id(u.node)}
-        while stack:
-            g, n = stack[-1]
-            if id(n) in memo:
-                stack.pop()
+        if u.node is None or id(u.node) in memo:
+            return u.node is not None and memo[id(u.node)]
+        frames = [(u.gi, u.node, self._const_users(u.gi, u.node))]
+        on_path = {id(u.node)}
+        while frames:
+            g, n, users = frames[-1]
+            pending = _undecided_user(users, memo, on_path)
+            if pending is not None:
+                frames.append((pending.gi, pending.node, self._const_users(pending.gi, pending.node)))
+                on_path.add(id(pending.node))
                 continue
-            if not (is_onnx_op(n, "Constant") or is_onnx_op(n, *CONST_OPS)):
-                memo[id(n)] = False
-                stack.pop()
-                continue
-            users = [v for o in n.output if o for v in self.visible_uses(g, o)]
-            if any(v.node is None or id(v.node) in on_stack and id(v.node) not in memo for v in users):
-                memo[id(n)] = False  # a graph output (or a cycle) uses it
-                stack.pop()
-                continue
-            todo = [(v.gi, v.node) for v in users if id(v.node) not in memo]
-            if todo:
-                stack.extend(todo)
-                on_stack.update(id(t[1]) for t in todo)
-                continue
-            memo[id(n)] = all(memo[id(v.node)] for v in users)
-            stack.pop()
+            # a user on the walk's path (a cycle) is not in memo: it counts as used
+            memo[id(n)] = users is not None and all(memo.get(id(v.node), False) for v in users)
+            on_path.discard(id(n))
+            frames.pop()
         return memo[id(u.node)]
+
+    def _const_users(self, gi: GraphInfo, node: NodeProto) -> list[Use] | None:
+        """The uses of ``node``'s outputs, or None when ``node`` is used for sure: it computes no
+        constant, or a graph output or a node that computes no constant reads it."""
+        if not _computes_constant(node):
+            return None
+        users = [v for o in node.output if o for v in self.visible_uses(gi, o)]
+        if any(v.node is None or not _computes_constant(v.node) for v in users):
+            return None
+        return users
 
     def _edited(self) -> None:
         """Forget what was derived from the graph as it was (constants, dead constant nodes)."""
@@ -223,32 +232,80 @@ class ModelIndex:
         return f"{what} '{name}' is not defined in scope"
 
     def _evaluate_chain(self, gi: GraphInfo, node: NodeProto) -> np.ndarray | None:
-        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without recursion."""
+        """The value of ``node`` (a ``CONST_OPS`` node), evaluating the ones it reads first, without
+        recursion.  A node that reads a value known not to be a constant is no constant: that is
+        looked for first, breadth-first (:meth:`_reads_non_constant`), so a node on a data path is
+        decided by its nearest data input, not by walking its whole constant-typed past."""
         memo = self._values
-        stack, on_stack = [(gi, node)], {id(node)}
-        while stack:
-            g, n = stack[-1]
-            if id(n) in memo:
-                stack.pop()
-                continue
-            todo = []
-            for i in inputs_needed(n):
-                f = self._find(g, n.input[i], "input") if i < len(n.input) else None
-                if isinstance(f, tuple) and id(f[1]) not in memo and id(f[1]) not in on_stack:
-                    todo.append(f)
-            if todo:
-                stack.extend(todo)
-                on_stack.update(id(t[1]) for t in todo)
-                continue
-            stack.pop()
-            memo[id(n)] = self._evaluate(g, n, memo)
+        if id(node) not in memo and self._reads_non_constant(gi, node):
+            memo[id(node)] = None
+        frames = [[gi, node, inputs_needed(node), 0]]
+        on_path = {id(node)}
+        while frames:
+            frame = frames[-1]
+            g, n, needed, pos = frame
+            if id(n) not in memo:
+                pending, frame[3] = self._next_input(g, n, needed, pos, on_path)
+                if pending is not None:
+                    frames.append([pending[0], pending[1], inputs_needed(pending[1]), 0])
+                    on_path.add(id(pending[1]))
+                    continue
+                memo[id(n)] = self._evaluate(g, n, memo) if frame[3] == len(needed) else None
+            on_path.discard(id(n))
+            frames.pop()
         return memo[id(node)]
 
+    def _next_input(
+        self, gi: GraphInfo, node: NodeProto, needed: list[int], pos: int, on_path: set[int]
+    ) -> tuple[tuple[GraphInfo, NodeProto] | None, int]:
+        """From input ``needed[pos]`` on: the first computed input still to evaluate and where it is;
+        or ``(None, pos)`` with ``pos`` the input that is no constant (``len(needed)``: all are)."""
+        memo = self._values
+        while pos < len(needed):
+            found = self._find(gi, node.input[needed[pos]], "input")
+            if isinstance(found, str):
+                return None, pos
+            if isinstance(found, tuple):
+                key = id(found[1])
+                if key not in memo:
+                    return (None, pos) if key in on_path else (found, pos)  # on the path: a cycle
+                if memo[key] is None:
+                    return None, pos
+            pos += 1
+        return None, pos
+
+    def _reads_non_constant(self, gi: GraphInfo, node: NodeProto) -> bool:
+        """Whether a value ``node`` needs, directly or through the ``CONST_OPS`` nodes it reads, is known
+        not to be a constant (a graph input, the output of another op, a node already evaluated to
+        nothing).  Breadth-first, each node once, no arrays made."""
+        memo = self._values
+        queue, seen = deque([(gi, node)]), {id(node)}
+        while queue:
+            g, n = queue.popleft()
+            for i in inputs_needed(n):
+                found = self._find(g, n.input[i], "input")
+                if isinstance(found, str):
+                    return True
+                if not isinstance(found, tuple):
+                    continue
+                key = id(found[1])
+                if key in memo:
+                    if memo[key] is None:
+                        return True
+                elif key not in seen:
+                    seen.add(key)
+                    queue.append(found)
+        return False
+
     def _evaluate(self, gi: GraphInfo, node: NodeProto, memo: dict) -> np.ndarray | None:
-        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants."""
+        """The value an exporter's Identity/Cast/Expand/Shape/... node computes from constants.
+        Omitted trailing inputs (empty names) are absent; an omitted one before a given one is None."""
         values: list[np.ndarray | None] = []
         needed = inputs_needed(node)
-        for i, name in enumerate(node.input):
+        given = list(node.input)
+        while given and not given[-1]:
+            given.pop()
+        for i, name in enumerate(given):
             if i in needed:
                 f = self._find(gi, name, "input")
                 v = memo.get(id(f[1])) if isinstance(f, tuple) else None if isinstance(f, str) else f.value
@@ -263,7 +320,7 @@ class ModelIndex:
             else:
                 values.append(None)
         try:
-            return evaluate(node, values, self.meter())
+            return evaluate(node, values, self.meter(), self.opset)
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):
             return None
 
@@ -400,10 +457,38 @@ def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str
         return str(e)
 
 
+def _computes_constant(node: NodeProto) -> bool:
+    """Whether ``node`` is of a type that may compute a constant (``Constant``, ``CONST_OPS``)."""
+    return is_onnx_op(node, "Constant", *CONST_OPS)
+
+
+def _undecided_user(users: list[Use] | None, memo: dict[int, bool], on_path: set[int]) -> Use | None:
+    """The first of ``users`` still to decide, or None when their node is decided: none is left,
+    one is known to be used, or one is on the walk's path (a cycle)."""
+    for v in users or ():
+        key = id(v.node)
+        if key in on_path or (key in memo and not memo[key]):
+            return None
+        if key not in memo:
+            return v
+    return None
+
+
 def _drop_value_info(graph: GraphProto, name: str) -> None:
-    for i in range(len(graph.value_info) - 1, -1, -1):
-        if graph.value_info[i].name == name:
-            del graph.value_info[i]
+    _drop_value_infos(graph, {name})
+
+
+def _drop_value_infos(graph: GraphProto, names: set[str]) -> None:
+    """Drop the value_info entries of ``names`` (one pass over the graph's value_info)."""
+    _drop_named(graph.value_info, names)
+
+
+def _drop_named(entries, names: set[str]) -> None:
+    """Delete the entries of a repeated proto field whose ``name`` is in ``names``: one pass to find
+    them, then deletions from the end (each moves pointers in C, nothing is copied)."""
+    if names:
+        for i in [i for i, e in enumerate(entries) if e.name in names][::-1]:
+            del entries[i]
 
 
 def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
@@ -414,28 +499,10 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         index = ModelIndex(model, tracker)
         removed = False
         for gi in index.graphs:
-            todo = sorted(tracker.touched, reverse=True)
-            while todo:  # a removed node's inputs are looked at next, in the same index
-                name = todo.pop()
-                if name not in tracker.touched or index.visible_uses(gi, name):
-                    continue
-                if name in gi.inits and name not in gi.inputs:
-                    for i in range(len(gi.graph.initializer) - 1, -1, -1):
-                        if gi.graph.initializer[i].name == name:
-                            del gi.graph.initializer[i]
-                    _drop_value_info(gi.graph, name)
-                    tracker.touched.discard(name)
-                    removed = True
-                elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
-                    if is_onnx_op(node, "Constant") or (
-                        is_onnx_op(node, *CONST_OPS)
-                        and not isinstance(index.constant(gi, name, "x"), str)
-                        and not any(index.visible_uses(gi, o) for o in node.output if o)
-                    ):
-                        index.remove_node(gi, node)
-                        tracker.touched.discard(name)
-                        todo.extend(n for n in node.input if n)
-                        removed = True
+            unused = _remove_unused(index, gi, tracker)
+            _drop_named(gi.graph.initializer, unused)
+            _drop_value_infos(gi.graph, unused)
+            removed = removed or bool(unused) or bool(index.dead)
         index.compact()
         if not removed:
             break
@@ -444,9 +511,31 @@ def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
         defined: set[str] = set()
         for g in gi.chain():
             defined |= set(g.producer) | set(g.inits) | g.inputs
-        for name in tracker.gone | tracker.touched:
-            if name not in defined:
-                _drop_value_info(gi.graph, name)
+        _drop_value_infos(gi.graph, {name for name in tracker.gone | tracker.touched if name not in defined})
+
+
+def _remove_unused(index: ModelIndex, gi: GraphInfo, tracker: Tracker) -> set[str]:
+    """Mark removed the constant-computing nodes of ``gi`` that the touched values lead to and nobody
+    uses; return the initializers that nobody uses any more (for the caller to delete)."""
+    unused: set[str] = set()
+    todo = sorted(tracker.touched, reverse=True)
+    while todo:  # a removed node's inputs are looked at next, in the same index
+        name = todo.pop()
+        if name not in tracker.touched or index.visible_uses(gi, name):
+            continue
+        if name in gi.inits and name not in gi.inputs:
+            unused.add(name)
+            tracker.touched.discard(name)
+        elif name in gi.producer and not index.is_dead(node := gi.producer[name][0]):
+            if is_onnx_op(node, "Constant") or (
+                is_onnx_op(node, *CONST_OPS)
+                and not isinstance(index.constant(gi, name, "x"), str)
+                and not any(index.visible_uses(gi, o) for o in node.output if o)
+            ):
+                index.remove_node(gi, node)
+                tracker.touched.discard(name)
+                todo.extend(n for n in node.input if n)
+    return unused
 
 
 def _reserve(taken: set[str], base: str) -> str:

@@ -23,7 +23,8 @@ from onnx import NodeProto
 from ..engine.chain import per_channel
 from ..engine.graph import Binary, Hop, Layer, Norm
 from ..engine.optable import Op
-from ..report import Code
+from ..report import CONSTANT_NORM_REASON, Code
+from .consts import CONST_OPS
 from .handles import Node
 from .nodes import attr, is_onnx_op
 
@@ -317,8 +318,21 @@ def parse_norm(graph: Any, node: Node) -> Norm | None:
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
     norm = Norm(node, v(gi, p.input[0]), out, *stats, float(attr(p, "epsilon", 1e-5)), op=p.op_type)
     norm.problem, norm.problem_code = _norm_problem(graph, p, [s for s in stats if s is not None])
+    if not norm.problem and normalizes_constant(graph, node):
+        norm.problem, norm.problem_code = CONSTANT_NORM_REASON, Code.CONSTANT_NORM
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     return norm
+
+
+def normalizes_constant(graph: Any, node: Node) -> bool:
+    """Whether the data input of the normalization ``node`` is a constant (weight standardization:
+    the batch statistics of a weight).  Evaluated only when an initializer, a ``Constant`` or a
+    constant-computing op gives it."""
+    x = graph.value(node.gi, node.proto.input[0])
+    source = graph.producer(x)
+    if source is not None and not is_onnx_op(source.proto, "Constant", *CONST_OPS):
+        return False
+    return graph.const(x) is not None
 
 
 def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:

@@ -16,7 +16,7 @@ import torch
 from torch.fx import Node
 
 from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
-from ..report import Code
+from ..report import CONSTANT_NORM_REASON, Code
 from .axes import follow_axis
 from .geometry import conv_geometry, parse_inplace_sum, parse_pool
 from .ops import (
@@ -36,12 +36,6 @@ from .ops import (
     reads_only_metadata,
 )
 from .tensors import FxTensors
-
-#: Why a normalization over a constant stays (weight standardization, ``batch_norm(w, training=True)``).
-CONSTANT_NORM = (
-    "it normalizes a constant (weight standardization): its result is a constant, computed once "
-    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
-)
 
 
 def _values_of(node: Node) -> Node | None:
@@ -102,7 +96,7 @@ class FxGraph:
         norm = parse_norm(node) or parse_norm_affine(node)
         if norm is not None and norm.problem and self.editor.constant_value(norm.input) is not None:
             # weight standardization: batch statistics of a parameter
-            norm.problem, norm.problem_code = CONSTANT_NORM, Code.CONSTANT_NORM
+            norm.problem, norm.problem_code = CONSTANT_NORM_REASON, Code.CONSTANT_NORM
         return norm
 
     def binary(self, node: Any) -> Binary | None:
