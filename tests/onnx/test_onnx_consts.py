@@ -117,11 +117,27 @@ def test_batch_norm_inference(x_shape):
     _same(evaluate(_node("BatchNormalization", 5, epsilon=1e-3), inputs), ref, np.float32)
 
 
+@pytest.mark.parametrize("x_shape", [(1, 4, 27), (3, 4), (2, 4, 3, 5)])
+def test_batch_norm_training_mode_uses_the_statistics_of_its_input(x_shape):
+    """Weight standardization as the TorchScript exporter writes it: training_mode=1 normalizes with
+    the input's own mean and population variance (its mean and var inputs feed only other outputs);
+    before opset 7, is_test=0 (the default) means the same."""
+    inputs = _bn_inputs(x_shape)
+    x, scale, bias, mean, var = (_t(v) for v in inputs)
+    ref = torch.nn.functional.batch_norm(x, None, None, scale, bias, training=True, eps=1e-3).numpy()
+    for node, opset in (
+        (_node("BatchNormalization", 5, epsilon=1e-3, training_mode=1), None),
+        (_node("BatchNormalization", 5, epsilon=1e-3), 6),
+        (_node("BatchNormalization", 5, epsilon=1e-3, is_test=0), 6),
+    ):
+        value = evaluate(node, inputs, opset=opset)
+        assert value is not None and value.dtype == np.float32
+        # float64 statistics in another order than torch's, then one rounding: within 1 ulp of float32
+        np.testing.assert_allclose(value, ref, rtol=0, atol=2.0**-23 * np.abs(ref).max())
+
+
 def test_batch_norm_refusals():
     inputs = _bn_inputs()
-    assert evaluate(_node("BatchNormalization", 5, training_mode=1), inputs) is None
-    assert evaluate(_node("BatchNormalization", 5), inputs, opset=6) is None  # is_test defaults to 0 there
-    assert evaluate(_node("BatchNormalization", 5, is_test=0), inputs, opset=6) is None
     assert evaluate(_node("BatchNormalization", 5, is_test=1), inputs, opset=6) is not None
     assert evaluate(_node("BatchNormalization", 5, spatial=0), inputs, opset=7) is None
     wrong = [inputs[0], inputs[1][:3], *inputs[2:]]  # 3 scales for 4 channels
@@ -138,7 +154,8 @@ def test_result_bytes_count_the_float64_temporaries():
     x = np.ones((4, 6, 10), np.float32)
     assert result_bytes(_node("ReduceMean", 2, keepdims=0), [x, np.array([0, 2], np.int64)]) == 6 * (8 + 4)
     assert result_bytes(_node("Concat", 2, axis=0), [x, x]) == 2 * x.nbytes
-    assert result_bytes(_node("BatchNormalization", 5), [x, *[np.ones(6, np.float32)] * 4]) == 240 * 12 + 6 * 6 * 8
+    stats = [np.ones(6, np.float32)] * 4  # result + its float64 copy + the centred copy of training mode
+    assert result_bytes(_node("BatchNormalization", 5), [x, *stats]) == 240 * (12 + 8) + 6 * 6 * 8
 
 
 def test_the_meter_refuses_before_anything_is_made():

@@ -178,16 +178,25 @@ class WSThenBN(nn.Module):
         return self.bn(self.conv(x))
 
 
-def _onnx_fold(model, x):
+def _onnx_fold(model, x, dynamo=True):
     """``bnfold.fold`` of the dynamo export (optimize=False: the weight computation stays in the
-    graph), and the folded model's output under onnxruntime."""
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    graph) or of the TorchScript exporter's (``dynamo=False``: the weight's BatchNormalization has
+    training_mode=1), and the folded model's output under onnxruntime."""
+    import io
+
     import numpy as np
+    import onnx
     import onnxruntime as ort
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+        if dynamo:
+            pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+            proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+        else:
+            f = io.BytesIO()
+            torch.onnx.export(model, (x,), f, dynamo=False, opset_version=17)
+            proto = onnx.load_from_string(f.getvalue())
     result = bnfold.fold(proto)
     sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
     out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
@@ -197,8 +206,8 @@ def _onnx_fold(model, x):
 def _fold_ws(model, x, ir):
     """The fold result, the normalization nodes left, the folded output and the name the report
     gives the BN after the conv (ONNX: its node, the one that reads the Conv's output)."""
-    if ir == "onnx":
-        proto, result, out = _onnx_fold(model, x)
+    if ir in ("onnx", "onnx-torchscript"):
+        proto, result, out = _onnx_fold(model, x, dynamo=ir == "onnx")
         conv = next(n for n in proto.graph.node if n.op_type == "Conv")
         bn = [n.name for n in proto.graph.node if n.op_type == "BatchNormalization" and n.input[0] == conv.output[0]]
         left = [n for n in result.model.graph.node if n.op_type == "BatchNormalization"]
@@ -210,7 +219,7 @@ def _fold_ws(model, x, ir):
 
 
 @pytest.mark.parametrize("conv", list(WS_CONVS))
-@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx"])
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx", "onnx-torchscript"])
 def test_weight_standardized_conv_folds_in_every_ir(ir, conv):
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
     model = calibrate(WSThenBN(conv=WS_CONVS[conv]), tuple(x.shape), seed=5)

@@ -321,13 +321,18 @@ def _reduce_mean_bytes(node: NodeProto, inputs: list) -> int | None:
     return _cast_bytes(_elements(_reduced_shape(node, x, axes)), x.dtype)
 
 
+def batch_norm_training(node: NodeProto, opset: int | None) -> bool:
+    """Whether a BatchNormalization normalizes with the statistics of its input (``training_mode=1``;
+    ``is_test=0``, the default before opset 7) instead of its mean and var inputs."""
+    if opset is not None and opset < 7 and int(attr(node, "is_test", 0)) == 0:
+        return True
+    return bool(int(attr(node, "training_mode", 0)))
+
+
 def _batch_norm_inputs(node: NodeProto, inputs: list, opset) -> tuple[np.ndarray, list[np.ndarray]] | None:
-    """``(x, [scale, bias, mean, var])`` of an inference-mode BatchNormalization with per-channel
-    statistics, or None (training mode, spatial=0, other shapes, or not floats)."""
-    legacy = opset is not None and opset < 7  # is_test defaults to 0 (training) before opset 7
-    if legacy and int(attr(node, "is_test", 0)) == 0:
-        return None
-    if int(attr(node, "training_mode", 0)) or not int(attr(node, "spatial", 1)) or len(inputs) != 5:
+    """``(x, [scale, bias, mean, var])`` of a BatchNormalization with per-channel statistics, or
+    None (spatial=0, other shapes, or not floats)."""
+    if not int(attr(node, "spatial", 1)) or len(inputs) != 5:
         return None
     x, stats = inputs[0], inputs[1:]
     if x.ndim < 2 or not all(_is_float(v.dtype) for v in inputs):
@@ -338,6 +343,10 @@ def _batch_norm_inputs(node: NodeProto, inputs: list, opset) -> tuple[np.ndarray
 
 
 def _batch_norm(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    """Output 0 of a BatchNormalization.  In training mode (weight standardization written by the
+    TorchScript exporter) it normalizes with its input's own mean and population variance over
+    every axis but the channel's, as the operator defines, and its mean and var inputs only feed
+    the running-statistics outputs, which are no constants here."""
     found = _batch_norm_inputs(node, inputs, opset)
     if found is None:
         return None
@@ -345,6 +354,11 @@ def _batch_norm(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     per_channel = (-1,) + (1,) * (x.ndim - 2)
     eps = float(attr(node, "epsilon", 1e-5))
     y = np.array(x, dtype=F64)  # one float64 copy, updated in place
+    if batch_norm_training(node, opset):
+        if y.size == 0:
+            return None
+        others = tuple(a for a in range(y.ndim) if a != 1)
+        mean, var = y.mean(axis=others), y.var(axis=others)
     y -= _as_f64(mean).reshape(per_channel)
     y /= np.sqrt(_as_f64(var) + eps).reshape(per_channel)
     y *= _as_f64(scale).reshape(per_channel)
@@ -356,7 +370,9 @@ def _batch_norm_bytes(node: NodeProto, inputs: list) -> int | None:
     x = inputs[0]
     if x.ndim < 2:
         return None
-    return _cast_bytes(x.size, x.dtype) + 6 * x.shape[1] * 8  # the statistics in float64, and sqrt(var + eps)
+    # the statistics in float64 and sqrt(var + eps); the centred float64 copy np.var makes in training
+    # mode (counted always: before opset 7 the mode is the default of an attribute the file may omit)
+    return _cast_bytes(x.size, x.dtype) + 6 * x.shape[1] * 8 + x.size * 8
 
 
 def _identity(node: NodeProto, inputs: list, opset) -> np.ndarray:

@@ -318,7 +318,8 @@ def parse_norm(graph: Any, node: Node) -> Norm | None:
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
     norm = Norm(node, v(gi, p.input[0]), out, *stats, float(attr(p, "epsilon", 1e-5)), op=p.op_type)
     norm.problem, norm.problem_code = _norm_problem(graph, p, [s for s in stats if s is not None])
-    if not norm.problem and normalizes_constant(graph, node):
+    constant_ok = not norm.problem or norm.problem_code == Code.TRAINING_MODE  # batch statistics of a weight
+    if constant_ok and normalizes_constant(graph, node):
         norm.problem, norm.problem_code = CONSTANT_NORM_REASON, Code.CONSTANT_NORM
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     return norm
