@@ -3,12 +3,11 @@ axes (ViT's class token), in every IR and in ONNX; CastLike's type input; weight
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn as nn
 from reparam_models import calibrate
+from reparam_onnx import onnx_export, run_onnx
 
 import bnfold
 from bnfold.report import Code
@@ -88,16 +87,8 @@ def test_affine_folds_through_a_non_channel_pick_or_mean(name, ir):
     model, x = _calibrated(name)
     ref = reference(model, x)
     if ir == "onnx":
-        pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-        import numpy as np
-        import onnxruntime as ort
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
-        result = bnfold.fold(proto)
-        sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-        out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+        result = bnfold.fold(onnx_export(model, x))
+        (out,) = run_onnx(result.model, x)
         ops = [n.op_type for n in result.model.graph.node]
         assert "BatchNormalization" not in ops
     else:
@@ -124,21 +115,14 @@ class BiasLessAfterBN(nn.Module):
 
 
 def test_onnx_castlike_type_input_is_no_user():
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    import numpy as np
-    import onnxruntime as ort
-
     x = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(2))
     model = calibrate(BiasLessAfterBN(), tuple(x.shape), seed=4)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
+    proto = onnx_export(model, x)
     assert "CastLike" in [n.op_type for n in proto.graph.node]
     result = bnfold.fold(proto)
     assert len(result.report.folded) == 1 and not result.report.skipped, result.report
     assert "BatchNormalization" not in [n.op_type for n in result.model.graph.node]
-    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+    (out,) = run_onnx(result.model, x)
     assert_matches(out, reference(model, x))
 
 
@@ -182,24 +166,9 @@ def _onnx_fold(model, x, dynamo=True):
     """``bnfold.fold`` of the dynamo export (optimize=False: the weight computation stays in the
     graph) or of the TorchScript exporter's (``dynamo=False``: the weight's BatchNormalization has
     training_mode=1), and the folded model's output under onnxruntime."""
-    import io
-
-    import numpy as np
-    import onnx
-    import onnxruntime as ort
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        if dynamo:
-            pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-            proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
-        else:
-            f = io.BytesIO()
-            torch.onnx.export(model, (x,), f, dynamo=False, opset_version=17)
-            proto = onnx.load_from_string(f.getvalue())
+    proto = onnx_export(model, x, dynamo)
     result = bnfold.fold(proto)
-    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    out = torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
+    (out,) = run_onnx(result.model, x)
     return proto, result, out
 
 
@@ -248,7 +217,6 @@ def test_onnx_castlike_of_a_constant_is_a_constant():
     """A frozen BatchNorm written as ``x * CastLike(scale, x) + CastLike(shift, x)`` (DETR-style, or a
     decomposed GroupNorm affine): the CastLike of a constant is a constant, so the chain folds."""
     import numpy as np
-    import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -279,7 +247,6 @@ def test_onnx_castlike_of_a_constant_is_a_constant():
     assert len(result.report.folded) == 1 and result.report.folded[0].into == "conv", result.report
     assert [n.op_type for n in result.model.graph.node] == ["Conv"]  # Mul, Add and both CastLikes gone
     x = rng.standard_normal((2, 3, 8, 8)).astype(np.float32)
-    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    out = torch.from_numpy(np.asarray(sess.run(None, {"X": x})[0]))
+    (out,) = run_onnx(result.model, torch.from_numpy(x))
     conv = torch.nn.functional.conv2d(torch.from_numpy(x).double(), torch.from_numpy(w), torch.from_numpy(b))
     assert_matches(out, conv * torch.from_numpy(scale) + torch.from_numpy(shift))

@@ -4,9 +4,7 @@ convs of its own merge, exact against float64, in the default, decomposed and ed
 from __future__ import annotations
 
 import functools
-import warnings
 
-import numpy as np
 import pytest
 import torch
 from reparam_models import (
@@ -30,6 +28,7 @@ from reparam_models import (
     StemThenRepVGG,
     calibrate,
 )
+from reparam_onnx import onnx_export, run_onnx
 
 import bnfold
 from bnfold.report import Code
@@ -72,13 +71,6 @@ def _default(name: str):
     return export(block, (x,))
 
 
-def _onnx(module, x):
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        return torch.onnx.export(module, (x,), verbose=False, dynamo=True, optimize=False).model_proto
-
-
 def _fx_counts(ep) -> dict:
     names = [op_name(n.target) for n in ep.graph.nodes if n.op == "call_function"]
     count = lambda *keys: sum(any(t.startswith(k) for k in keys) for t in names)  # noqa: E731
@@ -102,18 +94,11 @@ def _onnx_counts(model) -> dict:
     }
 
 
-def _run_onnx(model, x) -> torch.Tensor:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    return torch.from_numpy(np.asarray(sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]))
-
-
 def _fold(name: str, ir: str):
     block, x, ref = _model(name)
     if ir == "onnx":
-        result = bnfold.fold(_onnx(block, x))
-        return result, _onnx_counts(result.model), _run_onnx(result.model, x), ref
+        result = bnfold.fold(onnx_export(block, x))
+        return result, _onnx_counts(result.model), run_onnx(result.model, x)[0], ref
     ep = _default(name) if ir == "default" else export(block, (x,), ir)
     result = bnfold.fold(ep)
     with torch.no_grad():
@@ -159,8 +144,8 @@ def test_refused_merges_keep_the_branches_and_say_why(name, ir):
     x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(7))
     ref = reference(block, x)
     if ir == "onnx":
-        result = bnfold.fold(_onnx(block, x))
-        outs = [_run_onnx(result.model, x)]
+        result = bnfold.fold(onnx_export(block, x))
+        outs = run_onnx(result.model, x)[:1]
     else:
         result = bnfold.fold(export(block, (x,)))
         with torch.no_grad():

@@ -11,13 +11,12 @@
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from reparam_models import calibrate
+from reparam_onnx import onnx_export, run_onnx
 
 import bnfold
 from bnfold.report import Code
@@ -82,17 +81,9 @@ def _fold(model, x, ir):
         with torch.no_grad():
             out = result.model.module()(x)
         return result.report, list(out) if isinstance(out, (tuple, list)) else [out], len(norm_nodes(result.model))
-    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
-    import onnxruntime as ort
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        proto = torch.onnx.export(model, (x,), verbose=False, dynamo=True, optimize=False).model_proto
-    result = bnfold.fold(proto)
-    sess = ort.InferenceSession(result.model.SerializeToString(), providers=["CPUExecutionProvider"])
-    outs = [torch.from_numpy(o) for o in sess.run(None, {sess.get_inputs()[0].name: x.numpy()})]
+    result = bnfold.fold(onnx_export(model, x))
     left = sum(n.op_type == "BatchNormalization" for n in result.model.graph.node)
-    return result.report, outs, left
+    return result.report, run_onnx(result.model, x), left
 
 
 @pytest.mark.parametrize("ir", IRS)
