@@ -40,6 +40,26 @@ class PreActStem(nn.Module):
         return torch.cat([self.conv1(pre), self.down(pre)], 1)  # no sum: nothing for a merge
 
 
+MAXIMA = {
+    "max_pool2d": lambda y: F.max_pool2d(y, 2),
+    "max_pool2d_indices": lambda y: F.max_pool2d(y, 3, 2, 1, return_indices=True)[0],
+    "adaptive_max_pool2d": lambda y: F.adaptive_max_pool2d(y, 2),
+    "amax": lambda y: y.amax((2, 3), keepdim=True),
+}
+
+
+class ConvMaxBn(nn.Module):
+    """``conv -> a maximum over other axes -> BN -> ReLU -> conv``, the maximum spelled ``pool``."""
+
+    def __init__(self, pool: str, negative: bool = False):
+        super().__init__()
+        self.pool, self.negative = MAXIMA[pool], negative
+        self.conv, self.norm1, self.out = nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.out(torch.relu(self.norm1(self.pool(self.conv(x)))))
+
+
 class GlobalMeans(nn.Module):
     """``head(post(relu(...)).mean((2, 3)))`` (into the head) and ``bn1d(flatten(avg_pool(conv(x))))``."""
 
@@ -123,3 +143,18 @@ def test_a_max_pool_whose_indices_are_read_is_no_hop(ir):
     ref = reference(model, x)
     assert_matches(outs[0], ref[0])
     assert torch.equal(outs[1], ref[1])
+
+
+@pytest.mark.parametrize("ir", IRS)
+@pytest.mark.parametrize("pool", list(MAXIMA))
+@pytest.mark.parametrize("negative", [False, True])
+def test_every_spelling_of_a_maximum(pool, negative, ir):
+    if (pool, ir) == ("adaptive_max_pool2d", "edge"):
+        pytest.skip("to_edge refuses aten.adaptive_max_pool2d (not in the core ATen opset)")
+    model, x = _model(lambda: ConvMaxBn(pool, negative), (2, 3, 12, 12))
+    report, (out,), left = _fold(model, x, ir)
+    if negative:
+        assert not report.folded and [s.code for s in report.skipped] == [Code.NEGATIVE_SCALE], report
+    else:
+        assert len(report.folded) == 1 and not report.skipped and left == 0, report
+    assert_matches(out, reference(model, x))

@@ -39,11 +39,15 @@ from .tensors import FxTensors
 
 
 def _values_of(node: Node) -> Node | None:
-    """The ``getitem(node, 0)`` of an op returning ``(values, indices)``, when nothing reads the indices."""
-    users = list(node.users)
-    if len(users) != 1 or node_key(users[0]) != "getitem" or users[0].args[1] != 0:
+    """The ``getitem(node, 0)`` of an op returning ``(values, indices)``, when nothing reads the indices
+    (export keeps an unused ``getitem(node, 1)``)."""
+    items = list(node.users)
+    if any(node_key(u) != "getitem" for u in items):
         return None
-    return users[0]
+    values = [u for u in items if u.args[1] == 0]
+    if len(values) != 1 or any(u.users for u in items if u.args[1] != 0):
+        return None
+    return values[0]
 
 
 class FxGraph:
