@@ -2,7 +2,7 @@
 such values count as constants: shape and cast ops (Identity aliases, a zero bias built with
 Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill, a Concat of shape
 pieces) and the arithmetic of a weight computed in the graph (weight standardization:
-ReduceMean, Sub, Mul, an inference-mode BatchNormalization of the weight; Add, Div, Sqrt).
+ReduceMean, Sub, Mul, a BatchNormalization of the weight in either mode; Add, Div, Sqrt).
 
 Plain numpy; nothing here is fold arithmetic.  Each op is one row of :data:`RULES`: how to
 compute its first output and how many bytes that allocates (:func:`result_bytes`, charged to
