@@ -59,15 +59,21 @@ LAYERS = st.tuples(
 )
 
 
-@SETTINGS
-@given(LAYERS)
-def test_output_side_fold_equals_the_explicit_affine(params):
+def _drawn(params):
+    """A drawn layer: its kind, groups, seed, weight shape, channels, forward, weight, bias and an input."""
     kind, groups, cin_g, cout_g, k, seed, has_bias = params
     if kind == "linear":
         groups = 1
     shape, cin, cout, forward = _layer(kind, groups, cin_g, cout_g, k)
     w, b = _t(seed, *shape), _t(seed + 3, cout) if has_bias else None
     x = _t(seed + 4, 2, cin, 5, 5) if kind != "linear" else _t(seed + 4, 3, cin)
+    return kind, groups, seed, shape, cin, cout, forward, w, b, x
+
+
+@SETTINGS
+@given(LAYERS)
+def test_output_side_fold_equals_the_explicit_affine(params):
+    kind, groups, seed, shape, cin, cout, forward, w, b, x = _drawn(params)
     aff = _affine(seed + 5, cout)
     assert fold_math.out_channels(kind, shape, groups) == cout
     new_w, new_b = fold_math.fold_output_affine(w, b, aff, kind, groups)
@@ -77,12 +83,7 @@ def test_output_side_fold_equals_the_explicit_affine(params):
 @SETTINGS
 @given(LAYERS)
 def test_input_side_fold_equals_the_explicit_affine(params):
-    kind, groups, cin_g, cout_g, k, seed, has_bias = params
-    if kind == "linear":
-        groups = 1
-    shape, cin, cout, forward = _layer(kind, groups, cin_g, cout_g, k)
-    w, b = _t(seed, *shape), _t(seed + 3, cout) if has_bias else None
-    x = _t(seed + 4, 2, cin, 5, 5) if kind != "linear" else _t(seed + 4, 3, cin)
+    kind, groups, seed, shape, cin, cout, forward, w, b, x = _drawn(params)
     shift = kind != "conv_transpose"  # a shift before a transposed conv never folds (tested below)
     aff = _affine(seed + 5, cin, shift=shift)
     assert fold_math.in_channels(kind, shape, groups) == cin

@@ -4,10 +4,11 @@ Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill, a Concat
 pieces) and the arithmetic of a weight computed in the graph (weight standardization:
 ReduceMean, Sub, Mul, a BatchNormalization of the weight in either mode; Add, Div, Sqrt).
 
-Plain numpy; nothing here is fold arithmetic.  Each op is one row of :data:`RULES`: how to
-compute its first output and how many bytes that allocates (:func:`result_bytes`, charged to
-the meter before anything is made).  Floats are computed in float64 and cast back to the
-input's dtype; integers keep numpy's integer arithmetic (Div and the reductions take floats only).
+Plain numpy; the one piece of fold arithmetic, a batch norm's affine, is ``fold_math``'s.  Each op
+is one row of :data:`RULES`: how to compute its first output and how many bytes that allocates
+(:func:`result_bytes`, charged to the meter before anything is made).  Floats are computed in
+float64 and cast back to the input's dtype; integers keep numpy's integer arithmetic (Div and the
+reductions take floats only).
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ from dataclasses import dataclass
 
 import numpy as np
 import onnx
+import torch
 from onnx import NodeProto
 
+from ..errors import FoldError
+from ..fold_math import batch_norm_affine
 from .nodes import attr
 
 F64 = np.dtype(np.float64)
@@ -351,18 +355,23 @@ def _batch_norm(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     if found is None:
         return None
     x, (scale, bias, mean, var) = found
-    per_channel = (-1,) + (1,) * (x.ndim - 2)
-    eps = float(attr(node, "epsilon", 1e-5))
     y = np.array(x, dtype=F64)  # one float64 copy, updated in place
     if batch_norm_training(node, opset):
         if y.size == 0:
             return None
         others = tuple(a for a in range(y.ndim) if a != 1)
         mean, var = y.mean(axis=others), y.var(axis=others)
-    y -= _as_f64(mean).reshape(per_channel)
-    y /= np.sqrt(_as_f64(var) + eps).reshape(per_channel)
-    y *= _as_f64(scale).reshape(per_channel)
-    y += _as_f64(bias).reshape(per_channel)
+    try:  # the batch norm's affine is fold math's (checked: finite statistics, var + eps > 0)
+        aff = batch_norm_affine(
+            *(torch.from_numpy(_as_f64(v)) for v in (mean, var)),
+            float(attr(node, "epsilon", 1e-5)),
+            *(torch.from_numpy(_as_f64(v)) for v in (scale, bias)),
+        )
+    except FoldError:
+        return None
+    per_channel = (-1,) + (1,) * (x.ndim - 2)
+    y *= aff.scale.numpy().reshape(per_channel)
+    y += aff.shift.numpy().reshape(per_channel)
     return _cast_back(y, x.dtype)
 
 

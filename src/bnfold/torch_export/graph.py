@@ -23,7 +23,6 @@ from .ops import (
     BINARY_OPS,
     HOPS,
     OPS,
-    TUPLE_HOPS,
     addmm_like,
     hop_is_exact,
     in_dialect_of,
@@ -117,7 +116,7 @@ class FxGraph:
             return None
         if not node.args or not isinstance(node.args[0], Node) or not hop_is_exact(node):
             return None
-        output = _values_of(node) if key in TUPLE_HOPS else node
+        output = _values_of(node) if isinstance(node.meta.get("val"), (tuple, list)) else node
         if output is None:
             return None
         return Hop(node, node.args[0], output, op_name(node.target), monotone=OPS[key].monotone)

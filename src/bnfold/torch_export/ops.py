@@ -419,7 +419,7 @@ def parse_norm(node: Node) -> Norm | None:
 #: ``permute``, ``movedim``, ``expand`` (a hop only when it broadcasts nothing, see ``hop_is_exact``);
 #: ``select``, ``slice``, ``index_select``, ``index``, ``reduce`` (a mean or max), along axes other
 #: than the channel's; ``pool1d`` / ``pool2d`` / ``pool3d`` (a pool over the last 1 / 2 / 3 axes).
-#: The maxima are in ``MAX_HOPS`` too.
+#: The maxima are rows of ``MAX_HOPS``, merged in.
 HOPS: dict[str, str] = {
     "aten::clone.default": "identity",
     "aten::alias.default": "identity",
@@ -475,7 +475,12 @@ HOPS: dict[str, str] = {
     "aten::_adaptive_avg_pool2d.default": "pool2d",
     "aten::adaptive_avg_pool3d.default": "pool3d",
     "aten::_adaptive_avg_pool3d.default": "pool3d",
-    # maxima along other axes: only a non-negative scale commutes with them (``MAX_HOPS``)
+}
+#: Hops that take a maximum along axes other than the channel's (part of ``HOPS``):
+#: ``max(x * s + t) = max(x) * s + t`` only where ``s >= 0``, which the engine checks
+#: (``engine.edit.negative_crossing``).  Those returning ``(values, indices)`` are hops while nothing
+#: reads the indices (the hop's output is then ``getitem(node, 0)``).
+MAX_HOPS: dict[str, str] = {
     "aten::amax.default": "reduce",
     "aten::max_pool1d.default": "pool1d",
     "aten::max_pool2d.default": "pool2d",
@@ -486,32 +491,7 @@ HOPS: dict[str, str] = {
     "aten::adaptive_max_pool2d.default": "pool2d",
     "aten::adaptive_max_pool3d.default": "pool3d",
 }
-#: The hops of ``HOPS`` that take a maximum: ``max(x * s + t) = max(x) * s + t`` only where ``s >= 0``,
-#: which the engine checks (``engine.edit.negative_crossing``).  Ending in ``_with_indices`` / adaptive:
-#: they return ``(values, indices)``, and are hops only while nothing reads the indices (``TUPLE_HOPS``).
-MAX_HOPS = frozenset(
-    {
-        "aten::amax.default",
-        "aten::max_pool1d.default",
-        "aten::max_pool2d.default",
-        "aten::max_pool3d.default",
-        "aten::max_pool2d_with_indices.default",
-        "aten::max_pool3d_with_indices.default",
-        "aten::adaptive_max_pool1d.default",
-        "aten::adaptive_max_pool2d.default",
-        "aten::adaptive_max_pool3d.default",
-    }
-)
-#: Hops that return ``(values, indices)``: the hop's output is ``getitem(node, 0)``.
-TUPLE_HOPS = frozenset(
-    {
-        "aten::max_pool2d_with_indices.default",
-        "aten::max_pool3d_with_indices.default",
-        "aten::adaptive_max_pool1d.default",
-        "aten::adaptive_max_pool2d.default",
-        "aten::adaptive_max_pool3d.default",
-    }
-)
+HOPS.update(MAX_HOPS)
 
 
 def transpose_dims(node: Node) -> tuple:
