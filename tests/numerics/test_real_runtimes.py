@@ -1,9 +1,14 @@
 """The profiles against the real runtimes they stand for, measured here.
 
-* ``fp16`` is PyTorch eager in half precision on CPU: on six models (convs, an EfficientNet-style
+* ``fp16`` is PyTorch eager in half precision on CPU, on six models (convs, an EfficientNet-style
   MBConv stack with near-dead depthwise channels, a linear stack, a transposed conv, a residual
-  block, and a net at eps 1e-9 whose normalization overflows) the emulated outputs are
-  bit-identical to ``model.half()(x.half())`` (NaN/inf in the same cells).
+  block, and a net at eps 1e-9 whose normalization overflows).  What holds depends on the half
+  kernels torch picks on the CPU the test runs on, which ``torch_half_path.probe()`` finds out:
+  NaN/inf land in the same cells on every CPU; where every layer kind of the model rounds once
+  (oneDNN fp16: Intel with AVX-512 FP16 / AMX) the outputs are bit-identical; where a kind only
+  accumulates in another order (ATen's slow conv: AMD, AVX-512 without FP16 or AVX2 only) nearly
+  every element is within one fp16 step and the output SQNR moves by hundredths of a dB; where a
+  kind rounds twice (``slow_conv_transpose2d`` adds the bias in fp16) the SQNR stays within 2 dB.
 * ``ort-cpu`` is ONNX Runtime's CPU provider running the float16 model onnxconverter-common writes
   (``keep_io_types=True``): on trained PaddleOCR models (and their folded ONNX) the emulated output
   SQNR is within 1 dB of the real run's, with the same finite cells.
@@ -14,6 +19,7 @@ import copy
 import pytest
 import torch
 from torch import nn
+from torch_half_path import fp16_steps, probe
 
 import bnfold
 from bnfold.numerics import Emulator
@@ -102,19 +108,58 @@ MODELS = {
 SHAPES = {"efficientnet-dead-channels": (2, 3, 16, 16)}
 
 
+#: What the fp16 profile's output is to torch half's on a CPU whose half kernels do not all round once, by
+#: the worst path among the model's layer kinds (``torch_half_path.HalfPath.worst``): the share of output
+#: elements at most one fp16 step apart, and how far the output SQNR against float64 may move (dB).
+#: Measured on AMD EPYC Zen 5 (native, and under ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2), ten
+#: seeds per model: "reordered" (conv, depthwise, linear) >= 99.93% within one step, SQNR within 0.01 dB;
+#: "rounds twice" (conv transpose + bias) >= 91% within one step (many steps only where a later BatchNorm
+#: cancels to near 0), the real run's SQNR up to 1.48 dB lower.
+HOLDS = {"reordered": (0.99, 0.1), "rounds twice": (0.85, 2.0)}
+
+
+def _kinds(net: nn.Module) -> set[str]:
+    """The probe's layer kinds in ``net``."""
+    kinds = set()
+    for m in net.modules():
+        if isinstance(m, nn.ConvTranspose2d):
+            kinds.add("conv_transpose")
+        elif isinstance(m, nn.Conv2d):
+            kinds.add("depthwise" if m.groups > 1 and m.groups == m.in_channels else "conv")
+        elif isinstance(m, nn.Linear):
+            kinds.add("linear")
+    return kinds
+
+
 @pytest.mark.parametrize("name", list(MODELS))
 def test_fp16_profile_is_torch_cpu_half(name):
+    """On every CPU: NaN/inf in the same cells.  Then what this CPU's half kernels allow (see
+    ``torch_half_path``): bit-identical where the model's layer kinds all round once, else the stated
+    share within one fp16 step and the output SQNR within the stated dB of torch half's."""
+    torch.manual_seed(0)  # the weights, so that every run tests the same model
     net = MODELS[name]()
     torch.manual_seed(1)
     x = torch.randn(*SHAPES.get(name, (2, 3, 8, 8))) * 2 + 0.5
     ep = torch.export.export(net, (x,))
-    emulated = Emulator(ep, "fp16").run(x).outputs[0]
+    res = Emulator(ep, "fp16").run(x)
+    emulated, ref = res.outputs[0], res.reference[0]
     with torch.no_grad():
         real = copy.deepcopy(net).half()(x.half()).float()
-    assert torch.equal(emulated.isfinite(), real.isfinite())  # NaN/inf in the same cells
-    torch.testing.assert_close(emulated, real, rtol=0, atol=0, equal_nan=True)  # bit-identical
+    path = probe()
+    where = f"{name} on {path.describe()}"
+    assert torch.equal(emulated.isfinite(), real.isfinite()), where  # NaN/inf in the same cells
     if name == "eps-1e-9-overflow":
         assert not real.isfinite().all()  # the case is real: torch half overflows there too
+    worst = path.worst(_kinds(net))
+    if worst == "once rounded":
+        torch.testing.assert_close(emulated, real, rtol=0, atol=0, equal_nan=True, msg=where)  # bit-identical
+        return
+    share, db = HOLDS[worst]
+    finite = real.isfinite()
+    within = float((fp16_steps(emulated[finite], real[finite]) <= 1).double().mean())
+    assert within >= share, (where, worst, within)
+    e, r = measure("o", "o", emulated, ref, True), measure("o", "o", real, ref, True)
+    assert abs(e.finite_sqnr_db - r.finite_sqnr_db) <= db, (where, worst, e.finite_sqnr_db, r.finite_sqnr_db)
 
 
 @pytest.fixture(scope="module")

@@ -5,6 +5,11 @@ Kinds: ``python`` (run in one namespace shared by every python block), ``sh`` (e
 ``console`` (``$ command`` lines, each followed by the output it prints; ``# exit N`` at the end
 of a command gives its exit status, 0 otherwise), ``yaml`` (a CI snippet or a pre-commit
 config: checked by the test), and ``text`` or no language (not code).
+
+A console command's printed lines are compared with the README's by :func:`matches`: words exactly,
+whole numbers exactly, a measured value within one unit of its last printed digit, and a value printed
+as ``VALUE ± SPREAD`` within the larger of the two printed spreads (see "How printed numbers are
+compared" below: a program whose number moves with the CPU prints its spread, and the test uses it).
 """
 
 from __future__ import annotations
@@ -82,12 +87,35 @@ DURATION = re.compile(r"\b\d+(\.\d+)? s\b")
 #: A number in a line: not part of a name (``stem.1``, ``relu_1``, ``model.pt2``), maybe signed or in
 #: e-notation (``6.97e+03x``, ``1e-09``).
 NUMBER = re.compile(r"(?<![A-Za-z_.\d])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\d)")
+#: What joins a value to its spread: ``43.4 ± 0.8 dB`` (spaces optional).
+PLUS_MINUS = re.compile(r"\s*±\s*")
 #: A module path (``blocks.2.project.0``, ``head.0``); file names (``out/report.json``) are not.
 MODULE_PATH = re.compile(r"\b[A-Za-z_]\w*(?:\.\w+)+\b")
 FILE_SUFFIXES = (".pt2", ".onnx", ".json", ".png", ".npz", ".pte", ".py", ".bin", ".data")
-#: How far a measured value (a number with a decimal point or an exponent) may be from the README's:
-#: 5% of it or 0.5, whichever is larger. Whole numbers (counts, parameters, epochs) must be equal.
-REL_TOL, ABS_TOL = 0.05, 0.5
+
+# How printed numbers are compared (no tolerance is chosen here; each number carries its own):
+#
+# * A whole number (a count, parameters, epochs, a seed) must be equal.
+# * ``VALUE ± SPREAD`` (the program printed the spread it measured, e.g. ``43.4 ± 0.8 dB``: SQNR over
+#   several batches, ± their spread): the values may differ by the larger of the two printed spreads.
+#   The spread itself is a measurement and is only required to be there.  Print the spread when a
+#   value moves with the host's float rounding (another CPU's kernels) by more than its last digit.
+# * Any other measured value (a decimal point or an exponent: ``59.5 dB``, ``98.9%``, ``6.97e+03x``)
+#   may differ by one unit in its last printed digit (``59.5`` -> 0.1, ``6.97e+03`` -> 10): the digit
+#   may round either way on another CPU, the digit before it may not.  A number whose last digit is
+#   noise must be printed with fewer digits or with its spread.
+
+
+@dataclass(frozen=True)
+class Value:
+    """A number as printed, with the spread printed next to it (``None``: none)."""
+
+    text: str
+    spread: str | None = None
+
+    @property
+    def measured(self) -> bool:
+        return self.spread is not None or _is_measure(self.text)
 
 
 @dataclass(frozen=True)
@@ -95,7 +123,7 @@ class Shape:
     """A line as text with its numbers taken out; ``measured`` says whether it shows a measurement."""
 
     text: str
-    numbers: tuple[str, ...]
+    numbers: tuple[Value, ...]
     measured: bool
 
 
@@ -103,27 +131,56 @@ def _is_measure(number: str) -> bool:
     return "." in number or "e" in number.lower()
 
 
+def _values(line: str) -> tuple[str, tuple[Value, ...]]:
+    """``line`` with each number (or ``value ± spread``) replaced by ``#``, and the numbers."""
+    text, values, at = [], [], 0
+    found = list(NUMBER.finditer(line))
+    i = 0
+    while i < len(found):
+        m = found[i]
+        text.append(line[at : m.start()])
+        nxt = found[i + 1] if i + 1 < len(found) else None
+        if nxt is not None and PLUS_MINUS.fullmatch(line[m.end() : nxt.start()]):
+            values.append(Value(m[0], nxt[0]))
+            at, i = nxt.end(), i + 2
+        else:
+            values.append(Value(m[0]))
+            at, i = m.end(), i + 1
+        text.append("#")
+    text.append(line[at:])
+    return "".join(text), tuple(values)
+
+
 def _shape(line: str, names_free: bool = False) -> Shape:
-    line = DURATION.sub("<time> s", " ".join(line.split()))
-    numbers = tuple(NUMBER.findall(line))
-    text = NUMBER.sub("#", line)
-    measured = any(_is_measure(n) for n in numbers)
+    text, numbers = _values(DURATION.sub("<time> s", " ".join(line.split())))
+    measured = any(n.measured for n in numbers)
     if names_free and measured:  # which layer is worst may change with the CPU; that a layer is named may not
         text = MODULE_PATH.sub(lambda m: m[0] if m[0].endswith(FILE_SUFFIXES) else "<layer>", text)
     return Shape(text, numbers, measured)
 
 
-def _close(want: str, got: str) -> bool:
-    if not _is_measure(want):
-        return want == got
-    w, g = float(want), float(got)
-    return abs(g - w) <= max(REL_TOL * abs(w), ABS_TOL)
+def last_digit(number: str) -> float:
+    """One unit in the last printed digit of ``number`` (``59.5`` -> 0.1, ``6.97e+03`` -> 10, ``12`` -> 1)."""
+    mantissa, _, exponent = number.lower().partition("e")
+    decimals = len(mantissa.partition(".")[2])
+    return 10.0 ** (int(exponent or 0) - decimals)
+
+
+def _close(want: Value, got: Value) -> bool:
+    if (want.spread is None) != (got.spread is None):
+        return False  # a spread went missing, or appeared
+    if not want.measured:
+        return want.text == got.text
+    w, g = float(want.text), float(got.text)
+    if want.spread is not None:
+        return abs(g - w) <= max(float(want.spread), float(got.spread))
+    return abs(g - w) <= max(last_digit(want.text), last_digit(got.text)) * (1 + 1e-9)
 
 
 def matches(want: str, got: str) -> bool:
     """Whether the printed line ``got`` is the README's line ``want``: the same words (whitespace runs are
-    one space, durations are not compared), whole numbers equal, measured values within the tolerance
-    above; on a line that shows a measurement, module paths may name another layer."""
+    one space, durations are not compared), numbers compared as described above; on a line that shows a
+    measurement, module paths may name another layer."""
     a, b = _shape(want), _shape(got)
     if a.text != b.text:
         a, b = _shape(want, names_free=True), _shape(got, names_free=True)
