@@ -97,7 +97,8 @@ FILE_SUFFIXES = (".pt2", ".onnx", ".json", ".png", ".npz", ".pte", ".py", ".bin"
 #
 # * A whole number (a count, parameters, epochs, a seed) must be equal.
 # * ``VALUE ± SPREAD`` (the program printed the spread it measured, e.g. ``43.4 ± 0.8 dB``: SQNR over
-#   several batches, ± their spread): the values may differ by the larger of the two printed spreads.
+#   several batches, ± their spread): the values may differ by the larger of the two printed spreads
+#   (and by at least one unit in the value's last digit).
 #   The spread itself is a measurement and is only required to be there.  Print the spread when a
 #   value moves with the host's float rounding (another CPU's kernels) by more than its last digit.
 # * Any other measured value (a decimal point or an exponent: ``59.5 dB``, ``98.9%``, ``6.97e+03x``)
@@ -173,7 +174,7 @@ def _close(want: Value, got: Value) -> bool:
         return want.text == got.text
     w, g = float(want.text), float(got.text)
     if want.spread is not None:
-        return abs(g - w) <= max(float(want.spread), float(got.spread))
+        return abs(g - w) <= max(float(want.spread), float(got.spread), last_digit(want.text)) * (1 + 1e-9)
     return abs(g - w) <= max(last_digit(want.text), last_digit(got.text)) * (1 + 1e-9)
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from .audit_report import norm_severity
 from .risk import DEGRADE_DB, QNN_EPS
 
 
@@ -19,7 +20,7 @@ def _cost(norms) -> str:
     def loss(n):
         return n.risk.loss_db if n.risk is not None else 0.0
 
-    worst = sorted(norms, key=lambda n: (n.verdict != "overflows", -loss(n)))
+    worst = sorted(norms, key=norm_severity)
     parts = []
     for n in worst[:4]:
         extra = f", ~{loss(n):.0f} dB" if n.verdict == "degrades" else ""
@@ -32,7 +33,10 @@ def _e2e(e) -> str:
     out = e.output
     if out.nonfinite:
         return f"{100 * out.nonfinite_share:.3g}% NaN/inf"
-    return f"{out.sqnr_db:.1f} dB" if math.isfinite(out.sqnr_db) else "exact"
+    if not math.isfinite(out.sqnr_db):
+        return "exact"
+    spread = e.sqnr_spread_db
+    return f"{out.sqnr_db:.1f} ± {max(spread, 0.1):.1f} dB" if math.isfinite(spread) else f"{out.sqnr_db:.1f} dB"
 
 
 def advice(report) -> list[str]:

@@ -92,10 +92,25 @@ class EndToEnd:
     top1_agreement: float | None = None  # fraction of samples whose argmax matches the float32 model
     accuracy: float | None = None  # fraction matching ``labels``, when given
     predictions: torch.Tensor | None = None
+    batch_sqnr_db: list[float] = field(default_factory=list)  # the output SQNR of each batch by itself
+
+    @property
+    def sqnr_spread_db(self) -> float:
+        """How much the output SQNR moves from batch to batch: the standard deviation of the per-batch
+        SQNRs (dB).  NaN with fewer than two batches or when a batch has no SQNR (NaN/inf, no error).
+        The SQNR over all batches moves by less than this with the inputs, or with another CPU's
+        float32 rounding (a different fp16 rounding noise on the same inputs)."""
+        v = self.batch_sqnr_db
+        if len(v) < 2 or not all(math.isfinite(x) for x in v):
+            return math.nan
+        mean = sum(v) / len(v)
+        return math.sqrt(sum((x - mean) ** 2 for x in v) / (len(v) - 1))
 
     def to_dict(self) -> dict:
         return {
             "output_sqnr_db": json_float(self.output.sqnr_db),
+            "output_sqnr_spread_db": json_float(self.sqnr_spread_db),
+            "batch_output_sqnr_db": [json_float(x) for x in self.batch_sqnr_db],
             "output_finite_sqnr_db": json_float(self.output.finite_sqnr_db),
             "output_max_abs_err": json_float(self.output.max_abs_err),
             "elements": self.output.count,
@@ -130,6 +145,10 @@ class AuditReport:
         attr = ("local_" if local else "") + which
         rows = [r for r in self.layers if getattr(r, attr) is not None]
         return sorted(rows, key=lambda r: (-getattr(r, attr).nonfinite, _sort_db(getattr(r, attr).sqnr_db)))[:n]
+
+    def worst_norms(self, n: int = 3) -> list[NormAudit]:
+        """The ``n`` normalizations in order of :func:`norm_severity`, the worst first."""
+        return sorted(self.norms, key=norm_severity)[:n]
 
     def advice(self) -> list[str]:
         """The closing "what to do" lines (see :func:`bnfold.numerics.advice.advice`)."""
@@ -187,6 +206,22 @@ class RuntimeRun:
             "unfolded": self.unfolded.to_dict(),
             "folded": None if self.folded is None else self.folded.to_dict(),
         }
+
+
+#: Verdicts from the worst.
+VERDICTS = ("input NaN", "overflows", "degrades", "safe")
+
+
+def norm_severity(n: NormAudit) -> tuple:
+    """A sort key, the worst normalization first, that does not move with the host's rounding: the
+    verdict, then the loss the verdict stands on in whole dB (the measured part moves by tenths of a dB
+    with the inputs and the CPU), then the predicted loss (from the statistics alone: the same on every
+    CPU), then graph order."""
+    r = n.risk
+    loss = r.loss_db if r is not None and math.isfinite(r.loss_db) else -math.inf
+    pred = r.effective.loss_db if r is not None and r.effective is not None else -math.inf
+    rank = VERDICTS.index(n.verdict) if n.verdict in VERDICTS else len(VERDICTS)
+    return (rank, -round(loss) if math.isfinite(loss) else math.inf, -pred if math.isfinite(pred) else math.inf)
 
 
 def _sort_db(db: float) -> float:

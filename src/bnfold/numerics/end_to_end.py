@@ -3,6 +3,8 @@ agreement with the float32 model and accuracy against labels (classifiers)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from .audit_report import EndToEnd
@@ -12,19 +14,26 @@ from .errors import TensorError, measure
 
 def _end_to_end(res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None) -> EndToEnd:
     total = None
-    preds = []
+    preds, per_batch = [], []
     for outs, refs in zip(res.outputs, ref_outputs):
+        batch = None
         for o, r in zip(outs, refs):
             if isinstance(r, torch.Tensor) and r.is_floating_point():
                 m = measure("output", "output", o, r, exact_diff=True)
-                if total is None:
-                    total = m
+                if batch is None:
+                    batch = m
                 else:
-                    total.merge(m)
+                    batch.merge(m)
+        if batch is not None:
+            per_batch.append(batch.sqnr_db)
+            if total is None:
+                total = replace(batch)
+            else:
+                total.merge(batch)
         first = outs[0] if outs else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
             preds.append(first.argmax(1))
-    e2e = EndToEnd(total or TensorError("output", "output", ()))
+    e2e = EndToEnd(total or TensorError("output", "output", ()), batch_sqnr_db=per_batch)
     if preds and len(preds) == len(fp32_top1):
         p = torch.cat(preds)
         e2e.predictions = p

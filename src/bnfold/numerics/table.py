@@ -27,6 +27,17 @@ def sqnr(err) -> str:
     return db(err.sqnr_db)
 
 
+def sqnr_spread(e2e) -> str:
+    """An end-to-end SQNR cell with its spread over batches (``43.4 ± 0.8``), as :func:`sqnr` when the
+    spread is undefined (one batch, NaN/inf).  The spread gets the value's precision, at least its last
+    digit, so a reader (and the README test) can tell which digits the inputs move."""
+    cell = sqnr(e2e.output)
+    spread = getattr(e2e, "sqnr_spread_db", math.nan)
+    if not math.isfinite(spread) or not math.isfinite(e2e.output.sqnr_db):
+        return cell
+    return f"{cell} ± {max(spread, 0.1):.1f}"
+
+
 def nonfinite(err) -> str:
     """``nan/inf`` counts and their share of the elements."""
     if err is None:
@@ -55,7 +66,7 @@ def _short(s: str, n: int) -> str:
 def _end_to_end(report) -> list[str]:
     u, f = report.unfolded, report.folded
     out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}"]
-    out.append(f"  {'output SQNR (dB)':<26} {sqnr(u.output):>14} {sqnr(f.output) if f else '-':>14}")
+    out.append(f"  {'output SQNR (dB)':<26} {sqnr_spread(u):>14} {sqnr_spread(f) if f else '-':>14}")
     if u.top1_agreement is not None:
         label = "top-1 agreement w/ fp32" + ("*" if report.random_inputs else "")
         out.append(f"  {label:<26} {pct(u.top1_agreement):>14} {pct(f.top1_agreement) if f else '-':>14}")
@@ -67,10 +78,12 @@ def _end_to_end(report) -> list[str]:
     if rt is not None:
         ru, rf = rt.unfolded, rt.folded
         label = f"real {rt.runtime} SQNR (dB)"
-        out.append(f"  {label:<26} {sqnr(ru.output):>14} {sqnr(rf.output) if rf else '-':>14}")
+        out.append(f"  {label:<26} {sqnr_spread(ru):>14} {sqnr_spread(rf) if rf else '-':>14}")
         label = f"real {rt.runtime} NaN/inf"
         out.append(f"  {label:<26} {nonfinite(ru.output):>14} {nonfinite(rf.output) if rf else '-':>14}")
         out.append(f"  (the {rt.runtime} run is what the {rt.matches_profile} profile emulates)")
+    if "±" in "".join(out):
+        out.append(f"  (x ± s: the SQNR over all {report.batches} batches ± the standard deviation of each batch's)")
     if report.random_inputs and u.top1_agreement is not None:
         out.append(
             "  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
