@@ -87,7 +87,7 @@ DURATION = re.compile(r"\b\d+(\.\d+)? s\b")
 #: A number in a line: not part of a name (``stem.1``, ``relu_1``, ``model.pt2``), maybe signed or in
 #: e-notation (``6.97e+03x``, ``1e-09``).
 NUMBER = re.compile(r"(?<![A-Za-z_.\d])[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?(?!\d)")
-#: What joins a value to its spread: ``43.4 ± 0.8 dB`` (spaces optional).
+#: What joins a value to its spread: ``43.4 ± 0.8 dB`` (spaces optional; a unit goes after the spread).
 PLUS_MINUS = re.compile(r"\s*±\s*")
 #: A module path (``blocks.2.project.0``, ``head.0``); file names (``out/report.json``) are not.
 MODULE_PATH = re.compile(r"\b[A-Za-z_]\w*(?:\.\w+)+\b")
