@@ -130,6 +130,15 @@ def test_mask_iou_in_the_table_json_and_verdict():
     assert "mask IoU w/ fp32 (>0.5)*" in rand.table() and "weak evidence" in rand.table()
 
 
+def test_mask_iou_of_a_real_runtime():
+    x = prob_map(above=12, marginal=4)
+    rep = bnfold.audit(identity_conv_onnx(), [(x,)], profile="fp16", threshold=0.5, runtime="torch")
+    # torch half stores the input in fp16: the marginal pixels become 0.5, as under the profile
+    assert rep.runtime.unfolded.mask_iou == 0.75 and rep.runtime.folded.mask_iou == 0.75
+    assert rep.runtime.to_dict()["unfolded"]["mask_iou"] == 0.75
+    assert "real torch IoU>0.5" in rep.table()
+
+
 # -- the user's metric ------------------------------------------------------------------------------
 
 

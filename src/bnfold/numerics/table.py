@@ -71,8 +71,8 @@ def _end_to_end(report) -> list[str]:
         out.append(f"  {label:<26} {sqnr(ru.output):>14} {sqnr(rf.output) if rf else '-':>14}")
         label = f"real {rt.runtime} NaN/inf"
         out.append(f"  {label:<26} {nonfinite(ru.output):>14} {nonfinite(rf.output) if rf else '-':>14}")
-        for label, cell in task_rows(ru):
-            label = f"real {rt.runtime} {label.removesuffix(' w/ fp32')}"
+        for label, cell in task_rows(ru, short=True):
+            label = _short(f"real {rt.runtime} {label}", 26)
             out.append(f"  {label:<26} {cell(ru):>14} {cell(rf) if rf else '-':>14}")
         out.append(f"  (the {rt.runtime} run is what the {rt.matches_profile} profile emulates)")
     if report.random_inputs and task_rows(u):
@@ -83,15 +83,18 @@ def _end_to_end(report) -> list[str]:
     return out
 
 
-def task_rows(e2e) -> list:
-    """``(label, cell(end_to_end) -> str)`` for each agreement number ``e2e`` has: top-1, mask IoU, metric."""
+def task_rows(e2e, short: bool = False) -> list:
+    """``(label, cell(end_to_end) -> str)`` for each agreement number ``e2e`` has: top-1, mask IoU, metric
+    (``short``: labels without "w/ fp32" and the metric's name, for the real-runtime rows)."""
+    fp32 = "" if short else " w/ fp32"
     rows = []
     if e2e.top1_agreement is not None:
-        rows.append(("top-1 agreement w/ fp32", lambda e: pct(e.top1_agreement)))
+        rows.append((("top-1" if short else "top-1 agreement") + fp32, lambda e: pct(e.top1_agreement)))
     if e2e.mask_iou is not None:
-        rows.append((f"mask IoU w/ fp32 (>{e2e.threshold:g})", lambda e: num(e.mask_iou, ".3f")))
+        label = f"IoU>{e2e.threshold:g}" if short else f"mask IoU w/ fp32 (>{e2e.threshold:g})"
+        rows.append((label, lambda e: num(e.mask_iou, ".3f")))
     if e2e.metric_name is not None:
-        rows.append((_short(f"metric {e2e.metric_name}", 26), lambda e: num(e.metric, ".4g")))
+        rows.append(("metric" if short else _short(f"metric {e2e.metric_name}", 26), lambda e: num(e.metric, ".4g")))
     return rows
 
 
