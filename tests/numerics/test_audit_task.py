@@ -219,6 +219,7 @@ def files(tmp_path):
     np.savez(tmp_path / "map.npz", x=prob_map(above=12, marginal=4).numpy())
     onnx.save(classifier_onnx(), tmp_path / "clf.onnx")
     np.savez(tmp_path / "clf.npz", x=ROWS.numpy())
+    torch.export.save(torch.export.export(Classifier().eval(), (ROWS,)), tmp_path / "clf.pt2")
     return tmp_path
 
 
@@ -258,6 +259,8 @@ def test_cli_threshold_and_class_axis(capsys, files):
         ("map.onnx", ["--threshold", "0"], "--threshold: threshold must lie in (0, 1)"),
         ("clf.onnx", ["--class-axis", "2"], "--class-axis: class axis 2 is out of range"),
         ("clf.onnx", ["--class-axis", "-3"], "--class-axis: class axis -3 is out of range"),
+        ("clf.pt2", ["--class-axis", "2"], "--class-axis: class axis 2 is out of range"),
+        ("clf.pt2", ["--threshold", "1"], "--threshold: threshold must lie in (0, 1)"),
     ],
 )
 def test_cli_bad_values_are_one_line_exit_2(capsys, files, model, flags, words):
