@@ -59,11 +59,15 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
     from ..numerics import audit
     from ..numerics.end_to_end import check_class_axis, first_output_rank, task
 
-    try:  # before anything runs: a bad --threshold / --class-axis is a one-line error
-        check_class_axis(task(args.class_axis, args.threshold).class_axis, first_output_rank(model))
-    except (TypeError, ValueError) as e:
-        flag = "--threshold" if "threshold" in str(e) else "--class-axis"
-        raise BnfoldError(f"{flag}: {e}") from None
+    # before anything runs: a bad --threshold / --class-axis is a one-line error
+    for flag, check in (
+        ("--threshold", lambda: task(threshold=args.threshold)),
+        ("--class-axis", lambda: check_class_axis(args.class_axis, first_output_rank(model))),
+    ):
+        try:
+            check()
+        except ValueError as e:
+            raise BnfoldError(f"{flag}: {e}") from None
     extra: dict = {"class_axis": args.class_axis, "threshold": args.threshold}
     if onnx:
         from ..numerics.onnx_audit import random_batches
