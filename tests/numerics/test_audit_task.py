@@ -51,8 +51,10 @@ def test_the_classifier_flips_three_of_ten_under_fp16_rounding():
 @pytest.mark.parametrize("transpose, axis", [(False, None), (False, 1), (False, -1), (True, 0), (True, -2)])
 def test_top1_agreement_with_known_flips(transpose, axis):
     m = Classifier(transpose)
-    rep = bnfold.audit(m, [(ROWS,)], profile="fp16", class_axis=axis)
+    labels = torch.tensor([1] * 7 + [0, 0, 1])  # fp32 gets 9 right, fp16 6 (the 3 flips are errors)
+    rep = bnfold.audit(m, [(ROWS,)], profile="fp16", class_axis=axis, labels=labels)
     assert rep.unfolded.top1_agreement == 0.7 and rep.folded.top1_agreement == 0.7
+    assert rep.fp32_accuracy == 0.9 and rep.unfolded.accuracy == 0.6
     assert rep.unfolded.class_axis == (1 if axis is None else axis)
     assert rep.unfolded.predictions.tolist() == [0] * 3 + [1] * 4 + [0] * 3
     exact = bnfold.audit(m, [(ROWS,)], profile="fp32", class_axis=axis)

@@ -24,7 +24,7 @@ import torch
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .batches import as_batches as _as_batches
 from .emulator import EmulationResult, Emulator
-from .end_to_end import _end_to_end, _split_labels, check_class_axis, first_output_rank, task
+from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
 from .fold_walk import _FoldMap, _layers, _rows, _segments
 from .norm_rows import _norms
 from .profiles import get_profile
@@ -182,9 +182,7 @@ def audit(
         fseg = _segments(fgraph, [(r.name, r.name, r.folded) for r in rows if r.folded is not None])
         _execute(Emulator(fold_result.model, prof, bn_eps, fseg), batches, folded, progress)
     label_batches = _split_labels(labels, batches)
-    fp32_accuracy = None
-    if label_batches is not None and fp32_top1:
-        fp32_accuracy = float((torch.cat(fp32_top1) == torch.cat(label_batches)).double().mean())
+    fp32_accuracy = _fp32_accuracy(unfolded.reference, fp32_top1, label_batches, spec)
     samples = sum(b[0].shape[0] if b and isinstance(b[0], torch.Tensor) and b[0].dim() else 1 for b in batches)
     errors = {"unfolded": unfolded.errors}
     if folded is not None:

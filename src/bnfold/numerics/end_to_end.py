@@ -180,6 +180,22 @@ def _end_to_end(
     return e2e
 
 
+def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
+    """The float model's accuracy against ``labels``: its argmax along ``spec.class_axis`` (of the first
+    reference output), else the float32 top-1 of an ``[N, classes]`` output; None without labels or
+    when the predictions and labels differ in shape."""
+    if labels is None:
+        return None
+    if spec is not None and spec.class_axis is not None:
+        preds = [refs[0].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if refs]
+    else:
+        preds = fp32_top1
+    if not preds:
+        return None
+    p, lab = torch.cat(preds), torch.cat([torch.as_tensor(t).flatten() for t in labels])
+    return float((p == lab).double().mean()) if p.shape == lab.shape else None
+
+
 def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
     if labels is None:
         return None

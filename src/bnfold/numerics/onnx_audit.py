@@ -20,7 +20,7 @@ import torch
 from .audit_report import AuditReport, LayerAudit, NormAudit
 from .batches import as_batches
 from .emulator import EmulationResult
-from .end_to_end import Task, _end_to_end, _split_labels
+from .end_to_end import Task, _end_to_end, _fp32_accuracy, _split_labels
 from .norm_rows import _fold_status, _risk, _smallest_headroom, norm_numbers
 from .onnx_emulator import OnnxEmulator, OnnxNorm, constants, input_shapes_of, node_names
 from .onnx_ops import LAYER_OPS
@@ -288,8 +288,7 @@ def audit_onnx(
         name=name or (model.graph.name or "model"),
         random_inputs=random_inputs,
     )
-    if label_batches is not None and top1:
-        rep.fp32_accuracy = float((torch.cat(top1) == torch.cat(label_batches)).double().mean())
+    rep.fp32_accuracy = _fp32_accuracy(unfolded.reference, top1, label_batches, task)
     if runtime is not None:
         from .runtimes import runtime_run
 
