@@ -57,8 +57,18 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
     """The audit of the loaded model on ``--inputs`` or ``--random`` batches.  An ONNX model is audited
     with the ONNX ``fold`` writes, both emulated (``numerics.onnx_audit``); ``--runtime`` is ONNX only."""
     from ..numerics import audit
+    from ..numerics.end_to_end import check_class_axis, first_output_rank, task
 
-    extra: dict = {}
+    # before anything runs: a bad --threshold / --class-axis is a one-line error
+    for flag, check in (
+        ("--threshold", lambda: task(threshold=args.threshold)),
+        ("--class-axis", lambda: check_class_axis(args.class_axis, first_output_rank(model))),
+    ):
+        try:
+            check()
+        except ValueError as e:
+            raise BnfoldError(f"{flag}: {e}") from None
+    extra: dict = {"class_axis": args.class_axis, "threshold": args.threshold}
     if onnx:
         from ..numerics.onnx_audit import random_batches
 

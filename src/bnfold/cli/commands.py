@@ -66,6 +66,8 @@ COMMANDS: tuple[Command, ...] = (
             "seed",
             "input_shape",
             "runtime",
+            "class_axis",
+            "threshold",
             "plot",
         ),
         run=audit.run,

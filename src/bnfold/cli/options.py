@@ -127,6 +127,18 @@ OPTIONS: dict[str, Option] = {
         "ONNX: also run this real runtime in fp16 (torch half on CPU; ONNX Runtime on a float16 model)",
         {"choices": ("torch", "onnxruntime")},
     ),
+    "class_axis": Option(
+        ("--class-axis",),
+        "report top-1 agreement with fp32 along axis N of the first output (default: axis 1 of an [N, classes] "
+        "output); negative counts from the end",
+        {"type": int, "metavar": "N"},
+    ),
+    "threshold": Option(
+        ("--threshold",),
+        "report mask_iou: IoU of the first output's mask > T with fp32's (probability maps: detection, "
+        "segmentation); T in (0, 1)",
+        {"type": float, "metavar": "T"},
+    ),
     "plot": Option(
         ("--plot",),
         "write the SQNR chart (whole model and worst layers) to FILE.png",

@@ -79,6 +79,12 @@ the layer names); --input-shape NAME:1,3,48,320 fixes the dims it leaves open,
 --inputs arrays have the input's rank (one batch) or one axis more (N batches),
 and --runtime torch|onnxruntime also runs that real fp16 runtime.
 
+Agreement with fp32 on the task, beside the SQNR: --class-axis N gives top-1
+agreement along axis N of the first output (default: axis 1 of [N, classes]),
+--threshold T (0 < T < 1) gives mask_iou, the IoU of the first output's mask
+> T with fp32's (probability maps; 1.0 when both masks are empty). With
+--inputs the closing "what to do" cites them first.
+
 Per batch norm: kappa and |scale| at the model's eps and at --bn-eps (a runtime
 that ignores the model's eps: ExecuTorch's QNN builder uses 1e-9), the fp16
 headroom of everything the profile stores (input, x*scale, bias', sum), and a

@@ -39,9 +39,26 @@ def _e2e(e) -> str:
     return f"{out.sqnr_db:.1f} ± {max(spread, 0.1):.1f} dB" if math.isfinite(spread) else f"{out.sqnr_db:.1f} dB"
 
 
+def _task(report) -> str | None:
+    """The agreement with fp32 on the task, unfolded and folded (None when there is none to cite)."""
+    from .table import task_rows
+
+    u, f = report.unfolded, report.folded
+    parts = []
+    for label, cell in task_rows(u):
+        label = label.replace(" w/ fp32", "")
+        parts.append(f"{label} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else ""))
+    if not parts:
+        return None
+    return f"on these inputs, agreement with fp32: {'; '.join(parts)}."
+
+
 def advice(report) -> list[str]:
     norms = report.norms
     lines = []
+    task = None if report.random_inputs else _task(report)
+    if task is not None:  # real inputs: the task's number comes first
+        lines.append(task)
     bad = [n for n in norms if n.verdict in ("overflows", "degrades", "input NaN")]
     over = [n for n in norms if n.verdict == "overflows"]
     eps = "the model's eps" if report.bn_eps is None else f"runtime eps {report.bn_eps:g}"

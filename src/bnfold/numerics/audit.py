@@ -24,7 +24,7 @@ import torch
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .batches import as_batches as _as_batches
 from .emulator import EmulationResult, Emulator
-from .end_to_end import _end_to_end, _split_labels
+from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
 from .fold_walk import _FoldMap, _layers, _rows, _segments
 from .norm_rows import _norms
 from .profiles import get_profile
@@ -84,6 +84,9 @@ def audit(
     random_inputs: bool = False,
     input_shapes: dict[str, tuple] | None = None,
     runtime: str | None = None,
+    class_axis: int | None = None,
+    threshold: float | None = None,
+    metric: Callable | None = None,
 ) -> AuditReport:
     """Audit ``model`` (an ExportedProgram, an nn.Module exported here in eval mode, or an ONNX ModelProto)
     under ``profile``.
@@ -105,9 +108,18 @@ def audit(
     random batches; ``runtime`` (``"torch"`` / ``"onnxruntime"``) also runs that real runtime in
     half precision and reports it next to the emulation.
 
+    Beside the SQNR, the end-to-end numbers give the outputs' agreement with the float model (the
+    unfolded model in float64, as float32) on the task (see :class:`bnfold.numerics.end_to_end.Task`):
+    ``class_axis`` (top-1 agreement along that axis of the first output; default: axis 1 of an
+    ``[N, classes]`` output), ``threshold`` in (0, 1) (``mask_iou``: the IoU of the first output's
+    above-threshold mask with the float model's; 1.0 when both are empty) and ``metric``
+    (``fn(output, reference) -> float`` per batch, averaged over batches weighted by sample count).
+
     A program whose batch norms run in training mode is refused (ValueError):
     its numbers would change from run to run and nothing in it folds.
     """
+    spec = task(class_axis, threshold, metric)
+    check_class_axis(spec.class_axis, first_output_rank(model))
     if type(model).__name__ == "ModelProto":
         from .onnx_audit import audit_onnx
 
@@ -123,6 +135,7 @@ def audit(
             random_inputs=random_inputs or inputs is None,
             input_shapes=input_shapes,
             runtime=runtime,
+            task=spec,
         )
     if inputs is None:
         raise ValueError("audit needs input batches for a torch program or module")
@@ -169,9 +182,7 @@ def audit(
         fseg = _segments(fgraph, [(r.name, r.name, r.folded) for r in rows if r.folded is not None])
         _execute(Emulator(fold_result.model, prof, bn_eps, fseg), batches, folded, progress)
     label_batches = _split_labels(labels, batches)
-    fp32_accuracy = None
-    if label_batches is not None and fp32_top1:
-        fp32_accuracy = float((torch.cat(fp32_top1) == torch.cat(label_batches)).double().mean())
+    fp32_accuracy = _fp32_accuracy(unfolded.reference, fp32_top1, label_batches, spec)
     samples = sum(b[0].shape[0] if b and isinstance(b[0], torch.Tensor) and b[0].dim() else 1 for b in batches)
     errors = {"unfolded": unfolded.errors}
     if folded is not None:
@@ -184,8 +195,8 @@ def audit(
         batches=len(batches),
         norms=_norms(ep, unfolded, fold_result.report if fold_result else None, bn_eps, prof, layers),
         layers=layers,
-        unfolded=_end_to_end(unfolded, unfolded.reference, fp32_top1, label_batches),
-        folded=None if folded is None else _end_to_end(folded, unfolded.reference, fp32_top1, label_batches),
+        unfolded=_end_to_end(unfolded, unfolded.reference, fp32_top1, label_batches, spec),
+        folded=None if folded is None else _end_to_end(folded, unfolded.reference, fp32_top1, label_batches, spec),
         fp32_accuracy=fp32_accuracy,
         fold_report=fold_result.report if fold_result else None,
         errors=errors,

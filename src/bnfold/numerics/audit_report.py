@@ -86,12 +86,18 @@ class LayerAudit:
 
 @dataclass
 class EndToEnd:
-    """The program's outputs over all batches, against the unfolded model's float64 outputs."""
+    """The program's outputs over all batches, against the unfolded model's float64 outputs, and their
+    agreement with the float model on the task (see :class:`bnfold.numerics.end_to_end.Task`)."""
 
     output: TensorError
-    top1_agreement: float | None = None  # fraction of samples whose argmax matches the float32 model
+    top1_agreement: float | None = None  # share of positions whose argmax along class_axis matches the float model
     accuracy: float | None = None  # fraction matching ``labels``, when given
     predictions: torch.Tensor | None = None
+    class_axis: int | None = None  # the axis top-1 reads
+    threshold: float | None = None  # the cut of mask_iou
+    mask_iou: float | None = None  # IoU of the masks output > threshold and float model > threshold (1.0: both empty)
+    metric: float | None = None  # the user's metric(output, reference), batches weighted by their sample count
+    metric_name: str | None = None
     batch_sqnr_db: list[float] = field(default_factory=list)  # the output SQNR of each batch by itself
 
     @property
@@ -118,6 +124,11 @@ class EndToEnd:
             "inf": self.output.inf,
             "nonfinite_share": self.output.nonfinite_share,
             "top1_agreement": self.top1_agreement,
+            "class_axis": self.class_axis,
+            "mask_iou": self.mask_iou,
+            "threshold": self.threshold,
+            "metric": json_float(self.metric) if self.metric is not None else None,
+            "metric_name": self.metric_name,
             "accuracy": self.accuracy,
         }
 

@@ -1,9 +1,18 @@
-"""End-to-end numbers of an audited run: output SQNR and NaN/inf against the float64 reference, top-1
-agreement with the float32 model and accuracy against labels (classifiers)."""
+"""End-to-end numbers of an audited run: output SQNR and NaN/inf against the float64 reference, and
+agreement with the float model on the task (:class:`Task`): top-1 agreement along a class axis,
+the IoU of the above-threshold mask of a probability map, a metric of the user's, and accuracy
+against labels (classifiers).
+
+The reference of the agreement numbers is the float model's output: the unfolded model run in
+float64 (what float32 gives, up to float32 rounding), handed over as float32 tensors.  Top-1 and
+the mask read the model's first output.
+"""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -12,9 +21,139 @@ from .emulator import EmulationResult
 from .errors import TensorError, measure
 
 
-def _end_to_end(res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None) -> EndToEnd:
+@dataclass(frozen=True)
+class Task:
+    """What end-to-end agreement to report beside the SQNR (``audit(class_axis=, threshold=, metric=)``).
+
+    * ``class_axis``: top-1 agreement = the share of positions (every index of the first output but
+      the class axis) whose argmax along ``class_axis`` matches the float model's.  ``None``: a first
+      output shaped ``[N, classes]`` is read along axis 1, any other has no top-1.
+    * ``threshold``: ``mask_iou`` = |A and B| / |A or B| of the masks ``output > threshold`` (A) and
+      ``reference > threshold`` (B) of the first output, pooled over all batches (NaN counts as below).
+      When both masks are empty it is 1.0: the two agree that nothing is there.
+    * ``metric``: ``fn(output, reference) -> float``, called once per batch (a tensor each when the
+      model has one output, else a tuple); the value reported is the mean over batches weighted by
+      their sample count (the first output's leading dim), so a per-sample mean comes out exact
+      however the samples are batched.
+    """
+
+    class_axis: int | None = None
+    threshold: float | None = None
+    metric: Callable | None = None
+
+    @property
+    def metric_name(self) -> str | None:
+        if self.metric is None:
+            return None
+        return getattr(self.metric, "__name__", None) or type(self.metric).__name__
+
+
+def task(class_axis=None, threshold=None, metric=None) -> Task:
+    """A checked :class:`Task` (ValueError / TypeError with a one-line message)."""
+    if class_axis is not None and (isinstance(class_axis, bool) or not isinstance(class_axis, int)):
+        raise TypeError(f"class_axis must be an int, got {class_axis!r}")
+    if threshold is not None:
+        try:
+            t = float(threshold)
+        except (TypeError, ValueError):
+            raise TypeError(f"threshold must be a number, got {threshold!r}") from None
+        if not 0.0 < t < 1.0:
+            raise ValueError(f"threshold must lie in (0, 1) (a probability map's cut), got {threshold!r}")
+        threshold = t
+    if metric is not None and not callable(metric):
+        raise TypeError(f"metric must be a function fn(output, reference) -> float, got {type(metric).__name__}")
+    return Task(class_axis, threshold, metric)
+
+
+def check_class_axis(axis: int | None, rank: int | None) -> None:
+    """``axis`` is an axis of a first output of ``rank`` dims (not checked when the rank is unknown)."""
+    if axis is None or rank is None:
+        return
+    if rank == 0:
+        raise ValueError(f"class axis {axis}: the model's first output is a scalar (no class axis)")
+    if not -rank <= axis < rank:
+        raise ValueError(f"class axis {axis} is out of range for the model's first output ({rank} dims)")
+
+
+def first_output_rank(model) -> int | None:
+    """The rank of the model's first output where the model declares it (ONNX, ExportedProgram), else None."""
+    if type(model).__name__ == "ModelProto":
+        outs = model.graph.output
+        if not outs or not outs[0].type.tensor_type.HasField("shape"):
+            return None
+        return len(outs[0].type.tensor_type.shape.dim)
+    if isinstance(model, torch.export.ExportedProgram):
+        out = next((n for n in model.graph.nodes if n.op == "output"), None)
+        vals = out.args[0] if out is not None and out.args else ()
+        first = vals[0] if isinstance(vals, (tuple, list)) and vals else None
+        val = getattr(first, "meta", {}).get("val") if first is not None else None
+        return val.dim() if isinstance(val, torch.Tensor) else None
+    return None
+
+
+class _Agreement:
+    """The task numbers of one program, accumulated batch by batch."""
+
+    def __init__(self, spec: Task):
+        self.spec = spec
+        self.preds: list[torch.Tensor] = []
+        self.agree = 0
+        self.positions = 0
+        self.inter = 0
+        self.union = 0
+        self.metric_sum = 0.0
+        self.metric_weight = 0
+
+    def add(self, outs: list, refs: list) -> None:
+        spec = self.spec
+        first, ref = (outs[0], refs[0]) if outs and refs else (None, None)
+        tensors = isinstance(first, torch.Tensor) and isinstance(ref, torch.Tensor)
+        if spec.class_axis is not None and tensors:
+            check_class_axis(spec.class_axis, first.dim())
+            p = first.argmax(spec.class_axis)
+            self.preds.append(p)
+            self.agree += int((p == ref.to(torch.float32).argmax(spec.class_axis)).sum())
+            self.positions += p.numel()
+        if spec.threshold is not None and tensors:
+            a = first > spec.threshold
+            b = ref.to(torch.float32) > spec.threshold
+            self.inter += int((a & b).sum())
+            self.union += int((a | b).sum())
+        if spec.metric is not None:
+            out = outs[0] if len(outs) == 1 else tuple(outs)
+            r = [x.to(torch.float32) if isinstance(x, torch.Tensor) and x.is_floating_point() else x for x in refs]
+            value = spec.metric(out, r[0] if len(r) == 1 else tuple(r))
+            try:
+                value = float(value)
+            except (TypeError, ValueError):
+                raise TypeError(
+                    f"metric {spec.metric_name} must return a float, it returned {type(value).__name__}"
+                ) from None
+            n = first.shape[0] if isinstance(first, torch.Tensor) and first.dim() else 1
+            self.metric_sum += value * n
+            self.metric_weight += n
+
+    def into(self, e2e: EndToEnd) -> None:
+        spec = self.spec
+        if spec.class_axis is not None and self.positions:
+            e2e.class_axis = spec.class_axis
+            e2e.top1_agreement = self.agree / self.positions
+            e2e.predictions = torch.cat([p.flatten() for p in self.preds])
+        if spec.threshold is not None:
+            e2e.threshold = spec.threshold
+            e2e.mask_iou = self.inter / self.union if self.union else 1.0
+        if spec.metric is not None:
+            e2e.metric_name = spec.metric_name
+            e2e.metric = self.metric_sum / self.metric_weight if self.metric_weight else math.nan
+
+
+def _end_to_end(
+    res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None = None
+) -> EndToEnd:
+    spec = spec or Task()
     total = None
     preds, per_batch = [], []
+    agreement = _Agreement(spec)
     for outs, refs in zip(res.outputs, ref_outputs):
         batch = None
         for o, r in zip(outs, refs):
@@ -30,17 +169,38 @@ def _end_to_end(res: EmulationResult, ref_outputs: list, fp32_top1: list, labels
                 total = replace(batch)
             else:
                 total.merge(batch)
+        agreement.add(outs, refs)
         first = outs[0] if outs else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
             preds.append(first.argmax(1))
     e2e = EndToEnd(total or TensorError("output", "output", ()), batch_sqnr_db=per_batch)
-    if preds and len(preds) == len(fp32_top1):
+    if spec.class_axis is None and preds and len(preds) == len(fp32_top1):
         p = torch.cat(preds)
         e2e.predictions = p
+        e2e.class_axis = 1
         e2e.top1_agreement = float((p == torch.cat(fp32_top1)).double().mean())
-        if labels is not None:
-            e2e.accuracy = float((p == torch.cat(labels)).double().mean())
+    agreement.into(e2e)
+    if labels is not None and e2e.predictions is not None:
+        lab = torch.cat([torch.as_tensor(t).flatten() for t in labels])
+        if lab.shape == e2e.predictions.shape:
+            e2e.accuracy = float((e2e.predictions == lab).double().mean())
     return e2e
+
+
+def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
+    """The float model's accuracy against ``labels``: its argmax along ``spec.class_axis`` (of the first
+    reference output), else the float32 top-1 of an ``[N, classes]`` output; None without labels or
+    when the predictions and labels differ in shape."""
+    if labels is None:
+        return None
+    if spec is not None and spec.class_axis is not None:
+        preds = [refs[0].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if refs]
+    else:
+        preds = fp32_top1
+    if not preds:
+        return None
+    p, lab = torch.cat(preds), torch.cat([torch.as_tensor(t).flatten() for t in labels])
+    return float((p == lab).double().mean()) if p.shape == lab.shape else None
 
 
 def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:

@@ -20,7 +20,7 @@ import torch
 from .audit_report import AuditReport, LayerAudit, NormAudit
 from .batches import as_batches
 from .emulator import EmulationResult
-from .end_to_end import _end_to_end, _split_labels
+from .end_to_end import Task, _end_to_end, _fp32_accuracy, _split_labels
 from .norm_rows import _fold_status, _risk, _smallest_headroom, norm_numbers
 from .onnx_emulator import OnnxEmulator, OnnxNorm, constants, input_shapes_of, node_names
 from .onnx_ops import LAYER_OPS
@@ -229,6 +229,7 @@ def audit_onnx(
     random_inputs: bool = False,
     input_shapes: dict | None = None,
     runtime: str | None = None,
+    task: Task | None = None,
 ) -> AuditReport:
     """Audit an ONNX model and the ONNX ``bnfold.fold`` writes for it (see :func:`bnfold.numerics.audit`)."""
 
@@ -279,22 +280,21 @@ def audit_onnx(
         batches=len(batches),
         norms=_norm_rows(g, emu.norms, consts, unfolded, report, bn_eps, prof, layers),
         layers=layers,
-        unfolded=_end_to_end(unfolded, unfolded.reference, top1, label_batches),
-        folded=None if folded is None else _end_to_end(folded, unfolded.reference, top1, label_batches),
+        unfolded=_end_to_end(unfolded, unfolded.reference, top1, label_batches, task),
+        folded=None if folded is None else _end_to_end(folded, unfolded.reference, top1, label_batches, task),
         fp32_accuracy=None,
         fold_report=report,
         errors=errors,
         name=name or (model.graph.name or "model"),
         random_inputs=random_inputs,
     )
-    if label_batches is not None and top1:
-        rep.fp32_accuracy = float((torch.cat(top1) == torch.cat(label_batches)).double().mean())
+    rep.fp32_accuracy = _fp32_accuracy(unfolded.reference, top1, label_batches, task)
     if runtime is not None:
         from .runtimes import runtime_run
 
         _stage(progress, f"run {runtime}")
         rep.runtime = runtime_run(
-            runtime, model, fold_result.model if fold_result is not None else None, batches, unfolded.reference
+            runtime, model, fold_result.model if fold_result is not None else None, batches, unfolded.reference, task
         )
     return rep
 

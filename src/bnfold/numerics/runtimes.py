@@ -75,8 +75,9 @@ def _runner(runtime: str, model: onnx.ModelProto):
     raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
 
 
-def runtime_run(runtime: str, model, folded_model, batches: list[tuple], reference: list) -> RuntimeRun:
-    """Run ``runtime`` on the unfolded (and folded) model; end-to-end numbers against ``reference``."""
+def runtime_run(runtime: str, model, folded_model, batches: list[tuple], reference: list, task=None) -> RuntimeRun:
+    """Run ``runtime`` on the unfolded (and folded) model; end-to-end numbers (and those of ``task``,
+    a :class:`~bnfold.numerics.end_to_end.Task`) against ``reference``."""
     out = RuntimeRun(runtime, RUNTIMES.get(runtime, "?"), None)
     for which, m in (("unfolded", model), ("folded", folded_model)):
         if m is None:
@@ -84,5 +85,5 @@ def runtime_run(runtime: str, model, folded_model, batches: list[tuple], referen
         run = _runner(runtime, m)
         res = EmulationResult(runtime)
         res.outputs = [run(b) for b in batches]
-        setattr(out, which, _end_to_end(res, reference, [], None))
+        setattr(out, which, _end_to_end(res, reference, [], None, task))
     return out

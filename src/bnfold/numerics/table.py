@@ -67,9 +67,10 @@ def _end_to_end(report) -> list[str]:
     u, f = report.unfolded, report.folded
     out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}"]
     out.append(f"  {'output SQNR (dB)':<26} {sqnr_spread(u):>14} {sqnr_spread(f) if f else '-':>14}")
-    if u.top1_agreement is not None:
-        label = "top-1 agreement w/ fp32" + ("*" if report.random_inputs else "")
-        out.append(f"  {label:<26} {pct(u.top1_agreement):>14} {pct(f.top1_agreement) if f else '-':>14}")
+    star = "*" if report.random_inputs else ""
+    for label, cell in task_rows(u):
+        label += star
+        out.append(f"  {label:<26} {cell(u):>14} {cell(f) if f else '-':>14}")
     if u.accuracy is not None:
         acc = f"accuracy (fp32 {pct(report.fp32_accuracy)})"
         out.append(f"  {acc:<26} {pct(u.accuracy):>14} {pct(f.accuracy) if f else '-':>14}")
@@ -81,15 +82,40 @@ def _end_to_end(report) -> list[str]:
         out.append(f"  {label:<26} {sqnr_spread(ru):>14} {sqnr_spread(rf) if rf else '-':>14}")
         label = f"real {rt.runtime} NaN/inf"
         out.append(f"  {label:<26} {nonfinite(ru.output):>14} {nonfinite(rf.output) if rf else '-':>14}")
+        for label, cell in task_rows(ru, short=True):
+            label = _short(f"real {rt.runtime} {label}", 26)
+            out.append(f"  {label:<26} {cell(ru):>14} {cell(rf) if rf else '-':>14}")
         out.append(f"  (the {rt.runtime} run is what the {rt.matches_profile} profile emulates)")
     if "±" in "".join(out):
         out.append(f"  (x ± s: the SQNR over all {report.batches} batches ± the standard deviation of each batch's)")
-    if report.random_inputs and u.top1_agreement is not None:
+    if report.random_inputs and task_rows(u):
         out.append(
             "  * on random inputs: weak evidence (random inputs neither follow the data nor reach its "
             "activation ranges); audit real data with --inputs"
         )
     return out
+
+
+def task_rows(e2e, short: bool = False) -> list:
+    """``(label, cell(end_to_end) -> str)`` for each agreement number ``e2e`` has: top-1, mask IoU, metric
+    (``short``: labels without "w/ fp32" and the metric's name, for the real-runtime rows)."""
+    fp32 = "" if short else " w/ fp32"
+    rows = []
+    if e2e.top1_agreement is not None:
+        rows.append((("top-1" if short else "top-1 agreement") + fp32, lambda e: pct(e.top1_agreement)))
+    if e2e.mask_iou is not None:
+        label = f"IoU>{e2e.threshold:g}" if short else f"mask IoU w/ fp32 (>{e2e.threshold:g})"
+        rows.append((label, lambda e: num(e.mask_iou, ".3f")))
+    if e2e.metric_name is not None:
+        rows.append(("metric" if short else _short(f"metric {e2e.metric_name}", 26), lambda e: num(e.metric, ".4g")))
+    return rows
+
+
+def num(x, spec: str) -> str:
+    """A task number's cell: ``spec``-formatted, 'n/a' when undefined."""
+    if x is None:
+        return "-"
+    return "n/a" if isinstance(x, float) and math.isnan(x) else format(x, spec)
 
 
 def _norm_rows(report) -> list[str]:
