@@ -57,8 +57,8 @@ def test_v4_det_onnxruntime_fp16_unfolded_vs_folded(det, page, fp32):
     assert _same_regions(folded, fp32) and folded.mask_iou(fp32) > 0.98
     assert not _same_regions(unfolded, fp32) and unfolded.mask_iou(fp32) < 0.9
     emulated = detect(runner(det[0], "ort-cpu"), page, fp32.regions)
-    assert emulated.mask_iou(unfolded) > 0.97
-    assert len(emulated.regions) == len(unfolded.regions)
+    assert emulated.mask_iou(unfolded) > 0.97  # (identical on the machine this was written on)
+    assert abs(len(emulated.regions) - len(unfolded.regions)) <= 1  # float32 kernels differ between CPUs
 
 
 def test_v4_rec_reads_the_regions_alike_in_fp16(page, fp32):
