@@ -10,6 +10,8 @@ D  fold_real.py         fold time on real architectures (ResNet-18/50, R3D-18, E
                         its files go to ``benchmarks/results/fold_real/`` (ignored by git via its own .gitignore)
 E  transformer_block.py LayerNorm affines folded in a ViT block: latency and error
 F  lowering.py          lowering the batch norms that cannot fold (x * scale + shift)
+H  task_accuracy.py     the OCR task (trained PaddleOCR det / rec / cls on rendered text): fp32, ONNX Runtime fp16,
+                        torch half and the emulator profiles, unfolded and folded
 
 Each part runs in its own process (a part's memory and garbage do not leak
 into the next one's timings), prints its tables and writes them as JSON and
@@ -45,6 +47,7 @@ PARTS = {
     "D": ("fold_real.py", "fold_real/fold_real"),
     "E": ("transformer_block.py", "transformer_block"),
     "F": ("lowering.py", "lowering"),
+    "H": ("task_accuracy.py", "task_accuracy"),
 }
 # Lines native libraries print on import that say nothing about the benchmark.
 NOISE = re.compile(
@@ -142,6 +145,13 @@ def headline(quick: bool, out: Path | None) -> dict:
                 for r in d["rows"]
             },
         }
+    t = _load("task_accuracy", quick, out)
+    if t:
+        v4 = t["det"].get("v4-det", {})
+        h["H"] = {
+            "samples": t["samples"],
+            "v4_det_text_lines": {c: [r["matched_truth"], r["truth"], r["found"]] for c, r in v4.items()},
+        }
     return h
 
 
@@ -194,6 +204,9 @@ def render_headline(h: dict) -> str:
             f"fold <= 3x weight I/O (>= 10M params) {v['fold_over_weight_io']['passed']}/"
             f"{v['fold_over_weight_io']['checked']}."
         )
+    if "H" in h:
+        per = "; ".join(f"{c} {m}/{n} ({f} found)" for c, (m, n, f) in h["H"]["v4_det_text_lines"].items())
+        lines.append(f"- H, PP-OCRv4 det on {h['H']['samples']['pages']} rendered pages, text lines found: {per}.")
     return "\n".join(lines)
 
 

@@ -25,6 +25,24 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     result = run_demo(out_dir=tmp_path, quick=True)
     printed = capsys.readouterr().out
     json.dumps(result)  # plain data
+
+    # first the task: the text regions PP-OCRv4 det finds in ONNX Runtime fp16, unfolded and folded
+    task = result["ocr_task"]
+    runs = task["runs"]
+    first = printed.splitlines()[0]
+    assert first.startswith("PP-OCRv4 det on a rendered page: ")
+    assert f"ORT fp16: {runs['fp16']['text_regions_found']} of 4 text regions" in first
+    assert "folded: 4 of 4 text regions, same text as fp32" in first and runs["folded"]["same_text_as_fp32"]
+    assert runs["fp32"]["text_regions_found"] == len(runs["fp32"]["regions"]) == 4
+    assert runs["folded"]["texts"] == runs["fp32"]["texts"] and runs["folded"]["mask_iou_fp32"] > 0.98
+    assert runs["fp16"]["mask_iou_fp32"] < 0.9 and not runs["fp16"]["same_text_as_fp32"]
+    assert (
+        task["emulated"]["fp16 unfolded"]["regions"] == []
+        and task["emulated"]["fp16 folded"]["text_regions_found"] == 4
+    )
+    for text in runs["fp32"]["texts"]:
+        assert f'"{text}"' in printed  # the lines rec reads are printed
+    assert Path(task["picture"]).read_bytes()[:4] == b"\x89PNG" and Path(task["picture"]).parent == tmp_path
     rows = {r["model"]: r for r in result["rows"]}
     assert list(rows) == [
         "fp32",
