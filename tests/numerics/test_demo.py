@@ -1,6 +1,7 @@
 """The demo end to end (quick subset), its checkpoint, and the training script."""
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -9,7 +10,7 @@ import torch
 
 from bnfold.demo import run_demo
 from bnfold.demo.data import load_split
-from bnfold.demo.run import CHECKPOINT, QUICK_SAMPLES, load_model
+from bnfold.demo.run import CHECKPOINT, FLOAT32_DB, QUICK_SAMPLES, _wrap, load_model
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -81,6 +82,19 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     assert "never sees a BatchNorm" in result["verdict"][2]
     for r in rows:
         assert r in printed
+    # what it prints does not move with the CPU: SQNRs with their spread over batches, float32 noise as >120,
+    # no region coordinates
+    for name, r in rows.items():
+        if r["output_sqnr_db"] > FLOAT32_DB:
+            assert r["output_sqnr_cell"] == ">120" and f"{name}" in printed
+        else:
+            value, spread = r["output_sqnr_cell"].split(" ± ")
+            assert float(value) == round(r["output_sqnr_db"], 1)
+            assert float(spread) == round(max(r["output_sqnr_spread_db"], 0.1), 1)
+        assert r["output_sqnr_cell"] + " dB" in printed
+    assert not re.search(r"\[\d+,\d+ \d+x\d+\]", printed)
+    gain = r"folding changes the output SQNR by [-+]\d+\.\d ± \d+\.\d dB under fp16"
+    assert re.search(gain, " ".join(printed.split()))
     assert "kappa" in printed and "headroom" in printed
 
     doc = json.loads((tmp_path / "report.json").read_text())
@@ -88,6 +102,15 @@ def test_demo_quick_end_to_end(tmp_path, capsys):
     assert doc["audits"]["htp-qnn"]["bn_eps"] == 1e-9
     assert [r["model"] for r in doc["rows"]] == list(rows)
     assert (tmp_path / "report_sqnr.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_wrapped_verdict_lines_never_split_a_value_from_its_spread():
+    text = "folding changes the output SQNR by " + ", ".join(f"+{i}.5 ± 0.{i} dB under p{i}" for i in range(1, 9))
+    lines = _wrap(text, "  ")
+    assert all(len(line) <= 100 for line in lines) and len(lines) > 1
+    assert " ".join(" ".join(lines).split()) == text
+    assert all(not line.rstrip().endswith("±") and not line.lstrip().startswith("±") for line in lines)
+    assert all(re.search(r"\d\.\d ± \d\.\d", line) or "±" not in line for line in lines)
 
 
 def test_training_script_runs(tmp_path):

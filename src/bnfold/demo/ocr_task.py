@@ -4,6 +4,8 @@ the rapidocr wheels ship (their ``models/*.onnx`` files; the packages are not im
 
 from __future__ import annotations
 
+import importlib.util
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -13,7 +15,6 @@ import onnx
 from .ctc import ctc_greedy
 from .db_postprocess import THRESH, Region, det_regions
 from .ocr_metrics import Match, match_regions
-from .paddleocr import model_file
 from .pages import Page, cls_input, det_input, line_input
 
 #: key: (label, package, file)
@@ -28,6 +29,15 @@ MODELS = {
 READ_PAD = 3
 
 Run = Callable[[np.ndarray], np.ndarray]
+
+
+def model_file(package: str, name: str) -> str | None:
+    """The installed model file, or None (found through the package folder; the package is not imported)."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    path = os.path.join(list(spec.submodule_search_locations)[0], "models", name)
+    return path if os.path.exists(path) else None
 
 
 def load_model(key: str) -> onnx.ModelProto:

@@ -1,6 +1,5 @@
 """``bnfold demo``: what fp16 does to trained PaddleOCR models on their task (:mod:`bnfold.demo.ocr_demo`,
-printed first), to a small trained EfficientNet-style net and to the PaddleOCR models on random inputs
-(:mod:`bnfold.demo.paddleocr`), unfolded and folded.
+printed first) and to a small trained EfficientNet-style net, unfolded and folded.
 
 Loads the committed checkpoint (trained by ``scripts/train_demo.py``), exports
 the network, audits it under ``fp32``, ``fp16``, ``htp`` and ``htp`` with the
@@ -9,6 +8,11 @@ says), each unfolded and folded; prints one table and writes ``report.json``
 and ``report_sqnr.png`` into ``out_dir``.  Every number is measured on the
 held-out split; nothing is edited to provoke a failure: if the trained network
 does not break, the demo says so.
+
+What it prints does not move with the host CPU's float32 and half kernels: an output SQNR comes
+with its spread over the batches (``58.5 ± 0.3 dB``), an SQNR above :data:`FLOAT32_DB` (float32's
+own rounding against float64) is printed as ``>120``, and the worst batch norm is the one
+:meth:`AuditReport.worst_norms` ranks first (by verdict and predicted loss, not by a measurement).
 """
 
 from __future__ import annotations
@@ -25,12 +29,15 @@ from ..numerics import audit
 from ..numerics.errors import json_float
 from ..numerics.plot import plot_reports
 from ..numerics.risk import QNN_EPS
-from ..numerics.table import db, pct, sci, sqnr
+from ..numerics.table import db, pct, sci, sqnr, sqnr_spread
 from .data import load_split
 from .model import DigitNet
 
 CHECKPOINT = Path(__file__).resolve().parent / "digitnet.pt"
-BATCH, QUICK_SAMPLES, QUICK_BATCH = 150, 64, 32
+#: 450 held-out digits in 9 batches: the per-batch SQNRs give each output SQNR its spread
+BATCH, QUICK_SAMPLES, QUICK_BATCH = 50, 64, 32
+#: an SQNR above this is float32's rounding against float64 (~130 dB), whose last digits move with the CPU
+FLOAT32_DB = 120.0
 #: the audits: (key, profile, runtime eps); "htp-qnn" is htp with the QNN builder's eps
 AUDITS = (("fp16", "fp16", None), ("htp", "htp", None), ("htp-qnn", "htp", QNN_EPS))
 LABELS = {"fp16": "fp16", "htp": "htp", "htp-qnn": f"htp eps={QNN_EPS:g}"}
@@ -62,6 +69,8 @@ def _row(label: str, rep, which: str) -> dict:
         "accuracy": e2e.accuracy,
         "agreement_with_fp32": e2e.top1_agreement,
         "output_sqnr_db": e2e.output.sqnr_db,
+        "output_sqnr_spread_db": e2e.sqnr_spread_db,
+        "output_sqnr_cell": _sqnr_cell(e2e),
         "nonfinite_share": e2e.output.nonfinite_share,
         "nan": e2e.output.nan,
         "inf": e2e.output.inf,
@@ -70,18 +79,33 @@ def _row(label: str, rep, which: str) -> dict:
     }
 
 
+def _above_float32(x) -> bool:
+    return x is not None and math.isfinite(x) and x > FLOAT32_DB
+
+
+def _sqnr_cell(e2e) -> str:
+    """The output SQNR with its spread over batches, ``>120`` where it is float32 noise, NaN/inf share if any."""
+    if _above_float32(e2e.output.sqnr_db) and not e2e.output.nonfinite:
+        return f">{FLOAT32_DB:.0f}"
+    return sqnr_spread(e2e)
+
+
+def _layer_db(x) -> str:
+    return f">{FLOAT32_DB:.0f}" if _above_float32(x) else db(x)
+
+
 def _table(rows: list[dict]) -> str:
     head = (
-        f"  {'model':<24} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>12} {'NaN/inf':>8}   "
+        f"  {'model':<24} {'accuracy':>9} {'agree w/ fp32':>14} {'output SQNR':>14} {'NaN/inf':>8}   "
         "worst layer (cumulative SQNR dB)"
     )
     lines = [head, "  " + "-" * (len(head) + 6)]
     for r in rows:
-        worst = f"{r['worst_layer']} ({db(r['worst_layer_sqnr_db'])})" if r["worst_layer"] else "-"
-        out = f"NaN {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else db(r["output_sqnr_db"]) + " dB"
+        worst = f"{r['worst_layer']} ({_layer_db(r['worst_layer_sqnr_db'])})" if r["worst_layer"] else "-"
+        out = r["output_sqnr_cell"] + ("" if r["nan"] or r["inf"] else " dB")
         lines.append(
             f"  {r['model']:<24} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
-            f"{out:>12} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}"
+            f"{out:>14} {str(r['nan']) + '/' + str(r['inf']):>8}   {worst}"
         )
     return "\n".join(lines)
 
@@ -89,12 +113,16 @@ def _table(rows: list[dict]) -> str:
 def _worst_layers(rep, n: int = 3) -> list[str]:
     out = []
     for r in rep.worst_layers(n, "unfolded"):
-        folded = sqnr(r.folded) + (" dB" if r.folded is not None and not r.folded.nonfinite else "")
-        unfolded = sqnr(r.unfolded) + ("" if r.unfolded.nonfinite else " dB")
+        folded = _layer_sqnr(r.folded) + (" dB" if r.folded is not None and not r.folded.nonfinite else "")
+        unfolded = _layer_sqnr(r.unfolded) + ("" if r.unfolded.nonfinite else " dB")
         out.append(
             f"    {r.title:<28} {r.kind + ('+bn' if r.norm else ''):<9} unfolded {unfolded:>8} -> folded {folded}"
         )
     return out
+
+
+def _layer_sqnr(err) -> str:
+    return f">{FLOAT32_DB:.0f}" if err is not None and not err.nonfinite and _above_float32(err.sqnr_db) else sqnr(err)
 
 
 def _breaks(r: dict, fp32_acc) -> bool:
@@ -102,17 +130,18 @@ def _breaks(r: dict, fp32_acc) -> bool:
 
 
 def _e2e(r: dict) -> str:
-    out = f"NaN/inf {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else f"{db(r['output_sqnr_db'])} dB"
+    out = f"NaN/inf {100 * r['nonfinite_share']:.3g}%" if r["nan"] or r["inf"] else f"{r['output_sqnr_cell']} dB"
     return f"accuracy {pct(r['accuracy'])}, agreement {pct(r['agreement_with_fp32'])}, output {out}"
 
 
 def _risk_summary(rep) -> str:
-    """How many norms each verdict got under ``rep``, and the worst predicted vs measured loss."""
+    """How many norms each verdict got under ``rep``, and the worst one's predicted vs measured loss (the
+    worst by :meth:`AuditReport.worst_norms`: verdict, then predicted loss, so the same on every CPU)."""
     counts = {v: sum(n.verdict == v for n in rep.norms) for v in ("overflows", "degrades", "safe")}
-    with_loss = [n for n in rep.norms if n.risk is not None and n.risk.effective is not None]
+    worst = rep.worst_norms(1)
     text = ", ".join(f"{c} {v}" for v, c in counts.items() if c)
-    if with_loss:
-        w = max(with_loss, key=lambda n: n.risk.effective.loss_db)
+    if worst and worst[0].risk is not None and worst[0].risk.effective is not None:
+        w = worst[0]
         meas = w.risk.measured.loss_db if w.risk.measured is not None else None
         text += (
             f"; the worst, {w.name} (kappa {w.runtime_kappa if w.runtime_kappa is not None else w.kappa:.3g}), "
@@ -155,8 +184,8 @@ def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
     for key, _, _ in AUDITS:
         rep = reports[key]
         lines.append(f"batch norms under {LABELS[key]}: {_risk_summary(rep)}.")
-    gain = {k: reports[k].folded.output.sqnr_db - reports[k].unfolded.output.sqnr_db for k, _, _ in AUDITS}
-    shown = ", ".join(f"{v:+.1f} dB under {LABELS[k]}" for k, v in gain.items() if math.isfinite(v))
+    gain = {k: _gain(reports[k]) for k, _, _ in AUDITS}
+    shown = ", ".join(f"{v} dB under {LABELS[k]}" for k, v in gain.items() if v is not None)
     if shown:
         lines.append(f"folding changes the output SQNR by {shown}.")
     h = min(reports["htp"].norms, key=lambda n: n.headroom if not math.isnan(n.headroom) else math.inf, default=None)
@@ -166,6 +195,26 @@ def _verdict(reports: dict, rows: list[dict]) -> tuple[bool, list[str]]:
             "x*scale, bias' and sum)."
         )
     return problem, lines
+
+
+def _gain(rep) -> str | None:
+    """Folded minus unfolded output SQNR, batch by batch: ``+0.9 ± 0.2`` (mean ± standard deviation over
+    the batches), or the difference of the totals when there is one batch; None when undefined."""
+    u, f = rep.unfolded.batch_sqnr_db, rep.folded.batch_sqnr_db
+    if len(u) >= 2 and len(u) == len(f) and all(math.isfinite(x) for x in u + f):
+        d = [b - a for a, b in zip(u, f)]
+        mean = sum(d) / len(d)
+        spread = math.sqrt(sum((x - mean) ** 2 for x in d) / (len(d) - 1))
+        return f"{mean:+.1f} ± {max(spread, 0.1):.1f}"
+    total = rep.folded.output.sqnr_db - rep.unfolded.output.sqnr_db
+    return f"{total:+.1f}" if math.isfinite(total) else None
+
+
+def _wrap(text: str, indent: str) -> list[str]:
+    """``text`` in lines of at most 100 characters that never split a ``value ± spread``."""
+    glued = text.replace(" ± ", "\u00a0±\u00a0")  # textwrap breaks only at ASCII whitespace
+    lines = textwrap.wrap(glued, 100, initial_indent=indent, subsequent_indent="    ")
+    return [line.replace("\u00a0", " ") for line in lines]
 
 
 def _ocr_task(out_dir: Path) -> tuple[list[str], dict | None]:
@@ -227,7 +276,7 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         lines.extend(_worst_layers(reports[key]))
     lines.append("")
     for i, v in enumerate(verdict):
-        lines.extend(textwrap.wrap(v, 100, initial_indent="  " if i else "", subsequent_indent="    "))
+        lines.extend(_wrap(v, "  " if i else ""))
     json_path, png_path = out_dir / "report.json", out_dir / "report_sqnr.png"
     plot_reports([reports[key] for key, _, _ in AUDITS], png_path)
     result = {
@@ -247,19 +296,6 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         audits={p: rep.to_dict() for p, rep in reports.items()},
     )
     write_text(json_path, json.dumps(doc, indent=1))
-    from .paddleocr import run as run_paddleocr
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        ocr_lines, ocr = run_paddleocr(quick=quick)
-    finally:
-        torch.set_num_threads(threads)
-    result["paddleocr"] = ocr
-    doc["paddleocr"] = ocr
-    write_text(json_path, json.dumps(doc, indent=1))
-    lines.append("")
-    lines += ["  " + ocr_lines[0]] + ocr_lines[1:]
     lines.append("")
     lines.append(f"  wrote {json_path} and {png_path}")
     if verbose:
