@@ -102,6 +102,8 @@ def _table(rows: list[dict]) -> str:
     lines = [head, "  " + "-" * (len(head) + 6)]
     for r in rows:
         worst = f"{r['worst_layer']} ({_layer_db(r['worst_layer_sqnr_db'])})" if r["worst_layer"] else "-"
+        if _above_float32(r["worst_layer_sqnr_db"]):  # which layer is "worst" is float32 noise: none is named
+            worst = f"- (every layer >{FLOAT32_DB:.0f})"
         out = r["output_sqnr_cell"] + ("" if r["nan"] or r["inf"] else " dB")
         lines.append(
             f"  {r['model']:<24} {pct(r['accuracy']):>9} {pct(r['agreement_with_fp32']):>14} "
