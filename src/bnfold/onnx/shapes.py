@@ -1,7 +1,11 @@
 """What ONNX shape inference knows of each value: its dims and element type.
 
 Inference runs once, lazily, on a copy of the original model whose large
-weights are left out (only their dims matter).  A fold never changes a
+weights are left out (only their dims matter).  What the file states about its
+values is not believed: the copy's ``value_info`` and graph-output shapes are
+removed first, so every shape comes from the ops (shape inference keeps a stated
+shape when one is there); only the graph inputs' declared dims are kept, as the
+inputs' contract.  A fold never changes a
 value's shape, and keeps value names, so the answers stay valid while the
 model is folded; names the fold makes up are simply unknown.
 """
@@ -44,6 +48,10 @@ def _infer(model: onnx.ModelProto) -> tuple[dict[str, list | None], dict[str, in
     graphs = [m.graph]
     while graphs:  # weights are not needed for shapes, only their dims
         g = graphs.pop()
+        del g.value_info[:]  # stated shapes: not believed, recomputed from the ops
+        for v in g.output:
+            if v.type.HasField("tensor_type"):
+                v.type.tensor_type.ClearField("shape")
         for t in g.initializer:
             if t.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(t.raw_data) > 4096:
                 t.ClearField("raw_data")
