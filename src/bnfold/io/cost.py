@@ -268,6 +268,12 @@ def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int
     return _fx_flops(name, out_dims, in_dims, transposed)
 
 
+def _flat(args: Any) -> list:
+    if isinstance(args, (list, tuple)):
+        return [x for a in args for x in _flat(a)]
+    return [args]
+
+
 def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
     """``(op name, node name)`` of every higher-order op (while_loop, cond, map, ...) in the program."""
     import torch
@@ -332,7 +338,9 @@ def fx_plan(
         check_batches(len(batches), where)
         batch = max(batches, key=lambda b: sum(t.numel() for t in b if isinstance(t, torch.Tensor)))
         shapes = {n: tuple(x.shape) for n, x in zip(users, batch) if isinstance(x, torch.Tensor)}
-    rec = recompute(ep, shapes, where=where)
+    # the metadata is compared at load (the file's own example shapes); a batch of other shapes is the
+    # caller's (the emulator checks it against the program's static dims)
+    rec = recompute(ep, shapes, where=where, compare=not batches)
     hold = AuditHold(runs) if audit else None
     live: dict[str, int] = {}
     weights, float_weights, inputs = 0, 0, {}
@@ -362,7 +370,8 @@ def fx_plan(
         nbytes = sum(hold.value(s) if hold else s.nbytes for s in vals)
         if hold and node.name in outs:  # an output: every batch's stays
             nbytes += hold.outputs(sum(elements(s.dims) for s in vals), len(batches or [1]))
-        in_dims = [list(s.dims) for a in node.all_input_nodes for s in (rec.get(a.name) or [])]
+        ins = [a for a in _flat(node.args) if isinstance(a, torch.fx.Node)]  # by position: x @ x reads x twice
+        in_dims = [list(s.dims) for a in ins for s in (rec.get(a.name) or [])[:1]]
         flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops))
     runs_all = runs * (len(batches) if batches else 1)
@@ -404,7 +413,7 @@ def onnx_plan(
     from ..onnx.shapes import Shapes
     from .onnx_graph import itemsize
 
-    shapes = Shapes(model)
+    shapes = Shapes(model, declared=False)
     g = model.graph
     init = {t.name for t in g.initializer}
     symbols = set()  # the dim params of the graph inputs: a batch's dims

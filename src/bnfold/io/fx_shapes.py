@@ -113,7 +113,7 @@ def recompute(
             else:
                 env[node] = _input_value(node.meta.get("val"), shapes.get(node.name), subs, fake_mode)
         elif node.op == "call_function":
-            env[node] = _run(node, env, fake_mode, map_aggregate)
+            env[node] = _run(node, env, fake_mode, map_aggregate, where if compare else None)
         else:
             continue
         value = env[node]
@@ -138,8 +138,9 @@ def _lifted(ep: Any, spec: Any) -> Any:
     return ep.constants.get(target)
 
 
-def _run(node: Any, env: dict, fake_mode: Any, map_aggregate: Any) -> Any:
-    """The node's fake value, or ``_UNKNOWN``."""
+def _run(node: Any, env: dict, fake_mode: Any, map_aggregate: Any, where: str | None) -> Any:
+    """The node's fake value, or ``_UNKNOWN``; an op that rejects its inputs is refused when ``where``
+    is given (the load's check), else unknown too."""
     import torch
 
     unknown = False
@@ -167,11 +168,47 @@ def _run(node: Any, env: dict, fake_mode: Any, map_aggregate: Any) -> Any:
     try:
         with fake_mode:
             value = node.target(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - data-dependent, no meta kernel, or invalid: only running tells
-        return _UNKNOWN
+    except Exception as e:  # noqa: BLE001
+        if where is None or _cannot_tell(e):  # data-dependent, or no meta kernel: only running tells
+            return _UNKNOWN
+        shown = ", ".join(str(list(env[a].shape)) for a in node.all_input_nodes if isinstance(env.get(a), torch.Tensor))
+        raise MetadataMismatch(
+            f"{where}: node {node.name!r} ({getattr(node.target, '__name__', node.target)}) fails on its inputs"
+            f"{' (' + shown + ')' if shown else ''} and arguments: {_first_line(e)}; the program is inconsistent; "
+            "refused"
+        ) from None
     if isinstance(value, torch.SymInt | torch.SymFloat | torch.SymBool):
         return _UNKNOWN
     return value
+
+
+def _cannot_tell(e: BaseException) -> bool:
+    """A fake run that cannot know the result (data-dependent sizes, an op without a meta kernel), as
+    opposed to an op that rejects its inputs' shapes or its arguments."""
+    from torch._subclasses import fake_tensor as ft
+
+    kinds = tuple(
+        k
+        for k in (
+            getattr(ft, "DataDependentOutputException", None),
+            getattr(ft, "DynamicOutputShapeException", None),
+            getattr(ft, "UnsupportedOperatorException", None),
+            getattr(ft, "UnsupportedFakeTensorException", None),
+            getattr(ft, "MetadataMismatchError", None),
+        )
+        if isinstance(k, type)
+    )
+    if isinstance(e, kinds + (NotImplementedError,)):
+        return True
+    import torch
+
+    return isinstance(e, getattr(torch.fx.experimental.symbolic_shapes, "GuardOnDataDependentSymNode", ()))
+
+
+def _first_line(e: BaseException) -> str:
+    from .errors import one_line
+
+    return one_line(e)
 
 
 def _specs(value: Any) -> list[Spec] | None:

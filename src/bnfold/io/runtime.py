@@ -160,8 +160,7 @@ def before_op(
         if run.cpu_deadline is not None and time.process_time() > run.cpu_deadline:
             where = f"{run.where}: " if run.where else ""
             raise WorkError(
-                f"{where}the run passed its CPU-time bound at {label} (the plan's FLOPs take far less); "
-                f"{MAX_WORK_HINT}"
+                f"{where}the run passed its CPU-time bound at {label} (the plan's FLOPs take far less); {MAX_WORK_HINT}"
             )
     limit = budget or (run.budget if run is not None else None)
     outs = None
