@@ -142,6 +142,7 @@ class Step:
     reads: list[str]
     nbytes: int
     flops: int
+    temp: int = 0  # bytes the op holds only while it runs (a convolution's im2col buffer)
 
 
 @dataclass(frozen=True)
@@ -175,10 +176,10 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
         for name in s.out:
             live[name] = s.nbytes // max(len(s.out), 1)
         held += s.nbytes
-        peak = max(peak, held)
-        if held > budget.bytes:
+        peak = max(peak, held + s.temp)
+        if held + s.temp > budget.bytes:
             raise WorkError(
-                f"{where}: at {s.op} the values alive at once would take {_size(held)}, over the "
+                f"{where}: at {s.op} the values alive at once would take {_size(held + s.temp)}, over the "
                 f"budget of {_size(budget.bytes)}; {MAX_WORK_HINT}"
             )
         flops += runs * (s.flops + NODE_FLOPS)
@@ -290,6 +291,22 @@ def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
 AUDIT_FLOAT_BYTES = 4 + 8 + 8
 #: ... of an integer / bool value: the emulated and the reference runs compute it each.
 AUDIT_OTHER_COPIES = 2
+#: ... per element of an op's output while it is measured (float64 differences, a norm's probe).
+AUDIT_TEMP_BYTES = 24
+#: What the items above leave out (the float32 forward pass, the allocator's slack, the phases of the
+#: audit), as a factor: measured peaks were 1.4-1.7x the itemized count (three conv nets, 1-4 batches;
+#: see SECURITY.md, "The cost model").
+AUDIT_SLACK = (3, 2)
+
+
+#: The audit's byte budget is this multiple of the content's: it holds every value three times (the
+#: float32 run, the float64 reference, the float64 local run: 20 bytes per float32 element, 5x) plus
+#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content.
+AUDIT_BUDGET_MULTIPLE = 8
+
+
+def _slack(n: int) -> int:
+    return n * AUDIT_SLACK[0] // AUDIT_SLACK[1]
 
 
 @dataclass(frozen=True)
@@ -302,16 +319,34 @@ class AuditHold:
 
     def value(self, s: Any) -> int:
         if s.is_float:
-            return elements(s.dims) * AUDIT_FLOAT_BYTES
-        return s.nbytes * AUDIT_OTHER_COPIES
+            return _slack(elements(s.dims) * AUDIT_FLOAT_BYTES)
+        return _slack(s.nbytes * AUDIT_OTHER_COPIES)
 
     def constants(self, weights: int, float_elements: int) -> int:
         emulators = 2 if self.runs > 2 else 1
-        return weights * emulators + emulators * float_elements * (4 + 8)
+        return _slack(weights * emulators + emulators * float_elements * (4 + 8))
 
     def outputs(self, out_elements: int, batches: int) -> int:
         emulators = 2 if self.runs > 2 else 1
-        return emulators * batches * out_elements * (4 + 8)
+        return _slack(emulators * batches * out_elements * (4 + 8))
+
+    @staticmethod
+    def temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
+        return _slack(AuditHold._temp(name, out_dims, in_dims))
+
+    @staticmethod
+    def _temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
+        """What one op holds while it runs: the float64 reference convolution's im2col buffer (CPU:
+        each output position times the weight's fan-in, 8 bytes each; measured 162 MiB for a
+        [4, 32, 128, 128] input and a 3x3 kernel), else the float64 temporaries of the error
+        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe."""
+        out = elements(out_dims)
+        measured = out * AUDIT_TEMP_BYTES
+        conv = name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") or name.startswith("conv_t")
+        if conv and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
+            columns = out // out_dims[1] * elements(in_dims[1][1:]) * 8
+            return max(columns, measured)
+        return measured
 
 
 def fx_plan(
@@ -358,9 +393,13 @@ def fx_plan(
             live[node.name] = 0 if hold else nbytes
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
-    outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     if hold:
-        live["(the audit's copies of the weights)"] = hold.constants(weights, float_weights)
+        budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
+    outs = {a.name for a in ep.graph.output_node().all_input_nodes}
+    if hold:  # the weights' copies, and the outputs of the batches before the last
+        out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
+        n_batches = len(batches or [1])
+        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
     steps = []
     for node in ep.graph.nodes:
         if node.op != "call_function":
@@ -369,11 +408,15 @@ def fx_plan(
         vals = rec.get(node.name) or []
         nbytes = sum(hold.value(s) if hold else s.nbytes for s in vals)
         if hold and node.name in outs:  # an output: every batch's stays
-            nbytes += hold.outputs(sum(elements(s.dims) for s in vals), len(batches or [1]))
+            nbytes += hold.outputs(sum(elements(s.dims) for s in vals), 1)
         ins = [a for a in _flat(node.args) if isinstance(a, torch.fx.Node)]  # by position: x @ x reads x twice
         in_dims = [list(s.dims) for a in ins for s in (rec.get(a.name) or [])[:1]]
         flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
-        steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops))
+        temp = 0
+        if hold:
+            name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
+        steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
     return check_plan(steps, budget, where, live=live, runs=runs_all)
 
@@ -468,10 +511,13 @@ def onnx_plan(
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     if hold:
+        budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
         for t in g.initializer:
             live[t.name] = 0
-        live["(the audit's copies of the weights)"] = hold.constants(weights, float_weights)
     outs = {o.name for o in g.output}
+    if hold:  # the weights' copies, and the outputs of the batches before the last
+        out_elements = sum(elements(s.dims) for o in outs if (s := spec(o)) is not None)
+        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
     dims = {n: concrete(n) for n in live}
     steps = []
     for node in g.node:
@@ -483,7 +529,7 @@ def onnx_plan(
             dims[o] = concrete(o)
             out_b += nbytes(o)
             if hold and o in outs and dims[o] is not None:  # an output: every batch's stays
-                out_b += hold.outputs(elements(dims[o]), batches)
+                out_b += hold.outputs(elements(dims[o]), 1)
             if dims[o] is not None:
                 flops += _onnx_flops(node, dims, elements(dims[o]))
         steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops))
