@@ -522,7 +522,7 @@ def onnx_plan(
     steps = []
     for node in g.node:
         label = f"{node.op_type} {(node.name or (node.output[0] if node.output else ''))!r}"
-        out_b, flops = 0, 0
+        out_b, flops, temp = 0, 0, 0
         for o in node.output:
             if not o:
                 continue
@@ -532,7 +532,11 @@ def onnx_plan(
                 out_b += hold.outputs(elements(dims[o]), 1)
             if dims[o] is not None:
                 flops += _onnx_flops(node, dims, elements(dims[o]))
-        steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops))
+                if hold:
+                    name = "conv2d" if node.op_type in ("Conv", "ConvTranspose") else node.op_type
+                    ins = [dims.get(i) or [] for i in node.input if i]
+                    temp = max(temp, hold.temp(name, dims[o], ins))
+        steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops, temp))
     return check_plan(steps, budget, where, live=live, runs=3 * batches if audit else 1)
 
 

@@ -197,7 +197,7 @@ def meta_outputs(fn: Callable[..., Any], args: Any, kwargs: dict) -> list[Out] |
 
 def _on_meta(fn: Callable[..., Any], args: Any, kwargs: dict, keep: int) -> Any:
     import torch
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_flatten, tree_map
 
     def meta(v):
         if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() > keep:
@@ -205,8 +205,20 @@ def _on_meta(fn: Callable[..., Any], args: Any, kwargs: dict, keep: int) -> Any:
         return v
 
     m_args, m_kwargs = tree_map(meta, (tuple(args), dict(kwargs)))
-    with torch.device("meta"):  # tensors the op makes from nothing (ones, zeros, arange) are meta too
-        return fn(*m_args, **m_kwargs)
+    schema = getattr(fn, "_schema", None)
+    if schema is not None:  # an ATen op (zeros, arange, full ...): its device argument, not the context, decides
+        names = [a.name for a in schema.arguments]
+        if "device" in names:
+            i = names.index("device")
+            if i < len(m_args):
+                m_args = (*m_args[:i], torch.device("meta"), *m_args[i + 1 :])
+            else:
+                m_kwargs["device"] = torch.device("meta")
+    with torch.device("meta"):  # tensors a Python op makes from nothing (torch.ones ...) are meta too
+        out = fn(*m_args, **m_kwargs)
+    if any(isinstance(v, torch.Tensor) and v.device.type != "meta" for v in tree_flatten(out)[0]):
+        raise RuntimeError("the op made a real tensor")  # never trust a size that was really allocated
+    return out
 
 
 def _outputs(value: Any) -> list[Out]:
