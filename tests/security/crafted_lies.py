@@ -124,6 +124,65 @@ LIES = {
         "conv_transpose2d.input",
         {"stride": _grid(30000)},
     ),
+    # random creation ops
+    "rand": (lambda x: torch.rand(2, 3).sum() * 0, "rand.default", {"size": _grid(BIG)}),
+    "randn": (lambda x: torch.randn(2, 3).sum() * 0, "randn.default", {"size": _grid(BIG)}),
+    "randint": (lambda x: torch.randint(0, 5, (2, 3)).sum() * 0, "randint.low", {"size": _grid(BIG)}),
+    "randperm": (lambda x: torch.randperm(6).sum() * 0, "randperm.default", {"n": {"as_int": 1 << 34}}),
+    "normal": (lambda x: torch.normal(0.0, 1.0, (2, 3)).sum() * 0, "normal.float_float", {"size": _grid(BIG)}),
+    "logspace": (lambda x: torch.logspace(0, 1, 6).sum(), "logspace.default", {"steps": {"as_int": 1 << 34}}),
+    "triu_indices": (
+        lambda x: torch.triu_indices(3, 3).sum(),
+        "triu_indices.default",
+        {"row": {"as_int": BIG * 2}, "col": {"as_int": BIG * 2}},
+    ),
+    "new_empty_strided": (
+        lambda x: x.new_empty_strided((2, 3), (3, 1)).fill_(1.0).sum(),
+        "new_empty_strided.default",
+        {"size": _grid(BIG), "stride": {"as_ints": [BIG, 1]}},
+    ),
+    "empty_permuted": (
+        lambda x: torch.empty_permuted((2, 3), (0, 1)).fill_(1.0).sum(),
+        "empty_permuted.default",
+        {"size": _grid(BIG)},
+    ),
+    # backward ops that build a tensor of the input's sizes around a small gradient
+    "slice_backward": (
+        lambda x: torch.ops.aten.slice_backward(x[0, 0], [8, 16], 1, 0, 8, 1).sum(),
+        "slice_backward.default",
+        {"input_sizes": {"as_ints": [8, 1 << 31]}},
+    ),
+    "select_backward": (
+        lambda x: torch.ops.aten.select_backward(x[0, 0, 0], [3, 8], 0, 0).sum(),
+        "select_backward.default",
+        {"input_sizes": {"as_ints": [1 << 31, 8]}},
+    ),
+    "diagonal_backward": (
+        lambda x: torch.ops.aten.diagonal_backward(x[0, 0, 0], [8, 8], 0, 0, 1).sum(),
+        "diagonal_backward.default",
+        {"input_sizes": {"as_ints": [8, 1 << 31]}},
+    ),
+    "affine_grid": (
+        lambda x: F.affine_grid(x[:1, :2, :3, 0], [1, 1, 4, 4], align_corners=False).sum(),
+        "affine_grid_generator.default",
+        {"size": {"as_ints": [1, 1, BIG, BIG]}},
+    ),
+    "upsample-bicubic": (
+        lambda x: F.interpolate(x, size=(16, 16), mode="bicubic").sum(),
+        "upsample_bicubic2d.vec",
+        {"output_size": _grid(BIG)},
+    ),
+    "upsample-antialias": (
+        lambda x: F.interpolate(x, size=(4, 4), mode="bilinear", antialias=True).sum(),
+        "_upsample_bilinear2d_aa.vec",
+        {"output_size": _grid(BIG)},
+    ),
+    "adaptive_max_pool": (
+        lambda x: F.adaptive_max_pool2d(x, (2, 2)).sum(),
+        "adaptive_max_pool2d.default",
+        {"output_size": _grid(BIG)},
+    ),
+    "fft-n": (lambda x: torch.fft.rfft(x, n=16).abs().sum(), "fft_rfft.default", {"n": {"as_int": 1 << 34}}),
     # attention: q, k and v of [1, 1, 65536, 64] (the scores alone would be 16 GiB)
     "attention": (
         lambda x: F.scaled_dot_product_attention(_q(x), _q(x), _q(x)).sum(),
