@@ -194,6 +194,16 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
     return Plan(peak, flops, budget)
 
 
+def _check_kept(label: str, nbytes: int, budget: Budget, where: str) -> None:
+    """An output the audit keeps for every batch: refused by name when that alone exceeds the budget
+    (before the plan counts the earlier batches' outputs as held from the start)."""
+    if nbytes > budget.bytes:
+        raise WorkError(
+            f"{where}: {label} would create {_size(nbytes)} (kept for every batch), over the budget of "
+            f"{_size(budget.bytes)}; {MAX_WORK_HINT}"
+        )
+
+
 def _check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:
     cap = Budget.for_inputs(weights)
     total = sum(inputs.values())
@@ -396,9 +406,9 @@ def fx_plan(
     if hold:
         budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
     outs = {a.name for a in ep.graph.output_node().all_input_nodes}
+    n_batches = len(batches or [1])
     if hold:  # the weights' copies, and the outputs of the batches before the last
         out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
-        n_batches = len(batches or [1])
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
     steps = []
     for node in ep.graph.nodes:
@@ -409,6 +419,7 @@ def fx_plan(
         nbytes = sum(hold.value(s) if hold else s.nbytes for s in vals)
         if hold and node.name in outs:  # an output: every batch's stays
             nbytes += hold.outputs(sum(elements(s.dims) for s in vals), 1)
+            _check_kept(label, nbytes + hold.outputs(sum(elements(s.dims) for s in vals), n_batches - 1), budget, where)
         ins = [a for a in _flat(node.args) if isinstance(a, torch.fx.Node)]  # by position: x @ x reads x twice
         in_dims = [list(s.dims) for a in ins for s in (rec.get(a.name) or [])[:1]]
         flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
@@ -530,6 +541,7 @@ def onnx_plan(
             out_b += nbytes(o)
             if hold and o in outs and dims[o] is not None:  # an output: every batch's stays
                 out_b += hold.outputs(elements(dims[o]), 1)
+                _check_kept(label, out_b + hold.outputs(elements(dims[o]), batches - 1), budget, where)
             if dims[o] is not None:
                 flops += _onnx_flops(node, dims, elements(dims[o]))
                 if hold:
