@@ -1,7 +1,11 @@
 """The cost model: what running a graph will allocate and compute, added up before it runs.
 
-Every tensor the audit (or a constant evaluator) creates has a shape known
-beforehand: a ``torch.export`` node's ``meta["val"]``, ONNX shape inference.
+Every tensor the audit (or a constant evaluator) creates has a shape computed
+beforehand from its op and arguments, never read from the file: the program's
+ops run on meta kernels over its real weights (:mod:`bnfold.io.fx_shapes`; a
+file whose ``meta["val"]`` disagrees is refused), ONNX shape inference without
+the file's stated shapes; what only running tells is checked just before the op
+runs (:mod:`bnfold.io.runtime`).
 :func:`fx_plan` / :func:`onnx_plan` add up, in graph order, the bytes live at
 once (a value is freed after its last reader) and the FLOPs of the plan, and
 refuse with one line naming the op and its size (:class:`WorkError`, exit 2)
