@@ -78,9 +78,10 @@ class FxTensors:
         only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``.
 
         Iterative (an explicit stack, so a chain of any length evaluates), and
-        metered: each value's bytes and FLOPs, known from its ``meta["val"]``,
-        are counted before it is computed (``bnfold.io.cost``); past the budget
-        that the program's weights justify, ``WorkError``.
+        metered: each value's bytes and FLOPs, from the op's meta kernels on its
+        real arguments (``bnfold.io.runtime.before_op``), are counted before it is
+        computed (``bnfold.io.cost``); past the budget that the program's weights
+        justify, ``WorkError``.
         """
         value = self.tensor(node)
         if value is not None or not self._evaluable(node):
