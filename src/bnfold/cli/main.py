@@ -17,8 +17,11 @@ from .parser import build_parser
 def _run(args: argparse.Namespace) -> int:
     """The command, its output flushed (so that a closed pipe shows up here, not at exit)."""
     from ..io.cost import max_work
+    from ..io.runtime import watch
 
-    with max_work(opt(args, "max_work")):  # --max-work: the budget of the cost model (SECURITY.md)
+    # --max-work: the budget of the cost model; the watchdog (address-space cap for the audit, CPU-time
+    # bound, allocator failures named by op): SECURITY.md
+    with max_work(opt(args, "max_work")), watch(address_cap=getattr(args, "command", None) == "audit"):
         code = args.func(args)
     sys.stdout.flush()
     return code

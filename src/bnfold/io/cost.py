@@ -1,7 +1,11 @@
 """The cost model: what running a graph will allocate and compute, added up before it runs.
 
-Every tensor the audit (or a constant evaluator) creates has a shape known
-beforehand: a ``torch.export`` node's ``meta["val"]``, ONNX shape inference.
+Every tensor the audit (or a constant evaluator) creates has a shape computed
+beforehand from its op and arguments, never read from the file: the program's
+ops run on meta kernels over its real weights (:mod:`bnfold.io.fx_shapes`; a
+file whose ``meta["val"]`` disagrees is refused), ONNX shape inference without
+the file's stated shapes; what only running tells is checked just before the op
+runs (:mod:`bnfold.io.runtime`).
 :func:`fx_plan` / :func:`onnx_plan` add up, in graph order, the bytes live at
 once (a value is freed after its last reader) and the FLOPs of the plan, and
 refuse with one line naming the op and its size (:class:`WorkError`, exit 2)
@@ -142,10 +146,21 @@ class Step:
     reads: list[str]
     nbytes: int
     flops: int
+    temp: int = 0  # bytes the op holds only while it runs (a convolution's im2col buffer)
 
 
-def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> None:
-    """Refuse the plan when one value, the bytes live at once, or the FLOPs of ``runs`` runs exceed ``budget``.
+@dataclass(frozen=True)
+class Plan:
+    """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits."""
+
+    peak: int
+    flops: int
+    budget: Budget
+
+
+def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
+    """Refuse the plan when one value, the bytes live at once, or the FLOPs of ``runs`` runs exceed ``budget``;
+    else return it (:class:`Plan`).
 
     ``live`` holds the values present before the first step (weights, inputs) and their bytes.
     """
@@ -154,7 +169,7 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
         for r in s.reads:
             last[r] = i
     live = dict(live)
-    held = sum(live.values())
+    held = peak = sum(live.values())
     flops = 0
     for i, s in enumerate(steps):
         if s.nbytes > budget.bytes:
@@ -165,9 +180,10 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
         for name in s.out:
             live[name] = s.nbytes // max(len(s.out), 1)
         held += s.nbytes
-        if held > budget.bytes:
+        peak = max(peak, held + s.temp)
+        if held + s.temp > budget.bytes:
             raise WorkError(
-                f"{where}: at {s.op} the values alive at once would take {_size(held)}, over the "
+                f"{where}: at {s.op} the values alive at once would take {_size(held + s.temp)}, over the "
                 f"budget of {_size(budget.bytes)}; {MAX_WORK_HINT}"
             )
         flops += runs * (s.flops + NODE_FLOPS)
@@ -179,6 +195,17 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
         for r in set(s.reads):
             if last.get(r) == i and r in live:
                 held -= live.pop(r)
+    return Plan(peak, flops, budget)
+
+
+def _check_kept(label: str, nbytes: int, budget: Budget, where: str) -> None:
+    """An output the audit keeps for every batch: refused by name when that alone exceeds the budget
+    (before the plan counts the earlier batches' outputs as held from the start)."""
+    if nbytes > budget.bytes:
+        raise WorkError(
+            f"{where}: {label} would create {_size(nbytes)} (kept for every batch), over the budget of "
+            f"{_size(budget.bytes)}; {MAX_WORK_HINT}"
+        )
 
 
 def _check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:
@@ -228,52 +255,38 @@ def _dim(d: Any, subs: dict) -> int | None:
     return None
 
 
-def _vals(v: Any) -> list:
-    import torch
-
-    if isinstance(v, torch.Tensor):
-        return [v]
-    if isinstance(v, (list, tuple)):
-        return [t for x in v for t in _vals(x)]
-    return []
-
-
-def _tensor_bytes(t: Any, subs: dict, what: str, strict: bool = True) -> tuple[int, list[int]]:
-    """Bytes and dims of a ``meta["val"]`` tensor; a size known only at run time is refused when ``strict``
-    (the graph is about to run), else counted as 0 (load: fold and check never run it)."""
-    dims = [_dim(d, subs) for d in t.shape]
-    if any(d is None for d in dims):
-        if not strict:
-            return 0, [0 if d is None else d for d in dims]
-        raise WorkError(f"{what} has a size known only when it runs; the audit cannot bound it; refused")
-    n = elements(dims)
-    return n * t.element_size(), dims
-
-
-def _fx_flops(node: Any, out_dims: list[int], subs: dict) -> int:
-    """FLOPs of one op: matrix and conv ops by their inner products, anything else by the elements it touches."""
-
-    name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transposed: bool = False) -> int:
+    """FLOPs of one op ``name`` (``convolution``, ``mm`` ...) from its recomputed input and output dims:
+    matrix and conv ops by their inner products, anything else by the elements it touches."""
     out = elements(out_dims)
-    ins = [t for a in node.all_input_nodes for t in _vals(a.meta.get("val"))]
-    shapes = []
-    for t in ins:
-        try:
-            shapes.append([_dim(d, subs) or 0 for d in t.shape])
-        except Exception:  # noqa: BLE001
-            shapes.append([])
-    if name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") and len(shapes) > 1:
-        transposed = node.args[6] if name in ("convolution", "_convolution") and len(node.args) > 6 else False
-        w = shapes[1]
+    if name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") and len(in_dims) > 1:
+        w = in_dims[1]
         if transposed:
-            return 2 * elements(shapes[0]) * elements(w[1:])
+            return 2 * elements(in_dims[0]) * elements(w[1:])
         return 2 * out * elements(w[1:])
-    if name.startswith("conv_transpose") and len(shapes) > 1:
-        return 2 * elements(shapes[0]) * elements(shapes[1][1:])
-    if name in ("mm", "bmm", "matmul", "addmm", "linear", "baddbmm", "addbmm") and shapes:
-        a = shapes[1] if name in ("addmm", "baddbmm", "addbmm") and len(shapes) > 1 else shapes[0]
+    if name.startswith("conv_transpose") and len(in_dims) > 1:
+        return 2 * elements(in_dims[0]) * elements(in_dims[1][1:])
+    if name in ("mm", "bmm", "matmul", "addmm", "linear", "baddbmm", "addbmm") and in_dims:
+        a = in_dims[1] if name in ("addmm", "baddbmm", "addbmm") and len(in_dims) > 1 else in_dims[0]
         return 2 * out * (a[-1] if a else 1)
-    return out + sum(elements(s) for s in shapes if s)
+    if name in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention") and len(in_dims) > 2:
+        q, k = in_dims[0], in_dims[1]  # q @ k^T, then @ v: 2 x (L x S x E) each, per batch and head
+        return 4 * elements(q) * (k[-2] if len(k) > 1 else 1) + out
+    return out + sum(elements(s) for s in in_dims)
+
+
+def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
+    """:func:`_fx_flops` for an op target called with ``args`` (a transposed ``convolution`` is told
+    by its 7th argument)."""
+    name = getattr(target, "__name__", str(target)).split(".")[0]
+    transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
+    return _fx_flops(name, out_dims, in_dims, transposed)
+
+
+def _flat(args: Any) -> list:
+    if isinstance(args, (list, tuple)):
+        return [x for a in args for x in _flat(a)]
+    return [args]
 
 
 def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
@@ -287,57 +300,140 @@ def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
     return found
 
 
-def fx_plan(ep: Any, batches: list | None = None, *, where: str = "the program", runs: int = 1) -> None:
-    """Check the cost of running ``ep`` (an ExportedProgram) on one of ``batches`` (default: its own shapes),
-    ``runs`` times per batch, against the budget its content justifies.  With ``batches`` (the graph is
-    about to run) a size known only at run time is refused; without, it is not counted."""
-    strict = batches is not None
+#: What the audit holds per element of a floating value while it runs (``numerics.emulator``): the
+#: emulated value (float32), the float64 reference, and the float64 local run of a layer's segment.
+AUDIT_FLOAT_BYTES = 4 + 8 + 8
+#: ... of an integer / bool value: the emulated and the reference runs compute it each.
+AUDIT_OTHER_COPIES = 2
+#: ... per element of an op's output while it is measured (float64 differences, a norm's probe).
+AUDIT_TEMP_BYTES = 24
+#: What the items above leave out (the float32 forward pass, the allocator's slack, the phases of the
+#: audit), as a factor: measured peaks were 1.4-1.7x the itemized count (three conv nets, 1-4 batches;
+#: see SECURITY.md, "The cost model").
+AUDIT_SLACK = (3, 2)
+
+
+#: The audit's byte budget is this multiple of the content's: it holds every value three times (the
+#: float32 run, the float64 reference, the float64 local run: 20 bytes per float32 element, 5x) plus
+#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content.
+AUDIT_BUDGET_MULTIPLE = 8
+
+
+def _slack(n: int) -> int:
+    return n * AUDIT_SLACK[0] // AUDIT_SLACK[1]
+
+
+@dataclass(frozen=True)
+class AuditHold:
+    """What an audit of ``runs`` runs per batch keeps besides the values of the graph: each emulator
+    (unfolded and folded) holds its constants in float32 and float64, the folded program its own
+    weights, and every batch's outputs stay (emulated float32 and float64 reference, per emulator)."""
+
+    runs: int
+
+    def value(self, s: Any) -> int:
+        if s.is_float:
+            return _slack(elements(s.dims) * AUDIT_FLOAT_BYTES)
+        return _slack(s.nbytes * AUDIT_OTHER_COPIES)
+
+    def constants(self, weights: int, float_elements: int) -> int:
+        emulators = 2 if self.runs > 2 else 1
+        return _slack(weights * emulators + emulators * float_elements * (4 + 8))
+
+    def outputs(self, out_elements: int, batches: int) -> int:
+        emulators = 2 if self.runs > 2 else 1
+        return _slack(emulators * batches * out_elements * (4 + 8))
+
+    @staticmethod
+    def temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
+        return _slack(AuditHold._temp(name, out_dims, in_dims))
+
+    @staticmethod
+    def _temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
+        """What one op holds while it runs: the float64 reference convolution's im2col buffer (CPU:
+        each output position times the weight's fan-in, 8 bytes each; measured 162 MiB for a
+        [4, 32, 128, 128] input and a 3x3 kernel), else the float64 temporaries of the error
+        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe."""
+        out = elements(out_dims)
+        measured = out * AUDIT_TEMP_BYTES
+        conv = name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") or name.startswith("conv_t")
+        if conv and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
+            columns = out // out_dims[1] * elements(in_dims[1][1:]) * 8
+            return max(columns, measured)
+        return measured
+
+
+def fx_plan(
+    ep: Any, batches: list | None = None, *, where: str = "the program", runs: int = 1, audit: bool = False
+) -> Plan:
+    """Check the cost of running ``ep`` (an ExportedProgram) on one of ``batches`` (default: its own
+    example shapes), ``runs`` times per batch, against the budget its content justifies; return the
+    plan (:class:`Plan`: the bytes it holds at its peak, its FLOPs).
+
+    Every size is recomputed from the ops and their arguments (:func:`bnfold.io.fx_shapes.recompute`,
+    meta kernels over the real weights), never read from the file's metadata; a file whose metadata
+    disagrees is refused.  A value that only running tells (``nonzero``, a size read from a tensor)
+    is counted as 0 here and checked when it runs (:func:`bnfold.io.runtime.before_op`).  With
+    ``audit``, the values count what the audit holds of them (:class:`AuditHold`)."""
     import torch
     from torch.export.graph_signature import InputKind
 
-    subs: dict = {}
+    from .fx_shapes import recompute
+
     specs = ep.graph_signature.input_specs
     users = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
-    nodes = {n.name: n for n in ep.graph.nodes}
-    batch = None
+    shapes: dict[str, tuple] = {}
     if batches:
         check_batches(len(batches), where)
         batch = max(batches, key=lambda b: sum(t.numel() for t in b if isinstance(t, torch.Tensor)))
-    if batch is not None:
-        for name, x in zip(users, batch):
-            val = nodes[name].meta.get("val") if name in nodes else None
-            if isinstance(val, torch.Tensor) and isinstance(x, torch.Tensor) and val.dim() == x.dim():
-                for d, real in zip(val.shape, x.shape):
-                    if isinstance(d, torch.SymInt) and getattr(d.node.expr, "is_Symbol", False):
-                        subs[d.node.expr] = int(real)
+        shapes = {n: tuple(x.shape) for n, x in zip(users, batch) if isinstance(x, torch.Tensor)}
+    # the metadata is compared at load (the file's own example shapes); a batch of other shapes is the
+    # caller's (the emulator checks it against the program's static dims)
+    rec = recompute(ep, shapes, where=where, compare=not batches)
+    hold = AuditHold(runs) if audit else None
     live: dict[str, int] = {}
-    weights, inputs = 0, {}
+    weights, float_weights, inputs = 0, 0, {}
     for node in ep.graph.nodes:
         if node.op != "placeholder":
             continue
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            nbytes = _tensor_bytes(val, subs, f"{where}: input {node.name!r}", strict)[0]
-            live[node.name] = nbytes
-            if node.name in users:
-                inputs[node.name] = nbytes
-            else:
-                weights += nbytes
+        vals = rec.get(node.name) or []
+        nbytes = sum(s.nbytes for s in vals)
+        if node.name in users:
+            inputs[node.name] = nbytes
+            live[node.name] = sum(hold.value(s) for s in vals) if hold else nbytes
+        else:
+            weights += nbytes
+            float_weights += sum(elements(s.dims) for s in vals if s.is_float)
+            live[node.name] = 0 if hold else nbytes
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
+    if hold:
+        budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
+    outs = {a.name for a in ep.graph.output_node().all_input_nodes}
+    n_batches = len(batches or [1])
+    if hold:  # the weights' copies, and the outputs of the batches before the last
+        out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
+        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
     steps = []
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
         label = f"{getattr(node.target, '__name__', node.target)} {node.name!r}"
-        nbytes, flops = 0, 0
-        for t in _vals(node.meta.get("val")):
-            b, dims = _tensor_bytes(t, subs, f"{where}: {label}", strict)
-            nbytes += b
-            flops += _fx_flops(node, dims, subs)
-        steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops))
+        vals = rec.get(node.name) or []
+        nbytes = sum(hold.value(s) if hold else s.nbytes for s in vals)
+        if hold and node.name in outs:  # an output: every batch's stays
+            nbytes += hold.outputs(sum(elements(s.dims) for s in vals), 1)
+            _check_kept(label, nbytes + hold.outputs(sum(elements(s.dims) for s in vals), n_batches - 1), budget, where)
+        ins = [a for a in _flat(node.args) if isinstance(a, torch.fx.Node)]  # by position: x @ x reads x twice
+        in_dims = [list(s.dims) for a in ins for s in (rec.get(a.name) or [])[:1]]
+        flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
+        temp = 0
+        if hold:
+            name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
+        steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
-    check_plan(steps, budget, where, live=live, runs=runs_all)
+    return check_plan(steps, budget, where, live=live, runs=runs_all)
 
 
 def fx_content_bytes(tensors: Iterable[Any]) -> int:
@@ -361,63 +457,126 @@ def _onnx_flops(node: Any, dims: dict, out_n: int) -> int:
     return out_n + sum(elements(s) for s in ins if s)
 
 
-def onnx_plan(model: Any, where: str, content_bytes: int | None = None, batch: int = 1) -> None:
-    """Check the cost of running the main graph of ``model`` once on a batch (symbolic dims: ``batch``
-    first, 1 elsewhere), by ONNX shape inference; values whose shape inference cannot tell are not counted."""
+def onnx_plan(
+    model: Any, where: str, content_bytes: int | None = None, batch: int = 1, *, audit: bool = False, batches: int = 1
+) -> Plan:
+    """Check the cost of running the main graph of ``model`` once on a batch (the inputs' symbolic dims:
+    ``batch`` first, 1 elsewhere) and return the plan.  Sizes come from ONNX shape inference over the ops
+    (:class:`bnfold.onnx.shapes.Shapes` does not believe stated ``value_info`` or output shapes); a dim
+    that inference cannot size (a Resize whose scales the graph computes) is not counted here but
+    checked when the op runs (:func:`bnfold.io.runtime.before_op`).  With ``audit``, values count what
+    the ONNX audit holds of them (:class:`AuditHold`, ``batches`` batches)."""
     import onnx
 
     from ..onnx.shapes import Shapes
     from .onnx_graph import itemsize
 
-    shapes = Shapes(model)
+    shapes = Shapes(model, declared=False)
     g = model.graph
     init = {t.name for t in g.initializer}
+    symbols = set()  # the dim params of the graph inputs: a batch's dims
+    for v in g.input:
+        if v.name not in init and v.type.HasField("tensor_type"):
+            symbols |= {d.dim_param for d in v.type.tensor_type.shape.dim if d.HasField("dim_param")}
 
     def concrete(name: str) -> list[int] | None:
         d = shapes.dims(name)
         if d is None:
             return None
-        return [x if isinstance(x, int) else (batch if i == 0 else 1) for i, x in enumerate(d)]
+        out = []
+        for i, x in enumerate(d):
+            if isinstance(x, int):
+                out.append(x)
+            elif isinstance(x, str) and x in symbols:
+                out.append(batch if i == 0 else 1)
+            else:
+                return None  # only running tells: checked then
+        return out
+
+    def spec(name: str) -> _OnnxSpec | None:
+        d = concrete(name)
+        if d is None:
+            return None
+        t = shapes.elem_type(name) or onnx.TensorProto.FLOAT
+        return _OnnxSpec(tuple(d), itemsize(t), t in _ONNX_FLOATS)
+
+    hold = AuditHold(3) if audit else None
 
     def nbytes(name: str) -> int:
-        d = concrete(name)
-        t = shapes.elem_type(name) or onnx.TensorProto.FLOAT
-        return 0 if d is None else elements(d) * itemsize(t)
+        s = spec(name)
+        if s is None:
+            return 0
+        return hold.value(s) if hold else s.nbytes
 
     live: dict[str, int] = {}
     inputs: dict[str, int] = {}
     for v in g.input:
         if v.name not in init:
-            inputs[v.name] = live[v.name] = nbytes(v.name)
+            s = spec(v.name)
+            inputs[v.name] = 0 if s is None else s.nbytes
+            live[v.name] = nbytes(v.name)
+    float_weights = 0
     for t in g.initializer:
         live[t.name] = elements(t.dims) * itemsize(t.data_type)
+        float_weights += elements(t.dims) if t.data_type in _ONNX_FLOATS else 0
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
     for node in g.node:  # Constant nodes hold weights too
         if node.op_type == "Constant" and content_bytes is None:
             weights += sum(elements(a.t.dims) * itemsize(a.t.data_type) for a in node.attribute if a.HasField("t"))
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
+    if hold:
+        budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
+        for t in g.initializer:
+            live[t.name] = 0
+    outs = {o.name for o in g.output}
+    if hold:  # the weights' copies, and the outputs of the batches before the last
+        out_elements = sum(elements(s.dims) for o in outs if (s := spec(o)) is not None)
+        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
     dims = {n: concrete(n) for n in live}
     steps = []
     for node in g.node:
         label = f"{node.op_type} {(node.name or (node.output[0] if node.output else ''))!r}"
-        out_b, flops = 0, 0
+        out_b, flops, temp = 0, 0, 0
         for o in node.output:
             if not o:
                 continue
             dims[o] = concrete(o)
-            b = nbytes(o)
-            out_b += b
+            out_b += nbytes(o)
+            if hold and o in outs and dims[o] is not None:  # an output: every batch's stays
+                out_b += hold.outputs(elements(dims[o]), 1)
+                _check_kept(label, out_b + hold.outputs(elements(dims[o]), batches - 1), budget, where)
             if dims[o] is not None:
                 flops += _onnx_flops(node, dims, elements(dims[o]))
-        steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops))
-    check_plan(steps, budget, where, live=live)
+                if hold:
+                    name = "conv2d" if node.op_type in ("Conv", "ConvTranspose") else node.op_type
+                    ins = [dims.get(i) or [] for i in node.input if i]
+                    temp = max(temp, hold.temp(name, dims[o], ins))
+        steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops, temp))
+    return check_plan(steps, budget, where, live=live, runs=3 * batches if audit else 1)
 
 
-def onnx_run_plan(model: Any, batches: list, where: str) -> None:
+@dataclass(frozen=True)
+class _OnnxSpec:
+    dims: tuple[int, ...]
+    itemsize: int
+    is_float: bool
+
+    @property
+    def nbytes(self) -> int:
+        return elements(self.dims) * self.itemsize
+
+
+_ONNX_FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
+
+
+def onnx_run_plan(model: Any, batches: list, where: str) -> Plan:
     """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
-    check before it runs: dims the file leaves open are then those of the real inputs)."""
+    check before it runs: dims the file leaves open are then those of the real inputs), counting what
+    the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.runtime.expect`)."""
     import onnx
+
+    from .runtime import expect
 
     inputs = [v for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}]
     largest: dict[str, tuple] = {}
@@ -434,7 +593,9 @@ def onnx_run_plan(model: Any, batches: list, where: str) -> None:
             del dims[:]
             for d in largest[v.name]:
                 dims.add().dim_value = d
-    onnx_plan(m, where)
+    plan = onnx_plan(m, where, audit=True, batches=max(len(batches), 1))
+    expect(plan.budget, plan.flops, where)
+    return plan
 
 
 # ----------------------------------------------------------------------------- the audit
@@ -511,4 +672,7 @@ def audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = N
             "fold and check handle it, audit a program without it"
         )
     check_indices(model, batches)
-    fx_plan(model, batches, where=where, runs=runs)
+    plan = fx_plan(model, batches, where=where, runs=runs, audit=True)
+    from .runtime import expect
+
+    expect(plan.budget, plan.flops, where)  # the run-time checks of the op loop (bnfold.io.runtime)

@@ -27,6 +27,7 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..io.runtime import before_op
 from ..torch_export.ops import Norm
 from . import accumulate
 from .errors import TensorError, measure
@@ -200,6 +201,7 @@ class Emulator:
                 args_e, kwargs_e = map_arg((node.args, node.kwargs), env_e.__getitem__)
                 if node in self._dtype_args:
                     args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
+                before_op(f"{name} {node.name!r}", node.target, args_e, kwargs_e)  # sized, before it allocates
                 e = env_e[node] = self._call(node, name, args_e, kwargs_e, env_e)
                 if reference and node.name in self.segments:
                     lv = env_l[node] = self._local(node, env_e, env_r, env_l)

@@ -28,6 +28,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..io.runtime import before_op
 from .emulator import BatchResult
 from .errors import TensorError, measure
 from .onnx_ops import EXACT_OPS, LAYER_OPS, OPS, SAME_ERROR_OPS, attrs, constant
@@ -295,6 +296,7 @@ class OnnxEmulator:
             if on_node is not None:
                 on_node(i, n)
             ins_e = [env_e[v] if v else None for v in node.input]
+            before_op(f"{node.op_type} {name!r}", self._op, (node, name, a, ins_e, torch.float32))  # sized first
             outs_e = self._emulated(node, name, a, ins_e)
             if reference:
                 ins_r = [env_r[v] if v else None for v in node.input]

@@ -319,6 +319,9 @@ class ModelIndex:
                 values.append(np.empty(0, dtype=dtype))
             else:
                 values.append(None)
+        from ..io.runtime import before_op
+
+        before_op(f"{node.op_type} '{node.name or node.output[0]}'")  # the op an allocator failure names
         try:
             return evaluate(node, values, self.meter(), self.opset)
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):

@@ -17,6 +17,8 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 
+from ..io import cost, runtime
+
 
 class FxTensors:
     """Tensor access for ``graph`` (owned by ``gm``)."""
@@ -76,9 +78,10 @@ class FxTensors:
         only from constants, e.g. FrozenBatchNorm's ``weight * (var + eps).rsqrt()``.
 
         Iterative (an explicit stack, so a chain of any length evaluates), and
-        metered: each value's bytes and FLOPs, known from its ``meta["val"]``,
-        are counted before it is computed (``bnfold.io.cost``); past the budget
-        that the program's weights justify, ``WorkError``.
+        metered: each value's bytes and FLOPs, from the op's meta kernels on its
+        real arguments (``bnfold.io.runtime.before_op``), are counted before it is
+        computed (``bnfold.io.cost``); past the budget that the program's weights
+        justify, ``WorkError``.
         """
         value = self.tensor(node)
         if value is not None or not self._evaluable(node):
@@ -133,13 +136,16 @@ class FxTensors:
             kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
         except LookupError:
             return None
-        cost = self._cost(node)
+        label = f"{getattr(node.target, '__name__', node.target)} {node.name!r}"
+        cost = self._cost(node, label, args, kwargs)
         if cost is None:
             return None  # a size known only when it runs: not a constant evaluated here
-        self._meter().charge(f"{getattr(node.target, '__name__', node.target)} {node.name!r}", *cost)
+        self._meter().charge(label, *cost)
         try:
             value = node.target(*args, **kwargs)
-        except Exception:  # an op that cannot run eagerly on these tensors: not a constant we can use
+        except Exception as e:  # an op that cannot run eagerly on these tensors: not a constant we can use
+            if runtime.allocator_failure(e):
+                raise  # out of memory: the watchdog names the op (bnfold.io.runtime.watch)
             return None
         if isinstance(value, (tuple, list)):  # a multi-output op: its getitems read it
             self._tuples[node] = tuple(value)
@@ -152,28 +158,19 @@ class FxTensors:
         value = outputs[i] if outputs is not None and -len(outputs) <= i < len(outputs) else None
         return value if isinstance(value, torch.Tensor) else None
 
-    def _cost(self, node: Node) -> tuple[int, int] | None:
-        """Bytes (float64 for floating values) and FLOPs of ``node``'s value, from its metadata."""
-        from ..io import cost
-
-        vals = cost._vals(node.meta.get("val"))
-        if not vals:
+    def _cost(self, node: Node, label: str, args: tuple, kwargs: dict) -> tuple[int, int] | None:
+        """Bytes and FLOPs of ``node``'s value, from the op's meta kernels on its real (float64)
+        arguments (``bnfold.io.runtime.before_op``, the run-time check), never from the metadata."""
+        outs = runtime.before_op(label, node.target, args, kwargs, budget=self._meter().budget)
+        if not outs:
             return None
-        nbytes = flops = 0
-        for t in vals:
-            dims = [cost._dim(d, {}) for d in t.shape]
-            if any(d is None for d in dims):
-                return None
-            n = cost.elements(dims)
-            nbytes += n * (8 if t.is_floating_point() else t.element_size())
-            flops += cost._fx_flops(node, dims, {})
-        return nbytes, flops
+        ins = [list(t.shape) for t in _tensors(args)]
+        flops = sum(cost.op_flops(node.target, node.args, list(o.dims), ins) for o in outs)
+        return sum(o.nbytes for o in outs), flops
 
     def _meter(self):
         """The evaluator's running check (``bnfold.io.cost.Meter``), its budget from the graph's tensors."""
         if self._work is None:
-            from ..io import cost
-
             held = 0
             for n in self.graph.nodes:
                 t = self.tensor(n) if n.op in ("placeholder", "get_attr") else None
@@ -276,6 +273,15 @@ class FxTensors:
         else:
             node.meta["val"] = value
         node.meta.pop("tensor_meta", None)
+
+
+def _tensors(args: Any) -> list[torch.Tensor]:
+    """The tensors among ``args`` (nested lists and tuples followed)."""
+    if isinstance(args, torch.Tensor):
+        return [args]
+    if isinstance(args, (list, tuple)):
+        return [t for a in args for t in _tensors(a)]
+    return []
 
 
 def _like(old: Any, value: torch.Tensor) -> torch.Tensor:

@@ -1,0 +1,235 @@
+"""The run-time check: the one function every runner calls just before an op runs, and the watchdog
+around a command.
+
+The cost model (:mod:`bnfold.io.cost`) bounds a run before it starts, from sizes recomputed from the
+ops.  What it cannot size beforehand (a Resize whose scales the graph computes, a size read from a
+tensor, an op with no meta kernel) is checked here, when the op is about to run and its arguments
+are real: :func:`before_op` runs the op's own meta kernels (``device="meta"``: shapes, no data, no
+memory) on those arguments and refuses an op whose outputs would exceed the budget, *before* it
+allocates.  The numerics runners (torch and ONNX) and the constant evaluators (torch and ONNX)
+call it at one point each.
+
+:func:`watch` wraps a command (the CLI wraps each one):
+
+* it records the op running now, so that an allocator failure inside the audit or a constant
+  evaluator (``MemoryError``, torch's ``RuntimeError`` "can't allocate") becomes one line naming
+  that op (:class:`~bnfold.io.cost.WorkError`, exit 2), never an internal error;
+* when the audit's plan is known (:func:`expect`, called by ``cost.audit_plan``), it bounds the
+  CPU time of the op loop (:data:`CPU_FLOOR_S` plus the plan's FLOPs at :data:`CPU_FLOPS_PER_S`),
+  checked before each op, and, with ``address_cap``, caps the process's address space
+  (``RLIMIT_AS``) at what it maps now plus twice the byte budget plus :data:`ADDRESS_HEADROOM`
+  for torch, where the OS allows it; the previous limit comes back when the command ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .cost import MAX_WORK_HINT, Budget, WorkError, _size
+
+CPU_FLOOR_S = 120.0  # seconds of CPU any audit may take, whatever its plan
+CPU_FLOPS_PER_S = 1e8  # the plan's FLOPs at this rate (far below any CPU) on top of the floor
+ADDRESS_HEADROOM = 1 << 30  # address space left to torch (threads, allocator slack) above the budget
+SMALL_REAL = 16  # tensors of at most this many elements stay real in the meta run (shapes, scales)
+
+
+@dataclass
+class Run:
+    """One watched command: the op running now, and the bounds :func:`expect` set."""
+
+    address_cap: bool = False
+    where: str = ""
+    op: str = ""
+    budget: Budget | None = None
+    cpu_deadline: float | None = None
+    saved_limit: tuple[int, int] | None = None
+
+    def release(self) -> None:
+        if self.saved_limit is not None:
+            import resource
+
+            with contextlib.suppress(ValueError, OSError):
+                resource.setrlimit(resource.RLIMIT_AS, self.saved_limit)
+            self.saved_limit = None
+
+
+_RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("bnfold_run", default=None)
+
+
+def current_op() -> str:
+    run = _RUN.get()
+    return run.op if run is not None else ""
+
+
+def allocator_failure(e: BaseException) -> bool:
+    """Whether ``e`` is the allocator saying no (``MemoryError``, torch's "can't allocate")."""
+    if isinstance(e, MemoryError):
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and ("can't allocate" in text or "out of memory" in text.lower())
+
+
+@contextlib.contextmanager
+def watch(address_cap: bool = False) -> Iterator[Run]:
+    """Watch one command (see the module docstring); an allocator failure inside becomes a one-line
+    :class:`WorkError` naming the op that was running."""
+    run = Run(address_cap)
+    token = _RUN.set(run)
+    try:
+        yield run
+    except (MemoryError, RuntimeError) as e:
+        if not allocator_failure(e):
+            raise
+        where = f"{run.where}: " if run.where else ""
+        at = f"running {run.op}" if run.op else "running the model"
+        raise WorkError(f"{where}out of memory while {at}; {MAX_WORK_HINT}") from None
+    finally:
+        _RUN.reset(token)
+        run.release()
+
+
+def expect(budget: Budget, flops: int, where: str) -> None:
+    """The plan of the run about to start (``cost.audit_plan``): its byte budget bounds each op, its
+    FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space."""
+    run = _RUN.get()
+    if run is None:
+        return
+    run.where, run.budget = where, budget
+    run.cpu_deadline = time.process_time() + CPU_FLOOR_S + flops / CPU_FLOPS_PER_S
+    if run.address_cap and run.saved_limit is None:
+        _cap_address_space(run, budget)
+
+
+def _mapped_bytes() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:
+            pages = int(f.read().split()[0])
+        import resource
+
+        return pages * resource.getpagesize()
+    except (OSError, ValueError, IndexError, ImportError):
+        return None
+
+
+def _cap_address_space(run: Run, budget: Budget) -> None:
+    """``RLIMIT_AS`` at what is mapped now + 2 x the budget + the headroom (never above the hard limit)."""
+    try:
+        import resource
+    except ImportError:  # not on this OS
+        return
+    mapped = _mapped_bytes()
+    if mapped is None:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    cap = mapped + 2 * budget.bytes + ADDRESS_HEADROOM
+    if hard != resource.RLIM_INFINITY:
+        cap = min(cap, hard)
+    if soft != resource.RLIM_INFINITY and soft <= cap:
+        return  # already tighter
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (cap, hard))
+    except (ValueError, OSError):
+        return
+    run.saved_limit = (soft, hard)
+
+
+def before_op(
+    label: str,
+    fn: Callable[..., Any] | None = None,
+    args: Any = (),
+    kwargs: dict | None = None,
+    *,
+    budget: Budget | None = None,
+    nbytes: int | None = None,
+) -> list[Out] | None:
+    """The check just before the op ``label`` runs ``fn(*args, **kwargs)`` on real values.
+
+    Records the op (an allocator failure names it), stops the op loop past its CPU time, and sizes
+    the op's outputs: ``nbytes`` when the caller knows them, else ``fn``'s meta kernels on meta
+    copies of the arguments.  Outputs over ``budget`` (default: the watched run's, :func:`expect`)
+    are refused (:class:`WorkError`) before anything is allocated.  Returns the outputs the meta
+    kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
+    run = _RUN.get()
+    if run is not None:
+        run.op = label
+        if run.cpu_deadline is not None and time.process_time() > run.cpu_deadline:
+            where = f"{run.where}: " if run.where else ""
+            raise WorkError(
+                f"{where}the run passed its CPU-time bound at {label} (the plan's FLOPs take far less); {MAX_WORK_HINT}"
+            )
+    limit = budget or (run.budget if run is not None else None)
+    outs = None
+    if nbytes is None and fn is not None and limit is not None:
+        outs = meta_outputs(fn, args, kwargs or {})
+        nbytes = None if outs is None else sum(o.nbytes for o in outs)
+    if limit is not None and nbytes is not None and nbytes > limit.bytes:
+        where = f"{run.where}: " if run is not None and run.where else ""
+        raise WorkError(
+            f"{where}{label} would create {_size(nbytes)}, over the budget of {_size(limit.bytes)}; {MAX_WORK_HINT}"
+        )
+    return outs
+
+
+@dataclass(frozen=True)
+class Out:
+    """One tensor output an op will make: its dims and bytes."""
+
+    dims: tuple[int, ...]
+    nbytes: int
+
+
+def meta_outputs(fn: Callable[..., Any], args: Any, kwargs: dict) -> list[Out] | None:
+    """The tensor outputs of ``fn(*args, **kwargs)``, computed by meta kernels (no data, no memory):
+    first with small tensors (shapes, scales: read as numbers) kept real, then all meta; None when
+    no meta kernel tells."""
+    for keep in (SMALL_REAL, 0):
+        try:
+            return _outputs(_on_meta(fn, args, kwargs, keep))
+        except Exception:  # noqa: BLE001 - no meta kernel, or a value only the real run has
+            continue
+    return None
+
+
+def _on_meta(fn: Callable[..., Any], args: Any, kwargs: dict, keep: int) -> Any:
+    import torch
+    from torch.utils._pytree import tree_flatten, tree_map
+
+    def meta(v):
+        if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() > keep:
+            return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
+        return v
+
+    m_args, m_kwargs = tree_map(meta, (tuple(args), dict(kwargs)))
+    schema = getattr(fn, "_schema", None)
+    if schema is not None:  # an ATen op (zeros, arange, full ...): its device argument, not the context, decides
+        names = [a.name for a in schema.arguments]
+        if "device" in names:
+            i = names.index("device")
+            if i < len(m_args):
+                m_args = (*m_args[:i], torch.device("meta"), *m_args[i + 1 :])
+            else:
+                m_kwargs["device"] = torch.device("meta")
+    with torch.device("meta"):  # tensors a Python op makes from nothing (torch.ones ...) are meta too
+        out = fn(*m_args, **m_kwargs)
+    if any(isinstance(v, torch.Tensor) and v.device.type != "meta" for v in tree_flatten(out)[0]):
+        raise RuntimeError("the op made a real tensor")  # never trust a size that was really allocated
+    return out
+
+
+def _outputs(value: Any) -> list[Out]:
+    import torch
+    from torch.utils._pytree import tree_flatten
+
+    from .cost import elements
+
+    out = []
+    for v in tree_flatten(value)[0]:
+        if isinstance(v, torch.Tensor):
+            dims = tuple(int(d) for d in v.shape)
+            out.append(Out(dims, elements(dims) * v.element_size()))
+    return out

@@ -1,0 +1,89 @@
+"""Issue 28: the run-time check and the watchdog (``bnfold.io.runtime``), and the decision to refuse a
+file whose stored metadata disagrees with what its ops compute (``bnfold.io.fx_shapes``).  In-process
+and cheap: nothing here allocates more than a few KB."""
+
+from __future__ import annotations
+
+import resource
+
+import crafted_lies as lies
+import pytest
+import torch
+
+from bnfold.io import cost, fx_shapes, models, runtime
+
+
+def test_recomputed_shapes_agree_with_honest_metadata(programs):
+    """No false alarm: on honest programs (static, dynamic, dict inputs) every recomputed value is the one
+    export stated."""
+    from bnfold.io.pt2 import load_pt2
+
+    for name, path in programs.items():
+        ep = load_pt2(path)
+        specs = fx_shapes.recompute(ep, where=name)  # compares, raises on a disagreement
+        for node in ep.graph.nodes:
+            val = node.meta.get("val")
+            if node.op == "call_function" and isinstance(val, torch.Tensor) and specs.get(node.name):
+                assert specs[node.name][0].dtype == val.dtype, (name, node.name)
+                if all(isinstance(d, int) for d in val.shape):
+                    assert specs[node.name][0].dims == tuple(val.shape), (name, node.name)
+
+
+def test_metadata_mismatch_is_refused_naming_node_and_both_shapes(tmp_path):
+    """The decision: a file whose stated shape differs from the recomputed one is refused, larger or smaller."""
+    with pytest.raises(fx_shapes.MetadataMismatch) as bigger:
+        models.load_model(lies.lying_program(tmp_path, "zeros"))
+    message = str(bigger.value)
+    assert "node 'zeros' (zeros.default)" in message and "[65536, 65536]" in message and "[2, 3]" in message
+    with pytest.raises(fx_shapes.MetadataMismatch, match=r"computes \[1, 1\] float32 but the file states \[2, 3\]"):
+        models.load_model(lies.smaller_lie(tmp_path))
+    assert models.load_model(lies.honest_program(tmp_path, "zeros")).kind == "pt2"
+
+
+def test_before_op_sizes_an_op_by_its_meta_kernels():
+    """The run-time check sizes ``zeros([2**16, 2**16])`` (16 GiB) without allocating it, and refuses it."""
+    budget = cost.Budget(1 << 20, 1 << 28)
+    with pytest.raises(cost.WorkError, match=r"zeros 'z' would create 16 GiB, over the budget of 1 MiB"):
+        runtime.before_op("zeros 'z'", torch.ops.aten.zeros.default, ([1 << 16, 1 << 16],), budget=budget)
+    a = torch.ones(3, 5)
+    outs = runtime.before_op("mm 'm'", torch.ops.aten.mm.default, (a, a.t()), budget=budget)
+    assert [o.dims for o in outs] == [(3, 3)] and outs[0].nbytes == 36
+
+
+def test_cpu_time_bound_stops_the_op_loop(monkeypatch):
+    monkeypatch.setattr(runtime, "CPU_FLOOR_S", -1.0)  # a deadline already past
+    with runtime.watch():
+        runtime.before_op("conv 'c'")  # no plan yet: no bound
+        runtime.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
+        with pytest.raises(cost.WorkError, match=r"m.pt2: the run passed its CPU-time bound at conv 'c'"):
+            runtime.before_op("conv 'c'")
+
+
+def test_allocator_failure_becomes_one_line_naming_the_op():
+    with pytest.raises(cost.WorkError, match=r"m.pt2: out of memory while running mm 'm3'"):
+        with runtime.watch():
+            runtime.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
+            runtime.before_op("mm 'm3'")
+            raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
+    with pytest.raises(cost.WorkError, match=r"out of memory while running Mul 'scale'"):
+        with runtime.watch():
+            runtime.before_op("Mul 'scale'")
+            raise MemoryError
+    with pytest.raises(RuntimeError, match="shapes do not match"):  # any other error is left alone
+        with runtime.watch():
+            raise RuntimeError("shapes do not match")
+
+
+def test_address_space_cap_is_set_for_the_audit_and_restored():
+    before = resource.getrlimit(resource.RLIMIT_AS)
+    budget = cost.Budget(1 << 28, 1 << 36)
+    with runtime.watch(address_cap=True) as run:
+        runtime.expect(budget, 0, "m.pt2")
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if run.saved_limit is not None:  # the OS allowed it
+            assert soft != resource.RLIM_INFINITY and hard == before[1]
+            assert soft <= runtime._mapped_bytes() + 2 * budget.bytes + runtime.ADDRESS_HEADROOM
+    assert resource.getrlimit(resource.RLIMIT_AS) == before
+    with runtime.watch():  # fold / check: no cap
+        runtime.expect(budget, 0, "m.pt2")
+        assert resource.getrlimit(resource.RLIMIT_AS) == before
