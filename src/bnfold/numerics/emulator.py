@@ -141,6 +141,7 @@ class Emulator:
         self._bn = {n: norm for n in self._names if (norm := running_stats_norm(n)) is not None}
         self._layer_kinds = {n: kind for n in self._names if (kind := layer_kind(n)) is not None}
         self._htp_cache: dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._fused = self._ort_fused_convs() if self.profile.fp16_conv_fusion else {}
         last_use = {}
         for node in self.nodes:
             for inp in node.all_input_nodes:
@@ -261,13 +262,46 @@ class Emulator:
             args, kwargs = _map_dtype((args, kwargs), torch.float64)
         return node.target(*args, **kwargs)
 
+    def _ort_fused_convs(self) -> dict[torch.fx.Node, Any]:
+        """ORT's Conv+BatchNormalization fusion (``ort-cpu``, see :mod:`.ort_fusion`): ``{conv node: (fused
+        weight, fused bias)}`` and ``{batch norm node: conv node}`` for each conv (not transposed) of constant
+        weights whose only user is an eval-mode batch norm of constant parameters."""
+        from .ort_fusion import fuse_fp16
+
+        out: dict[torch.fx.Node, Any] = {}
+        for node, bn in self._bn.items():
+            conv = bn.input
+            if self._layer_kinds.get(conv) != "conv" or len(conv.users) != 1:
+                continue
+            layer = _by_name(conv, conv.args, conv.kwargs)
+            if layer.get("transposed"):
+                continue
+            w, b = (lifted_tensor(layer.get(k), self.lifted) for k in ("weight", "bias"))
+            params = [lifted_tensor(p, self.lifted) for p in (bn.weight, bn.bias, bn.mean, bn.var)]
+            if w is None or (layer.get("bias") is not None and b is None) or any(p is None for p in params):
+                continue
+            rnd = self.profile.round_const
+            eps = bn.eps if self.bn_eps is None else self.bn_eps
+            out[conv] = fuse_fp16(rnd(w), None if b is None else rnd(b), *(rnd(p) for p in params), eps)
+            out[node] = conv
+        return out
+
     def _call(self, node: torch.fx.Node, name: str, args: tuple, kwargs: dict, env: dict) -> Any:
         prof = self.profile
         bn = self._bn.get(node)
         if bn is not None and self.bn_eps is not None and not prof.htp_batch_norm:
             args, kwargs = _with_eps(node, args, kwargs, self.bn_eps)
         if not prof.fp16_storage:
-            return node.target(*args, **kwargs)
+            fused = self._fused.get(node)
+            if isinstance(fused, torch.fx.Node):  # a batch norm fused into the conv before it: already applied
+                y = env[fused]
+                return y if len(node.target._schema.returns) == 1 else (y, y.new_empty(0), y.new_empty(0))
+            if fused is not None:
+                args, kwargs = _with_arg(node, _with_arg(node, (args, kwargs), "weight", fused[0]), "bias", fused[1])
+            out = node.target(*args, **kwargs)
+            if name in prof.fp16_ops:
+                return tree_map(lambda t: round_fp16(t) if _is_float(t) else t, out)
+            return out
         if bn is not None and prof.htp_batch_norm:
             return self._htp_batch_norm(node, bn, env)
         kind = self._layer_kinds.get(node) if prof.fp16_accumulate else None
@@ -324,12 +358,18 @@ def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:
     return out
 
 
+def _with_arg(node: torch.fx.Node, call: tuple[tuple, dict], name: str, value: Any) -> tuple[tuple, dict]:
+    """``call`` (``(args, kwargs)``) with the argument called ``name`` in ``node``'s schema set to ``value``."""
+    args, kwargs = call
+    i = [a.name for a in node.target._schema.arguments].index(name)
+    if i < len(args):
+        return args[:i] + (value,) + args[i + 1 :], kwargs
+    return args, dict(kwargs, **{name: value})
+
+
 def _with_eps(node: torch.fx.Node, args: tuple, kwargs: dict, eps: float) -> tuple[tuple, dict]:
     """``args``/``kwargs`` with the batch norm's ``eps`` argument replaced."""
-    i = [a.name for a in node.target._schema.arguments].index("eps")
-    if i < len(args):
-        return args[:i] + (eps,) + args[i + 1 :], kwargs
-    return args, dict(kwargs, eps=eps)
+    return _with_arg(node, (args, kwargs), "eps", eps)
 
 
 def emulate(

@@ -237,7 +237,7 @@ class OnnxEmulator:
                 return accumulate.linear("linear", {"input": ins[0], "weight": w.t(), "bias": bias}, chunk)
         if node.op_type in ("Conv", "ConvTranspose"):
             bias = ins[2] if len(ins) > 2 else None
-            op = lambda input, weight, bias: self._op(node, name, a, [input, weight], torch.float32)[0]  # noqa: E731
+            op = lambda input, weight, bias, groups: self._op(node, name, a, [input, weight], torch.float32)[0]  # noqa: E731
             kw = {"input": ins[0], "weight": ins[1], "bias": bias, "groups": a.get("group", 1)}
             return accumulate.conv(op, kw, chunk, node.op_type == "ConvTranspose")
         return round_fp16(self._op(node, name, a, ins, torch.float32)[0])

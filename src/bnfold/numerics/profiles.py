@@ -41,6 +41,12 @@ FP16_MAX = 65504.0
 #: casts their inputs back to fp16), measured from the optimized graph ORT 1.32 writes
 #: (``SessionOptions.optimized_model_filepath``): the ``Cast(to=float16)`` nodes left feed these.
 ORT_CPU_FP16_OPS = frozenset("Softmax Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split())
+#: The same ops as a torch program spells them (aten short names, ``_copy`` suffix dropped): a program run
+#: under ``ort-cpu`` is the ONNX it exports to, run by ORT.
+ORT_CPU_FP16_ATEN = frozenset(
+    "_softmax softmax view _unsafe_view reshape permute transpose t slice squeeze unsqueeze cat flatten select "
+    "index_select index embedding expand".split()
+)
 PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc", "ort-cpu")
 
 
@@ -75,7 +81,7 @@ class Profile:
     fp16_accumulate: bool  # conv / linear / matmul accumulate in fp16 over chunks
     acc_chunk: int = 16
     fp16_constants: bool = False  # constants stored in fp16 (implied by fp16_storage)
-    fp16_ops: frozenset = frozenset()  # ONNX ops whose output is stored in fp16 although the rest is float32
+    fp16_ops: frozenset = frozenset()  # ops (ONNX and aten names) whose output is stored in fp16, the rest float32
     fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization on fp16 weights
     #: the converter's clamp of constants before fp16 (onnxconverter-common: 1e-7 and 1e4), or None
     const_clamp: tuple[float, float] | None = None
@@ -122,7 +128,7 @@ def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
             False,
             acc_chunk,
             fp16_constants=True,
-            fp16_ops=ORT_CPU_FP16_OPS,
+            fp16_ops=ORT_CPU_FP16_OPS | ORT_CPU_FP16_ATEN,
             fp16_conv_fusion=True,
             const_clamp=(1e-7, 1e4),
         )
