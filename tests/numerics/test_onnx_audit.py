@@ -106,7 +106,7 @@ def test_fp32_profile_matches_onnx_runtime():
     np.testing.assert_allclose(res.reference[0].numpy(), want, rtol=1e-5, atol=1e-5)  # float64 vs ORT's float32
     from bnfold.numerics.onnx_emulator import OnnxEmulator
 
-    direct, _ = OnnxEmulator(model, "fp32").run(x)  # the emulator the ONNX audit runs
+    direct = OnnxEmulator(model, "fp32").run(x)  # the emulator the ONNX audit runs
     np.testing.assert_allclose(direct.outputs[0].numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(direct.reference[0].numpy(), want, rtol=1e-5, atol=1e-5)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 
 from .audit_report import EndToEnd
-from .emulator import EmulationResult
 from .errors import TensorError, measure
+from .runner import EmulationResult
 
 
 def _end_to_end(res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None) -> EndToEnd:

@@ -15,8 +15,8 @@ import torch
 
 from ..torch_export.ops import module_path, parse_norm
 from .audit_report import LayerAudit
-from .emulator import EmulationResult
 from .graph import layer_kind, running_stats_norm
+from .runner import EmulationResult
 
 
 def _into_node(f) -> str:

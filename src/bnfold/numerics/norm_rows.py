@@ -13,10 +13,10 @@ from ..errors import FoldError
 from ..fold_math import Affine, batch_norm_affine
 from ..torch_export.ops import Norm, module_path, parse_layer
 from .audit_report import LayerAudit, NormAudit
-from .emulator import EmulationResult
 from .graph import lifted_tensor, lifted_tensors, running_stats_norm
 from .profiles import FP16_MAX
 from .risk import QNN_EPS, NormStats, Risk, judge, measure_intermediates, predict
+from .runner import EmulationResult
 
 
 def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:

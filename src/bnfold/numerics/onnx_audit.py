@@ -17,15 +17,21 @@ from collections.abc import Callable
 import onnx
 import torch
 
+from ..onnx.ops import op_of
 from .audit_report import AuditReport, LayerAudit, NormAudit
 from .batches import as_batches
-from .emulator import EmulationResult
 from .end_to_end import _end_to_end, _split_labels
 from .norm_rows import _fold_status, _risk, _smallest_headroom, norm_numbers
 from .onnx_emulator import OnnxEmulator, OnnxNorm, constants, input_shapes_of, node_names
-from .onnx_ops import LAYER_OPS
 from .profiles import get_profile
 from .risk import NormStats
+from .runner import EmulationResult
+
+
+def _layer(node: onnx.NodeProto) -> str | None:
+    """The layer kind of ``node`` (the op table's ``Op.layer``), or None."""
+    row = op_of(node)
+    return row.layer if row is not None and row.layer else None
 
 
 def _stage(progress, name: str) -> None:
@@ -109,7 +115,7 @@ def _rows(g: _Graph, norms: dict[str, OnnxNorm], report, folded: _Graph | None) 
                 into_output.setdefault(f.into_node or f.into, []).append(f.node)
     rows, merged_all = [], set()
     for name, node in zip(g.names, g.nodes):
-        kind = LAYER_OPS.get(node.op_type)
+        kind = _layer(node)
         if kind is None or not node.output:
             continue
         out, merged, norm, ffold = node.output[0], set(), None, None
@@ -173,7 +179,7 @@ def _norm_rows(g, norms, consts, unfolded, report, bn_eps, prof, layers) -> list
         x_err = unfolded.errors.get(n.input)
         x_max = x_err.max_abs_ref if x_err is not None else math.nan
         producer = g.by_name.get(g.producer.get(n.input, ""))
-        layer = producer is not None and producer.op_type in LAYER_OPS
+        layer = producer is not None and _layer(producer) is not None
         bias = None
         if layer and producer.op_type in ("Conv", "ConvTranspose") and len(producer.input) > 2:
             b = consts.get(producer.input[2])
@@ -209,9 +215,9 @@ def _execute(emu: OnnxEmulator, batches, result: EmulationResult, progress, **kw
     on_node = getattr(progress, "node", None)
     kept = []
     for done, batch in enumerate(batches, 1):
-        res, k = emu.run(*batch, against=None if against is None else against[done - 1], on_node=on_node, **kw)
+        res = emu.run(*batch, against=None if against is None else against[done - 1], on_node=on_node, **kw)
         result.add(res)
-        kept.append(k)
+        kept.append(res.kept)
         if progress is not None:
             progress(done, len(batches))
     return kept

@@ -40,13 +40,9 @@ FP16_MAX = 65504.0
 #: ONNX ops that ONNX Runtime's CPU provider runs in fp16 in a float16 model (it keeps their fp16 kernels and
 #: casts their inputs back to fp16), measured from the optimized graph ORT 1.32 writes
 #: (``SessionOptions.optimized_model_filepath``): the ``Cast(to=float16)`` nodes left feed these.
-ORT_CPU_FP16_OPS = frozenset("Softmax Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split())
-#: The same ops as a torch program spells them (aten short names, ``_copy`` suffix dropped): a program run
-#: under ``ort-cpu`` is the ONNX it exports to, run by ORT.
-ORT_CPU_FP16_ATEN = frozenset(
-    "_softmax softmax view _unsafe_view reshape permute transpose t slice squeeze unsqueeze cat flatten select "
-    "index_select index embedding expand".split()
-)
+#: They are Softmax and the data-movement ops (Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather
+#: Expand): the frontends' op tables mark them (``Op.fp16`` ``softmax`` / ``movement``), in every format.
+ORT_CPU_FP16_CLASSES = frozenset({"softmax", "movement"})
 PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc", "ort-cpu")
 
 
@@ -81,7 +77,7 @@ class Profile:
     fp16_accumulate: bool  # conv / linear / matmul accumulate in fp16 over chunks
     acc_chunk: int = 16
     fp16_constants: bool = False  # constants stored in fp16 (implied by fp16_storage)
-    fp16_ops: frozenset = frozenset()  # ops (ONNX and aten names) whose output is stored in fp16, the rest float32
+    fp16_classes: frozenset = frozenset()  # classes of ops (``Op.fp16``) whose output is stored in fp16
     fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization on fp16 weights
     #: the converter's clamp of constants before fp16 (onnxconverter-common: 1e-7 and 1e4), or None
     const_clamp: tuple[float, float] | None = None
@@ -128,7 +124,7 @@ def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
             False,
             acc_chunk,
             fp16_constants=True,
-            fp16_ops=ORT_CPU_FP16_OPS | ORT_CPU_FP16_ATEN,
+            fp16_classes=ORT_CPU_FP16_CLASSES,
             fp16_conv_fusion=True,
             const_clamp=(1e-7, 1e4),
         )
