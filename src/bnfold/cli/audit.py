@@ -55,12 +55,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
     """The audit of the loaded model on ``--inputs`` or ``--random`` batches.  An ONNX model is audited
-    with the ONNX ``fold`` writes, both emulated (``numerics.onnx_audit``); ``--runtime`` is ONNX only."""
+    with the ONNX ``fold`` writes, both emulated (``numerics.audit``); ``--runtime`` is ONNX only."""
     from ..numerics import audit
 
     extra: dict = {}
     if onnx:
-        from ..numerics.onnx_audit import random_batches
+        from ..numerics.onnx_emulator import random_batches
 
         extra["input_shapes"] = shapes.input_shapes(getattr(args, "input_shape", None))
         extra["runtime"] = args.runtime

@@ -19,11 +19,12 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..torch_export.ops import op_name, op_of
+from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
+from .batches import as_batches
 from .graph import layer_kind, lifted_tensors, running_stats_norm
 from .profiles import Profile
-from .runner import BatchResult, EmulationResult, Program, Runner, Step, StepNorm, is_float
+from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm, is_float
 
 __all__ = ["BatchResult", "EmulationResult", "Emulator", "emulate", "fx_program"]
 
@@ -72,7 +73,7 @@ def _step(node: torch.fx.Node) -> Step:
         return [target(*args, **kwargs)]
 
     row, kind = op_of(node), layer_kind(node)
-    step = Step(node.name, name, [i.name for i in inputs], [node.name], run)
+    step = Step(node.name, name, [i.name for i in inputs], [node.name], run, label=module_path(node))
     if row is not None:
         step.rounding, step.fp16_class = row.rounding or "round", row.fp16
     if kind is not None:
@@ -93,7 +94,8 @@ def _step(node: torch.fx.Node) -> Step:
     if bn is not None:
         params = tuple(p.name if isinstance(p, torch.fx.Node) else None for p in (bn.weight, bn.bias, bn.mean, bn.var))
         returns = len(target._schema.returns)
-        step.norm = StepNorm(bn.input.name, params, bn.eps, bn.axis, returns)
+        output = bn.output.name if bn.output is not None else None
+        step.norm = StepNorm(bn.input.name, params, bn.eps, bn.axis, returns, output)
     return step
 
 
@@ -133,6 +135,48 @@ def fx_program(ep: torch.export.ExportedProgram) -> Program:
 
     steps = [_step(n) for n in nodes if n.op == "call_function"]
     return Program(steps, consts, user, [o.name for o in outs], feed)
+
+
+def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.ExportedProgram:
+    """Export ``module`` in eval mode; the batch dimension is dynamic when batch sizes differ."""
+    sizes = {b[0].shape[0] for b in batches if b and isinstance(b[0], torch.Tensor)}
+    dynamic = None
+    if len(sizes) > 1:
+        dim = torch.export.Dim("batch")
+        dynamic = tuple({0: dim} if isinstance(a, torch.Tensor) else None for a in batches[0])
+    was_training = module.training
+    module.eval()
+    try:
+        return torch.export.export(module, batches[0], dynamic_shapes=dynamic)
+    finally:
+        module.train(was_training)
+
+
+def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+    """The audit's checks of a torch program or module and its batches (see ``AuditFormat``)."""
+    if inputs is None:
+        raise ValueError("audit needs input batches for a torch program or module")
+    if runtime is not None:
+        raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
+    batches = as_batches(inputs)
+    if isinstance(model, torch.nn.Module):
+        name = name or type(model).__name__
+        model = _export(model, batches)
+    from ..checks import training_norms
+
+    training = training_norms(model)
+    if training:
+        raise ValueError(
+            f"the program has batch norms in training mode ({', '.join(training[:3])}"
+            f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
+        )
+    from ..io.cost import audit_plan  # the cost check before anything runs (see bnfold.io.cost)
+
+    audit_plan(model, batches, runs=3 if fold else 2, name=name)
+    return model, batches, name, random_inputs
+
+
+FX_AUDIT = AuditFormat(_prepare, fx_program)
 
 
 class Emulator(Runner):

@@ -25,8 +25,9 @@ from onnx import numpy_helper
 from ..onnx.ops import op_of
 from ..onnx.semantics import attrs, bind, constant, opset_of
 from . import accumulate
+from .batches import as_batches
 from .profiles import Profile
-from .runner import Program, Runner, Step, StepNorm, round_fp16
+from .runner import AuditFormat, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -143,7 +144,7 @@ def _step(node: onnx.NodeProto, name: str, opset: int | None, norm: OnnxNorm | N
         step.bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
         step.accumulated = lambda ins, chunk: _accumulated(node, a, run, ins, chunk)
     if norm is not None:
-        step.norm = StepNorm(norm.input, tuple(node.input[1:5]), norm.eps)
+        step.norm = StepNorm(norm.input, tuple(node.input[1:5]), norm.eps, output=norm.output)
     return step
 
 
@@ -216,3 +217,50 @@ def input_shapes_of(model: onnx.ModelProto, input_shapes: dict[str, tuple] | Non
     if input_shapes:
         raise ValueError(f"the model has no input named {', '.join(map(repr, input_shapes))}")
     return out
+
+
+def random_batches(model: onnx.ModelProto, input_shapes: dict | None, n: int = 1, seed: int = 0) -> list[tuple]:
+    """``n`` batches of standard-normal inputs shaped by :func:`input_shapes_of` (an open batch dim is 1)."""
+    shapes = input_shapes_of(model, input_shapes)
+    for name, dims in shapes.items():
+        if any(d is None for d in dims[1:]):
+            shown = ",".join("?" if d is None else str(d) for d in dims)
+            raise ValueError(
+                f"input {name!r} has open dims [{shown}]; give its shape (input_shapes={{{name!r}: (1, ...)}}, "
+                f"--input-shape {name}:1,...) or --inputs"
+            )
+    g = torch.Generator().manual_seed(seed)
+    return [
+        tuple(torch.randn([1 if d is None else d for d in dims], generator=g) for dims in shapes.values())
+        for _ in range(n)
+    ]
+
+
+def check_batches(model: onnx.ModelProto, batches: list[tuple], input_shapes: dict | None) -> None:
+    """Each batch fits the model's inputs (their fixed dims and ``input_shapes``)."""
+    shapes = input_shapes_of(model, input_shapes)
+    for b in batches:
+        if len(b) != len(shapes):
+            raise ValueError(f"the model takes {len(shapes)} input(s) ({', '.join(shapes)}), a batch holds {len(b)}")
+        for (name, dims), x in zip(shapes.items(), b):
+            got = list(torch.as_tensor(x).shape)
+            if len(got) != len(dims) or any(d is not None and d != g for d, g in zip(dims, got)):
+                shown = ["?" if d is None else d for d in dims]
+                raise ValueError(f"input {name!r} takes shape {shown}; a batch holds {got}")
+
+
+def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+    """The audit's checks of an ONNX model and its batches (random ones shaped by ``input_shapes`` when
+    ``inputs`` is None; see ``AuditFormat``)."""
+    if inputs is None:
+        batches = random_batches(model, input_shapes)
+    else:
+        batches = as_batches(inputs)
+        check_batches(model, batches, input_shapes)
+    from ..io.cost import onnx_run_plan  # the cost check before anything runs (see bnfold.io.cost)
+
+    onnx_run_plan(model, batches, name or "the model")
+    return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
+
+
+ONNX_AUDIT = AuditFormat(_prepare, lambda model: onnx_program(model)[0])

@@ -42,13 +42,15 @@ def round_floats(out: Any) -> Any:
 @dataclass
 class StepNorm:
     """An eval-mode batch norm step: the value it normalizes, its parameters (value names, None: absent),
-    eps, channel axis, and how many values its op returns (a native batch norm: the output and two stats)."""
+    eps, channel axis, how many values its op returns (a native batch norm: the output and two stats) and
+    the value holding the normalized tensor (None: unused)."""
 
     input: str
     params: tuple  # (weight, bias, mean, var)
     eps: float
     axis: int = 1
     returns: int = 1
+    output: str | None = None
 
 
 @dataclass
@@ -74,6 +76,7 @@ class Step:
     fp16_class: str = ""
     accumulated: Callable | None = None
     emulated: bool = True  # False: no rounding rule (runs in float32 through a reference implementation)
+    label: str = ""  # the name the report shows (a module path), "" for ``name``
 
 
 @dataclass
@@ -86,6 +89,16 @@ class Program:
     inputs: list[str]
     outputs: list[str]
     feed: Callable[[tuple], list]
+
+
+@dataclass(frozen=True)
+class AuditFormat:
+    """A format's audit hooks (``Frontend.numerics``): ``prepare(model, inputs, *, input_shapes, name,
+    random_inputs, runtime, fold) -> (model, batches, name, random_inputs)`` checks what the audit is
+    given (and exports an nn.Module); ``program(model)`` is the model as a :class:`Program`."""
+
+    prepare: Callable
+    program: Callable[[Any], Program]
 
 
 @dataclass
