@@ -28,13 +28,13 @@ import onnx
 import torch
 from onnx import numpy_helper
 
+from ..onnx.semantics import Bound, attrs, bind, constant, opset_of
 from .emulator import BatchResult
 from .errors import TensorError, measure
-from .onnx_ops import EXACT_OPS, LAYER_OPS, OPS, SAME_ERROR_OPS, attrs, constant
+from .onnx_ops import EXACT_OPS, LAYER_OPS, SAME_ERROR_OPS
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 
-_FLOAT_TYPES = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
 
@@ -88,13 +88,23 @@ class OnnxNorm:
 
 
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The graph's initializers and ``Constant`` outputs (and ``Identity`` copies of them), by value name."""
+    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
+    (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
+    a Reshape of statistics), by value name."""
+    from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
+
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    opset = opset_of(model)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             out[node.output[0]] = constant(attrs(node))
         elif node.op_type == "Identity" and node.input and node.input[0] in out:
             out[node.output[0]] = out[node.input[0]]
+        elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
+            if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
+                value = evaluate(node, [out[n] for n in node.input if n], opset=opset)
+                if value is not None:
+                    out[node.output[0]] = value
     return out
 
 
@@ -153,6 +163,10 @@ class OnnxEmulator:
         self._local_dtype = torch.float32 if self.profile.fp16_storage else torch.float64
         self._const_l = {k: v.to(self._local_dtype) if _is_float(v) else v for k, v in self._const_r.items()}
         self.plan: list[tuple[onnx.NodeProto, str, dict]] = []
+        self._ops: dict[str, Bound] = {}
+        #: the nodes run in float32 by ``onnx.reference`` (no rounding rule here): ``(node name, op type, why)``
+        self.not_emulated: list[tuple[str, str, str]] = []
+        opset = opset_of(model)
         for node, name in zip(g.node, node_names(model)):
             if node.op_type == "Constant":
                 continue
@@ -160,8 +174,9 @@ class OnnxEmulator:
                 raise UnsupportedOp(f"{node.domain}.{node.op_type}", name, "custom domain")
             if node.op_type in _SUBGRAPH_OPS:
                 raise UnsupportedOp(node.op_type, name, "subgraphs")
-            if node.op_type not in OPS and node.op_type != "Cast":
-                raise UnsupportedOp(node.op_type, name)
+            op = self._ops[name] = bind(node, opset)
+            if not op.emulated:
+                self.not_emulated.append((name, node.op_type, op.why))
             self.plan.append((node, name, attrs(node)))
         last_use: dict[str, int] = {}
         for i, (node, _, _) in enumerate(self.plan):
@@ -186,21 +201,12 @@ class OnnxEmulator:
 
     def _op(self, node: onnx.NodeProto, name: str, a: dict, ins: list, float_dtype: torch.dtype) -> list:
         """``node`` on ``ins`` computing floats in ``float_dtype`` (no profile rounding)."""
-        if node.op_type == "Cast":
-            to = a["to"]
-            x = ins[0]
-            if to in _FLOAT_TYPES:
-                return [x.to(float_dtype)]
-            if to == onnx.TensorProto.BOOL:
-                return [x.to(torch.bool)]
-            return [x.to(torch.int64) if not x.is_floating_point() else x.to(torch.int64)]
         try:
-            out = OPS[node.op_type](ins, a)
+            return self._ops[name](ins, a, float_dtype)
         except NotImplementedError as e:
             raise UnsupportedOp(node.op_type, name, str(e)) from None
         except (RuntimeError, ValueError, IndexError, TypeError) as e:
             raise OpFailed(node.op_type, name, ins, e) from None
-        return list(out) if isinstance(out, (list, tuple)) else [out]
 
     def _emulated(self, node, name, a, ins) -> list:
         prof = self.profile

@@ -23,7 +23,7 @@ import torch
 from onnx import numpy_helper
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from .onnx_ops import OPS, STATIC_ARGS, attrs, constant
+from ..onnx.semantics import OPS, STATIC_ARGS, attrs, bind, constant, opset_of
 
 _FLOAT = (onnx.TensorProto.FLOAT, onnx.TensorProto.DOUBLE, onnx.TensorProto.FLOAT16)
 
@@ -43,24 +43,25 @@ def _safe(name: str, taken: set) -> str:
 class _Step(torch.nn.Module):
     """One ONNX node: ``forward(*inputs)`` runs its op."""
 
-    def __init__(self, node: onnx.NodeProto):
+    def __init__(self, node: onnx.NodeProto, opset: int | None):
         super().__init__()
         self.op_type, self.attrs = node.op_type, attrs(node)
         if node.op_type not in OPS:
             raise NotImplementedError(f"ONNX op {node.op_type} (node {node.name!r}) is not supported by the audit")
-        self.fn = OPS[node.op_type]
+        self.fn = bind(node, opset)
 
     def forward(self, *ins):
         if self.op_type not in STATIC_ARGS:
             ins = [torch.as_tensor(v, dtype=_torch_dtype(v)) if isinstance(v, np.ndarray) else v for v in ins]
-        return self.fn(ins, self.attrs)
+        out = self.fn(ins, self.attrs, torch.float32)
+        return out[0] if len(out) == 1 else out
 
 
 def _torch_dtype(a: np.ndarray) -> torch.dtype:
     return torch.float32 if a.dtype.kind == "f" else torch.bool if a.dtype == np.bool_ else torch.int64
 
 
-def _static(node: onnx.NodeProto, ins: list, a: dict):
+def _static(node: onnx.NodeProto, ins: list, a: dict, opset: int | None):
     """The node's output when every input is known ahead of time, else None."""
     if node.op_type == "Constant":
         return constant(a)
@@ -73,8 +74,8 @@ def _static(node: onnx.NodeProto, ins: list, a: dict):
     if ins and all(v is None or isinstance(v, np.ndarray) for v in ins) and node.op_type in OPS:
         with unset_fake_temporarily():  # known values are real tensors, also while export traces the module
             t = [None if v is None else torch.as_tensor(v.copy()) for v in ins]
-            out = OPS[node.op_type](t, a)
-            return out.numpy() if isinstance(out, torch.Tensor) else out
+            out = bind(node, opset)(t, a, torch.float32)
+            return out[0].numpy() if len(out) == 1 else [o.numpy() for o in out]
     return None
 
 
@@ -99,13 +100,14 @@ class OnnxModule(torch.nn.Module):
         self.inputs = [i.name for i in g.input if i.name not in init]
         self.outputs = [o.name for o in g.output]
         self.plan: list[tuple[onnx.NodeProto, str | None]] = []
+        self.opset = opset_of(model)
         for node in g.node:
             if node.op_type in ("If", "Loop", "Scan"):
                 raise NotImplementedError(f"ONNX op {node.op_type} (subgraphs) is not supported by the audit")
             step = None
             if node.op_type not in ("Constant", "Shape", "Cast"):
                 step = _safe(node.name or f"{node.op_type}_{len(self.plan)}", taken)
-                self.add_module(step, _Step(node))
+                self.add_module(step, _Step(node, self.opset))
             self.plan.append((node, step))
 
     def forward(self, *xs):
@@ -115,7 +117,7 @@ class OnnxModule(torch.nn.Module):
         for node, step in self.plan:
             ins = [env[n] if n else None for n in node.input]
             a = attrs(node) if step is None else getattr(self, step).attrs
-            out = _static(node, ins, a)
+            out = _static(node, ins, a, self.opset)
             if out is None and node.op_type == "Cast":
                 out = ins[0].to(torch.float32 if _is_float_type(a["to"]) else torch.int64)
             elif out is None:
