@@ -81,7 +81,8 @@ class EmulationResult:
 
     ``errors`` are cumulative (against the float64 run of the whole program);
     ``local`` holds the error each segment adds by itself (see ``Emulator``);
-    ``probes`` the input range of each batch norm.
+    ``probes`` the input range of each batch norm; ``not_emulated`` the nodes run in float32 by a
+    reference implementation, not under the profile: ``(node, op type, why)``.
     """
 
     profile: str
@@ -90,6 +91,7 @@ class EmulationResult:
     reference: list = field(default_factory=list)
     local: dict[str, TensorError] = field(default_factory=dict)
     probes: dict[str, NormProbe] = field(default_factory=dict)
+    not_emulated: list[tuple[str, str, str]] = field(default_factory=list)
 
     def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
         for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):

@@ -254,16 +254,16 @@ def audit_onnx(
     emu = OnnxEmulator(model, prof, bn_eps)
     rows = _rows(g, emu.norms, report, fg)
     emu.segments = _segments(g, [(r["name"], r["name"], r["output"]) for r in rows])
-    unfolded = EmulationResult(prof.name)
+    unfolded = EmulationResult(prof.name, not_emulated=list(emu.not_emulated))
     _stage(progress, "emulate unfolded")
     keep = frozenset(fg.values) if fg is not None else frozenset()
     refs = _execute(emu, batches, unfolded, progress, keep_reference=keep)
     folded = None
     if fold_result is not None:
-        folded = EmulationResult(prof.name)
         _stage(progress, "emulate folded")
         fseg = _segments(fg, [(r["name"], r["name"], r["folded"]) for r in rows if r["folded"] is not None])
         femu = OnnxEmulator(fold_result.model, prof, bn_eps, fseg)
+        folded = EmulationResult(prof.name, not_emulated=list(femu.not_emulated))
         _execute(femu, batches, folded, progress, reference=False, against=refs)
     del refs
     label_batches = _split_labels(labels, batches)
