@@ -88,18 +88,19 @@ def test_wrong_shape_and_unknown_op_exit_2(capsys, tmp_path):
     code = main(["audit", model_path("cls"), "--input-shape", "x:1,3,48"])
     err = capsys.readouterr().err
     assert code == 2 and "gives 3 dims, the model's input has 4" in err and "Traceback" not in err
-    node = onnx.helper.make_node("Einsum", ["x", "x"], ["y"], name="e", equation="ij,ij->ij", domain="custom.ops")
+    node = onnx.helper.make_node("Foo", ["x", "x"], ["y"], name="e", domain="com.example")
     graph = onnx.helper.make_graph(
         [node],
         "g",
         [onnx.helper.make_tensor_value_info("x", 1, [2, 2])],
         [onnx.helper.make_tensor_value_info("y", 1, [2, 2])],
     )
-    opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("custom.ops", 1)]
-    onnx.save(onnx.helper.make_model(graph, opset_imports=opsets), tmp_path / "e.onnx")  # a custom domain: no run
+    opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.example", 1)]
+    onnx.save(onnx.helper.make_model(graph, opset_imports=opsets), tmp_path / "e.onnx")
     code = main(["audit", str(tmp_path / "e.onnx")])
     err = capsys.readouterr().err
-    assert code == 2 and "Einsum" in err and "Traceback" not in err
+    assert code == 2 and "com.example.Foo" in err and "custom domain" in err and "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
 
 
 def test_open_dims_need_a_shape(capsys):

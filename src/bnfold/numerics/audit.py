@@ -119,18 +119,20 @@ def audit(
     prog = fmt.program(model)
     fprog = fmt.program(fold_result.model) if fold_result is not None else None
     row_list = rows(prog, fprog, report)
-    unfolded = EmulationResult(prof.name)
     _stage(progress, "emulate unfolded")
     seg = segments(prog, [(r.name, r.name, r.output) for r in row_list])
     names = ref_names(prog, fprog, row_list, report) if fprog is not None else {}
-    refs = _execute(Runner(prog, prof, bn_eps, seg), batches, unfolded, progress, keep=set(names.values()))
+    runner = Runner(prog, prof, bn_eps, seg)
+    unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
+    refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None
     if fprog is not None:
-        folded = EmulationResult(prof.name)
         _stage(progress, "emulate folded")
         fseg = segments(fprog, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
         against = [{f: k[u] for f, u in names.items() if u in k} for k in refs]
-        _execute(Runner(fprog, prof, bn_eps, fseg), batches, folded, progress, against=against)
+        runner = Runner(fprog, prof, bn_eps, fseg)
+        folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
+        _execute(runner, batches, folded, progress, against=against)
     del refs
     label_batches = _split_labels(labels, batches)
     top1 = _top1(unfolded.reference)

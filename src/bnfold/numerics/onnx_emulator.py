@@ -79,13 +79,23 @@ class OnnxNorm:
 
 
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The graph's initializers and ``Constant`` outputs (and ``Identity`` copies of them), by value name."""
+    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
+    (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
+    a Reshape of statistics), by value name."""
+    from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
+
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    opset = opset_of(model)
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             out[node.output[0]] = constant(attrs(node))
         elif node.op_type == "Identity" and node.input and node.input[0] in out:
             out[node.output[0]] = out[node.input[0]]
+        elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
+            if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
+                value = evaluate(node, [out[n] for n in node.input if n], opset=opset)
+                if value is not None:
+                    out[node.output[0]] = value
     return out
 
 
@@ -133,7 +143,7 @@ def _step(node: onnx.NodeProto, name: str, opset: int | None, norm: OnnxNorm | N
             raise OpFailed(op, name, ins, e) from None
 
     row = op_of(node)
-    step = Step(name, op, list(node.input), list(node.output), run, emulated=bound.emulated)
+    step = Step(name, op, list(node.input), list(node.output), run, not_emulated="" if bound.emulated else bound.why)
     if row is not None:
         step.rounding, step.fp16_class, step.layer = row.rounding or "round", row.fp16, row.layer or None
     mode = a.get("mode", "nearest")

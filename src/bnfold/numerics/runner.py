@@ -75,7 +75,7 @@ class Step:
     norm: StepNorm | None = None
     fp16_class: str = ""
     accumulated: Callable | None = None
-    emulated: bool = True  # False: no rounding rule (runs in float32 through a reference implementation)
+    not_emulated: str = ""  # why it has no rounding rule (it runs in float32 through a reference implementation)
     label: str = ""  # the name the report shows (a module path), "" for ``name``
 
 
@@ -119,7 +119,9 @@ class EmulationResult:
     """All batches: per-tensor errors merged over batches, outputs kept per batch.
 
     ``errors`` are cumulative (against the float64 run of the whole program); ``local`` holds the
-    error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm.
+    error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm;
+    ``not_emulated`` the nodes run in float32 by a reference implementation, not under the profile:
+    ``(node, op type, why)``.
     """
 
     profile: str
@@ -128,6 +130,7 @@ class EmulationResult:
     reference: list = field(default_factory=list)
     local: dict[str, TensorError] = field(default_factory=dict)
     probes: dict[str, NormProbe] = field(default_factory=dict)
+    not_emulated: list[tuple[str, str, str]] = field(default_factory=list)
 
     def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
         for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):
@@ -176,6 +179,12 @@ class Runner:
                 self._free_after.setdefault(i, []).append(v)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
+
+    @property
+    def not_emulated(self) -> list[tuple[str, str, str]]:
+        """The steps with no rounding rule here (run in float32 by a reference implementation):
+        ``(node, op type, why)``."""
+        return [(s.name, s.op, s.not_emulated) for s in self.program.steps if s.not_emulated]
 
     @property
     def inputs(self) -> list[str]:

@@ -58,10 +58,23 @@ def _window_sum(x: torch.Tensor, k, st, dil) -> torch.Tensor:
     return y.reshape(n, ch, *y.shape[2:])
 
 
+def _torch_padding(k: list, begin: list, end: list, extra: list) -> list[int] | None:
+    """The pads as torch's pools take them (symmetric, at most half the kernel, with ``ceil_mode``'s part
+    past them torch's own), or None."""
+    ends = [e - x_ for e, x_ in zip(end, extra)]
+    if begin != ends or any(p > kk // 2 for p, kk in zip(begin, k)):
+        return None
+    return begin
+
+
 def max_pool(ins, a, c: Ctx):
     x = ins[0]
     nd = x.dim() - 2
-    k, st, dil, begin, end, _ = _geometry(x, a)
+    k, st, dil, begin, end, extra = _geometry(x, a)
+    pads = _torch_padding(k, begin, end, extra)
+    if pads is not None:  # torch's own padding and ceil_mode: the same windows
+        fn = (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1]
+        return fn(x, k, st, pads, dil, bool(a.get("ceil_mode", 0)))
     if any(begin) or any(end):
         x = F.pad(x, _torch_pad(begin, end), value=-math.inf)
     return (F.max_pool1d, F.max_pool2d, F.max_pool3d)[nd - 1](x, k, st, 0, dil)
@@ -83,7 +96,12 @@ def _counts(x: torch.Tensor, k, st, dil, begin, end, extra, include_pad: bool) -
 
 def average_pool(ins, a, c: Ctx):
     x = ins[0]
+    nd = x.dim() - 2
     k, st, dil, begin, end, extra = _geometry(x, a)
+    pads = _torch_padding(k, begin, end, extra)
+    if pads is not None and not any(extra) and all(d == 1 for d in dil):  # torch's own: the same divisors
+        fn = (F.avg_pool1d, F.avg_pool2d, F.avg_pool3d)[nd - 1]
+        return fn(x, k, st, pads, False, bool(a.get("count_include_pad", 0)))
     total = _window_sum(F.pad(x, _torch_pad(begin, end)), k, st, dil)
     if not any(begin) and not any(end):
         return total / math.prod(k)
