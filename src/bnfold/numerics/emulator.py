@@ -53,14 +53,34 @@ def _with_arg(node: torch.fx.Node, call: tuple[tuple, dict], name: str, value: A
 def _step(node: torch.fx.Node) -> Step:
     """``node`` as a step of the runner."""
     inputs = node.all_input_nodes
-    has_dtype = any(isinstance(a, torch.dtype) for a in tree_flatten((node.args, node.kwargs))[0])
+    has_dtype = any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))  # aten: top level
     target, name = node.target, op_name(node.target)
     if name.endswith("_copy") and name != "_to_copy":  # edge dialect view_copy etc. behave like view
         name = name[: -len("_copy")]
 
-    def call(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple:
+    index = {n: i for i, n in enumerate(inputs)}
+
+    def slot(a: Any) -> tuple[int, Any]:
+        """An argument as a template slot, read once: an input's index, a constant, or (-2) a nest of both."""
+        if isinstance(a, torch.fx.Node):
+            return index[a], None
+        nested = []
+        torch.fx.node.map_aggregate(a, lambda v: nested.append(v) if isinstance(v, torch.fx.Node) else None)
+        return (-2, a) if nested else (-1, a)
+
+    arg_slots = [slot(a) for a in node.args]
+    kw_slots = {k: slot(a) for k, a in node.kwargs.items()}
+
+    def fill(ins: list, i: int, a: Any) -> Any:
+        if i >= 0:
+            return ins[i]
+        if i == -1:
+            return a
         env = dict(zip(inputs, ins))
-        c = map_arg((node.args, node.kwargs), env.__getitem__)
+        return map_arg(a, env.__getitem__)
+
+    def call(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple:
+        c = (tuple(fill(ins, i, a) for i, a in arg_slots), {k: fill(ins, i, a) for k, (i, a) in kw_slots.items()})
         if has_dtype:
             c = _map_dtype(c, dtype)
         for arg, value in (("eps", eps), ("weight", weight), ("bias", bias)):

@@ -1,4 +1,4 @@
-"""The lockstep runner: a graph run node by node under a precision profile, next to a float64 reference.
+"""The lockstep runner: a graph run node by node under a precision profile, next to a high-precision reference.
 
 One runner for every format.  A format gives it a :class:`Program` (its executor, kept thin:
 :class:`~.emulator.FxProgram` for a torch program, :class:`~.onnx_emulator.OnnxProgram` for ONNX):
@@ -6,7 +6,8 @@ the values in graph order as :class:`Step` s (a node: the value names it reads a
 run its op in a given float dtype, and its op's facts), the constants, the inputs and outputs.
 Everything a profile does happens here, once: fp16 storage, exact and same-error ops, fp16
 accumulation, an NPU's host-precomputed BatchNorm, ONNX Runtime's fp16 Conv+BN fusion and fp16 ops;
-so do the float64 reference, the local (per-segment) errors and the batch-norm probes.
+so do the reference (float64; float32 under a profile that stores fp16, whose error is 8192 times
+float32's), the local (per-segment) errors and the batch-norm probes.
 
 Each float value (by name) is compared with its reference as soon as it exists; values are dropped
 after their last use.  :meth:`Runner._emulate` is the single place an op runs emulated (a per-op
@@ -103,7 +104,7 @@ class AuditFormat:
 
 @dataclass
 class BatchResult:
-    """One batch: emulated outputs (float32), reference outputs (float64), per-tensor errors by value name;
+    """One batch: emulated outputs (float32), reference outputs, per-tensor errors by value name;
     ``kept``: the reference values asked for by name (see :meth:`Runner.run`)."""
 
     outputs: list
@@ -150,9 +151,9 @@ class Runner:
     ``bn_eps`` replaces the eps of every batch norm in the emulated run (the reference keeps the
     model's): a runtime that ignores it.  ``segments`` (``{value name: segment id}``) asks for local
     errors: each value named there is also computed from the *emulated* values of its inputs outside its
-    segment (constants unrounded, the model's eps) and, inside it, from that local run; the difference to the emulated
-    value is the error the segment adds by itself (``BatchResult.local``).  The local run computes in
-    float32 under an fp16 profile (its error, ~1e-7, is far below fp16's) and in float64 otherwise.
+    segment (constants unrounded, the model's eps) and, inside it, from that local run; the difference to the
+    emulated value is the error the segment adds by itself (``BatchResult.local``).  The local run computes in
+    the reference's dtype.
     """
 
     def __init__(self, program: Program, profile: str | Profile = "fp16", bn_eps=None, segments: dict | None = None):
@@ -161,10 +162,12 @@ class Runner:
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.segments = dict(segments or {})
         consts = program.constants
-        self._const_r = consts
         self._const_e = {k: prof.round_const(v.to(torch.float32)) if is_float(v) else v for k, v in consts.items()}
-        self._local_dtype = torch.float32 if prof.fp16_storage or prof.fp16_constants else torch.float64
-        self._const_l = {k: v.to(self._local_dtype) if is_float(v) else v for k, v in consts.items()}
+        # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
+        # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
+        # cancellation amplifies both); the fp32 profile's own error needs float64
+        self._ref_dtype = torch.float32 if prof.fp16_storage or prof.fp16_constants else torch.float64
+        self._const_r = {k: v.to(self._ref_dtype) if is_float(v) else v for k, v in consts.items()}
         readers: dict[str, list[Step]] = {}
         last_use: dict[str, int] = {}
         for i, step in enumerate(program.steps):
@@ -267,10 +270,10 @@ class Runner:
         keep_reference: frozenset = frozenset(),
         on_node: Callable[[int, int], None] | None = None,
     ) -> BatchResult:
-        """Run one batch.  ``reference``: run the float64 reference too (else only the emulated outputs
-        come back).  ``against``: measure against these float64 values (by name: a run of the unfolded
+        """Run one batch.  ``reference``: run the reference too (else only the emulated outputs
+        come back).  ``against``: measure against these reference values (by name: a run of the unfolded
         model) instead of a reference run here.  ``keep_reference``: the reference values to return
-        (``BatchResult.kept``; float32 under an fp16 profile).  ``on_node(i, n)`` after each of ``n`` steps."""
+        (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
         exact = not (prof.fp16_storage or prof.fp16_constants)
         feed = prog.feed(xs)
@@ -287,7 +290,7 @@ class Runner:
             if is_float(x):
                 env_e[name] = prof.round_input(x.detach().to(torch.float32))
                 if reference:
-                    env_r[name] = x.detach().to(torch.float64)
+                    env_r[name] = x.detach().to(self._ref_dtype)
                 if name in refs:
                     errors[name] = measure(name, "input", env_e[name], refs[name], exact)
             else:
@@ -300,7 +303,7 @@ class Runner:
                 on_node(i, n)
             outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e)
             if reference:
-                outs_r = step.run([env_r[v] if v else None for v in step.ins], torch.float64)
+                outs_r = step.run([env_r[v] if v else None for v in step.ins], self._ref_dtype)
             norm = step.norm
             if norm is not None and measuring and is_float(refs.get(norm.input)):
                 probes[step.name] = NormProbe.of(step.name, env_e[norm.input], refs[norm.input], norm.axis)
@@ -311,7 +314,7 @@ class Runner:
                 if reference:
                     env_r[out] = outs_r[k]
                     if out in keep_reference:
-                        kept[out] = outs_r[k].to(torch.float32) if not exact and is_float(outs_r[k]) else outs_r[k]
+                        kept[out] = outs_r[k]
                 if not is_float(e):
                     continue
                 if out in self.segments:
@@ -343,9 +346,9 @@ class Runner:
                 ins.append(None)
             elif v in env_l and self.segments.get(v) == seg:
                 ins.append(env_l[v])
-            elif v in self._const_l:
-                ins.append(self._const_l[v])
+            elif v in self._const_r:
+                ins.append(self._const_r[v])
             else:
                 e = env_e[v]
-                ins.append(e.to(self._local_dtype) if is_float(e) else e)
-        return step.run(ins, self._local_dtype)[k]  # the model's eps: a runtime's other eps is its error
+                ins.append(e.to(self._ref_dtype) if is_float(e) else e)
+        return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error
