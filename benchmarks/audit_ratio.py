@@ -6,7 +6,7 @@ Models: the suite's architectures (``benchmarks/models.py``: calibrated BatchNor
 the default shape, ``--quick``: the small shapes), each as a torch program and as ONNX (TorchScript
 exporter, BatchNorm kept), and the trained PaddleOCR models of the rapidocr wheels installed in the venv.
 
-Per model (1 torch thread; medians over ``--rounds`` after one untimed warm-up call of each):
+Per model (1 torch thread; the least process CPU time over ``--rounds`` after one untimed warm-up call of each):
 
 * ``fp32 fwd``  the float32 forward: ``ep.module()(x)`` for a torch program; for ONNX the same graph run
                 eagerly with the audit's torch ops (``OnnxEmulator(model, "fp32").run(x, reference=False)``);
@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import io
 import os
-import statistics
 import sys
 import time
 
@@ -41,14 +40,16 @@ GOAL = 10.0
 OCR = {"cls": (1, 3, 48, 192), "v4-det": (1, 3, 320, 320), "v4-rec": (1, 3, 48, 320), "v6-rec": (1, 3, 48, 320)}
 
 
-def _median_time(fn, rounds: int) -> float:
+def _min_time(fn, rounds: int) -> float:
+    """The least CPU time of this process over ``rounds`` calls (one thread: a shared machine's other load
+    inflates wall-clock time, hardly the process's own CPU time; the least is the least disturbed)."""
     fn()  # warm-up (oneDNN builds its kernels on first use of a shape and dtype)
     times = []
     for _ in range(rounds):
-        t = time.perf_counter()
+        t = time.process_time()
         fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
+        times.append(time.process_time() - t)
+    return min(times)
 
 
 def _onnx(net, x) -> onnx.ModelProto:
@@ -69,13 +70,13 @@ def _onnx(net, x) -> onnx.ModelProto:
 def _row(name: str, model, x, rounds: int, profile: str) -> list:
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
-        fwd = _median_time(lambda: fp32.run(x, reference=False), rounds)
+        fwd = _min_time(lambda: fp32.run(x, reference=False), rounds)
     else:
         module = model.module()
         with torch.no_grad():
-            fwd = _median_time(lambda: module(x), rounds)
-    fold = _median_time(lambda: bnfold.fold(model), rounds)
-    audit = _median_time(lambda: bnfold.audit(model, [(x,)], profile=profile), rounds)
+            fwd = _min_time(lambda: module(x), rounds)
+    fold = _min_time(lambda: bnfold.fold(model), rounds)
+    audit = _min_time(lambda: bnfold.audit(model, [(x,)], profile=profile), rounds)
     ratio = (audit - fold) / fwd
     return [name, f"{fwd:.4f}", f"{fold:.3f}", f"{audit:.3f}", f"{ratio:.1f}x", "PASS" if ratio <= GOAL else "MISS"]
 
