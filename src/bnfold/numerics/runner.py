@@ -162,12 +162,14 @@ class Runner:
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.segments = dict(segments or {})
         consts = program.constants
-        self._const_e = {k: prof.round_const(v.to(torch.float32)) if is_float(v) else v for k, v in consts.items()}
+        f32 = {k: v.to(torch.float32) for k, v in consts.items() if is_float(v)}
+        self._const_e = {k: prof.round_const(f32[k]) if k in f32 else v for k, v in consts.items()}
         # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
         # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
         # cancellation amplifies both); the fp32 profile's own error needs float64
         self._ref_dtype = torch.float32 if prof.fp16_storage or prof.fp16_constants else torch.float64
-        self._const_r = {k: v.to(self._ref_dtype) if is_float(v) else v for k, v in consts.items()}
+        ref32 = self._ref_dtype == torch.float32
+        self._const_r = {k: (f32[k] if ref32 else v.to(self._ref_dtype)) if k in f32 else v for k, v in consts.items()}
         readers: dict[str, list[Step]] = {}
         last_use: dict[str, int] = {}
         for i, step in enumerate(program.steps):
