@@ -19,15 +19,15 @@ def reshape(ins, a, c: Ctx):
     return x.reshape(shape)
 
 
-def _axes(ins, a, c: Ctx, version: int = 13):
-    """The axes of Squeeze / Unsqueeze: an attribute before opset ``version``, an input since."""
+def _axes(ins, a):
+    """The axes of Squeeze / Unsqueeze: an attribute before opset 13, an input since."""
     if given(ins, 1):
         return ints(ins[1])
     return a.get("axes")
 
 
 def unsqueeze(ins, a, c: Ctx):
-    x, axes = ins[0], _axes(ins, a, c)
+    x, axes = ins[0], _axes(ins, a)
     r = x.dim() + len(axes)
     for ax in sorted(axis(ax, r) for ax in axes):
         x = x.unsqueeze(ax)
@@ -35,7 +35,7 @@ def unsqueeze(ins, a, c: Ctx):
 
 
 def squeeze(ins, a, c: Ctx):
-    x, axes = ins[0], _axes(ins, a, c)
+    x, axes = ins[0], _axes(ins, a)
     if axes is None:
         return x.reshape([d for d in x.shape if d != 1])
     for ax in sorted((axis(ax, x.dim()) for ax in axes), reverse=True):

@@ -87,7 +87,7 @@ def constant(a: dict) -> np.ndarray:
     return np.array(v, dtype=np.float32 if k.startswith("value_float") else np.int64)
 
 
-def tensor(v, like: torch.Tensor | None = None, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def tensor(v, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``v`` (a numpy array, a number) as a tensor: floats in ``float_dtype``, integers int64."""
     if isinstance(v, torch.Tensor):
         return v
