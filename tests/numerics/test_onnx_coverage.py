@@ -100,3 +100,52 @@ def test_an_op_without_an_implementation_runs_and_is_named(capsys, tmp_path):
     assert "r2" in result.errors and result.outputs[0].dtype == torch.float32
     onnx.save(model, tmp_path / "shrink.onnx")
     assert main(["audit", str(tmp_path / "shrink.onnx"), "--random", "2"]) == 0, capsys.readouterr().err
+
+
+class _VitBlock(torch.nn.Module):
+    """A pre-norm transformer block (LayerNorm, scaled dot-product attention, GELU MLP)."""
+
+    def __init__(self, d: int = 16, heads: int = 2):
+        super().__init__()
+        self.heads = heads
+        self.norm1, self.norm2 = torch.nn.LayerNorm(d), torch.nn.LayerNorm(d)
+        self.qkv, self.proj = torch.nn.Linear(d, 3 * d), torch.nn.Linear(d, d)
+        self.fc1, self.fc2 = torch.nn.Linear(d, 2 * d), torch.nn.Linear(2 * d, d)
+
+    def forward(self, x):
+        b, n, d = x.shape
+        q, k, v = self.qkv(self.norm1(x)).reshape(b, n, 3, self.heads, d // self.heads).permute(2, 0, 3, 1, 4)
+        att = torch.nn.functional.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(b, n, d)
+        x = x + self.proj(att)
+        return x + self.fc2(torch.nn.functional.gelu(self.fc1(self.norm2(x))))
+
+
+def _export(model: torch.nn.Module, x: torch.Tensor, exporter: str) -> onnx.ModelProto:
+    import io
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "dynamo":
+            return torch.onnx.export(model.eval(), (x,), dynamo=True, verbose=False).model_proto
+        f = io.BytesIO()
+        torch.onnx.export(model.eval(), (x,), f, dynamo=False, opset_version=17)
+        return onnx.load_from_string(f.getvalue())
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript"])
+def test_every_op_the_exporters_write_for_the_suite_is_emulated(exporter):
+    """The real-architecture cases (exported as the ONNX fold tests export them, BatchNorm kept) and a
+    transformer block: every node runs under the profile, none through the reference evaluator."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript")
+    from fold_cases import REAL_CASES
+
+    torch.manual_seed(0)
+    models = [(case.name, case.onnx(exporter), case.inputs()) for case in REAL_CASES]
+    x = torch.randn(2, 5, 16)
+    models.append(("vit_block", _export(_VitBlock(), x, exporter), (x,)))
+    for name, model, inputs in models:
+        emu = OnnxEmulator(model, "fp16")
+        assert emu.not_emulated == [], name
+        result, _ = emu.run(*inputs)
+        assert all(torch.isfinite(o).all() for o in result.outputs), name

@@ -82,10 +82,12 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
     (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
     a Reshape of statistics), by value name."""
+    from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     opset = opset_of(model)
+    meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             out[node.output[0]] = constant(attrs(node))
@@ -93,7 +95,10 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             out[node.output[0]] = out[node.input[0]]
         elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
             if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
-                value = evaluate(node, [out[n] for n in node.input if n], opset=opset)
+                try:  # metered as the fold's evaluation is: over the budget is a WorkError, before anything is made
+                    value = evaluate(node, [out[n] for n in node.input if n], meter, opset)
+                except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+                    value = None
                 if value is not None:
                     out[node.output[0]] = value
     return out

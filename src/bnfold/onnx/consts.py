@@ -5,8 +5,9 @@ pieces) and the arithmetic of a weight computed in the graph (weight standardiza
 ReduceMean, Sub, Mul, a BatchNormalization of the weight in either mode; Add, Div, Sqrt).
 
 What an op computes is :mod:`bnfold.onnx.semantics`' (the one copy of ONNX op semantics), run on
-the numpy arrays' memory; the one piece of fold arithmetic, a batch norm's affine, is ``fold_math``'s;
-Cast and CastLike are numpy's ``astype`` to the ONNX type.  Each op is one row of :data:`RULES`: which
+the numpy arrays' memory, with three exceptions: a batch norm's affine is ``fold_math``'s (the one
+piece of fold arithmetic); Cast and CastLike are numpy's ``astype`` to the ONNX type; ReduceMean is
+numpy's buffered float64 mean (no float64 copy of its input).  Each op is one row of :data:`RULES`: which
 inputs it computes here (None otherwise), how to compute its first output and how many bytes that
 allocates (:func:`result_bytes`, charged to the meter before anything is made).  Floats are computed in
 float64 and cast back to the input's dtype; integers keep their integer arithmetic (Div and the
@@ -311,7 +312,10 @@ def _reduce_mean(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
         return None
     if not axes:
         return x.copy()
-    return _cast_back(_semantics(node, inputs, opset, f64=True).numpy(), x.dtype)
+    keep = bool(int(attr(node, "keepdims", 1)))
+    # numpy accumulates in float64 through a fixed-size buffer: the float64 result is the only copy (torch's
+    # float64 mean of float32 would copy the input first)
+    return _cast_back(np.mean(x, axis=axes, dtype=F64, keepdims=keep), x.dtype)
 
 
 def _reduce_mean_bytes(node: NodeProto, inputs: list) -> int | None:
@@ -320,7 +324,7 @@ def _reduce_mean_bytes(node: NodeProto, inputs: list) -> int | None:
         return None
     if not axes:
         return x.size * x.dtype.itemsize
-    return _f64_copies(x) + _cast_bytes(_elements(_reduced_shape(node, x, axes)), x.dtype)
+    return _cast_bytes(_elements(_reduced_shape(node, x, axes)), x.dtype)
 
 
 def batch_norm_training(node: NodeProto, opset: int | None) -> bool:

@@ -15,9 +15,6 @@ row's function, or, for an op type with no row (or a form a row refuses), the no
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import onnx
 
 from .elementwise import ELEMENTWISE
@@ -28,66 +25,13 @@ from .reduce import REDUCTIONS
 from .reference import ReferenceNode
 from .resize import RESIZE
 from .shapes import SHAPES
-from .values import Ctx, attrs, constant, opset_of
+from .values import Ctx, Op, attrs, constant, opset_of
 
 __all__ = ["OPS", "Op", "Bound", "Ctx", "bind", "attrs", "constant", "opset_of", "supported", "STATIC_ARGS"]
 
 
-@dataclass(frozen=True)
-class Op:
-    """One op type: ``fn(inputs, attributes, ctx)``; ``static``: the inputs read as Python numbers
-    (shapes, axes, pads, bounds: known ahead of time); ``refuses(attributes, node)``: a form of
-    the op ``fn`` does not compute (a reason), run by the reference evaluator instead."""
-
-    fn: Callable
-    static: tuple[int, ...] = ()
-    refuses: Callable[[dict, onnx.NodeProto], str | None] | None = None
-
-
-def _row(fn, static=(), refuses=None) -> Op:
-    return Op(fn, tuple(static), refuses)
-
-
-_STATIC = {
-    "Reshape": (1,),
-    "Unsqueeze": (1,),
-    "Squeeze": (1,),
-    "Slice": (1, 2, 3, 4),
-    "Clip": (1, 2),
-    "Expand": (1,),
-    "Resize": (1, 2, 3),
-    "Upsample": (1,),
-    "Split": (1,),
-    "Tile": (1,),
-    "Pad": (1, 2, 3),
-    "ConstantOfShape": (0,),
-    "Range": (0, 1, 2),
-    "TopK": (1,),
-    "CumSum": (1,),
-    "Trilu": (1,),
-    **{op: (1,) for op in REDUCTIONS if op.startswith("Reduce")},
-}
-
-
-def _max_pool_refuses(a: dict, node: onnx.NodeProto) -> str | None:
-    if len(node.output) > 1 and node.output[1]:
-        return "MaxPool's Indices output"
-    if a.get("storage_order", 0):
-        return "MaxPool with storage_order"
-    return None
-
-
-_REFUSES = {
-    "MaxPool": _max_pool_refuses,
-    "Resize": lambda a, node: "antialias" if a.get("antialias", 0) else None,
-}
-
-#: Every op type implemented here -> its row.  Supporting another is one row (and its generated test).
-OPS: dict[str, Op] = {
-    name: _row(fn, _STATIC.get(name, ()), _REFUSES.get(name))
-    for table in (ELEMENTWISE, SHAPES, LAYERS, POOLS, NORMS, REDUCTIONS, RESIZE)
-    for name, fn in table.items()
-}
+#: Every op type implemented here -> its row.  Supporting another is one row (and its generated case).
+OPS: dict[str, Op] = {**ELEMENTWISE, **SHAPES, **LAYERS, **POOLS, **NORMS, **REDUCTIONS, **RESIZE}
 
 #: ops whose inputs after the first are shapes, axes or bounds (read as Python numbers)
 STATIC_ARGS = frozenset(name for name, op in OPS.items() if op.static and 0 not in op.static)

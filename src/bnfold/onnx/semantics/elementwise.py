@@ -9,7 +9,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from .values import Ctx, given, s, scalar, since
+from .values import Ctx, Op, given, s, scalar, since
 
 _FLOAT_TYPES = (
     onnx.TensorProto.FLOAT,
@@ -121,6 +121,13 @@ def where(ins, a, c: Ctx):
     return torch.where(ins[0].to(torch.bool), ins[1], ins[2])
 
 
+def is_inf(ins, a, c: Ctx):
+    x = ins[0]
+    return (torch.isposinf(x) & bool(a.get("detect_positive", 1))) | (
+        torch.isneginf(x) & bool(a.get("detect_negative", 1))
+    )
+
+
 def bitwise(fn):
     return lambda ins, a, c: fn(ins[0].to(torch.bool), ins[1].to(torch.bool))
 
@@ -133,70 +140,67 @@ def _binary(fn):
     return lambda ins, a, c: fn(ins[0], ins[1])
 
 
-#: op type -> implementation ``fn(inputs, attributes, ctx)``
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
 ELEMENTWISE = {
-    "Add": _binary(torch.add),
-    "Sub": _binary(torch.sub),
-    "Mul": _binary(torch.mul),
-    "Div": div,
-    "Pow": pow_,
-    "Mod": mod,
-    "Sum": lambda ins, a, c: _fold(torch.add, ins),
-    "Mean": mean,
-    "Max": lambda ins, a, c: _fold(torch.maximum, ins),
-    "Min": lambda ins, a, c: _fold(torch.minimum, ins),
-    "Neg": _unary(torch.neg),
-    "Abs": _unary(torch.abs),
-    "Sign": _unary(torch.sign),
-    "Reciprocal": _unary(torch.reciprocal),
-    "Sqrt": _unary(torch.sqrt),
-    "Exp": _unary(torch.exp),
-    "Log": _unary(torch.log),
-    "Floor": _unary(torch.floor),
-    "Ceil": _unary(torch.ceil),
-    "Round": _unary(torch.round),  # ties to even, as ONNX
-    "Erf": _unary(torch.erf),
-    "Sin": _unary(torch.sin),
-    "Cos": _unary(torch.cos),
-    "Tan": _unary(torch.tan),
-    "Asin": _unary(torch.asin),
-    "Acos": _unary(torch.acos),
-    "Atan": _unary(torch.atan),
-    "Sinh": _unary(torch.sinh),
-    "Cosh": _unary(torch.cosh),
-    "Relu": _unary(torch.relu),
-    "Sigmoid": _unary(torch.sigmoid),
-    "Tanh": _unary(torch.tanh),
-    "Softplus": _unary(F.softplus),
-    "Softsign": _unary(F.softsign),
-    "Mish": _unary(F.mish),
-    "HardSwish": _unary(F.hardswish),
-    "HardSigmoid": hard_sigmoid,
-    "LeakyRelu": lambda ins, a, c: F.leaky_relu(ins[0], a.get("alpha", 0.01)),
-    "ThresholdedRelu": lambda ins, a, c: torch.where(ins[0] > a.get("alpha", 1.0), ins[0], 0.0),
-    "PRelu": prelu,
-    "Selu": selu,
-    "Elu": elu,
-    "Celu": celu,
-    "Gelu": gelu,
-    "Clip": clip,
-    "Cast": cast,
-    "CastLike": cast_like,
-    "Where": where,
-    "Equal": _binary(torch.eq),
-    "Less": _binary(torch.lt),
-    "LessOrEqual": _binary(torch.le),
-    "Greater": _binary(torch.gt),
-    "GreaterOrEqual": _binary(torch.ge),
-    "Not": lambda ins, a, c: torch.logical_not(ins[0]),
-    "And": bitwise(torch.logical_and),
-    "Or": bitwise(torch.logical_or),
-    "Xor": bitwise(torch.logical_xor),
-    "IsNaN": _unary(torch.isnan),
-    "IsInf": lambda ins, a, c: (
-        (torch.isposinf(ins[0]) & bool(a.get("detect_positive", 1)))
-        | (torch.isneginf(ins[0]) & bool(a.get("detect_negative", 1)))
-    ),
+    "Add": Op(_binary(torch.add)),
+    "Sub": Op(_binary(torch.sub)),
+    "Mul": Op(_binary(torch.mul)),
+    "Div": Op(div),
+    "Pow": Op(pow_),
+    "Mod": Op(mod),
+    "Sum": Op(lambda ins, a, c: _fold(torch.add, ins)),
+    "Mean": Op(mean),
+    "Max": Op(lambda ins, a, c: _fold(torch.maximum, ins)),
+    "Min": Op(lambda ins, a, c: _fold(torch.minimum, ins)),
+    "Neg": Op(_unary(torch.neg)),
+    "Abs": Op(_unary(torch.abs)),
+    "Sign": Op(_unary(torch.sign)),
+    "Reciprocal": Op(_unary(torch.reciprocal)),
+    "Sqrt": Op(_unary(torch.sqrt)),
+    "Exp": Op(_unary(torch.exp)),
+    "Log": Op(_unary(torch.log)),
+    "Floor": Op(_unary(torch.floor)),
+    "Ceil": Op(_unary(torch.ceil)),
+    "Round": Op(_unary(torch.round)),  # ties to even, as ONNX
+    "Erf": Op(_unary(torch.erf)),
+    "Sin": Op(_unary(torch.sin)),
+    "Cos": Op(_unary(torch.cos)),
+    "Tan": Op(_unary(torch.tan)),
+    "Asin": Op(_unary(torch.asin)),
+    "Acos": Op(_unary(torch.acos)),
+    "Atan": Op(_unary(torch.atan)),
+    "Sinh": Op(_unary(torch.sinh)),
+    "Cosh": Op(_unary(torch.cosh)),
+    "Relu": Op(_unary(torch.relu)),
+    "Sigmoid": Op(_unary(torch.sigmoid)),
+    "Tanh": Op(_unary(torch.tanh)),
+    "Softplus": Op(_unary(F.softplus)),
+    "Softsign": Op(_unary(F.softsign)),
+    "Mish": Op(_unary(F.mish)),
+    "HardSwish": Op(_unary(F.hardswish)),
+    "HardSigmoid": Op(hard_sigmoid),
+    "LeakyRelu": Op(lambda ins, a, c: F.leaky_relu(ins[0], a.get("alpha", 0.01))),
+    "ThresholdedRelu": Op(lambda ins, a, c: torch.where(ins[0] > a.get("alpha", 1.0), ins[0], 0.0)),
+    "PRelu": Op(prelu),
+    "Selu": Op(selu),
+    "Elu": Op(elu),
+    "Celu": Op(celu),
+    "Gelu": Op(gelu),
+    "Clip": Op(clip, static=(1, 2)),
+    "Cast": Op(cast),
+    "CastLike": Op(cast_like),
+    "Where": Op(where),
+    "Equal": Op(_binary(torch.eq)),
+    "Less": Op(_binary(torch.lt)),
+    "LessOrEqual": Op(_binary(torch.le)),
+    "Greater": Op(_binary(torch.gt)),
+    "GreaterOrEqual": Op(_binary(torch.ge)),
+    "Not": Op(lambda ins, a, c: torch.logical_not(ins[0])),
+    "And": Op(bitwise(torch.logical_and)),
+    "Or": Op(bitwise(torch.logical_or)),
+    "Xor": Op(bitwise(torch.logical_xor)),
+    "IsNaN": Op(_unary(torch.isnan)),
+    "IsInf": Op(is_inf),
 }
 
 

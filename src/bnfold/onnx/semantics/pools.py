@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import math
 
+import onnx
 import torch
 import torch.nn.functional as F
 
-from .values import Ctx, pads_same, s
+from .values import Ctx, Op, pads_same, s
 
 
 def _geometry(x: torch.Tensor, a: dict) -> tuple[list, list, list, list, list, list]:
@@ -116,18 +117,29 @@ def lp_pool(ins, a, c: Ctx):
     return total ** (1.0 / p)
 
 
+def _max_pool_refuses(a: dict, node: onnx.NodeProto) -> str | None:
+    if len(node.output) > 1 and node.output[1]:
+        return "MaxPool's Indices output"
+    if a.get("storage_order", 0):
+        return "MaxPool with storage_order"
+    return None
+
+
 def _spatial(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(range(2, x.dim()))
 
 
-#: op type -> implementation ``fn(inputs, attributes, ctx)``
+def global_lp_pool(ins, a, c: Ctx):
+    x, p = ins[0], a.get("p", 2)
+    return (x.abs() ** p).sum(dim=_spatial(x), keepdim=True) ** (1.0 / p)
+
+
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
 POOLS = {
-    "MaxPool": max_pool,
-    "AveragePool": average_pool,
-    "LpPool": lp_pool,
-    "GlobalAveragePool": lambda ins, a, c: ins[0].mean(dim=_spatial(ins[0]), keepdim=True),
-    "GlobalMaxPool": lambda ins, a, c: ins[0].amax(dim=_spatial(ins[0]), keepdim=True),
-    "GlobalLpPool": lambda ins, a, c: (
-        (ins[0].abs() ** a.get("p", 2)).sum(dim=_spatial(ins[0]), keepdim=True) ** (1.0 / a.get("p", 2))
-    ),
+    "MaxPool": Op(max_pool, refuses=_max_pool_refuses),
+    "AveragePool": Op(average_pool),
+    "LpPool": Op(lp_pool),
+    "GlobalAveragePool": Op(lambda ins, a, c: ins[0].mean(dim=_spatial(ins[0]), keepdim=True)),
+    "GlobalMaxPool": Op(lambda ins, a, c: ins[0].amax(dim=_spatial(ins[0]), keepdim=True)),
+    "GlobalLpPool": Op(global_lp_pool),
 }

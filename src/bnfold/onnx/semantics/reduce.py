@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .values import Ctx, axis, given, ints, scalar, since
+from .values import Ctx, Op, axis, given, ints, scalar, since
 
 
 def _reduction(fn):
@@ -72,20 +72,20 @@ def cum_sum(ins, a, c: Ctx):
     return out.flip(ax) if a.get("reverse", 0) else out
 
 
-#: op type -> implementation ``fn(inputs, attributes, ctx)``
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
 REDUCTIONS = {
-    "ReduceSum": _reduction(lambda x, d, k: x.sum(dim=d, keepdim=k)),
-    "ReduceMean": _reduction(lambda x, d, k: x.mean(dim=d, keepdim=k)),
-    "ReduceMax": _reduction(_amax),
-    "ReduceMin": _reduction(_amin),
-    "ReduceProd": _reduction(_prod),
-    "ReduceL1": _reduction(lambda x, d, k: x.abs().sum(dim=d, keepdim=k)),
-    "ReduceL2": _reduction(lambda x, d, k: torch.sqrt((x * x).sum(dim=d, keepdim=k))),
-    "ReduceLogSum": _reduction(lambda x, d, k: torch.log(x.sum(dim=d, keepdim=k))),
-    "ReduceLogSumExp": _reduction(lambda x, d, k: torch.logsumexp(x, dim=d, keepdim=k)),
-    "ReduceSumSquare": _reduction(lambda x, d, k: (x * x).sum(dim=d, keepdim=k)),
-    "ArgMax": _arg(True),
-    "ArgMin": _arg(False),
-    "TopK": top_k,
-    "CumSum": cum_sum,
+    "ReduceSum": Op(_reduction(lambda x, d, k: x.sum(dim=d, keepdim=k)), static=(1,)),
+    "ReduceMean": Op(_reduction(lambda x, d, k: x.mean(dim=d, keepdim=k)), static=(1,)),
+    "ReduceMax": Op(_reduction(_amax), static=(1,)),
+    "ReduceMin": Op(_reduction(_amin), static=(1,)),
+    "ReduceProd": Op(_reduction(_prod), static=(1,)),
+    "ReduceL1": Op(_reduction(lambda x, d, k: x.abs().sum(dim=d, keepdim=k)), static=(1,)),
+    "ReduceL2": Op(_reduction(lambda x, d, k: torch.sqrt((x * x).sum(dim=d, keepdim=k))), static=(1,)),
+    "ReduceLogSum": Op(_reduction(lambda x, d, k: torch.log(x.sum(dim=d, keepdim=k))), static=(1,)),
+    "ReduceLogSumExp": Op(_reduction(lambda x, d, k: torch.logsumexp(x, dim=d, keepdim=k)), static=(1,)),
+    "ReduceSumSquare": Op(_reduction(lambda x, d, k: (x * x).sum(dim=d, keepdim=k)), static=(1,)),
+    "ArgMax": Op(_arg(True)),
+    "ArgMin": Op(_arg(False)),
+    "TopK": Op(top_k, static=(1,)),
+    "CumSum": Op(cum_sum, static=(1,)),
 }

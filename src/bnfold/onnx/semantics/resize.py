@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .values import Ctx, floats, given, ints, s, since
+from .values import Ctx, Op, floats, given, ints, s, since
 
 
 def _coordinate(mode: str, out: torch.Tensor, scale: float, n_in: int, n_out: int, roi: tuple | None):
@@ -116,8 +116,6 @@ def resize(ins, a, c: Ctx):
         roi = floats(ins[1]) if given(ins, 1) else None
         scales = floats(ins[2]) if given(ins, 2) else None
         sizes = ints(ins[3]) if given(ins, 3) else None
-    if a.get("antialias", 0):
-        raise NotImplementedError("Resize with antialias")
     axes = [v % x.dim() for v in a.get("axes", range(x.dim()))]
     if sizes is not None:
         n_in = [x.shape[v] for v in axes]
@@ -146,6 +144,10 @@ def resize(ins, a, c: Ctx):
     return y
 
 
+def _resize_refuses(a: dict, node) -> str | None:
+    return "Resize with antialias" if a.get("antialias", 0) else None
+
+
 def upsample(ins, a, c: Ctx):
     """Upsample (opset 7 to 9): scales as attribute (7) or input 1 (9), asymmetric coordinates."""
     x = ins[0]
@@ -155,5 +157,8 @@ def upsample(ins, a, c: Ctx):
     return resize([x, scales], b, c._replace(opset=10))
 
 
-#: op type -> implementation ``fn(inputs, attributes, ctx)``
-RESIZE = {"Resize": resize, "Upsample": upsample}
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+RESIZE = {
+    "Resize": Op(resize, static=(1, 2, 3), refuses=_resize_refuses),
+    "Upsample": Op(upsample, static=(1,)),
+}

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from onnx import numpy_helper
 
-from .values import Ctx, axis, given, ints, s, scalar, since, tensor
+from .values import Ctx, Op, axis, given, ints, s, scalar, since, tensor
 
 
 def reshape(ins, a, c: Ctx):
@@ -19,15 +19,15 @@ def reshape(ins, a, c: Ctx):
     return x.reshape(shape)
 
 
-def _axes(ins, a, c: Ctx, version: int = 13):
-    """The axes of Squeeze / Unsqueeze: an attribute before opset ``version``, an input since."""
+def _axes(ins, a):
+    """The axes of Squeeze / Unsqueeze: an attribute before opset 13, an input since."""
     if given(ins, 1):
         return ints(ins[1])
     return a.get("axes")
 
 
 def unsqueeze(ins, a, c: Ctx):
-    x, axes = ins[0], _axes(ins, a, c)
+    x, axes = ins[0], _axes(ins, a)
     r = x.dim() + len(axes)
     for ax in sorted(axis(ax, r) for ax in axes):
         x = x.unsqueeze(ax)
@@ -35,7 +35,7 @@ def unsqueeze(ins, a, c: Ctx):
 
 
 def squeeze(ins, a, c: Ctx):
-    x, axes = ins[0], _axes(ins, a, c)
+    x, axes = ins[0], _axes(ins, a)
     if axes is None:
         return x.reshape([d for d in x.shape if d != 1])
     for ax in sorted((axis(ax, x.dim()) for ax in axes), reverse=True):
@@ -284,31 +284,31 @@ def dropout(ins, a, c: Ctx):
     return [x, torch.ones_like(x, dtype=torch.bool)][: max(c.n_out, 1)]
 
 
-#: op type -> implementation ``fn(inputs, attributes, ctx)``
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
 SHAPES = {
-    "Identity": lambda ins, a, c: ins[0],
-    "Dropout": dropout,
-    "Reshape": reshape,
-    "Unsqueeze": unsqueeze,
-    "Squeeze": squeeze,
-    "Flatten": flatten,
-    "Transpose": transpose,
-    "Slice": slice_,
-    "Concat": concat,
-    "Split": split,
-    "Gather": gather,
-    "GatherElements": gather_elements,
-    "GatherND": gather_nd,
-    "ScatterND": scatter_nd,
-    "ScatterElements": scatter_elements,
-    "Expand": expand,
-    "Tile": tile,
-    "Pad": pad,
-    "Shape": shape,
-    "Size": lambda ins, a, c: torch.tensor(ins[0].numel(), dtype=torch.int64),
-    "ConstantOfShape": constant_of_shape,
-    "Range": range_,
-    "Trilu": trilu,
-    "DepthToSpace": depth_to_space,
-    "SpaceToDepth": space_to_depth,
+    "Identity": Op(lambda ins, a, c: ins[0]),
+    "Dropout": Op(dropout),
+    "Reshape": Op(reshape, static=(1,)),
+    "Unsqueeze": Op(unsqueeze, static=(1,)),
+    "Squeeze": Op(squeeze, static=(1,)),
+    "Flatten": Op(flatten),
+    "Transpose": Op(transpose),
+    "Slice": Op(slice_, static=(1, 2, 3, 4)),
+    "Concat": Op(concat),
+    "Split": Op(split, static=(1,)),
+    "Gather": Op(gather),
+    "GatherElements": Op(gather_elements),
+    "GatherND": Op(gather_nd),
+    "ScatterND": Op(scatter_nd),
+    "ScatterElements": Op(scatter_elements),
+    "Expand": Op(expand, static=(1,)),
+    "Tile": Op(tile, static=(1,)),
+    "Pad": Op(pad, static=(1, 2, 3)),
+    "Shape": Op(shape),
+    "Size": Op(lambda ins, a, c: torch.tensor(ins[0].numel(), dtype=torch.int64)),
+    "ConstantOfShape": Op(constant_of_shape, static=(0,)),
+    "Range": Op(range_, static=(0, 1, 2)),
+    "Trilu": Op(trilu, static=(1,)),
+    "DepthToSpace": Op(depth_to_space),
+    "SpaceToDepth": Op(space_to_depth),
 }

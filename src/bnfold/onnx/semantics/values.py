@@ -4,6 +4,8 @@ inputs (shapes, axes, pads, as Python numbers), and the context of one call (:cl
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -19,6 +21,17 @@ class Ctx(NamedTuple):
     opset: int | None
     n_out: int
     float_dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op type's row: ``fn(inputs, attributes, ctx)``; ``static``: the inputs read as Python numbers
+    (shapes, axes, pads, bounds: known ahead of time); ``refuses(attributes, node)``: why ``fn`` does not
+    compute this form of the op (run by the reference evaluator instead), or None."""
+
+    fn: Callable
+    static: tuple[int, ...] = ()
+    refuses: Callable[[dict, onnx.NodeProto], str | None] | None = None
 
 
 def opset_of(model: onnx.ModelProto) -> int | None:
@@ -87,7 +100,7 @@ def constant(a: dict) -> np.ndarray:
     return np.array(v, dtype=np.float32 if k.startswith("value_float") else np.int64)
 
 
-def tensor(v, like: torch.Tensor | None = None, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def tensor(v, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """``v`` (a numpy array, a number) as a tensor: floats in ``float_dtype``, integers int64."""
     if isinstance(v, torch.Tensor):
         return v
