@@ -9,7 +9,7 @@ adds only what the emulator needs on top:
 * ``layer_kind``: the layer kind of a node (the frontend's parse, or the op table's ``Op.layer``:
   a matrix product no fold can change is still a layer to the audit and to fp16 accumulation);
 * ``running_stats_norm``: ``parse_norm`` narrowed to eval-mode norms;
-* ``lifted_tensors`` / ``lifted_tensor``: the values behind lifted placeholders.
+* ``lifted_tensors``: the values behind lifted placeholders.
 """
 
 from __future__ import annotations
@@ -68,11 +68,3 @@ def lifted_tensors(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any], li
         else:
             raise NotImplementedError(f"placeholder {name!r} of kind {spec.kind.name} is not supported by the emulator")
     return lifted, user
-
-
-def lifted_tensor(node: Any, lifted: dict[str, Any]) -> torch.Tensor | None:
-    """The tensor behind a lifted placeholder node (from :func:`lifted_tensors`), or None."""
-    if isinstance(node, torch.fx.Node) and node.op == "placeholder":
-        value = lifted.get(node.name)
-        return value.detach() if isinstance(value, torch.Tensor) else None
-    return None

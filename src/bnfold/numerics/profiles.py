@@ -22,7 +22,9 @@
                 weights, each step rounded to fp16 (measured: with optimizations off the extra loss is gone),
                 and Softmax and the data-movement ops run in fp16.  The converter
                 clamps constants to [1e-7, 1e4] in magnitude first (its
-                ``min_positive_val`` / ``max_finite_val``).
+                ``min_positive_val`` / ``max_finite_val``).  A torch program
+                audited under ``ort-cpu`` runs as the ONNX it exports to would
+                (the same fusion and fp16 ops: one model, one meaning).
 
 Which runtime each matches: ``fp16`` is PyTorch eager in half precision on
 CPU (tested bit-identical on the test models); ``ort-cpu`` is ONNX Runtime
