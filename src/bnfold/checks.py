@@ -58,16 +58,13 @@ def training_norms(model: Any, report: FoldReport | None = None) -> list[str]:
     report: pass ``report`` when you already have one, else the model is folded
     to get it).  Anything else holds none.
     """
-    from .frontends import ONNX, PROGRAM, frontend_for
-
-    kind = frontend_for(model)
-    if kind is ONNX:
+    if type(model).__name__ == "ModelProto":
         if report is None:
             from .onnx import fold_onnx
 
             report = fold_onnx(model).report
         return [s.norm for s in report.skipped if s.code == Code.TRAINING_MODE]
-    if kind is PROGRAM:
+    if hasattr(model, "graph_module") and hasattr(model, "graph_signature"):
         return _program_training_norms(model)
     return []
 
