@@ -31,6 +31,8 @@ class Frontend:
     load: Callable[..., Any] | None = None
     save: Callable[[Any, str], None] | None = None
     needs_inputs: bool = False  #: ``fold`` needs example inputs (it exports the model)
+    #: the audit's hooks for this kind (``bnfold.numerics.runner.AuditFormat``), imported when called
+    numerics: Callable[[], Any] | None = None
 
 
 FRONTENDS: list[Frontend] = []
@@ -113,6 +115,20 @@ def _save_pt2(model: Any, path: str) -> None:
     save_pt2(model, path)
 
 
-ONNX = register(Frontend("onnx", _is_onnx, _fold_onnx, onnx_sizes, _load_onnx, _save_onnx))
-PROGRAM = register(Frontend("exported_program", _is_program, _fold_program, fx_sizes, _load_pt2, _save_pt2))
-MODULE = register(Frontend("nn_module", _is_module, _fold_module, fx_sizes, needs_inputs=True))
+def _onnx_numerics() -> Any:
+    from .numerics.onnx_emulator import ONNX_AUDIT
+
+    return ONNX_AUDIT
+
+
+def _fx_numerics() -> Any:
+    from .numerics.emulator import FX_AUDIT
+
+    return FX_AUDIT
+
+
+ONNX = register(Frontend("onnx", _is_onnx, _fold_onnx, onnx_sizes, _load_onnx, _save_onnx, numerics=_onnx_numerics))
+PROGRAM = register(
+    Frontend("exported_program", _is_program, _fold_program, fx_sizes, _load_pt2, _save_pt2, numerics=_fx_numerics)
+)
+MODULE = register(Frontend("nn_module", _is_module, _fold_module, fx_sizes, needs_inputs=True, numerics=_fx_numerics))

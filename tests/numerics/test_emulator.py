@@ -113,7 +113,7 @@ def test_bn_eps_override_overflows_the_scale():
     out = override.outputs[0]
     assert torch.isinf(out[0, 0]).all() and torch.isfinite(out[0, 1]).all()
     # the reference keeps the model's eps
-    assert torch.allclose(override.reference[0][0, 0], x[0, 0].double() / math.sqrt(1e-3))
+    assert torch.allclose(override.reference[0][0, 0].double(), x[0, 0].double() / math.sqrt(1e-3))
     # the fp16 profile honours the override too: 0.5 / sqrt(1e-10) ~ 50000 stays finite, 1.0 * 1e5 overflows
     fp16 = run(ep, "fp16", x, bn_eps=1e-10).outputs[0][0, 0, 0]
     assert abs(fp16[0].item() - 50000) <= 32 and fp16[1].item() == math.inf

@@ -180,7 +180,7 @@ def test_ort_cpu_profile_is_onnxruntime_fp16(ocr_models, key, shape):
     torch.manual_seed(0)
     x = torch.randn(*shape)
     for model in (ocr_models[key], bnfold.fold(ocr_models[key]).model):  # unfolded, and what fold writes
-        res, _ = OnnxEmulator(model, "ort-cpu").run(x)
+        res = OnnxEmulator(model, "ort-cpu").run(x)
         ref = res.reference[0]
         real = onnxruntime_fp16(model)((x,))[0]
         emulated, measured = measure("o", "o", res.outputs[0], ref, False), measure("o", "o", real, ref, False)

@@ -55,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
     """The audit of the loaded model on ``--inputs`` or ``--random`` batches.  An ONNX model is audited
-    with the ONNX ``fold`` writes, both emulated (``numerics.onnx_audit``); ``--runtime`` is ONNX only."""
+    with the ONNX ``fold`` writes, both emulated (``numerics.audit``); ``--runtime`` is ONNX only."""
     from ..numerics import audit
     from ..numerics.end_to_end import check_class_axis, first_output_rank, task
 
@@ -70,7 +70,7 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
             raise BnfoldError(f"{flag}: {e}") from None
     extra: dict = {"class_axis": args.class_axis, "threshold": args.threshold}
     if onnx:
-        from ..numerics.onnx_audit import random_batches
+        from ..numerics.onnx_emulator import random_batches
 
         extra["input_shapes"] = shapes.input_shapes(getattr(args, "input_shape", None))
         extra["runtime"] = args.runtime

@@ -54,7 +54,7 @@ def runner(model: onnx.ModelProto, how: str, bn_eps: float | None = None) -> Cal
     emu = OnnxEmulator(model, how, bn_eps)
 
     def emulate(x: np.ndarray) -> np.ndarray:
-        res, _ = emu.run(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), reference=False)
+        res = emu.run(torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)), reference=False)
         return res.outputs[0].to(torch.float32).numpy()
 
     return emulate

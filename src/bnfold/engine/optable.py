@@ -28,6 +28,15 @@ class Op:
     input slots whose dtype alone is read (ONNX ``CastLike``'s second): a reader there is no user.
     ``monotone``: a hop that takes a maximum (max-pool): a per-channel affine crosses it only
     with a scale ``>= 0`` (``bnfold.engine.graph.Hop.monotone``).
+
+    What the numerics (``bnfold.numerics``) read; a row with role ``numeric`` is read by them alone.
+    ``rounding``: ``exact`` (the output holds only values of the inputs: an fp16 runtime computes it
+    exactly), ``same`` (exact, and the output's error statistics are its first input's: the same
+    elements rearranged), "" (the output is rounded to the storage format).  ``layer``: the layer kind
+    the audit reports it as and how fp16 accumulation runs it (``conv`` / ``conv_transpose``: summed
+    over input channels per group; ``linear`` / ``matmul``: over the last axis), "" for no layer.
+    ``fp16``: the class of ops a runtime keeps in fp16 in a float16 model whose other ops compute in
+    float32 (``movement``: data movement, ``softmax``; ``profiles.ORT_CPU_FP16_CLASSES``).
     """
 
     role: str
@@ -36,3 +45,6 @@ class Op:
     affine: tuple[int, int, int | None] | None = None
     type_only: tuple[int, ...] = ()
     monotone: bool = False
+    rounding: str = ""
+    layer: str = ""
+    fp16: str = ""

@@ -654,16 +654,10 @@ def check_indices(ep: Any, batches: list) -> None:
 
 
 def audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = None) -> None:
-    """The check the audit makes before it runs anything: no higher-order op (the audit cannot run
-    one), indices inside their tables, and the plan of ``runs`` runs per batch within the budget."""
-    import torch
-
+    """The check the audit makes before it runs a torch program (``model``, an ExportedProgram; an ONNX
+    model's is :func:`onnx_run_plan`): no higher-order op (the audit cannot run one), indices inside their
+    tables, and the plan of ``runs`` runs per batch within the budget."""
     where = name or "the model"
-    if type(model).__name__ == "ModelProto":
-        onnx_plan(model, where)
-        return
-    if not isinstance(model, torch.export.ExportedProgram):
-        return  # an nn.Module of the caller's: exported by the audit itself
     hops = higher_order_ops(model)
     if hops:
         op, node = hops[0]

@@ -1,12 +1,13 @@
 """fp16 numerics: emulate a program under a precision profile and audit its normalizations.
 
 ``emulate`` runs an ExportedProgram node by node under ``fp32`` / ``fp16`` /
-``htp`` / ``fp16-acc`` / ``ort-cpu`` next to a float64 reference; ``audit`` puts that
+``htp`` / ``fp16-acc`` / ``ort-cpu`` next to a reference run; ``audit`` puts that
 together with the fold report into an :class:`AuditReport`: per normalization
 a risk verdict predicted from its statistics (:mod:`.risk`) and confirmed by
 the run, per layer cumulative and local SQNR (NaN/inf as counts and shares),
-and what to do (:mod:`.advice`).  ONNX models run in :mod:`.onnx_emulator` and are audited
-with the ONNX that ``bnfold.fold`` writes (:mod:`.onnx_audit`); :mod:`.runtimes` runs the real
+and what to do (:mod:`.advice`).  One lockstep runner (:mod:`.runner`) runs every format through a
+thin executor (:mod:`.emulator` for torch programs, :mod:`.onnx_emulator` for ONNX); an ONNX model is
+audited with the ONNX that ``bnfold.fold`` writes, in the same pipeline; :mod:`.runtimes` runs the real
 fp16 runtimes the profiles stand for; :mod:`.progress` reports long audits on stderr.
 """
 

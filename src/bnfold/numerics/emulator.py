@@ -1,25 +1,17 @@
-"""Run an ExportedProgram node by node under a precision profile, next to a float64 reference.
+"""A torch program for the lockstep runner (:mod:`.runner`): its nodes as steps, its lifted tensors as constants.
 
-Both runs walk the same graph in lockstep: the placeholders are fed from the
-program's state_dict / constants by its graph signature (rounded to fp16 for
-the emulated run, cast to float64 for the reference), every op runs twice,
-and each floating-point intermediate is compared with its reference as soon
-as it exists; values are dropped after their last use.
-
-Floating dtypes named inside the graph (``_to_copy``, ``full``, ...) become
-float32 in the emulated run and float64 in the reference.  Python scalars
-(op attributes such as ``eps`` or a ``mul.Scalar`` factor) are used as they
-are.
-
-Layers and batch norms are recognized by the torch.export frontend
-(``bnfold.torch_export.ops``).  How a runtime computes them (fp16 storage,
-fp16 accumulation, an NPU's host-precomputed BatchNorm) is emulated here.
+Each ``call_function`` node is a step writing one value under its node name (a tuple for an op that
+returns several; ``getitem`` nodes pick from it).  The placeholders are fed from the program's
+state_dict / constants by its graph signature.  Floating dtypes named inside the graph (``_to_copy``,
+``full``, ...) become the run's float dtype (float32 emulated, float64 reference); Python scalars (op
+attributes such as ``eps`` or a ``mul.Scalar`` factor) are used as they are.  What an op is to the
+numerics (exact, layer kind, fp16 class) is read from the frontend's op table
+(``bnfold.torch_export.ops.OPS``); layers and batch norms are parsed by the frontend.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -27,295 +19,18 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..io.runtime import before_op
-from ..torch_export.ops import Norm
+from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
-from .errors import TensorError, measure
-from .graph import layer_kind, lifted_tensor, lifted_tensors, op_name, running_stats_norm
-from .probe import NormProbe
-from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
+from .batches import as_batches
+from .graph import layer_kind, lifted_tensors, running_stats_norm
+from .profiles import Profile
+from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm, is_float
 
-# Ops whose output holds only values of their (already fp16) inputs: no rounding needed.
-_EXACT_OPS = frozenset(
-    "view _unsafe_view reshape permute t transpose expand squeeze unsqueeze flatten clone contiguous alias "
-    "detach lift_fresh slice select cat stack split split_with_sizes chunk unbind getitem narrow "
-    "index_select max_pool1d max_pool2d max_pool3d max_pool2d_with_indices relu neg abs".split()
-)
-# Of those, the ones whose error statistics equal their input's (same elements, rearranged).
-_SAME_ERROR_OPS = frozenset(
-    "view _unsafe_view reshape permute t transpose squeeze unsqueeze flatten clone contiguous alias detach "
-    "lift_fresh".split()
-)
-
-
-def _base_name(name: str) -> str:
-    """Edge dialect ``view_copy`` etc. behave like ``view``."""
-    return name[: -len("_copy")] if name.endswith("_copy") and name != "_to_copy" else name
-
-
-def _is_float(t: Any) -> bool:
-    return isinstance(t, torch.Tensor) and t.is_floating_point()
-
-
-def _has_dtype(args: Any) -> bool:
-    return any(isinstance(a, torch.dtype) for a in tree_flatten(args)[0])
+__all__ = ["BatchResult", "EmulationResult", "Emulator", "emulate", "fx_program"]
 
 
 def _map_dtype(args: Any, dtype: torch.dtype) -> Any:
     return tree_map(lambda a: dtype if isinstance(a, torch.dtype) and a.is_floating_point else a, args)
-
-
-@dataclass
-class BatchResult:
-    """One batch: emulated outputs (float32), reference outputs (float64), per-tensor errors by node name."""
-
-    outputs: list
-    reference: list
-    errors: dict[str, TensorError]
-    local: dict[str, TensorError] = field(default_factory=dict)
-    probes: dict[str, NormProbe] = field(default_factory=dict)
-
-
-@dataclass
-class EmulationResult:
-    """All batches: per-tensor errors merged over batches, outputs kept per batch.
-
-    ``errors`` are cumulative (against the float64 run of the whole program);
-    ``local`` holds the error each segment adds by itself (see ``Emulator``);
-    ``probes`` the input range of each batch norm.
-    """
-
-    profile: str
-    errors: dict[str, TensorError] = field(default_factory=dict)
-    outputs: list = field(default_factory=list)
-    reference: list = field(default_factory=list)
-    local: dict[str, TensorError] = field(default_factory=dict)
-    probes: dict[str, NormProbe] = field(default_factory=dict)
-
-    def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
-        for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):
-            for name, value in theirs.items():
-                if name in mine:
-                    mine[name].merge(value)
-                else:
-                    mine[name] = value
-        if keep_outputs:
-            self.outputs.append(batch.outputs)
-            self.reference.append(batch.reference)
-
-
-class Emulator:
-    """Runs ``ep`` under ``profile`` (see :mod:`bnfold.numerics.profiles`).
-
-    ``bn_eps`` replaces the eps of every standalone BatchNorm in the emulated
-    run (the reference keeps the model's eps): a runtime that ignores it.
-
-    ``segments`` (``{node name: segment id}``) asks for local errors: each node
-    named there is also computed in float64 from the *emulated* values of its
-    inputs outside its segment (constants unrounded), and inside the segment
-    from that local float64 run.  The difference to the emulated value is the
-    error the segment adds by itself (``BatchResult.local``), as opposed to the
-    cumulative error against the float64 run of the whole program.
-    """
-
-    def __init__(
-        self,
-        ep: torch.export.ExportedProgram,
-        profile: str | Profile = "fp16",
-        bn_eps: float | None = None,
-        segments: dict[str, Any] | None = None,
-    ):
-        self.ep = ep
-        self.segments = dict(segments or {})
-        self.profile = get_profile(profile)
-        self.bn_eps = None if bn_eps is None else float(bn_eps)
-        self.lifted, self.user_inputs = lifted_tensors(ep)
-        rnd = self.profile.round_const
-        self._const_e = {k: rnd(v.detach()) if _is_float(v) else v for k, v in self.lifted.items()}
-        self._const_r = {k: v.detach().to(torch.float64) if _is_float(v) else v for k, v in self.lifted.items()}
-        self.nodes = list(ep.graph_module.graph.nodes)
-        for node in self.nodes:
-            if node.op not in ("placeholder", "call_function", "output"):
-                raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
-        self._names = {n: _base_name(op_name(n.target)) for n in self.nodes if n.op == "call_function"}
-        self._dtype_args = {n for n in self._names if _has_dtype((n.args, n.kwargs))}
-        self._bn = {n: norm for n in self._names if (norm := running_stats_norm(n)) is not None}
-        self._layer_kinds = {n: kind for n in self._names if (kind := layer_kind(n)) is not None}
-        self._htp_cache: dict[torch.fx.Node, tuple[torch.Tensor, torch.Tensor]] = {}
-        last_use = {}
-        for node in self.nodes:
-            for inp in node.all_input_nodes:
-                last_use[inp] = node
-        self._free_after: dict[torch.fx.Node, list] = {}
-        for value, user in last_use.items():
-            self._free_after.setdefault(user, []).append(value)
-        kinds = [spec.kind for spec in ep.graph_signature.output_specs]
-        self._user_outputs = [i for i, k in enumerate(kinds) if k == OutputKind.USER_OUTPUT]
-        # static input shapes (None for a dynamic dim): a batch of another shape would fail mid-graph
-        self._shapes = {}
-        for node in self.nodes:
-            val = node.meta.get("val") if node.op == "placeholder" else None
-            if node.name in self.user_inputs and isinstance(val, torch.Tensor):
-                self._shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
-
-    def _check_shape(self, name: str, value: Any) -> None:
-        want = self._shapes.get(name)
-        if want is None or not isinstance(value, torch.Tensor):
-            return
-        got = list(value.shape)
-        if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
-            shown = ["*" if w is None else w for w in want]
-            raise ValueError(
-                f"input {name!r} has shape {got} but the program was exported for {shown}; "
-                "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes"
-            )
-
-    # -- the two runs --------------------------------------------------------------------------
-
-    def run(self, *args: Any, reference: bool = True, on_node: Callable[[int, int], None] | None = None) -> BatchResult:
-        """Run one batch (``args`` as the program's forward takes them).
-
-        With ``reference=False`` only the emulated run happens: the result
-        holds the emulated outputs and no reference or errors.  ``on_node(i, n)``
-        is called after each of the ``n`` nodes (progress within a long batch).
-        """
-        flat = tree_flatten(args)[0]
-        if len(flat) != len(self.user_inputs):
-            raise ValueError(f"the program takes {len(self.user_inputs)} input(s), got {len(flat)}")
-        user = dict(zip(self.user_inputs, flat))
-        env_e: dict[torch.fx.Node, Any] = {}
-        env_r: dict[torch.fx.Node, Any] = {}
-        errors: dict[str, TensorError] = {}
-        local: dict[str, TensorError] = {}
-        probes: dict[str, NormProbe] = {}
-        env_l: dict[torch.fx.Node, Any] = {}
-        exact_diff = not self.profile.fp16_storage
-        outputs: tuple = ([], [])
-        n_nodes = len(self.nodes)
-        for index, node in enumerate(self.nodes):
-            if on_node is not None:
-                on_node(index, n_nodes)
-            op = node.op
-            if op == "call_function":
-                name = self._names[node]
-                args_e, kwargs_e = map_arg((node.args, node.kwargs), env_e.__getitem__)
-                if node in self._dtype_args:
-                    args_e, kwargs_e = _map_dtype((args_e, kwargs_e), torch.float32)
-                before_op(f"{name} {node.name!r}", node.target, args_e, kwargs_e)  # sized, before it allocates
-                e = env_e[node] = self._call(node, name, args_e, kwargs_e, env_e)
-                if reference and node.name in self.segments:
-                    lv = env_l[node] = self._local(node, env_e, env_r, env_l)
-                    if isinstance(lv, torch.Tensor) and lv.is_floating_point() and _is_float(e):
-                        local[node.name] = measure(node.name, name, e, lv, exact_diff)
-                bn = self._bn.get(node)
-                if reference and bn is not None and _is_float(env_e.get(bn.input)):
-                    probes[node.name] = NormProbe.of(node.name, env_e[bn.input], env_r[bn.input], bn.axis)
-                if reference:
-                    args_r, kwargs_r = map_arg((node.args, node.kwargs), env_r.__getitem__)
-                    if node in self._dtype_args:
-                        args_r, kwargs_r = _map_dtype((args_r, kwargs_r), torch.float64)
-                    r = env_r[node] = node.target(*args_r, **kwargs_r)
-                    if isinstance(r, torch.Tensor) and r.is_floating_point() and _is_float(e):
-                        src = errors.get(node.args[0].name) if name in _SAME_ERROR_OPS and node.args else None
-                        if src is not None:
-                            errors[node.name] = replace(src, node=node.name, op=name, shape=tuple(r.shape))
-                        else:
-                            errors[node.name] = measure(node.name, name, e, r, exact_diff)
-            elif op == "placeholder":
-                if node.name in self._const_e:
-                    env_e[node], env_r[node] = self._const_e[node.name], self._const_r[node.name]
-                else:
-                    v = user[node.name]
-                    self._check_shape(node.name, v)
-                    if _is_float(v):
-                        env_e[node] = self.profile.round_input(v.detach())
-                        if reference:
-                            env_r[node] = v.detach().to(torch.float64)
-                            errors[node.name] = measure(node.name, "input", env_e[node], env_r[node], exact_diff)
-                    else:
-                        env_e[node] = env_r[node] = v
-            else:  # output
-                outs_e = map_arg(node.args[0], env_e.__getitem__)
-                outputs[0].extend(outs_e[i] for i in self._user_outputs)
-                if reference:
-                    outs_r = map_arg(node.args[0], env_r.__getitem__)
-                    outputs[1].extend(outs_r[i] for i in self._user_outputs)
-            for dead in self._free_after.get(node, ()):
-                env_e.pop(dead, None)
-                env_r.pop(dead, None)
-                env_l.pop(dead, None)
-        return BatchResult(outputs[0], outputs[1], errors, local, probes)
-
-    def _local(self, node: torch.fx.Node, env_e: dict, env_r: dict, env_l: dict) -> Any:
-        """``node`` in float64 from its segment's local values, the unrounded constants and,
-        for any other input, the emulated value."""
-        seg = self.segments[node.name]
-
-        def pick(i: torch.fx.Node) -> Any:
-            if i in env_l and self.segments.get(i.name) == seg:
-                return env_l[i]
-            if i.name in self.lifted:
-                return env_r[i]
-            return tree_map(lambda t: t.to(torch.float64) if _is_float(t) else t, env_e[i])
-
-        args, kwargs = map_arg((node.args, node.kwargs), pick)
-        if node in self._dtype_args:
-            args, kwargs = _map_dtype((args, kwargs), torch.float64)
-        return node.target(*args, **kwargs)
-
-    def _call(self, node: torch.fx.Node, name: str, args: tuple, kwargs: dict, env: dict) -> Any:
-        prof = self.profile
-        bn = self._bn.get(node)
-        if bn is not None and self.bn_eps is not None and not prof.htp_batch_norm:
-            args, kwargs = _with_eps(node, args, kwargs, self.bn_eps)
-        if not prof.fp16_storage:
-            return node.target(*args, **kwargs)
-        if bn is not None and prof.htp_batch_norm:
-            return self._htp_batch_norm(node, bn, env)
-        kind = self._layer_kinds.get(node) if prof.fp16_accumulate else None
-        if kind in ("linear", "matmul"):
-            out = accumulate.linear(name, _by_name(node, args, kwargs), prof.acc_chunk)
-        elif kind in ("conv", "conv_transpose"):
-            out = accumulate.conv(node.target, _by_name(node, args, kwargs), prof.acc_chunk, kind == "conv_transpose")
-        else:
-            out = node.target(*args, **kwargs)
-        if name in _EXACT_OPS:
-            return out
-        if isinstance(out, torch.Tensor):
-            return round_fp16(out) if out.is_floating_point() else out
-        return tree_map(lambda t: round_fp16(t) if _is_float(t) else t, out)
-
-    def _htp_batch_norm(self, node: torch.fx.Node, bn: Norm, env: dict) -> Any:
-        """Emulation of an NPU runtime's BatchNorm: ``round(round(x * scale) + shift)``.
-
-        ``scale`` and ``shift`` are what the runtime's host computes, in float32 from the
-        model's (unrounded) parameters, and stores in fp16.  This deliberately models the
-        runtime's arithmetic; it is not the fold's (``bnfold.fold_math``, float64).
-        """
-        x = env[bn.input]
-        pair = self._htp_cache.get(node)
-        if pair is None:
-            pair = self._htp_host_scale_shift(bn, x, env)
-            params = (bn.weight, bn.bias, bn.mean, bn.var)
-            if all(a is None or lifted_tensor(a, self.lifted) is not None for a in params):  # constants: reuse
-                self._htp_cache[node] = pair
-        y = round_fp16(round_fp16(x * pair[0]) + pair[1])
-        if len(node.target._schema.returns) == 1:  # batch_norm; the native ops return (y, mean, invstd)
-            return y
-        return (y, x.new_empty(0), x.new_empty(0))
-
-    def _htp_host_scale_shift(self, bn: Norm, x: torch.Tensor, env: dict) -> tuple[torch.Tensor, torch.Tensor]:
-        """The runtime host's float32 ``scale``/``shift``, rounded to fp16 and shaped to broadcast over ``x``."""
-
-        def host(arg, fill):
-            if arg is None:
-                return torch.full((x.shape[1],), fill, dtype=torch.float32)
-            t = lifted_tensor(arg, self.lifted)
-            return (t if t is not None else env[arg]).to(torch.float32)
-
-        gamma, beta, mean, var = host(bn.weight, 1.0), host(bn.bias, 0.0), host(bn.mean, 0.0), host(bn.var, 1.0)
-        eps = bn.eps if self.bn_eps is None else self.bn_eps
-        return htp_host_scale_shift(gamma, beta, mean, var, eps, x.dim())
 
 
 def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:
@@ -326,12 +41,175 @@ def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:
     return out
 
 
-def _with_eps(node: torch.fx.Node, args: tuple, kwargs: dict, eps: float) -> tuple[tuple, dict]:
-    """``args``/``kwargs`` with the batch norm's ``eps`` argument replaced."""
-    i = [a.name for a in node.target._schema.arguments].index("eps")
+def _with_arg(node: torch.fx.Node, call: tuple[tuple, dict], name: str, value: Any) -> tuple[tuple, dict]:
+    """``call`` (``(args, kwargs)``) with the argument called ``name`` in ``node``'s schema set to ``value``."""
+    args, kwargs = call
+    i = [a.name for a in node.target._schema.arguments].index(name)
     if i < len(args):
-        return args[:i] + (eps,) + args[i + 1 :], kwargs
-    return args, dict(kwargs, eps=eps)
+        return args[:i] + (value,) + args[i + 1 :], kwargs
+    return args, dict(kwargs, **{name: value})
+
+
+def _step(node: torch.fx.Node) -> Step:
+    """``node`` as a step of the runner."""
+    inputs = node.all_input_nodes
+    has_dtype = any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))  # aten: top level
+    target, name = node.target, op_name(node.target)
+    if name.endswith("_copy") and name != "_to_copy":  # edge dialect view_copy etc. behave like view
+        name = name[: -len("_copy")]
+
+    index = {n: i for i, n in enumerate(inputs)}
+
+    def slot(a: Any) -> tuple[int, Any]:
+        """An argument as a template slot, read once: an input's index, a constant, or (-2) a nest of both."""
+        if isinstance(a, torch.fx.Node):
+            return index[a], None
+        nested = []
+        torch.fx.node.map_aggregate(a, lambda v: nested.append(v) if isinstance(v, torch.fx.Node) else None)
+        return (-2, a) if nested else (-1, a)
+
+    arg_slots = [slot(a) for a in node.args]
+    kw_slots = {k: slot(a) for k, a in node.kwargs.items()}
+
+    def fill(ins: list, i: int, a: Any) -> Any:
+        if i >= 0:
+            return ins[i]
+        if i == -1:
+            return a
+        env = dict(zip(inputs, ins))
+        return map_arg(a, env.__getitem__)
+
+    def call(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple:
+        c = (tuple(fill(ins, i, a) for i, a in arg_slots), {k: fill(ins, i, a) for k, (i, a) in kw_slots.items()})
+        if has_dtype:
+            c = _map_dtype(c, dtype)
+        for arg, value in (("eps", eps), ("weight", weight), ("bias", bias)):
+            if value is not None:
+                c = _with_arg(node, c, arg, value)
+        return c
+
+    def run(ins: list, dtype: torch.dtype, **over) -> list:
+        args, kwargs = call(ins, dtype, **over)
+        return [target(*args, **kwargs)]
+
+    row, kind = op_of(node), layer_kind(node)
+    step = Step(node.name, name, [i.name for i in inputs], [node.name], run, label=module_path(node))
+    if row is not None:
+        step.rounding, step.fp16_class = row.rounding or "round", row.fp16
+    if kind is not None:
+        layer = _by_name(node, node.args, node.kwargs)
+        w, b = layer.get("weight"), layer.get("bias")
+        step.layer = kind
+        step.weight = w.name if isinstance(w, torch.fx.Node) else None
+        step.bias = b.name if isinstance(b, torch.fx.Node) else None
+
+        def accumulated(ins: list, chunk: int) -> torch.Tensor:
+            kw = _by_name(node, *call(ins, torch.float32))
+            if kind in ("linear", "matmul"):
+                return accumulate.linear(name, kw, chunk)
+            return accumulate.conv(target, kw, chunk, kind == "conv_transpose")
+
+        step.accumulated = accumulated
+    bn = running_stats_norm(node)
+    if bn is not None:
+        params = tuple(p.name if isinstance(p, torch.fx.Node) else None for p in (bn.weight, bn.bias, bn.mean, bn.var))
+        returns = len(target._schema.returns)
+        output = bn.output.name if bn.output is not None else None
+        step.norm = StepNorm(bn.input.name, params, bn.eps, bn.axis, returns, output)
+    return step
+
+
+def fx_program(ep: torch.export.ExportedProgram) -> Program:
+    """``ep`` as the runner's :class:`~.runner.Program`."""
+    lifted, user = lifted_tensors(ep)
+    nodes = list(ep.graph_module.graph.nodes)
+    for node in nodes:
+        if node.op not in ("placeholder", "call_function", "output"):
+            raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
+    consts = {k: v.detach().to(torch.float64) if is_float(v) else v for k, v in lifted.items()}
+    kinds = [spec.kind for spec in ep.graph_signature.output_specs]
+    out_node = next(n for n in nodes if n.op == "output")
+    outs = [o for o, k in zip(out_node.args[0], kinds) if k == OutputKind.USER_OUTPUT]
+    shapes = {}  # static input shapes (None for a dynamic dim): a batch of another shape would fail mid-graph
+    for node in nodes:
+        val = node.meta.get("val") if node.op == "placeholder" else None
+        if node.name in user and isinstance(val, torch.Tensor):
+            shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
+
+    def feed(xs: tuple) -> list:
+        flat = tree_flatten(xs)[0]
+        if len(flat) != len(user):
+            raise ValueError(f"the program takes {len(user)} input(s), got {len(flat)}")
+        for name, value in zip(user, flat):
+            want = shapes.get(name)
+            if want is None or not isinstance(value, torch.Tensor):
+                continue
+            got = list(value.shape)
+            if len(got) != len(want) or any(w is not None and w != g for w, g in zip(want, got)):
+                shown = ["*" if w is None else w for w in want]
+                raise ValueError(
+                    f"input {name!r} has shape {got} but the program was exported for {shown}; "
+                    "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes"
+                )
+        return flat
+
+    steps = [_step(n) for n in nodes if n.op == "call_function"]
+    return Program(steps, consts, user, [o.name for o in outs], feed)
+
+
+def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.ExportedProgram:
+    """Export ``module`` in eval mode; the batch dimension is dynamic when batch sizes differ."""
+    sizes = {b[0].shape[0] for b in batches if b and isinstance(b[0], torch.Tensor)}
+    dynamic = None
+    if len(sizes) > 1:
+        dim = torch.export.Dim("batch")
+        dynamic = tuple({0: dim} if isinstance(a, torch.Tensor) else None for a in batches[0])
+    was_training = module.training
+    module.eval()
+    try:
+        return torch.export.export(module, batches[0], dynamic_shapes=dynamic)
+    finally:
+        module.train(was_training)
+
+
+def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+    """The audit's checks of a torch program or module and its batches (see ``AuditFormat``)."""
+    if inputs is None:
+        raise ValueError("audit needs input batches for a torch program or module")
+    if runtime is not None:
+        raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
+    batches = as_batches(inputs)
+    if isinstance(model, torch.nn.Module):
+        name = name or type(model).__name__
+        model = _export(model, batches)
+    from ..checks import training_norms
+
+    training = training_norms(model)
+    if training:
+        raise ValueError(
+            f"the program has batch norms in training mode ({', '.join(training[:3])}"
+            f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
+        )
+    from ..io.cost import audit_plan  # the cost check before anything runs (see bnfold.io.cost)
+
+    audit_plan(model, batches, runs=3 if fold else 2, name=name)
+    return model, batches, name, random_inputs
+
+
+FX_AUDIT = AuditFormat(_prepare, fx_program)
+
+
+class Emulator(Runner):
+    """Runs the torch program ``ep`` under ``profile`` (see :class:`~.runner.Runner`); segments and errors
+    are keyed by node name."""
+
+    def __init__(self, ep: torch.export.ExportedProgram, profile: str | Profile = "fp16", bn_eps=None, segments=None):
+        self.ep = ep
+        super().__init__(fx_program(ep), profile, bn_eps, segments)
+
+    @property
+    def user_inputs(self) -> list[str]:
+        return self.program.inputs
 
 
 def emulate(

@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .audit_report import EndToEnd
-from .emulator import EmulationResult
 from .errors import TensorError, measure
+from .runner import EmulationResult
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     if ref.numel() == 0:
         return err
     if exact_diff:
+        ref = ref.to(torch.float64)  # a float32 reference too: signal and noise summed alike
         err.max_abs_ref = _abs_max(ref)
         diff = emulated.to(torch.float64) - ref
         noise = float(torch.linalg.vector_norm(diff)) ** 2

@@ -6,10 +6,10 @@ adds only what the emulator needs on top:
 
 * ``op_name`` (the frontend's, re-exported): a node's short op name
   (``convolution``), the key of the emulator's own rounding tables;
-* ``PLAIN_MATMULS`` / ``layer_kind``: matrix products that no fold can change
-  but that the emulator treats as layers (per-layer error, fp16 accumulation);
+* ``layer_kind``: the layer kind of a node (the frontend's parse, or the op table's ``Op.layer``:
+  a matrix product no fold can change is still a layer to the audit and to fp16 accumulation);
 * ``running_stats_norm``: ``parse_norm`` narrowed to eval-mode norms;
-* ``lifted_tensors`` / ``lifted_tensor``: the values behind lifted placeholders.
+* ``lifted_tensors``: the values behind lifted placeholders.
 """
 
 from __future__ import annotations
@@ -19,26 +19,23 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind
 
-from ..torch_export.ops import Norm, op_name, parse_layer, parse_norm
-
-#: Matrix products accumulated like a linear layer.  The frontend recognizes an ``mm`` /
-#: ``addmm`` / ``bmm`` as a layer only when its second operand is a constant weight it can
-#: fold into; any other product (``x @ y`` of two activations, attention's ``bmm``) is still
-#: a reduction the fp16-acc profile must accumulate in fp16, and a per-layer row of the audit.
-PLAIN_MATMULS = frozenset({"mm", "addmm", "bmm", "baddbmm", "matmul"})
+from ..torch_export.ops import Norm, op_of, parse_layer, parse_norm
 
 _LIFTED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
 
 
 def layer_kind(node: torch.fx.Node) -> str | None:
-    """``conv`` / ``conv_transpose`` / ``linear`` for a layer the frontend parses, ``matmul`` for
-    any other matrix product (:data:`PLAIN_MATMULS`), else None."""
+    """``conv`` / ``conv_transpose`` / ``linear`` for a layer the frontend parses, ``matmul`` for any
+    other matrix product (the frontend recognizes an ``mm`` / ``bmm`` as a layer only when its second
+    operand is a constant weight it can fold into; ``x @ y`` of two activations is still a reduction
+    fp16-acc accumulates in fp16, and a row of the audit), else None."""
     if node.op != "call_function":
         return None
     layer = parse_layer(node)
     if layer is not None:
         return layer.kind
-    return "matmul" if op_name(node.target) in PLAIN_MATMULS else None
+    row = op_of(node)
+    return "matmul" if row is not None and row.layer == "matmul" else None
 
 
 def running_stats_norm(node: torch.fx.Node) -> Norm | None:
@@ -71,11 +68,3 @@ def lifted_tensors(ep: torch.export.ExportedProgram) -> tuple[dict[str, Any], li
         else:
             raise NotImplementedError(f"placeholder {name!r} of kind {spec.kind.name} is not supported by the emulator")
     return lifted, user
-
-
-def lifted_tensor(node: Any, lifted: dict[str, Any]) -> torch.Tensor | None:
-    """The tensor behind a lifted placeholder node (from :func:`lifted_tensors`), or None."""
-    if isinstance(node, torch.fx.Node) and node.op == "placeholder":
-        value = lifted.get(node.name)
-        return value.detach() if isinstance(value, torch.Tensor) else None
-    return None

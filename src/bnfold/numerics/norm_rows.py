@@ -11,12 +11,10 @@ import torch
 
 from ..errors import FoldError
 from ..fold_math import Affine, batch_norm_affine
-from ..torch_export.ops import Norm, module_path, parse_layer
 from .audit_report import LayerAudit, NormAudit
-from .emulator import EmulationResult
-from .graph import lifted_tensor, lifted_tensors, running_stats_norm
 from .profiles import FP16_MAX
 from .risk import QNN_EPS, NormStats, Risk, judge, measure_intermediates, predict
+from .runner import EmulationResult, Program
 
 
 def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
@@ -42,41 +40,11 @@ def _max_abs(t: torch.Tensor | None) -> float:
     return float(t.abs().max()) if t is not None else math.nan
 
 
-def _stats(norm: Norm, lifted: dict) -> NormStats | None:
-    """The norm's constants, or None when its statistics (or gamma/beta) are computed in the graph."""
-    mean, var = lifted_tensor(norm.mean, lifted), lifted_tensor(norm.var, lifted)
-    if mean is None or var is None:
-        return None
-    gamma, beta = lifted_tensor(norm.weight, lifted), lifted_tensor(norm.bias, lifted)
-    if (norm.weight is not None and gamma is None) or (norm.bias is not None and beta is None):
-        return None
-    f64 = lambda t: None if t is None else t.detach().to(torch.float64).flatten()  # noqa: E731
-    layer = parse_layer(norm.input) if isinstance(norm.input, torch.fx.Node) else None
-    layer_bias = lifted_tensor(layer.bias, lifted) if layer is not None else None
-    if layer_bias is not None and layer_bias.numel() != mean.numel():
-        layer_bias = None
-    return NormStats(
-        f64(mean), f64(var), f64(gamma), f64(beta), norm.eps, f64(layer_bias), rounded_input=layer is not None
-    )
-
-
-def _norm_numbers(norm: Norm, lifted: dict, bn_eps: float | None) -> dict | None:
-    """``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and the
-    bn_eps scale for ``norm``, from ``fold_math.batch_norm_affine``; None when its statistics are computed
-    in the graph.  Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.
-
-    kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``.
-    """
-    mean, var = lifted_tensor(norm.mean, lifted), lifted_tensor(norm.var, lifted)
-    if mean is None or var is None:
-        return None
-    gamma = lifted_tensor(norm.weight, lifted)
-    return norm_numbers(mean, var, gamma, norm.weight is None or gamma is not None, norm.eps, bn_eps)
-
-
 def norm_numbers(mean, var, gamma, gamma_known: bool, eps: float, bn_eps: float | None) -> dict:
-    """:func:`_norm_numbers` from the statistics themselves (``gamma`` None: 1, or unknown if not
-    ``gamma_known``)."""
+    """``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and the
+    bn_eps scale, from ``fold_math.batch_norm_affine`` (``gamma`` None: 1, or unknown if not ``gamma_known``).
+    Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.  kappa is the
+    shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``."""
     bare = _affine_or_none(mean, var, eps)
     full = _affine_or_none(mean, var, eps, gamma) if gamma_known else None
     runtime = _affine_or_none(mean, var, bn_eps, gamma) if gamma_known and bn_eps is not None else None
@@ -111,30 +79,42 @@ def _risk(stats: NormStats | None, prof, bn_eps, probe, row: LayerAudit | None, 
     return judge(Risk(model, runtime, what_if, measured))
 
 
-def _norms(ep, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]) -> list[NormAudit]:
-    lifted, _ = lifted_tensors(ep)
+def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
+    """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
+    consts, producer = prog.constants, {v: s for s in prog.steps for v in s.outs if v}
+    f64 = lambda v: None if v is None else consts[v].to(torch.float64).flatten()  # noqa: E731
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
     out = []
-    for node in ep.graph_module.graph.nodes:
-        norm = running_stats_norm(node)
-        numbers = None if norm is None else _norm_numbers(norm, lifted, bn_eps)
-        if numbers is None:
-            continue  # not a norm, or statistics computed in the graph: nothing to read ahead of time
-        src = norm.input.name if isinstance(norm.input, torch.fx.Node) else ""
-        x_max = unfolded.errors[src].max_abs_ref if src in unfolded.errors else math.nan
-        folded, fold, label = status.get(node.name, (False, "not audited (no fold report)", None))
-        row = row_of.get(node.name)
-        out_err = unfolded.errors.get(norm.output.name) if norm.output is not None else None
-        risk = _risk(_stats(norm, lifted), prof, bn_eps, unfolded.probes.get(node.name), row, out_err)
-        head = _smallest_headroom(risk, x_max)
+    for step in prog.steps:
+        norm = step.norm
+        if norm is None or norm.params[2] not in consts or norm.params[3] not in consts:
+            continue  # statistics computed in the graph: nothing to read ahead of time
+        weight, bias, mean, var = (p if p is None or p in consts else "?" for p in norm.params)
+        gamma = f64(weight) if weight != "?" else None
+        numbers = norm_numbers(f64(mean), f64(var), gamma, weight != "?", norm.eps, bn_eps)
+        x_err = unfolded.errors.get(norm.input)
+        x_max = x_err.max_abs_ref if x_err is not None else math.nan
+        stats = None
+        if "?" not in (weight, bias):
+            layer = producer.get(norm.input)
+            layer = layer if layer is not None and layer.layer is not None else None
+            layer_bias = f64(layer.bias) if layer is not None and layer.bias in consts else None
+            if layer_bias is not None and layer_bias.numel() != numbers["channels"]:
+                layer_bias = None
+            rounded = layer is not None
+            stats = NormStats(f64(mean), f64(var), gamma, f64(bias), norm.eps, layer_bias, rounded_input=rounded)
+        folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
+        row = row_of.get(step.name)
+        out_err = unfolded.errors.get(norm.output) if norm.output else None
+        risk = _risk(stats, prof, bn_eps, unfolded.probes.get(step.name), row, out_err)
         out.append(
             NormAudit(
-                node=node.name,
-                name=label or module_path(node),
+                node=step.name,
+                name=label or step.label or step.name,
                 eps=norm.eps,
                 input_max_abs=x_max,
-                headroom=head,
+                headroom=_smallest_headroom(risk, x_max),
                 folded=folded,
                 fold=fold,
                 risk=risk,

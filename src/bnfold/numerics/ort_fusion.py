@@ -1,4 +1,5 @@
-"""ONNX Runtime's Conv+BatchNormalization fusion on a float16 model, as the ``ort-cpu`` profile emulates it.
+"""ONNX Runtime's Conv+BatchNormalization fusion on a float16 model, as the ``ort-cpu`` profile emulates it
+(on an ONNX graph: :func:`fused_convs`; a torch program's conv + batch norm go through :func:`fuse_fp16` too).
 
 ORT's basic graph optimizations fold a BatchNormalization that directly follows a Conv into the
 Conv's weight and bias (ConvBNFusion).  In a float16 model those weights are fp16 and each
@@ -36,10 +37,17 @@ def fused_convs(model: onnx.ModelProto, names: list[str], consts: dict, outputs:
         if any(a.name == "training_mode" and a.i for a in bn.attribute):
             continue
         w = consts[n.input[1]]
-        b = consts[n.input[2]].reshape(-1) if len(n.input) > 2 and n.input[2] else torch.zeros(w.shape[0])
+        b = consts[n.input[2]] if len(n.input) > 2 and n.input[2] else None
         eps = next((a.f for a in bn.attribute if a.name == "epsilon"), 1e-5)
-        gamma, beta, mean, var = (consts[i].reshape(-1) for i in bn.input[1:5])
-        scale = r(gamma / r(torch.sqrt(r(var + eps))))
-        shape = (-1,) + (1,) * (w.dim() - 1)
-        out[name] = (r(w * scale.reshape(shape)), r(r(r(b - mean) * scale) + beta), [(readers[value][0], value)])
+        out[name] = (*fuse_fp16(w, b, *(consts[i] for i in bn.input[1:5]), eps), [(readers[value][0], value)])
     return out
+
+
+def fuse_fp16(w, b, gamma, beta, mean, var, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """ORT's ConvBNFusion on fp16 constants: the fused ``(weight, bias)``, each arithmetic step rounded to
+    fp16 (``b`` None: no bias).  Emulation of the runtime's arithmetic; the exact fold is ``bnfold.fold_math``."""
+    gamma, beta, mean, var = (t.reshape(-1).to(torch.float32) for t in (gamma, beta, mean, var))
+    b = torch.zeros(w.shape[0]) if b is None else b.reshape(-1).to(torch.float32)
+    scale = r(gamma / r(torch.sqrt(r(var + eps))))
+    shape = (-1,) + (1,) * (w.dim() - 1)
+    return r(w.to(torch.float32) * scale.reshape(shape)), r(r(r(b - mean) * scale) + beta)

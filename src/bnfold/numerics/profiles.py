@@ -22,7 +22,9 @@
                 weights, each step rounded to fp16 (measured: with optimizations off the extra loss is gone),
                 and Softmax and the data-movement ops run in fp16.  The converter
                 clamps constants to [1e-7, 1e4] in magnitude first (its
-                ``min_positive_val`` / ``max_finite_val``).
+                ``min_positive_val`` / ``max_finite_val``).  A torch program
+                audited under ``ort-cpu`` runs as the ONNX it exports to would
+                (the same fusion and fp16 ops: one model, one meaning).
 
 Which runtime each matches: ``fp16`` is PyTorch eager in half precision on
 CPU (tested bit-identical on the test models); ``ort-cpu`` is ONNX Runtime
@@ -40,7 +42,9 @@ FP16_MAX = 65504.0
 #: ONNX ops that ONNX Runtime's CPU provider runs in fp16 in a float16 model (it keeps their fp16 kernels and
 #: casts their inputs back to fp16), measured from the optimized graph ORT 1.32 writes
 #: (``SessionOptions.optimized_model_filepath``): the ``Cast(to=float16)`` nodes left feed these.
-ORT_CPU_FP16_OPS = frozenset("Softmax Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split())
+#: They are Softmax and the data-movement ops (Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather
+#: Expand): the frontends' op tables mark them (``Op.fp16`` ``softmax`` / ``movement``), in every format.
+ORT_CPU_FP16_CLASSES = frozenset({"softmax", "movement"})
 PROFILE_NAMES = ("fp32", "fp16", "htp", "fp16-acc", "ort-cpu")
 
 
@@ -75,7 +79,7 @@ class Profile:
     fp16_accumulate: bool  # conv / linear / matmul accumulate in fp16 over chunks
     acc_chunk: int = 16
     fp16_constants: bool = False  # constants stored in fp16 (implied by fp16_storage)
-    fp16_ops: frozenset = frozenset()  # ONNX ops whose output is stored in fp16 although the rest is float32
+    fp16_classes: frozenset = frozenset()  # classes of ops (``Op.fp16``) whose output is stored in fp16
     fp16_conv_fusion: bool = False  # the runtime fuses Conv+BatchNormalization on fp16 weights
     #: the converter's clamp of constants before fp16 (onnxconverter-common: 1e-7 and 1e4), or None
     const_clamp: tuple[float, float] | None = None
@@ -122,7 +126,7 @@ def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:
             False,
             acc_chunk,
             fp16_constants=True,
-            fp16_ops=ORT_CPU_FP16_OPS,
+            fp16_classes=ORT_CPU_FP16_CLASSES,
             fp16_conv_fusion=True,
             const_clamp=(1e-7, 1e4),
         )

@@ -134,12 +134,16 @@ class NormStats:
     rounded_input: bool = True  # the input is a layer's output stored in fp16 within the same row
 
     def affine(self, eps: float):
-        """``(scale, shift)`` of ``fold_math.batch_norm_affine`` at ``eps``, or None where undefined."""
-        try:
-            a = batch_norm_affine(self.mean, self.var, eps, self.gamma, self.beta)
-        except FoldError:
-            return None
-        return a.scale, a.shift
+        """``(scale, shift)`` of ``fold_math.batch_norm_affine`` at ``eps``, or None where undefined
+        (computed once per eps)."""
+        cache = self.__dict__.setdefault("_affines", {})
+        if eps not in cache:
+            try:
+                a = batch_norm_affine(self.mean, self.var, eps, self.gamma, self.beta)
+                cache[eps] = (a.scale, a.shift)
+            except FoldError:
+                cache[eps] = None
+        return cache[eps]
 
 
 def _intermediates(profile: Profile, s, b, lo, hi) -> dict[str, float]:

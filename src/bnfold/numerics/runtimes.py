@@ -1,7 +1,7 @@
 """Real fp16 runtimes next to the emulation (``audit(..., runtime=...)``).
 
 * ``torch``: PyTorch eager in half precision on CPU, running the ONNX graph op by op with the
-  same torch functions the emulator uses (:mod:`bnfold.numerics.onnx_ops`), every float value
+  same torch functions the emulator uses (:mod:`bnfold.onnx.semantics`), every float value
   and constant in ``torch.float16``.  The ``fp16`` profile emulates it.
 * ``onnxruntime``: ONNX Runtime's CPU provider running the float16 model that onnxconverter-common's
   ``convert_float_to_float16(model, keep_io_types=True)`` writes.  The ``ort-cpu`` profile emulates it.
@@ -15,24 +15,23 @@ import onnx
 import torch
 
 from .audit_report import RuntimeRun
-from .emulator import EmulationResult
 from .end_to_end import _end_to_end
-from .onnx_emulator import OnnxEmulator
+from .onnx_emulator import onnx_program
+from .runner import EmulationResult
 
 RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
 
 
 def torch_half(model: onnx.ModelProto, batch: tuple) -> list[torch.Tensor]:
     """``model``'s outputs run by PyTorch eager in float16 on CPU (returned as float32)."""
-    emu = OnnxEmulator(model, "fp32")
-    env = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in emu._const_r.items()}
-    for name, x in zip(emu.inputs, batch):
-        x = torch.as_tensor(x)
+    prog, _ = onnx_program(model)
+    env = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in prog.constants.items()}
+    for name, x in zip(prog.inputs, prog.feed(batch)):
         env[name] = x.to(torch.float16) if x.is_floating_point() else x
-    for node, name, a in emu.plan:
-        outs = emu._op(node, name, a, [env[v] if v else None for v in node.input], torch.float16)
-        env.update((o, v) for o, v in zip(node.output, outs) if o)
-    return [env[o].to(torch.float32) if env[o].is_floating_point() else env[o] for o in emu.outputs]
+    for step in prog.steps:
+        outs = step.run([env[v] if v else None for v in step.ins], torch.float16)
+        env.update((o, v) for o, v in zip(step.outs, outs) if o)
+    return [env[o].to(torch.float32) if env[o].is_floating_point() else env[o] for o in prog.outputs]
 
 
 def float16_model(model: onnx.ModelProto) -> onnx.ModelProto:

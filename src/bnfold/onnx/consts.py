@@ -4,15 +4,19 @@ Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill, a Concat
 pieces) and the arithmetic of a weight computed in the graph (weight standardization:
 ReduceMean, Sub, Mul, a BatchNormalization of the weight in either mode; Add, Div, Sqrt).
 
-Plain numpy; the one piece of fold arithmetic, a batch norm's affine, is ``fold_math``'s.  Each op
-is one row of :data:`RULES`: how to compute its first output and how many bytes that allocates
-(:func:`result_bytes`, charged to the meter before anything is made).  Floats are computed in
-float64 and cast back to the input's dtype; integers keep numpy's integer arithmetic (Div and the
+What an op computes is :mod:`bnfold.onnx.semantics`' (the one copy of ONNX op semantics), run on
+the numpy arrays' memory, with three exceptions: a batch norm's affine is ``fold_math``'s (the one
+piece of fold arithmetic); Cast and CastLike are numpy's ``astype`` to the ONNX type; ReduceMean is
+numpy's buffered float64 mean (no float64 copy of its input).  Each op is one row of :data:`RULES`: which
+inputs it computes here (None otherwise), how to compute its first output and how many bytes that
+allocates (:func:`result_bytes`, charged to the meter before anything is made).  Floats are computed in
+float64 and cast back to the input's dtype; integers keep their integer arithmetic (Div and the
 reductions take floats only).
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,6 +28,7 @@ from onnx import NodeProto
 from ..errors import FoldError
 from ..fold_math import batch_norm_affine
 from .nodes import attr
+from .semantics import attrs, bind
 
 F64 = np.dtype(np.float64)
 
@@ -119,22 +124,45 @@ def _same_size(node: NodeProto, inputs: list) -> int:
     return inputs[0].size * inputs[0].dtype.itemsize
 
 
+def _torch(v: np.ndarray, f64: bool = False) -> torch.Tensor:
+    """``v``'s memory as a tensor (floats as :func:`_as_f64`'s copy when ``f64``)."""
+    if _is_float(v.dtype) and f64:
+        v = _as_f64(v)
+    with warnings.catch_warnings():  # a read-only initializer is only read here
+        warnings.simplefilter("ignore", UserWarning)
+        if v.dtype.name == "bfloat16":
+            return torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(v)
+
+
+def _numpy(t: torch.Tensor, dtype: np.dtype) -> np.ndarray:
+    """A result tensor's memory as a numpy array (``dtype`` for a bfloat16 one)."""
+    if t.dtype == torch.bfloat16:
+        return t.contiguous().view(torch.int16).numpy().view(dtype)
+    return t.numpy()
+
+
+def _semantics(
+    node: NodeProto, inputs: list, opset, f64: bool = False, float_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """``node``'s first output as :mod:`.semantics` computes it, from ``inputs`` (floats in float64
+    when ``f64``, else in their own dtype or ``float_dtype``)."""
+    ins = [_torch(v, f64) for v in inputs]
+    if float_dtype is None:
+        float_dtype = next((v.dtype for v in ins if v.is_floating_point()), torch.float64)
+    return bind(node, opset)(ins, attrs(node), float_dtype)[0]
+
+
+def _computed(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    """``node``'s first output in its input's dtype, for the ops that only move or select values."""
+    return _numpy(_semantics(node, inputs, opset), inputs[0].dtype)
+
+
 # --------------------------------------------------------------------------- shape and cast ops
 
 
-def _shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    shape = inputs[0].shape
-    r = len(shape)
-    start = int(attr(node, "start", 0))
-    end = attr(node, "end", None)
-    end = r if end is None else int(end)
-    start, end = max(0, start + r if start < 0 else start), min(r, end + r if end < 0 else end)
-    return np.array(shape[start:end], dtype=np.int64)
-
-
 def _transpose(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    perm = attr(node, "perm")
-    return np.ascontiguousarray(np.transpose(inputs[0], None if perm is None else [int(p) for p in perm]))
+    return np.ascontiguousarray(_computed(node, inputs, opset))
 
 
 def _fill(node: NodeProto) -> np.ndarray:
@@ -144,7 +172,8 @@ def _fill(node: NodeProto) -> np.ndarray:
 
 def _constant_of_shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
     fill = _fill(node)
-    return np.full([int(d) for d in inputs[0].reshape(-1)], fill[0], dtype=fill.dtype)
+    float_dtype = _torch(fill).dtype if _is_float(fill.dtype) else None
+    return _numpy(_semantics(node, inputs, opset, float_dtype=float_dtype), fill.dtype).astype(fill.dtype, copy=False)
 
 
 def _constant_of_shape_bytes(node: NodeProto, inputs: list) -> int:
@@ -159,8 +188,7 @@ def _expand_shape(inputs: list) -> tuple[int, ...] | None:
 
 
 def _expand(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
-    x, shape = inputs[0], _expand_shape(inputs)
-    return None if shape is None else np.broadcast_to(x, np.broadcast_shapes(x.shape, shape)).copy()
+    return None if _expand_shape(inputs) is None else _computed(node, inputs, opset)
 
 
 def _expand_bytes(node: NodeProto, inputs: list) -> int | None:
@@ -168,31 +196,6 @@ def _expand_bytes(node: NodeProto, inputs: list) -> int | None:
     if shape is None:
         return None
     return _elements(np.broadcast_shapes(inputs[0].shape, shape)) * inputs[0].dtype.itemsize
-
-
-def _reshape(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    x = inputs[0]
-    shape = [int(s) for s in inputs[1].reshape(-1)]
-    if not attr(node, "allowzero", 0):
-        shape = [x.shape[i] if s == 0 else s for i, s in enumerate(shape)]
-    return x.reshape(shape)
-
-
-def _squeeze_axes(node: NodeProto, inputs: list) -> list[int] | None:
-    return [int(a) for a in inputs[1].reshape(-1)] if len(inputs) > 1 else attr(node, "axes")
-
-
-def _squeeze(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    axes = _squeeze_axes(node, inputs)
-    return np.squeeze(inputs[0], axis=None if axes is None else tuple(axes))
-
-
-def _unsqueeze(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    out, axes = inputs[0], _squeeze_axes(node, inputs)
-    rank = out.ndim + len(axes)
-    for a in sorted(a % rank for a in axes):
-        out = np.expand_dims(out, a)
-    return out
 
 
 def _cast(node: NodeProto, inputs: list, opset) -> np.ndarray:
@@ -208,8 +211,7 @@ def _concat(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     first = inputs[0]
     if axis is None or first.ndim == 0 or any(v.dtype != first.dtype or v.ndim != first.ndim for v in inputs):
         return None
-    axis = _axis(int(axis), first.ndim)
-    return None if axis is None else np.concatenate(inputs, axis=axis)
+    return None if _axis(int(axis), first.ndim) is None else _computed(node, inputs, opset)
 
 
 def _concat_bytes(node: NodeProto, inputs: list) -> int:
@@ -218,10 +220,10 @@ def _concat_bytes(node: NodeProto, inputs: list) -> int:
 
 # --------------------------------------------------------------------------- arithmetic
 
-#: elementwise binary ops -> their numpy ufunc (Div of integers is refused: ONNX truncates, numpy floors)
-BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}
-#: elementwise unary ops of floats -> their numpy ufunc
-UNARY = {"Sqrt": np.sqrt}
+#: elementwise binary ops computed here (Div of integers is not: a weight is no integer)
+BINARY = ("Add", "Sub", "Mul", "Div")
+#: elementwise unary ops of floats computed here
+UNARY = ("Sqrt",)
 
 
 def _binary_operands(node: NodeProto, inputs: list) -> tuple[np.ndarray, np.ndarray, tuple] | None:
@@ -244,11 +246,10 @@ def _binary(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     found = _binary_operands(node, inputs)
     if found is None:
         return None
-    a, b, _ = found
-    ufunc = BINARY[node.op_type]
+    a = found[0]
     if not _is_float(a.dtype):
-        return np.asarray(ufunc(a, b))
-    return _cast_back(ufunc(_as_f64(a), _as_f64(b)), a.dtype)
+        return _computed(node, inputs, opset)
+    return _cast_back(_semantics(node, inputs, opset, f64=True).numpy(), a.dtype)
 
 
 def _binary_bytes(node: NodeProto, inputs: list) -> int | None:
@@ -264,7 +265,7 @@ def _binary_bytes(node: NodeProto, inputs: list) -> int | None:
 
 def _unary(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     x = inputs[0]
-    return _cast_back(UNARY[node.op_type](_as_f64(x)), x.dtype) if _is_float(x.dtype) else None
+    return _cast_back(_semantics(node, inputs, opset, f64=True).numpy(), x.dtype) if _is_float(x.dtype) else None
 
 
 def _unary_bytes(node: NodeProto, inputs: list) -> int | None:
@@ -312,7 +313,8 @@ def _reduce_mean(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
     if not axes:
         return x.copy()
     keep = bool(int(attr(node, "keepdims", 1)))
-    # numpy accumulates in float64 through a fixed-size buffer: the float64 result is the only copy
+    # numpy accumulates in float64 through a fixed-size buffer: the float64 result is the only copy (torch's
+    # float64 mean of float32 would copy the input first)
     return _cast_back(np.mean(x, axis=axes, dtype=F64, keepdims=keep), x.dtype)
 
 
@@ -394,10 +396,10 @@ RULES: dict[str, Rule] = {
     "Cast": Rule(_cast, _cast_bytes_of),
     "CastLike": Rule(lambda node, i, opset: i[0].astype(i[1].dtype), lambda node, i: i[0].size * i[1].dtype.itemsize),
     "Expand": Rule(_expand, _expand_bytes, reads=False),
-    "Shape": Rule(_shape, lambda node, inputs: 8 * inputs[0].ndim, reads=False),
-    "Reshape": Rule(_reshape, _same_size, reads=False),
-    "Unsqueeze": Rule(_unsqueeze, _same_size, reads=False),
-    "Squeeze": Rule(_squeeze, _same_size, reads=False),
+    "Shape": Rule(_computed, lambda node, inputs: 8 * inputs[0].ndim, reads=False),
+    "Reshape": Rule(_computed, _same_size, reads=False),
+    "Unsqueeze": Rule(_computed, _same_size, reads=False),
+    "Squeeze": Rule(_computed, _same_size, reads=False),
     "ConstantOfShape": Rule(_constant_of_shape, _constant_of_shape_bytes, reads=False),
     "Transpose": Rule(_transpose, _same_size),
     "Concat": Rule(_concat, _concat_bytes),

@@ -15,7 +15,7 @@ nothing about folding.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from onnx import NodeProto
@@ -65,6 +65,30 @@ OPS: dict[str, Op] = {
     "Relu": Op("elementwise", shape="same"),
     "CastLike": Op("elementwise", shape="same", type_only=(1,)),  # (x, like): only like's dtype is read
 }
+
+
+#: What the numerics read (``Op.rounding`` / ``layer`` / ``fp16``, see ``engine.optable.Op``): ops whose
+#: output holds only values of their inputs (``same``: rearranged; a Resize only in ``nearest`` mode), the
+#: layers' kinds, and the ops ONNX Runtime keeps in fp16 in a float16 model.
+_NUMERICS = {
+    **{k: {"rounding": "same"} for k in "Reshape Transpose Squeeze Unsqueeze Flatten Identity Dropout".split()},
+    **{
+        k: {"rounding": "exact"}
+        for k in (
+            "Slice Concat Gather Expand MaxPool GlobalMaxPool ReduceMax ReduceMin Relu Neg Abs Max Min Resize Shape "
+            "Split Tile Pad Where DepthToSpace SpaceToDepth GatherElements GatherND"
+        ).split()
+    },
+    "Conv": {"layer": "conv"},
+    "ConvTranspose": {"layer": "conv_transpose"},
+    "Gemm": {"layer": "linear"},
+    "MatMul": {"layer": "matmul"},
+    "Softmax": {"fp16": "softmax"},
+}
+for _k in "Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split():
+    _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
+for _k, _facts in _NUMERICS.items():
+    OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 
 
 def op_of(node: NodeProto) -> Op | None:

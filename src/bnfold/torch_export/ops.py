@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -602,6 +602,48 @@ OPS: dict[str, Op] = {
     **{key: Op("hop", rule, monotone=key in MAX_HOPS) for key, rule in HOPS.items()},
     **{key: Op("pool", "avg_pool") for key in AVG_POOLS},
 }
+
+
+def _overloads(names: str) -> list[str]:
+    """The op keys of every overload of the aten ops ``names`` and of their edge ``_copy`` twins."""
+    keys = []
+    for name in names.split():
+        for n in (name, name + "_copy"):
+            try:
+                packet = getattr(torch.ops.aten, n)
+            except (AttributeError, RuntimeError):
+                continue
+            keys += [f"aten::{n}.{overload}" for overload in packet.overloads()]
+    return keys
+
+
+#: What the numerics read (``Op.rounding`` / ``layer`` / ``fp16``, see ``engine.optable.Op``): ops whose
+#: output holds only values of their inputs (``same``: rearranged), the layers' kinds (a product of two
+#: activations is a ``matmul``; parsing tells a conv from a transposed one and a linear layer), and the ops
+#: ONNX Runtime keeps in fp16 as this program's ONNX spells them.
+_SAME = (
+    "view _unsafe_view reshape permute t transpose squeeze unsqueeze flatten unflatten clone alias detach lift_fresh"
+)
+_EXACT = (
+    "expand slice select cat stack split split_with_sizes chunk unbind narrow index_select max_pool1d max_pool2d "
+    "max_pool3d max_pool2d_with_indices max_pool3d_with_indices amax relu neg abs"
+)
+_MOVEMENT = (
+    "view _unsafe_view reshape permute transpose t slice squeeze unsqueeze cat flatten select index_select expand"
+)
+_NUMERICS: dict[str, dict] = {
+    **{k: {"rounding": "same"} for k in _overloads(_SAME)},
+    **{k: {"rounding": "exact"} for k in _overloads(_EXACT)},
+    "getitem": {"rounding": "exact"},
+    **{k: {"layer": "conv"} for k in LAYERS if "conv" in k},
+    **{k: {"layer": "linear"} for k in _overloads("linear")},
+    **{k: {"layer": "matmul"} for k in _overloads("mm addmm bmm baddbmm matmul")},
+    **{k: {"fp16": "softmax"} for k in _overloads("_softmax softmax")},
+}
+for _k in _overloads(_MOVEMENT):
+    _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
+for _k, _facts in _NUMERICS.items():
+    OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 
 
 def op_of(node: Any) -> Op | None:

@@ -1,0 +1,358 @@
+"""The lockstep runner: a graph run node by node under a precision profile, next to a high-precision reference.
+
+One runner for every format.  A format gives it a :class:`Program` (its executor, kept thin:
+:class:`~.emulator.FxProgram` for a torch program, :class:`~.onnx_emulator.OnnxProgram` for ONNX):
+the values in graph order as :class:`Step` s (a node: the value names it reads and writes, how to
+run its op in a given float dtype, and its op's facts), the constants, the inputs and outputs.
+Everything a profile does happens here, once: fp16 storage, exact and same-error ops, fp16
+accumulation, an NPU's host-precomputed BatchNorm, ONNX Runtime's fp16 Conv+BN fusion and fp16 ops;
+so do the reference (float64; float32 under a profile that stores fp16, whose error is 8192 times
+float32's), the local (per-segment) errors and the batch-norm probes.
+
+Each float value (by name) is compared with its reference as soon as it exists; values are dropped
+after their last use.  :meth:`Runner._emulate` is the single place an op runs emulated (a per-op
+check belongs there).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import torch
+
+from ..io.runtime import before_op
+from .errors import TensorError, measure
+from .probe import NormProbe
+from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
+
+
+def is_float(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+def round_floats(out: Any) -> Any:
+    """``out`` (a tensor, or a tuple/list of values) with its float tensors rounded to fp16."""
+    if isinstance(out, torch.Tensor):
+        return round_fp16(out) if out.is_floating_point() else out
+    if isinstance(out, (tuple, list)):
+        return type(out)(round_floats(o) for o in out)
+    return out
+
+
+@dataclass
+class StepNorm:
+    """An eval-mode batch norm step: the value it normalizes, its parameters (value names, None: absent),
+    eps, channel axis, how many values its op returns (a native batch norm: the output and two stats) and
+    the value holding the normalized tensor (None: unused)."""
+
+    input: str
+    params: tuple  # (weight, bias, mean, var)
+    eps: float
+    axis: int = 1
+    returns: int = 1
+    output: str | None = None
+
+
+@dataclass
+class Step:
+    """One node.  ``run(ins, float_dtype, eps=None, weight=None, bias=None)`` computes its outputs (a
+    list, one per name in ``outs``; a value may be a tuple) from ``ins`` (one per name in ``ins``; None for
+    an omitted input) in ``float_dtype``, ``eps`` replacing a batch norm's, ``weight``/``bias`` a layer's.
+    Facts: ``rounding`` ``exact`` (its output holds its input's values), ``same`` (and the same error
+    statistics), ``round`` (rounded to the storage format); ``layer`` the layer kind (conv, conv_transpose,
+    linear, matmul) and ``weight``/``bias`` its constant inputs' names; ``fp16_class`` the ops a runtime
+    keeps in fp16 (``movement``, ``softmax``); ``accumulated(ins, chunk)`` the layer with fp16 accumulation."""
+
+    name: str
+    op: str
+    ins: list
+    outs: list
+    run: Callable
+    rounding: str = "round"
+    layer: str | None = None
+    weight: str | None = None
+    bias: str | None = None
+    norm: StepNorm | None = None
+    fp16_class: str = ""
+    accumulated: Callable | None = None
+    not_emulated: str = ""  # why it has no rounding rule (it runs in float32 through a reference implementation)
+    label: str = ""  # the name the report shows (a module path), "" for ``name``
+
+
+@dataclass
+class Program:
+    """A format's executor: ``steps`` in graph order, ``constants`` (float64 floats, integers as they are),
+    ``inputs`` / ``outputs`` (value names), ``feed(xs)`` checking and converting one batch's inputs."""
+
+    steps: list[Step]
+    constants: dict[str, Any]
+    inputs: list[str]
+    outputs: list[str]
+    feed: Callable[[tuple], list]
+
+
+@dataclass(frozen=True)
+class AuditFormat:
+    """A format's audit hooks (``Frontend.numerics``): ``prepare(model, inputs, *, input_shapes, name,
+    random_inputs, runtime, fold) -> (model, batches, name, random_inputs)`` checks what the audit is
+    given (and exports an nn.Module); ``program(model)`` is the model as a :class:`Program`."""
+
+    prepare: Callable
+    program: Callable[[Any], Program]
+
+
+@dataclass
+class BatchResult:
+    """One batch: emulated outputs (float32), reference outputs, per-tensor errors by value name;
+    ``kept``: the reference values asked for by name (see :meth:`Runner.run`)."""
+
+    outputs: list
+    reference: list
+    errors: dict[str, TensorError]
+    local: dict[str, TensorError] = field(default_factory=dict)
+    probes: dict[str, NormProbe] = field(default_factory=dict)
+    kept: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class EmulationResult:
+    """All batches: per-tensor errors merged over batches, outputs kept per batch.
+
+    ``errors`` are cumulative (against the float64 run of the whole program); ``local`` holds the
+    error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm;
+    ``not_emulated`` the nodes run in float32 by a reference implementation, not under the profile:
+    ``(node, op type, why)``.
+    """
+
+    profile: str
+    errors: dict[str, TensorError] = field(default_factory=dict)
+    outputs: list = field(default_factory=list)
+    reference: list = field(default_factory=list)
+    local: dict[str, TensorError] = field(default_factory=dict)
+    probes: dict[str, NormProbe] = field(default_factory=dict)
+    not_emulated: list[tuple[str, str, str]] = field(default_factory=list)
+
+    def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
+        for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):
+            for name, value in theirs.items():
+                if name in mine:
+                    mine[name].merge(value)
+                else:
+                    mine[name] = value
+        if keep_outputs:
+            self.outputs.append(batch.outputs)
+            self.reference.append(batch.reference)
+
+
+class Runner:
+    """Runs ``program`` under ``profile`` (see :mod:`bnfold.numerics.profiles`).
+
+    ``bn_eps`` replaces the eps of every batch norm in the emulated run (the reference keeps the
+    model's): a runtime that ignores it.  ``segments`` (``{value name: segment id}``) asks for local
+    errors: each value named there is also computed from the *emulated* values of its inputs outside its
+    segment (constants unrounded, the model's eps) and, inside it, from that local run; the difference to the
+    emulated value is the error the segment adds by itself (``BatchResult.local``).  The local run computes in
+    the reference's dtype.
+    """
+
+    def __init__(self, program: Program, profile: str | Profile = "fp16", bn_eps=None, segments: dict | None = None):
+        self.program = program
+        self.profile = prof = get_profile(profile)
+        self.bn_eps = None if bn_eps is None else float(bn_eps)
+        self.segments = dict(segments or {})
+        consts = program.constants
+        f32 = {k: v.to(torch.float32) for k, v in consts.items() if is_float(v)}
+        self._const_e = {k: prof.round_const(f32[k]) if k in f32 else v for k, v in consts.items()}
+        # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
+        # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
+        # cancellation amplifies both); the fp32 profile's own error needs float64
+        self._ref_dtype = torch.float32 if prof.fp16_storage or prof.fp16_constants else torch.float64
+        ref32 = self._ref_dtype == torch.float32
+        self._const_r = {k: (f32[k] if ref32 else v.to(self._ref_dtype)) if k in f32 else v for k, v in consts.items()}
+        readers: dict[str, list[Step]] = {}
+        last_use: dict[str, int] = {}
+        for i, step in enumerate(program.steps):
+            for v in step.ins:
+                if v:
+                    last_use[v] = i
+                    readers.setdefault(v, []).append(step)
+        keep = set(program.outputs) | set(consts)
+        self._free_after: dict[int, list[str]] = {}
+        for v, i in last_use.items():
+            if v not in keep:
+                self._free_after.setdefault(i, []).append(v)
+        self._htp: dict[str, tuple] = {}
+        self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
+
+    @property
+    def not_emulated(self) -> list[tuple[str, str, str]]:
+        """The steps with no rounding rule here (run in float32 by a reference implementation):
+        ``(node, op type, why)``."""
+        return [(s.name, s.op, s.not_emulated) for s in self.program.steps if s.not_emulated]
+
+    @property
+    def inputs(self) -> list[str]:
+        return self.program.inputs
+
+    @property
+    def outputs(self) -> list[str]:
+        return self.program.outputs
+
+    def _ort_fusion(self, readers: dict) -> dict[str, Any]:
+        """ONNX Runtime's Conv+BatchNormalization fusion on fp16 weights (:mod:`.ort_fusion`): ``{conv step:
+        (weight, bias)}`` and ``{batch norm step: the conv's output}`` for each conv of constant weights whose
+        output only an eval-mode batch norm of constant parameters reads."""
+        from .ort_fusion import fuse_fp16
+
+        c, out = self._const_e, {}
+        for step in self.program.steps:
+            if step.layer != "conv" or step.weight not in c or (step.bias is not None and step.bias not in c):
+                continue
+            value = step.outs[0]
+            users = readers.get(value, [])
+            norm = users[0].norm if len(users) == 1 else None
+            if value in self.program.outputs or norm is None or norm.input != value:
+                continue
+            if not all(p in c for p in norm.params):
+                continue
+            eps = norm.eps if self.bn_eps is None else self.bn_eps
+            out[step.name] = fuse_fp16(c[step.weight], c.get(step.bias), *(c[p] for p in norm.params), eps)
+            out[users[0].name] = value
+        return out
+
+    # -- one op -------------------------------------------------------------------------------------
+
+    def _emulate(self, step: Step, ins: list, env: dict) -> list:
+        """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
+        before_op(f"{step.op} {step.label or step.name!r}", step.run, (ins, torch.float32))  # sized before it allocates
+        prof, norm, eps = self.profile, step.norm, self.bn_eps
+        fused = self._fused.get(step.name)
+        if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
+            y = env[fused]
+            return [y if norm.returns == 1 else (y, y.new_empty(0), y.new_empty(0))]
+        if norm is not None and prof.htp_batch_norm:
+            return [self._htp_batch_norm(step, env[norm.input], env)]
+        if fused is not None:
+            out = step.run(ins, torch.float32, weight=fused[0], bias=fused[1])
+        elif prof.fp16_accumulate and step.accumulated is not None:
+            out = [step.accumulated(ins, prof.acc_chunk)]
+        else:
+            out = step.run(ins, torch.float32, eps=eps if norm is not None else None)
+        if prof.fp16_storage:
+            return out if step.rounding != "round" else [round_floats(o) for o in out]
+        if step.fp16_class and step.fp16_class in prof.fp16_classes:
+            return [round_floats(o) for o in out]
+        return out
+
+    def _htp_batch_norm(self, step: Step, x: torch.Tensor, env: dict) -> Any:
+        """An NPU runtime's BatchNorm: ``round(round(x * scale) + shift)`` with the host's float32
+        ``scale``/``shift`` from the unrounded parameters, stored in fp16 (the runtime's arithmetic, not
+        the fold's: that is ``bnfold.fold_math``, float64)."""
+        norm = step.norm
+        pair = self._htp.get(step.name)
+        if pair is None:
+            fills = (1.0, 0.0, 0.0, 1.0)
+            host = [
+                torch.full((x.shape[norm.axis],), f) if p is None else (self._const_r.get(p, env.get(p)))
+                for p, f in zip(norm.params, fills)
+            ]
+            pair = htp_host_scale_shift(*host, norm.eps if self.bn_eps is None else self.bn_eps, x.dim())
+            if all(p is None or p in self._const_r for p in norm.params):
+                self._htp[step.name] = pair
+        y = round_fp16(round_fp16(x * pair[0]) + pair[1])
+        return y if norm.returns == 1 else (y, x.new_empty(0), x.new_empty(0))
+
+    # -- a batch ------------------------------------------------------------------------------------
+
+    def run(
+        self,
+        *xs: Any,
+        reference: bool = True,
+        against: dict[str, torch.Tensor] | None = None,
+        keep_reference: frozenset = frozenset(),
+        on_node: Callable[[int, int], None] | None = None,
+    ) -> BatchResult:
+        """Run one batch.  ``reference``: run the reference too (else only the emulated outputs
+        come back).  ``against``: measure against these reference values (by name: a run of the unfolded
+        model) instead of a reference run here.  ``keep_reference``: the reference values to return
+        (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
+        prog, prof = self.program, self.profile
+        exact = not (prof.fp16_storage or prof.fp16_constants)
+        feed = prog.feed(xs)
+        env_e: dict[str, Any] = dict(self._const_e)
+        env_r: dict[str, Any] = dict(self._const_r) if reference else {}
+        env_l: dict[str, Any] = {}
+        refs = against if against is not None else env_r
+        measuring = reference or against is not None
+        errors: dict[str, TensorError] = {}
+        local: dict[str, TensorError] = {}
+        probes: dict[str, NormProbe] = {}
+        kept: dict[str, Any] = {}
+        for name, x in zip(prog.inputs, feed):
+            if is_float(x):
+                env_e[name] = prof.round_input(x.detach().to(torch.float32))
+                if reference:
+                    env_r[name] = x.detach().to(self._ref_dtype)
+                if name in refs:
+                    errors[name] = measure(name, "input", env_e[name], refs[name], exact)
+            else:
+                env_e[name] = x
+                if reference:
+                    env_r[name] = x
+        n = len(prog.steps)
+        for i, step in enumerate(prog.steps):
+            if on_node is not None:
+                on_node(i, n)
+            outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e)
+            if reference:
+                outs_r = step.run([env_r[v] if v else None for v in step.ins], self._ref_dtype)
+            norm = step.norm
+            if norm is not None and measuring and is_float(refs.get(norm.input)):
+                probes[step.name] = NormProbe.of(step.name, env_e[norm.input], refs[norm.input], norm.axis)
+            for k, out in enumerate(step.outs):
+                if not out or k >= len(outs_e):
+                    continue
+                e = env_e[out] = outs_e[k]
+                if reference:
+                    env_r[out] = outs_r[k]
+                    if out in keep_reference:
+                        kept[out] = outs_r[k]
+                if not is_float(e):
+                    continue
+                if out in self.segments:
+                    lv = env_l[out] = self._local(step, k, env_e, env_l)
+                    if is_float(lv):
+                        local[out] = measure(out, step.op, e, lv, exact)
+                r = refs.get(out)
+                if is_float(r):
+                    src = errors.get(step.ins[0]) if step.rounding == "same" and step.ins else None
+                    if src is not None and src.count == r.numel():
+                        errors[out] = replace(src, node=out, op=step.op, shape=tuple(r.shape))
+                    else:
+                        errors[out] = measure(out, step.op, e, r, exact)
+            for dead in self._free_after.get(i, ()):
+                env_e.pop(dead, None)
+                env_r.pop(dead, None)
+                env_l.pop(dead, None)
+        outputs = [env_e[o] for o in prog.outputs]
+        ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
+        return BatchResult(outputs, ref_out, errors, local, probes, kept)
+
+    def _local(self, step: Step, k: int, env_e: dict, env_l: dict) -> Any:
+        """Output ``k`` of ``step`` from its segment's local values, the unrounded constants and, for
+        any other input, the emulated value."""
+        seg = self.segments[step.outs[k]]
+        ins = []
+        for v in step.ins:
+            if not v:
+                ins.append(None)
+            elif v in env_l and self.segments.get(v) == seg:
+                ins.append(env_l[v])
+            elif v in self._const_r:
+                ins.append(self._const_r[v])
+            else:
+                e = env_e[v]
+                ins.append(e.to(self._ref_dtype) if is_float(e) else e)
+        return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error

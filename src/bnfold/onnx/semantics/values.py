@@ -1,0 +1,127 @@
+"""What every ONNX op implementation reads: its attributes, the values known ahead of time among its
+inputs (shapes, axes, pads, as Python numbers), and the context of one call (:class:`Ctx`)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import numpy as np
+import onnx
+import torch
+from onnx import numpy_helper
+
+
+class Ctx(NamedTuple):
+    """One call of an op: the model's default-domain opset (None: a current one), how many outputs the
+    node names, and the float dtype the run computes in (float32 emulated, float64 reference)."""
+
+    opset: int | None
+    n_out: int
+    float_dtype: torch.dtype
+
+
+@dataclass(frozen=True)
+class Op:
+    """One op type's row: ``fn(inputs, attributes, ctx)``; ``static``: the inputs read as Python numbers
+    (shapes, axes, pads, bounds: known ahead of time); ``refuses(attributes, node)``: why ``fn`` does not
+    compute this form of the op (run by the reference evaluator instead), or None."""
+
+    fn: Callable
+    static: tuple[int, ...] = ()
+    refuses: Callable[[dict, onnx.NodeProto], str | None] | None = None
+
+
+def opset_of(model: onnx.ModelProto) -> int | None:
+    """The model's default-domain opset, or None when it declares none."""
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+
+
+def since(c: Ctx, version: int) -> bool:
+    """Whether the op follows its definition of opset ``version`` or later."""
+    return c.opset is None or c.opset >= version
+
+
+def _is_fake(v) -> bool:
+    return type(v).__name__ in ("FakeTensor", "FunctionalTensor")
+
+
+def ints(v) -> list[int]:
+    """The integers of a value known ahead of time (a numpy array, a tensor or a Python sequence)."""
+    if isinstance(v, torch.Tensor):
+        if torch.compiler.is_compiling() or isinstance(v, torch.fx.Proxy) or _is_fake(v):
+            raise NotImplementedError(
+                "a shape or axes input is computed from the model's data; the ONNX audit needs static shapes"
+            )
+        if v.is_floating_point():
+            raise NotImplementedError("a shape or axes input holds floating-point values")
+        return [int(x) for x in v.reshape(-1).tolist()]
+    return [int(x) for x in np.asarray(v).reshape(-1).tolist()]
+
+
+def floats(v) -> list[float]:
+    """The numbers of a value known when the op runs (scales of a Resize), as Python floats."""
+    if isinstance(v, torch.Tensor):
+        return [float(x) for x in v.reshape(-1).tolist()]
+    return [float(x) for x in np.asarray(v).reshape(-1).tolist()]
+
+
+def scalar(v) -> float | int:
+    """The one number of a scalar (or one-element) input."""
+    x = v.reshape(-1)[0] if isinstance(v, torch.Tensor) else np.asarray(v).reshape(-1)[0]
+    return x.item()
+
+
+def given(ins: list, i: int) -> bool:
+    """Whether optional input ``i`` is given (present, not the empty name, not an empty tensor)."""
+    return len(ins) > i and ins[i] is not None and (not isinstance(ins[i], torch.Tensor) or ins[i].numel() > 0)
+
+
+def attrs(node: onnx.NodeProto) -> dict:
+    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+
+
+def s(v):
+    """A string attribute as ``str``."""
+    return v.decode() if isinstance(v, bytes) else v
+
+
+def constant(a: dict) -> np.ndarray:
+    """A ``Constant`` node's value as a numpy array (known ahead of time)."""
+    k, v = next(iter(a.items()))
+    if k == "value":
+        return numpy_helper.to_array(v)
+    if k == "sparse_value":
+        raise NotImplementedError("a sparse Constant is not supported")
+    if k.startswith("value_string"):
+        return np.array(v, dtype=object)
+    return np.array(v, dtype=np.float32 if k.startswith("value_float") else np.int64)
+
+
+def tensor(v, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``v`` (a numpy array, a number) as a tensor: floats in ``float_dtype``, integers int64."""
+    if isinstance(v, torch.Tensor):
+        return v
+    a = np.asarray(v)
+    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+        return torch.from_numpy(a.astype(np.float64)).to(float_dtype)
+    if a.dtype == np.bool_:
+        return torch.from_numpy(a.copy())
+    return torch.from_numpy(a.astype(np.int64))
+
+
+def axis(ax: int, rank: int) -> int:
+    """``ax`` (negative counts from the end) in ``[0, rank)``."""
+    if not -rank <= ax < max(rank, 1):
+        raise ValueError(f"axis {ax} is out of range for rank {rank}")
+    return ax % max(rank, 1)
+
+
+def pads_same(in_sz: int, k: int, st: int, d: int, mode: str) -> tuple[int, int]:
+    """The (begin, end) pads of ``auto_pad`` SAME_UPPER / SAME_LOWER along one axis."""
+    out = math.ceil(in_sz / st)
+    total = max(0, (out - 1) * st + (k - 1) * d + 1 - in_sz)
+    begin = total // 2 if mode == "SAME_UPPER" else total - total // 2
+    return begin, total - begin
