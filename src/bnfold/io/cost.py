@@ -26,86 +26,27 @@ value they compute adds its bytes and FLOPs; past the budget they stop.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelFileError
-
-MIB = 1 << 20
-FLOOR_BYTES = 256 * MIB
-CONTENT_MULTIPLE = 16
-INPUT_MULTIPLE = 4
-FLOPS_PER_BYTE = 256
-NODE_FLOPS = 10_000  # the fixed cost of running one node (dispatch), counted as FLOPs
-MAX_BATCHES = 10_000
-MAX_ELEMENTS = 1 << 62
-MAX_WORK_HINT = "pass --max-work N (bytes) to allow more if the model really is that big"
-
-
-class WorkError(ModelFileError):
-    """Running the model would allocate or compute more than its content justifies."""
-
-
-@dataclass(frozen=True)
-class Budget:
-    """Bytes live at once and FLOPs in all that one model may make bnfold use."""
-
-    bytes: int
-    flops: int
-
-    @classmethod
-    def for_content(cls, weights: int, inputs: int = 0, override: int | None = None) -> Budget:
-        """The budget of a model whose weights hold ``weights`` bytes, run on ``inputs`` bytes of one batch."""
-        override = current_override() if override is None else override
-        b = (
-            override
-            if override
-            else max(FLOOR_BYTES, CONTENT_MULTIPLE * max(0, int(weights))) + INPUT_MULTIPLE * inputs
-        )
-        return cls(b, FLOPS_PER_BYTE * b)
-
-    @classmethod
-    def for_inputs(cls, weights: int, override: int | None = None) -> int:
-        """The most bytes one batch of inputs may take for a model with ``weights`` bytes of weights."""
-        return cls.for_content(weights, 0, override).bytes // INPUT_MULTIPLE
-
-
-_OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)
-
-
-def current_override() -> int | None:
-    return _OVERRIDE.get()
-
-
-@contextlib.contextmanager
-def max_work(n: int | None) -> Iterator[None]:
-    """Within the block, every budget is ``n`` bytes (and ``256 n`` FLOPs); None keeps the default."""
-    token = _OVERRIDE.set(n or None)
-    try:
-        yield
-    finally:
-        _OVERRIDE.reset(token)
-
-
-def _size(n: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
-        if n >= scale:
-            return f"{n / scale:.3g} {unit}"
-    return f"{n} bytes"
-
-
-def elements(dims: Iterable[int]) -> int:
-    """The element count of ``dims`` in Python integers (capped just over 2**62, never wrapping)."""
-    n = 1
-    for d in dims:
-        n *= max(int(d), 0)
-        if n > MAX_ELEMENTS:
-            return MAX_ELEMENTS + 1
-    return n
-
+from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where callers find them)
+    CONTENT_MULTIPLE,
+    FLOOR_BYTES,
+    FLOPS_PER_BYTE,
+    INPUT_MULTIPLE,
+    MAX_BATCHES,
+    MAX_WORK_HINT,
+    MIB,
+    NODE_FLOPS,
+    Budget,
+    WorkError,
+    _size,
+    current_override,
+    max_work,
+)
+from .sizes import MAX_ELEMENTS, concrete_dim, elements  # noqa: F401 (elements: bnfold.io.cost.elements callers)
 
 # ----------------------------------------------------------------------------- running check
 
@@ -226,33 +167,6 @@ def check_batches(n: int, where: str) -> None:
 
 
 # ----------------------------------------------------------------------------- torch.export programs
-
-
-def _dim(d: Any, subs: dict) -> int | None:
-    """A concrete size for ``d``: an int, a symbol bound by ``subs`` or its hint, else its upper bound."""
-    import torch
-
-    if not isinstance(d, torch.SymInt):
-        return int(d)
-    node = d.node
-    expr = getattr(node, "expr", None)
-    if expr is not None and subs:
-        try:
-            v = expr.xreplace(subs)
-            if v.is_number:
-                return int(v)
-        except (TypeError, ValueError, AttributeError):
-            pass
-    hint = getattr(node, "hint", None)
-    if hint is not None:
-        return int(hint)
-    try:
-        upper = node.shape_env.bound_sympy(expr).upper
-        if upper.is_finite:
-            return int(upper)
-    except Exception:  # noqa: BLE001 - no shape environment: unknown
-        pass
-    return None
 
 
 def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transposed: bool = False) -> int:
@@ -624,7 +538,7 @@ def _index_bounds(ep: Any) -> dict[str, list[tuple[str, int, bool]]]:
             continue
         if not isinstance(axis, int) or not -val.dim() <= axis < max(val.dim(), 1):
             continue
-        size = _dim(val.shape[axis], {}) if val.dim() else 1
+        size = concrete_dim(val.shape[axis], {}) if val.dim() else 1
         if size is not None:
             bounds.setdefault(index.name, []).append((node.name, size, name != "embedding"))
     return bounds

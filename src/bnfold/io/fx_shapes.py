@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ModelFileError
+from .sizes import concrete_dim, elements
 
 
 class MetadataMismatch(ModelFileError):
@@ -39,8 +40,6 @@ class Spec:
 
     @property
     def nbytes(self) -> int:
-        from .cost import elements
-
         return elements(self.dims) * self.dtype.itemsize
 
     @property
@@ -49,9 +48,7 @@ class Spec:
 
 
 def _concrete(d: Any, subs: dict) -> int | None:
-    from .cost import _dim
-
-    return _dim(d, subs)
+    return concrete_dim(d, subs)
 
 
 def _input_value(val: Any, shape: tuple | None, subs: dict, fake_mode: Any) -> Any:

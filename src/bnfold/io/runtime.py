@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .cost import MAX_WORK_HINT, Budget, WorkError, _size
+from .budget import MAX_WORK_HINT, Budget, WorkError, _size
 
 CPU_FLOOR_S = 120.0  # seconds of CPU any audit may take, whatever its plan
 CPU_FLOPS_PER_S = 1e8  # the plan's FLOPs at this rate (far below any CPU) on top of the floor
@@ -225,7 +225,7 @@ def _outputs(value: Any) -> list[Out]:
     import torch
     from torch.utils._pytree import tree_flatten
 
-    from .cost import elements
+    from .sizes import elements
 
     out = []
     for v in tree_flatten(value)[0]:

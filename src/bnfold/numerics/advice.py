@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import math
 
-from .audit_report import norm_severity
-from .risk import DEGRADE_DB, QNN_EPS
+from .risk import DEGRADE_DB, QNN_EPS, norm_severity
 
 
 def _names(norms, n: int = 4) -> str:

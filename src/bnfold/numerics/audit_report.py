@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from .errors import TensorError, json_float
-from .risk import Risk
+from .risk import VERDICTS, Risk, norm_severity  # noqa: F401 (norm_severity: re-exported)
 
 
 @dataclass
@@ -220,22 +220,5 @@ class RuntimeRun:
 
 
 #: Verdicts from the worst.
-VERDICTS = ("input NaN", "overflows", "degrades", "safe")
-
-
-def norm_severity(n: NormAudit) -> tuple:
-    """A sort key, the worst normalization first, that does not move with the host's rounding: the
-    verdict, then the predicted loss (from the statistics alone: the same on every CPU), then the
-    measured one.  A measured loss moves by tenths of a dB with the inputs and with the CPU's float32
-    kernels (PP-OCRv6 rec: 1.35 against 1.18 dB on two CPUs), so it orders only what the prediction
-    ties; it still decides the verdict where it reaches ``degrades``."""
-    r = n.risk
-    pred = r.effective.loss_db if r is not None and r.effective is not None else math.nan
-    meas = r.measured.loss_db if r is not None and r.measured is not None else None
-    rank = VERDICTS.index(n.verdict) if n.verdict in VERDICTS else len(VERDICTS)
-    last = lambda x: -x if x is not None and math.isfinite(x) else math.inf  # noqa: E731 - unknown last
-    return (rank, last(pred), last(meas))
-
-
 def _sort_db(db: float) -> float:
     return -1e9 if math.isnan(db) else db

@@ -1,0 +1,73 @@
+"""The work budget: how many bytes live at once and FLOPs in all one model may make bnfold use, and the
+``--max-work`` override (shared by the cost model, :mod:`bnfold.io.cost`, and the run-time checks,
+:mod:`bnfold.io.runtime`)."""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..errors import ModelFileError
+
+MIB = 1 << 20
+FLOOR_BYTES = 256 * MIB
+CONTENT_MULTIPLE = 16
+INPUT_MULTIPLE = 4
+FLOPS_PER_BYTE = 256
+NODE_FLOPS = 10_000  # the fixed cost of running one node (dispatch), counted as FLOPs
+MAX_BATCHES = 10_000
+MAX_WORK_HINT = "pass --max-work N (bytes) to allow more if the model really is that big"
+
+
+class WorkError(ModelFileError):
+    """Running the model would allocate or compute more than its content justifies."""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """Bytes live at once and FLOPs in all that one model may make bnfold use."""
+
+    bytes: int
+    flops: int
+
+    @classmethod
+    def for_content(cls, weights: int, inputs: int = 0, override: int | None = None) -> Budget:
+        """The budget of a model whose weights hold ``weights`` bytes, run on ``inputs`` bytes of one batch."""
+        override = current_override() if override is None else override
+        b = (
+            override
+            if override
+            else max(FLOOR_BYTES, CONTENT_MULTIPLE * max(0, int(weights))) + INPUT_MULTIPLE * inputs
+        )
+        return cls(b, FLOPS_PER_BYTE * b)
+
+    @classmethod
+    def for_inputs(cls, weights: int, override: int | None = None) -> int:
+        """The most bytes one batch of inputs may take for a model with ``weights`` bytes of weights."""
+        return cls.for_content(weights, 0, override).bytes // INPUT_MULTIPLE
+
+
+_OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)
+
+
+def current_override() -> int | None:
+    return _OVERRIDE.get()
+
+
+@contextlib.contextmanager
+def max_work(n: int | None) -> Iterator[None]:
+    """Within the block, every budget is ``n`` bytes (and ``256 n`` FLOPs); None keeps the default."""
+    token = _OVERRIDE.set(n or None)
+    try:
+        yield
+    finally:
+        _OVERRIDE.reset(token)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} bytes"
