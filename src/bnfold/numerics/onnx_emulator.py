@@ -160,7 +160,7 @@ class OnnxEmulator:
                 raise UnsupportedOp(f"{node.domain}.{node.op_type}", name, "custom domain")
             if node.op_type in _SUBGRAPH_OPS:
                 raise UnsupportedOp(node.op_type, name, "subgraphs")
-            if node.op_type not in OPS and node.op_type != "Cast":
+            if node.op_type not in OPS and node.op_type not in ("Cast", "CastLike"):
                 raise UnsupportedOp(node.op_type, name)
             self.plan.append((node, name, attrs(node)))
         last_use: dict[str, int] = {}
@@ -186,6 +186,9 @@ class OnnxEmulator:
 
     def _op(self, node: onnx.NodeProto, name: str, a: dict, ins: list, float_dtype: torch.dtype) -> list:
         """``node`` on ``ins`` computing floats in ``float_dtype`` (no profile rounding)."""
+        if node.op_type == "CastLike":  # the dynamo exporter's cast of a constant to the input's type
+            x, like = ins[0], ins[1]
+            return [x.to(float_dtype) if _is_float(like) else x.to(like.dtype)]
         if node.op_type == "Cast":
             to = a["to"]
             x = ins[0]
