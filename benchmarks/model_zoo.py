@@ -96,13 +96,22 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=1, help="models checked at once, each in its own process")
     ap.add_argument("--out", default=None, help="results folder (default benchmarks/results)")
     ap.add_argument(
-        "--from-rows", default=None, metavar="FILE", help="only print the table of a run's model_zoo_rows.jsonl"
+        "--from-rows",
+        default=None,
+        metavar="FILE[,FILE]",
+        help="only print the table of runs' model_zoo_rows.jsonl (a later file's row of a model and IR replaces one "
+        "from an earlier file)",
     )
     args = ap.parse_args(argv)
     folder = Path(args.out) if args.out else RESULTS
     if args.from_rows:
-        rows = [json.loads(line) for line in Path(args.from_rows).read_text().splitlines() if line.strip()]
-        print(render(rows, float("nan")))
+        merged: dict = {}
+        for path in args.from_rows.split(","):
+            for line in Path(path).read_text().splitlines():
+                if line.strip():
+                    r = json.loads(line)
+                    merged[(r["model"], r["ir"])] = r
+        print(render(list(merged.values()), float("nan")))
         return 0
     why = available()
     if why:
@@ -126,7 +135,7 @@ def main(argv=None) -> int:
     stream = folder / ("model_zoo_rows" + ("_quick" if args.quick else "") + ".jsonl")
     stream.write_text("")  # each model's rows as they come (a stopped run still has them)
     with tempfile.TemporaryDirectory(prefix="bnfold_zoo_") as files:
-        work = [(n, irs, files) for n in names]
+        work = [(n, QUICK[n] if args.quick else irs, files) for n in names]
         ctx = multiprocessing.get_context("spawn")
         with ctx.Pool(args.jobs, maxtasksperchild=1) as pool:
             for model_rows in pool.imap(_one, work):

@@ -123,6 +123,26 @@ def test_unsupported_ops_are_named():
         onnx_program(onnx.helper.make_model(graph))
 
 
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_runs_as_torch_computes_it(approximate):
+    """Opset 20's Gelu (the dynamo exporter writes it for nn.GELU: timm's FastViT, ConvNeXt, PoolFormer)."""
+    from onnx import helper
+
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    node = helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    x = torch.randn(2, 5) * 3
+    res, _ = OnnxEmulator(model, "fp32").run(x)
+    torch.testing.assert_close(res.reference[0], torch.nn.functional.gelu(x.double(), approximate=approximate))
+
+
 def test_castlike_of_a_constant_runs_like_a_cast():
     """The dynamo exporter casts scalar constants with ``CastLike(c, x)`` (every torchvision / timm export has one)."""
     from onnx import helper

@@ -312,6 +312,7 @@ OPS = {
     "Slice": slice_,
     "Concat": lambda i, a: torch.cat(i, dim=a["axis"]),
     "Erf": lambda i, a: torch.erf(i[0]),
+    "Gelu": lambda i, a: F.gelu(i[0], approximate=_s(a.get("approximate", "none"))),  # opset 20 (dynamo exports)
     "Resize": resize,
     "Shape": shape,
     "Gather": gather,
