@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import re
 import sys
 import tempfile
 import time
@@ -51,6 +52,11 @@ def _merge_cell(r) -> str:
     return text + (" = own" if r["own"] == c else f" (own {r['own']['conv']}/{r['own']['add']}/{r['own']['bn']})")
 
 
+def _why(failures: list[str]) -> str:
+    """The failures of a row, without the temporary folder the files were in."""
+    return re.sub(r"\S*bnfold_zoo_[^/\s]+/[^/\s]+/", "", "; ".join(failures)).replace("|", "/")
+
+
 def render(rows: list[dict], seconds: float) -> str:
     head = ["model", "IR", "folded", "merged", "left BN/other (keeps)", "conv/add/BN", "max err", "check", "audit"]
     head += ["ok", "why not"]
@@ -66,7 +72,7 @@ def render(rows: list[dict], seconds: float) -> str:
             r["check"],
             r["audit"],
             "yes" if r["ok"] else "**no**",
-            "; ".join(r["failures"]).replace("|", "/"),
+            _why(r["failures"]),
         ]
         for r in rows
     ]
