@@ -222,7 +222,7 @@ MODELS.update(
 #: left out of `make zoo` unless ``--all``: minutes each here (224x224 or 16-frame inputs, or 60M+ parameters), and
 #: their families are in the set through a smaller member
 SLOW = ("tv:wide_resnet50_2", "tv:swin_t", "tv:maxvit_t", "tv:vit_b_32", "tv:s3d")
-#: the subset `make test` runs (tests/library/test_library_zoo.py), name -> IRs: small models that pass, about 70 s
+#: the subset `make test` runs (tests/library/test_library_zoo.py), name -> IRs: small models that pass, about 60 s
 #: of CPU time in all (measured); tv:mobilenet_v3_small and tv:shufflenet_v2_x0_5 would be cheaper but fail (see
 #: BENCHMARKS.md part H)
 QUICK = {"timm:repghostnet_050": ("default", "decomposed", "edge", "onnx"), "tv:resnet18": ("default", "onnx")}
