@@ -9,8 +9,12 @@ TORCH_PIN := torch==2.13.0
 # trained PaddleOCR .onnx models for the audit tests and the demo; --no-deps: only the model files are used, and
 # their dependencies (opencv, shapely, ...) are not needed
 RAPIDOCR := rapidocr==3.10.0 rapidocr-onnxruntime==1.4.4
+# the model code users export, for the library zoo (tests/library_models.py, `make zoo`); --no-deps: torchvision's
+# wheel would pull its own torch build (it is a CUDA build; tests/library_models.py says how it imports next to the
+# CPU torch), and timm's other requirements come with the extras (safetensors only loads weights: not needed)
+MODEL_CODE := timm==1.0.31 torchvision==0.28.0
 
-.PHONY: demo test lint readme bench bench-update install clean
+.PHONY: demo test lint readme bench bench-update zoo install clean
 
 # `make bench` writes here (ignored by git); `make bench-update` refreshes the committed tables.
 BENCH_OUT := benchmarks/results/local
@@ -21,6 +25,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet $(TORCH_PIN)
 	$(PY) -m pip install --quiet $(TORCH_PIN) -e '.[executorch,onnx,numerics,test]'
 	$(PY) -m pip install --quiet --no-deps $(RAPIDOCR)
+	$(PY) -m pip install --quiet --no-deps $(MODEL_CODE)
 	touch $(STAMP)
 
 install: $(STAMP)
@@ -45,6 +50,10 @@ bench: $(STAMP)
 
 bench-update: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# torchvision's and timm's own classes folded in every IR and in ONNX, against their own deploy form: a table
+zoo: $(STAMP)
+	$(PY) benchmarks/model_zoo.py --jobs 2
 
 clean:
 	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache

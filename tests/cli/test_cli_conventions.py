@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import onnx
 import pytest
 
 import cli_helpers as h
@@ -99,6 +100,18 @@ def test_check_takes_input_shapes(run, dynamic_onnx):
     assert "1 foldable" in out
 
 
+def test_fold_takes_input_shapes_and_writes_them(run, dynamic_onnx, tmp_path):
+    out = tmp_path / "fixed.onnx"
+    code, _, err = run("fold", dynamic_onnx, "-o", out, "--input-shape", "X:2,3,16,20", "-q")
+    assert code == 0, err
+    folded = onnx.load(str(out))
+    assert [d.dim_value for d in folded.graph.input[0].type.tensor_type.shape.dim] == [2, 3, 16, 20]
+    assert "BatchNormalization" not in [n.op_type for n in folded.graph.node]
+    code, _, err = run("fold", dynamic_onnx, "-o", tmp_path / "bad.onnx", "--input-shape", "X:2,4,16,20")
+    assert code == 2 and "dim 1 is 4, but the model fixes it to 3" in err and "Traceback" not in err
+    assert not (tmp_path / "bad.onnx").exists()
+
+
 @pytest.mark.parametrize(
     "spec, words",
     [
@@ -116,8 +129,10 @@ def test_bad_input_shapes_are_one_line_errors(run, dynamic_onnx, spec, words):
     assert words in err and "Traceback" not in err
 
 
-def test_input_shape_is_for_onnx_models(run, models):
-    code, _, err = run("audit", models["conv_bn"], "--input-shape", "x:1,3,8,8")
+@pytest.mark.parametrize("command", ["audit", "fold"])
+def test_input_shape_is_for_onnx_models(run, models, command, tmp_path):
+    out = ("-o", tmp_path / "out.pt2") if command == "fold" else ()
+    code, _, err = run(command, models["conv_bn"], *out, "--input-shape", "x:1,3,8,8")
     assert code == 2 and "--input-shape is for ONNX models" in err
 
 

@@ -122,3 +122,49 @@ def test_unsupported_ops_are_named():
     opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.example", 1)]
     with pytest.raises(NotImplementedError, match="com.example.Det"):
         OnnxEmulator(onnx.helper.make_model(graph, opset_imports=opsets))
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_runs_as_torch_computes_it(approximate):
+    """Opset 20's Gelu (the dynamo exporter writes it for nn.GELU: timm's FastViT, ConvNeXt, PoolFormer)."""
+    from onnx import helper
+
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    node = helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 5])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 5])],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)])
+    x = torch.randn(2, 5) * 3
+    res = OnnxEmulator(model, "fp32").run(x)
+    torch.testing.assert_close(res.reference[0], torch.nn.functional.gelu(x.double(), approximate=approximate))
+
+
+def test_castlike_of_a_constant_runs_like_a_cast():
+    """The dynamo exporter casts scalar constants with ``CastLike(c, x)`` (every torchvision / timm export has one)."""
+    from onnx import helper
+    from onnx import numpy_helper as nh
+
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    nodes = [
+        helper.make_node("CastLike", ["c", "x"], ["c_like"], name="cast"),
+        helper.make_node("Add", ["x", "c_like"], ["y"], name="add"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2, 3])],
+        [nh.from_array(np.array(0.25, dtype=np.float64), "c")],
+    )
+    x = torch.randn(2, 3)
+    for profile in ("fp32", "fp16"):
+        res = OnnxEmulator(helper.make_model(graph), profile).run(x)
+        assert res.reference[0].dtype == torch.float64
+        torch.testing.assert_close(res.reference[0], x.double() + 0.25)
+        torch.testing.assert_close(res.outputs[0].double(), x.double() + 0.25, rtol=1e-3, atol=1e-3)

@@ -36,6 +36,7 @@ COMMANDS: tuple[Command, ...] = (
             "only",
             "exclude",
             "lower_unfoldable",
+            "input_shape",
             "force",
             "in_place",
         ),

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..checks import check_model_path, refuse_training
 from ..io import atomic, files, models, quiet
-from . import verbosity
+from . import shapes, verbosity
 from .args import comma_list, opt
 from .constants import EXIT_OK
 from .jsonout import json_text, print_json, versioned
@@ -46,8 +46,9 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)
-    result = fold_quietly(loaded.model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable)
-    refuse_training(loaded.model, args.input, result.report)
+    model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
+    result = fold_quietly(model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable)
+    refuse_training(model, args.input, result.report)
     payload = report_payload(args.input, plan.path, result.report)
     texts = {args.report: json_text(payload) + "\n"} if args.report else None
     with atomic.modes_like(args.input):  # new files get the input's permission bits

@@ -38,6 +38,7 @@ examples:
   bnfold fold model.onnx -o folded.onnx --report report.json --only conv
   bnfold fold model.pt2 --in-place --json
   bnfold fold model.pt2 -o folded.pt2 --exclude 'head.*' --exclude classifier
+  bnfold fold model.onnx -o folded.onnx --input-shape x:1,3,224,224   # fix the dims it leaves open
 
 The output is written to a temporary file next to OUT and renamed over it, so
 an error never leaves a partial file. The input is never overwritten without
