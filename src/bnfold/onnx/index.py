@@ -192,6 +192,8 @@ class ModelIndex:
         """Forget what was derived from the graph as it was (constants, dead constant nodes)."""
         self._dead.clear()
         self._values.clear()
+        if self._meter is not None:
+            self._meter.free_all()
 
     def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
         """The constant ``name`` as seen from ``gi``, or a reason it is not one.
@@ -319,13 +321,36 @@ class ModelIndex:
                 values.append(np.empty(0, dtype=dtype))
             else:
                 values.append(None)
+        meter = self.meter()
+        before = meter.bytes
         try:
-            return evaluate(node, values, self.meter(), self.opset)
+            value = evaluate(node, values, meter, self.opset)
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):
-            return None
+            value = None
+        meter.keep(id(node), meter.bytes - before, 0 if value is None else int(value.nbytes))
+        if value is not None:
+            self._free_read(gi, node, needed, memo)
+        return value
+
+    def _free_read(self, gi: GraphInfo, node: NodeProto, needed: list[int], memo: dict) -> None:
+        """Drop the computed values ``node`` read whose every reader is a constant op computed by now:
+        nothing will read them again unless they are computed anew (and metered anew)."""
+
+        def computed(u: Use) -> bool:  # a constant op computed by now (``node`` is being memoized)
+            return u.node is not None and is_onnx_op(u.node, *CONST_OPS) and (u.node is node or id(u.node) in memo)
+
+        for i in needed:
+            found = self._find(gi, node.input[i], "input")
+            if not isinstance(found, tuple) or memo.get(id(found[1])) is None:
+                continue
+            g, source = found
+            if all(computed(u) for o in source.output if o for u in self.visible_uses(g, o)):
+                del memo[id(source)]
+                self.meter().free(id(source))
 
     def meter(self):
-        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights."""
+        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights:
+        the values held in the memo of computed constants count until they are dropped."""
         if self._meter is None:
             from ..io.cost import Budget, Meter
 
