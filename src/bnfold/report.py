@@ -66,8 +66,8 @@ class Code(str, Enum):
 
 #: The reason of a :attr:`Code.CONSTANT_NORM` skip, in every IR (the torch and the ONNX adapters).
 CONSTANT_NORM_REASON = (
-    "it normalizes a constant (weight standardization): its result is a constant, computed once "
-    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
+    "it normalizes a constant (weight standardization): its result is a constant, computed once into "
+    "the layer it feeds, and here it feeds no layer alone"
 )
 
 
