@@ -20,7 +20,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 
 from ..fold_math import FoldError
 from . import tensors
-from .consts import CONST_OPS, evaluate, inputs_needed
+from .consts import CONST_OPS, evaluate, inputs_needed, shape_carrier, shape_slice
 from .nodes import is_onnx_op, label, subgraphs
 
 
@@ -90,6 +90,8 @@ class ModelIndex:
         self.dead: set[int] = set()
         #: the element type ONNX shape inference gives a value (``Shapes.elem_type``), or None
         self.inferred_type: Callable[[str], int | None] = lambda name: None
+        #: the dims ONNX shape inference gives a value (``Shapes.dims``: ints, or names / None), or None
+        self.inferred_dims: Callable[[str], list | None] = lambda name: None
         self.inserts: dict[int, list[NodeProto]] = {}
         self._meter = None
         self._dead: dict[int, bool] = {}  # id(node) -> a constant node nobody uses (see _dead_const)
@@ -319,6 +321,11 @@ class ModelIndex:
                 if dtype is None:
                     return None
                 values.append(np.empty(0, dtype=dtype))
+            elif node.op_type == "Shape" and i == 0:
+                dims = self._known_dims(gi, node, name)
+                if dims is None:
+                    return None
+                values.append(shape_carrier(dims))
             else:
                 values.append(None)
         meter = self.meter()
@@ -347,6 +354,24 @@ class ModelIndex:
             if all(computed(u) for o in source.output if o for u in self.visible_uses(g, o)):
                 del memo[id(source)]
                 self.meter().free(id(source))
+
+    def _known_dims(self, gi: GraphInfo, node: NodeProto, name: str) -> list[int] | None:
+        """The dims of ``name`` as far as the ``Shape`` node ``node`` reads them (the dims outside its
+        slice may be unknown: 1 stands for them), or None when one it returns is not a fixed number:
+        a stored or computed constant's own shape, else what shape inference gives a computed value."""
+        found = self._find(gi, name, "input")
+        if isinstance(found, Const):
+            dims = list(found.value.shape)
+        elif isinstance(found, tuple) and self._values.get(id(found[1])) is not None:
+            dims = list(self._values[id(found[1])].shape)
+        else:
+            dims = self.inferred_dims(name)
+        if dims is None:
+            return None
+        start, end = shape_slice(node, len(dims))
+        if not all(isinstance(d, int) and d >= 0 for d in dims[start:end]):
+            return None
+        return [d if start <= k < end else 1 for k, d in enumerate(dims)]
 
     def meter(self):
         """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights:
@@ -516,12 +541,15 @@ def _drop_named(entries, names: set[str]) -> None:
             del entries[i]
 
 
-def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
+def clean_up(model: onnx.ModelProto, tracker: Tracker, shapes=None):
     """Remove initializers and Constant nodes the fold left without users (and the
     nodes that computed a constant from them, see ``consts``), and value_info
-    entries of values that no longer exist."""
+    entries of values that no longer exist.  ``shapes`` (``onnx.shapes.Shapes``): what shape
+    inference gave, for a ``CastLike`` to a type or a ``Shape`` of dims only inference knows."""
     while True:
         index = ModelIndex(model, tracker)
+        if shapes is not None:
+            index.inferred_type, index.inferred_dims = shapes.elem_type, shapes.dims
         removed = False
         for gi in index.graphs:
             unused = _remove_unused(index, gi, tracker)
