@@ -39,6 +39,9 @@ FLOPS_PER_BYTE = 256
 NODE_FLOPS = 10_000  # the fixed cost of running one node (dispatch), counted as FLOPs
 MAX_BATCHES = 10_000
 MAX_ELEMENTS = 1 << 62
+#: A constant evaluator drops a computed value this big or bigger once its last reader is computed; a
+#: smaller one stays (counted) so that a long chain of small values is never computed again per node.
+FREE_MIN_BYTES = 64 << 10
 MAX_WORK_HINT = "pass --max-work N (bytes) to allow more if the model really is that big"
 
 

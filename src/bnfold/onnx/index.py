@@ -341,7 +341,10 @@ class ModelIndex:
 
     def _free_read(self, gi: GraphInfo, node: NodeProto, needed: list[int], memo: dict) -> None:
         """Drop the computed values ``node`` read whose every reader is a constant op computed by now:
-        nothing will read them again unless they are computed anew (and metered anew)."""
+        nothing will read them again unless they are computed anew (and metered anew).  Values under
+        ``FREE_MIN_BYTES`` stay (still counted): a long chain of small ones, walked back by the clean-up,
+        is not computed again for each of its nodes."""
+        from ..io.cost import FREE_MIN_BYTES
 
         def computed(u: Use) -> bool:  # a constant op computed by now (``node`` is being memoized)
             return u.node is not None and is_onnx_op(u.node, *CONST_OPS) and (u.node is node or id(u.node) in memo)
@@ -351,6 +354,8 @@ class ModelIndex:
             if not isinstance(found, tuple) or memo.get(id(found[1])) is None:
                 continue
             g, source = found
+            if memo[id(source)].nbytes < FREE_MIN_BYTES:
+                continue
             if all(computed(u) for o in source.output if o for u in self.visible_uses(g, o)):
                 del memo[id(source)]
                 self.meter().free(id(source))

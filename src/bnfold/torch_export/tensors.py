@@ -157,9 +157,13 @@ class FxTensors:
 
     def _free_read(self, node: Node) -> None:
         """Drop the computed values ``node`` read whose every reader is computed by now (``node`` is being
-        memoized): nothing reads them again unless they are computed anew (and metered anew)."""
+        memoized): nothing reads them again unless they are computed anew (and metered anew).  Values
+        under ``FREE_MIN_BYTES`` stay (still counted): a chain of small ones is never computed twice."""
+        from ..io.cost import FREE_MIN_BYTES
+
         for a in node.all_input_nodes:
-            held = self._computed.get(a) is not None or a in self._tuples
+            value = self._computed.get(a)
+            held = (value is not None and value.numel() * value.element_size() >= FREE_MIN_BYTES) or a in self._tuples
             if held and all(u is node or u in self._computed for u in a.users):
                 self._computed.pop(a)
                 self._tuples.pop(a, None)
