@@ -66,8 +66,8 @@ class Code(str, Enum):
 
 #: The reason of a :attr:`Code.CONSTANT_NORM` skip, in every IR (the torch and the ONNX adapters).
 CONSTANT_NORM_REASON = (
-    "it normalizes a constant (weight standardization): its result is a constant, computed once "
-    "when a fold rewrites the layer it feeds, and nothing here folds into that layer"
+    "it normalizes a constant (weight standardization): its result is a constant, computed once into "
+    "the layer it feeds, and here it feeds no layer alone"
 )
 
 
@@ -91,12 +91,13 @@ class Folded:
     same way (``features.3.1.block.0`` for torch programs, the node name for
     ONNX) and ``into_node`` is that layer's graph node; ``pattern`` is e.g.
     ``"conv+batch_norm"``; ``side`` is ``"output"`` when the normalization
-    followed the layer and ``"input"`` when it preceded it.  ``extra_bytes``
+    followed the layer, ``"input"`` when it preceded it and ``"weight"`` when it
+    normalized the layer's weight (weight standardization, rule ``"constant"``).  ``extra_bytes``
     counts the bytes added by a private copy of a shared weight; ``node`` is
     the normalization's graph node.
 
     The edit itself: ``rule`` is the engine rule that made it (``"output"``,
-    ``"input"``, ``"fanout"``); ``steps`` every node of the folded chain in graph
+    ``"input"``, ``"fanout"``, ``"merge"``, ``"constant"``); ``steps`` every node of the folded chain in graph
     order with what happened to it (:class:`FoldStep`; the same list on every
     entry of one chain); ``layers`` the graph node names of the layers whose
     weight and bias were written (several for ``"fanout"``); ``bias_added`` is

@@ -51,8 +51,9 @@ def test_fold_and_check_strict_without_trust(run, exported, tmp_path):
     folded = tmp_path / "folded.pt2"
     code, out, err = run("fold", exported["path"], "-o", folded, "--json")
     assert code == 0, err
-    summary = json.loads(out)["summary"]
-    assert summary["folded"] == exported["norms"]
+    data = json.loads(out)
+    # every batch norm; an in-place add of a constant after a conv (timm's ``gate.add_(3)``) folds besides
+    assert sum(1 for f in data["folded"] if f["kind"] == "batch_norm") == exported["norms"], data["folded"]
     ep = torch.export.load(str(folded))
     assert h.norm_count(ep) == 0  # on the graph: no batch norm left
     with torch.no_grad():

@@ -15,6 +15,7 @@ from typing import Any
 
 from ..kinds import LAYER_KINDS, NORM_KINDS, check_exclude, check_only
 from ..report import Code, FoldReport, KeptOp, Skipped
+from .constant_weight import fold_constant_weight
 from .fanout import fold_fanout
 from .graph import GraphAdapter, Norm
 from .lower import lower_unfoldable
@@ -25,8 +26,9 @@ from .rules import fold_input, fold_output
 #: a batch norm between two layers goes into the one before it (no padding issue);
 #: then a chain that feeds several layers, then one that feeds this layer alone; last, the
 #: re-parameterization merge of summed conv branches (``reparam.py``), whose BN-free branches the
-#: other rules made.
-RULES = (fold_output, fold_fanout, fold_input, merge_branches)
+#: other rules made; last, a weight computed through a normalization of a constant becomes the
+#: stored weight (``constant_weight.py``) where no other rule already wrote it.
+RULES = (fold_output, fold_fanout, fold_input, merge_branches, fold_constant_weight)
 
 #: Each round folds at least one node, so this bound is never reached in practice.
 MAX_ROUNDS = 64

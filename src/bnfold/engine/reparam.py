@@ -8,7 +8,8 @@ branch(x)``, where nothing else reads what it adds into) and per-channel affines
 BN) whose values have no other reader; every leaf must be a branch of the same ``x``.  The branches
 then become the conv with the largest kernel (``bnfold.fold_math``: kernels embedded where the
 paddings align, identity and pool as kernels, coefficients and sums), and the sum's value is that
-conv's output; a BN after the sum then folds into it by the output rule.
+conv's output; a BN after the sum then folds into it by the output rule.  Linears of one value summed
+the same way (two classifier heads averaged) become one linear: a linear is a conv without taps.
 
 What is not exact is refused with a reason and a ``MERGE_*`` :class:`~bnfold.report.Code`, kept on
 the sum's last add (a ``report.kept_ops`` note: the add is no normalization): an activation inside a
@@ -29,13 +30,21 @@ import torch
 from .. import fold_math
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep, Merged
+from .axes import channel_axis
 from .chain import Stop, _same, binary_step, norm_step
 from .edit import broadcast_shape
-from .graph import GraphAdapter, Layer, Outcome, Pool
+from .graph import ConvGeometry, GraphAdapter, Layer, Outcome, Pool
 from .rules import check_layer
 
 #: How many sum / affine nodes one merged sum may hold (a bound on the walk).
 MAX_TREE = 256
+
+#: The layer kinds whose summed branches merge, with the weight ranks they take: a conv's
+#: ``[out, in/g, *kernel]``, a linear's ``[out, in]`` (a linear is a conv without a kernel).
+_WEIGHT_RANKS = {"conv": lambda dim: dim >= 3, "linear": lambda dim: dim == 2}
+
+#: A linear in conv terms: no spatial axis, one group (its weight is a kernel without taps).
+_LINEAR = ConvGeometry((), (), (), (), 1)
 
 
 @dataclass
@@ -53,7 +62,9 @@ class _Term:
 @dataclass
 class _Tree:
     channels: int
-    x: Any  # the value the anchor conv reads: a leaf wherever it appears, whatever computes it
+    x: Any  # the value the anchor layer reads: a leaf wherever it appears, whatever computes it
+    kind: str = "conv"  # the anchor's kind: "conv", or "linear" (branches of one kind merge)
+    axis: int = 1  # the anchor's output channel axis (negative: from the end)
     terms: list = field(default_factory=list)
     shift: torch.Tensor = None
     nodes: list = field(default_factory=list)  # the sum and affine nodes (removed by the merge)
@@ -94,19 +105,20 @@ def _output(graph: GraphAdapter, node: Any) -> Any:
 def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree: _Tree):
     """The per-channel affine ``node`` applies to produce ``value`` (a Step), or None."""
     rank = graph.shape_info(value).rank
+    axis = channel_axis(tree.axis, rank)
     try:
         norm = graph.norm(node)
         if norm is not None:
             if norm.affine_only or not _same(norm.output, value):
                 return None
-            return norm_step(graph, norm, 1, channels, rank)
+            return norm_step(graph, norm, axis, channels, rank)
         op = graph.binary(node)
         if op is None:
             return None
         data = [v for v in (op.a, op.b) if graph.constant(v) is None]
         if len(data) != 1:
             return None
-        return binary_step(graph, node, data[0], 1, channels, rank)
+        return binary_step(graph, node, data[0], axis, channels, rank)
     except Stop as stop:
         tree.problems[value] = (stop.reason, stop.code)
         return None
@@ -137,10 +149,10 @@ def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, t
             return
     shared = parent is not None and graph.users(value) != [parent]
     layer = graph.layer(node) if node is not None else None
-    if layer is not None and layer.kind == "conv" and _same(layer.output, value):
+    if layer is not None and layer.kind == tree.kind and _same(layer.output, value):
         tree.terms.append(_Term(value, coeff, "conv", layer.input, shared, layer=layer, norms=norms))
         return
-    pool = graph.pool(node) if node is not None else None
+    pool = graph.pool(node) if node is not None and tree.kind == "conv" else None
     if pool is not None and _same(pool.output, value):
         tree.terms.append(_Term(value, coeff, "pool", pool.input, shared, pool=pool, norms=norms))
         return
@@ -165,25 +177,30 @@ def _roots(graph: GraphAdapter, first: Any) -> list:
 
 
 def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
-    """Merge the summed branches that ``layer`` is one of into one conv (the one with the largest kernel)."""
+    """Merge the summed branches that ``layer`` is one of into one layer: of convs, the one with the
+    largest kernel; of linears (two heads of one feature, averaged), the first."""
     out = Outcome()
-    if layer.kind != "conv" or not graph.is_live(layer.node):
+    if layer.kind not in _WEIGHT_RANKS or not graph.is_live(layer.node):
         return out
     users = graph.users(layer.output)
     if len(users) != 1 or users[0] is None or _sum(graph, users[0]) is None:
         return out
     weights = graph.weights(layer)
-    if isinstance(weights, str) or weights.weight.dim() < 3:
+    if isinstance(weights, str) or not _WEIGHT_RANKS[layer.kind](weights.weight.dim()):
         return out
     channels = int(weights.weight.shape[0])
     refusal = None
     for root in _roots(graph, users[0]):
-        tree = _Tree(channels, layer.input, shift=torch.zeros(channels, dtype=torch.float64))
+        tree = _Tree(
+            channels, layer.input, layer.kind, layer.out_axis, shift=torch.zeros(channels, dtype=torch.float64)
+        )
         root_value = _output(graph, root)
         _expand(graph, root_value, torch.ones(channels, dtype=torch.float64), None, tree, [])
         ours = [t for t in tree.terms if _same(t.source, layer.input) or _activation(graph, t, layer.input)]
         if len(ours) < 2:
             continue  # not branches of one value (a residual add of another block's value)
+        if tree.kind == "linear" and any(t.kind == "identity" for t in ours):
+            continue  # a residual around a linear (x + fc(x)) stays: only summed linears merge
         try:
             plan = _plan(graph, layer, tree, root_value, only)
         except _Refused as why:
@@ -252,7 +269,7 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
             raise _Refused(f"{graph.describe_node(t.layer.node)} is excluded (--exclude)", Code.EXCLUDED)
     geometry = {}
     for t in convs:
-        g = graph.conv_geometry(t.layer)
+        g = graph.conv_geometry(t.layer) if t.layer.kind == "conv" else _LINEAR
         if isinstance(g, str):
             raise _Refused(f"{graph.describe_node(t.layer.node)}: {g}", Code.MERGE_GEOMETRY)
         geometry[t.layer.node] = g
@@ -288,12 +305,11 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
         w_target = check_layer(graph, target.layer, only, "output")[0]
         for t in convs:
             w = w_target if t is target else check_layer(graph, t.layer, only, "output")[0]
-            if w.pre is not None:
-                raise _Refused(f"{graph.describe_node(t.layer.node)} scales its product", Code.LAYER_WEIGHTS)
             g = geometry[t.layer.node]
             offsets = fold_math.kernel_offsets(g.kernel, g.pads, tg.kernel, tg.pads, tg.dilation)
             kernel = fold_math.embed_kernel(w.weight, tg.kernel, offsets)
-            parts.append(fold_math.scale_branch(kernel, w.bias, _coeff(t)))
+            # a Gemm's own alpha and beta * C act after its product, before the branch's coefficient
+            parts.append(fold_math.scale_branch(kernel, w.bias, _coeff(t) if w.pre is None else w.pre.then(_coeff(t))))
         rank = len(tg.kernel)
         for t in tree.terms:
             if t.kind == "identity":
@@ -315,7 +331,7 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
         bias = bias + tree.shift
         new_w = fold_math.cast_checked(weight, w_target.weight_dtype, f"{target.layer.op} weight")
         new_b = None
-        if w_target.bias is not None or bool((bias != 0).any()):
+        if w_target.bias is not None or w_target.pre is not None or bool((bias != 0).any()):
             new_b = fold_math.cast_checked(bias, w_target.bias_dtype, f"{target.layer.op} bias")
     except Stop as stop:
         raise _Refused(stop.reason, stop.code) from None
@@ -423,5 +439,5 @@ def _op(graph: GraphAdapter, node: Any) -> str:
 
 
 def _kernel(layer: Layer, graph: GraphAdapter) -> tuple:
-    g = graph.conv_geometry(layer)
+    g = graph.conv_geometry(layer) if layer.kind == "conv" else _LINEAR
     return () if isinstance(g, str) else g.kernel

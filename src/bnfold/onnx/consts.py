@@ -1,8 +1,9 @@
 """Evaluate the pure ops exporters put between a stored constant and the layer that reads it, so
 such values count as constants: shape and cast ops (Identity aliases, a zero bias built with
 Shape/Expand/CastLike, a Reshape of statistics, a ConstantOfShape fill, a Concat of shape
-pieces) and the arithmetic of a weight computed in the graph (weight standardization:
-ReduceMean, Sub, Mul, a BatchNormalization of the weight in either mode; Add, Div, Sqrt).
+pieces, the Range of axes an affine is unsqueezed along) and the arithmetic of a weight computed
+in the graph (weight standardization: ReduceMean, Sub, Mul, a BatchNormalization of the weight in
+either mode; Add, Div, Sqrt).
 
 What an op computes is :mod:`bnfold.onnx.semantics`' (the one copy of ONNX op semantics), run on
 the numpy arrays' memory, with three exceptions: a batch norm's affine is ``fold_math``'s (the one
@@ -78,10 +79,26 @@ def result_bytes(node: NodeProto, inputs: list[np.ndarray]) -> int | None:
 
 
 def inputs_needed(node: NodeProto) -> list[int]:
-    """Which inputs must be constant (CastLike's second input only gives a dtype)."""
+    """Which inputs must be constant (CastLike's second input only gives a dtype; Shape reads only
+    the shape of its input, which may be a computed value whose shape inference knows the dims)."""
     if node.op_type == "CastLike":
         return [0]
+    if node.op_type == "Shape":
+        return []
     return [i for i, n in enumerate(node.input) if n]
+
+
+def shape_slice(node: NodeProto, rank: int) -> tuple[int, int]:
+    """The dims ``[start, end)`` a ``Shape`` node returns of a rank-``rank`` input."""
+    start = int(attr(node, "start", 0))
+    end = attr(node, "end", None)
+    end = rank if end is None else int(end)
+    return max(0, start + rank if start < 0 else start), min(rank, end + rank if end < 0 else end)
+
+
+def shape_carrier(dims) -> np.ndarray:
+    """An array of shape ``dims`` that holds one byte (a broadcast view): what ``Shape`` reads."""
+    return np.broadcast_to(np.zeros((), np.uint8), tuple(int(d) for d in dims))
 
 
 # --------------------------------------------------------------------------- helpers
@@ -161,6 +178,11 @@ def _computed(node: NodeProto, inputs: list, opset) -> np.ndarray:
 # --------------------------------------------------------------------------- shape and cast ops
 
 
+def _shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
+    start, end = shape_slice(node, inputs[0].ndim)
+    return np.array(inputs[0].shape[start:end], dtype=np.int64)
+
+
 def _transpose(node: NodeProto, inputs: list, opset) -> np.ndarray:
     return np.ascontiguousarray(_computed(node, inputs, opset))
 
@@ -223,7 +245,7 @@ def _concat_bytes(node: NodeProto, inputs: list) -> int:
 #: elementwise binary ops computed here (Div of integers is not: a weight is no integer)
 BINARY = ("Add", "Sub", "Mul", "Div")
 #: elementwise unary ops of floats computed here
-UNARY = ("Sqrt",)
+UNARY = ("Sqrt", "Reciprocal")  # Reciprocal: the exporter's rsqrt is Reciprocal(Sqrt)
 
 
 def _binary_operands(node: NodeProto, inputs: list) -> tuple[np.ndarray, np.ndarray, tuple] | None:
@@ -390,19 +412,45 @@ def _identity(node: NodeProto, inputs: list, opset) -> np.ndarray:
     return inputs[0]
 
 
+def _range_count(inputs: list) -> int | None:
+    """How many elements ``Range(start, limit, delta)`` makes, ``max(ceil((limit - start) / delta), 0)``;
+    None when an input is not a scalar, delta is 0 or a bound is not finite."""
+    if any(v.size != 1 for v in inputs):
+        return None
+    start, limit, delta = (float(v.reshape(-1)[0]) for v in inputs)
+    if delta == 0 or not all(np.isfinite((start, limit, delta))):
+        return None
+    return max(int(np.ceil((limit - start) / delta)), 0)
+
+
+def _range(node: NodeProto, inputs: list, opset) -> np.ndarray | None:
+    """``Range``: the exporter's unsqueeze axes of a normalization's affine (``Range(1, rank - 1, 1)``)."""
+    n = _range_count(inputs)
+    if n is None:
+        return None
+    start, delta = (v.reshape(-1)[0] for v in (inputs[0], inputs[2]))
+    return (start + np.arange(n, dtype=inputs[0].dtype) * delta).astype(inputs[0].dtype)
+
+
+def _range_bytes(node: NodeProto, inputs: list) -> int | None:
+    n = _range_count(inputs)
+    return None if n is None else 2 * n * inputs[0].dtype.itemsize  # the steps and the result
+
+
 #: Every op type evaluated here.  Supporting another is one row.
 RULES: dict[str, Rule] = {
     "Identity": Rule(_identity, lambda node, inputs: 0, reads=False),
     "Cast": Rule(_cast, _cast_bytes_of),
     "CastLike": Rule(lambda node, i, opset: i[0].astype(i[1].dtype), lambda node, i: i[0].size * i[1].dtype.itemsize),
     "Expand": Rule(_expand, _expand_bytes, reads=False),
-    "Shape": Rule(_computed, lambda node, inputs: 8 * inputs[0].ndim, reads=False),
+    "Shape": Rule(_shape, lambda node, inputs: 8 * inputs[0].ndim, reads=False),
     "Reshape": Rule(_computed, _same_size, reads=False),
     "Unsqueeze": Rule(_computed, _same_size, reads=False),
     "Squeeze": Rule(_computed, _same_size, reads=False),
     "ConstantOfShape": Rule(_constant_of_shape, _constant_of_shape_bytes, reads=False),
     "Transpose": Rule(_transpose, _same_size),
     "Concat": Rule(_concat, _concat_bytes),
+    "Range": Rule(_range, _range_bytes, reads=False),
     **{op: Rule(_binary, _binary_bytes) for op in BINARY},
     **{op: Rule(_unary, _unary_bytes) for op in UNARY},
     "ReduceMean": Rule(_reduce_mean, _reduce_mean_bytes),

@@ -50,9 +50,10 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     index = ModelIndex(model, tracker)
     shapes = Shapes(source)
     index.inferred_type = shapes.elem_type  # CastLike(constant, x): x's type, where only inference knows it
+    index.inferred_dims = shapes.dims  # Shape(x): x's dims, where only inference knows them
     report = fold_graph(OnnxGraph(index, shapes), only, exclude, lower=lower_unfoldable)
     report.notes.extend(notes)
     report.skipped.extend(skipped_in_functions(model))
     index.compact()  # only now: node protos are the engine's handles while it runs
-    clean_up(model, tracker)
+    clean_up(model, tracker, shapes)
     return FoldResult(model, report)

@@ -20,7 +20,7 @@ from onnx import GraphProto, NodeProto, TensorProto
 
 from ..fold_math import FoldError
 from . import tensors
-from .consts import CONST_OPS, evaluate, inputs_needed
+from .consts import CONST_OPS, evaluate, inputs_needed, shape_carrier, shape_slice
 from .nodes import is_onnx_op, label, subgraphs
 
 
@@ -90,6 +90,8 @@ class ModelIndex:
         self.dead: set[int] = set()
         #: the element type ONNX shape inference gives a value (``Shapes.elem_type``), or None
         self.inferred_type: Callable[[str], int | None] = lambda name: None
+        #: the dims ONNX shape inference gives a value (``Shapes.dims``: ints, or names / None), or None
+        self.inferred_dims: Callable[[str], list | None] = lambda name: None
         self.inserts: dict[int, list[NodeProto]] = {}
         self._meter = None
         self._dead: dict[int, bool] = {}  # id(node) -> a constant node nobody uses (see _dead_const)
@@ -192,6 +194,8 @@ class ModelIndex:
         """Forget what was derived from the graph as it was (constants, dead constant nodes)."""
         self._dead.clear()
         self._values.clear()
+        if self._meter is not None:
+            self._meter.free_all()
 
     def constant(self, gi: GraphInfo, name: str, what: str) -> Const | str:
         """The constant ``name`` as seen from ``gi``, or a reason it is not one.
@@ -317,18 +321,69 @@ class ModelIndex:
                 if dtype is None:
                     return None
                 values.append(np.empty(0, dtype=dtype))
+            elif node.op_type == "Shape" and i == 0:
+                dims = self._known_dims(gi, node, name)
+                if dims is None:
+                    return None
+                values.append(shape_carrier(dims))
             else:
                 values.append(None)
         from ..io.runtime import before_op
 
         before_op(f"{node.op_type} '{node.name or node.output[0]}'")  # the op an allocator failure names
+        meter = self.meter()
+        before = meter.bytes
         try:
-            return evaluate(node, values, self.meter(), self.opset)
+            value = evaluate(node, values, meter, self.opset)
         except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+            value = None
+        meter.keep(id(node), meter.bytes - before, 0 if value is None else int(value.nbytes))
+        if value is not None:
+            self._free_read(gi, node, needed, memo)
+        return value
+
+    def _free_read(self, gi: GraphInfo, node: NodeProto, needed: list[int], memo: dict) -> None:
+        """Drop the computed values ``node`` read whose every reader is a constant op computed by now:
+        nothing will read them again unless they are computed anew (and metered anew).  Values under
+        ``FREE_MIN_BYTES`` stay (still counted): a long chain of small ones, walked back by the clean-up,
+        is not computed again for each of its nodes."""
+        from ..io.cost import FREE_MIN_BYTES
+
+        def computed(u: Use) -> bool:  # a constant op computed by now (``node`` is being memoized)
+            return u.node is not None and is_onnx_op(u.node, *CONST_OPS) and (u.node is node or id(u.node) in memo)
+
+        for i in needed:
+            found = self._find(gi, node.input[i], "input")
+            if not isinstance(found, tuple) or memo.get(id(found[1])) is None:
+                continue
+            g, source = found
+            if memo[id(source)].nbytes < FREE_MIN_BYTES:
+                continue
+            if all(computed(u) for o in source.output if o for u in self.visible_uses(g, o)):
+                del memo[id(source)]
+                self.meter().free(id(source))
+
+    def _known_dims(self, gi: GraphInfo, node: NodeProto, name: str) -> list[int] | None:
+        """The dims of ``name`` as far as the ``Shape`` node ``node`` reads them (the dims outside its
+        slice may be unknown: 1 stands for them), or None when one it returns is not a fixed number:
+        a stored or computed constant's own shape, else what shape inference gives a computed value."""
+        found = self._find(gi, name, "input")
+        if isinstance(found, Const):
+            dims = list(found.value.shape)
+        elif isinstance(found, tuple) and self._values.get(id(found[1])) is not None:
+            dims = list(self._values[id(found[1])].shape)
+        else:
+            dims = self.inferred_dims(name)
+        if dims is None:
             return None
+        start, end = shape_slice(node, len(dims))
+        if not all(isinstance(d, int) and d >= 0 for d in dims[start:end]):
+            return None
+        return [d if start <= k < end else 1 for k, d in enumerate(dims)]
 
     def meter(self):
-        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights."""
+        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights:
+        the values held in the memo of computed constants count until they are dropped."""
         if self._meter is None:
             from ..io.cost import Budget, Meter
 
@@ -494,12 +549,15 @@ def _drop_named(entries, names: set[str]) -> None:
             del entries[i]
 
 
-def clean_up(model: onnx.ModelProto, tracker: Tracker) -> None:
+def clean_up(model: onnx.ModelProto, tracker: Tracker, shapes=None):
     """Remove initializers and Constant nodes the fold left without users (and the
     nodes that computed a constant from them, see ``consts``), and value_info
-    entries of values that no longer exist."""
+    entries of values that no longer exist.  ``shapes`` (``onnx.shapes.Shapes``): what shape
+    inference gave, for a ``CastLike`` to a type or a ``Shape`` of dims only inference knows."""
     while True:
         index = ModelIndex(model, tracker)
+        if shapes is not None:
+            index.inferred_type, index.inferred_dims = shapes.elem_type, shapes.dims
         removed = False
         for gi in index.graphs:
             unused = _remove_unused(index, gi, tracker)

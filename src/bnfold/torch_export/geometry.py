@@ -10,7 +10,7 @@ from typing import Any
 from torch.fx import Node
 
 from ..engine.graph import Binary, ConvGeometry, Layer, Pool
-from .ops import AVG_POOLS, LAYERS, _arg, node_key, op_name
+from .ops import AVG_POOLS, INPLACE_BINARY_OPS, LAYERS, _arg, node_key, op_name
 
 
 def _tuple(value: Any, rank: int, what: str) -> tuple | str:
@@ -83,7 +83,7 @@ def parse_pool(node: Node) -> Pool | None:
 
 #: In-place sums: ``out += branch(x)`` is ``aten.add_.Tensor`` in the training IR (run_decompositions
 #: makes it ``add``).  Only the merge reads them, and only where nothing else reads what they mutate.
-INPLACE_SUMS = {"aten::add_.Tensor": "add", "aten::sub_.Tensor": "sub"}
+INPLACE_SUMS = {key: INPLACE_BINARY_OPS[key] for key in ("aten::add_.Tensor", "aten::sub_.Tensor")}
 
 
 def parse_inplace_sum(node: Node) -> Binary | None:

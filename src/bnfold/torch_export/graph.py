@@ -22,6 +22,7 @@ from .geometry import conv_geometry, parse_inplace_sum, parse_pool
 from .ops import (
     BINARY_OPS,
     HOPS,
+    INPLACE_BINARY_OPS,
     OPS,
     addmm_like,
     hop_is_exact,
@@ -103,10 +104,20 @@ class FxGraph:
         return norm
 
     def binary(self, node: Any) -> Binary | None:
-        op = BINARY_OPS.get(node_key(node)) if isinstance(node, Node) else None
+        if not isinstance(node, Node):
+            return None
+        key = node_key(node)
+        op = BINARY_OPS.get(key)
+        if op is None and (op := INPLACE_BINARY_OPS.get(key)) is not None and not self._private(node):
+            return None  # an in-place op whose mutation another op (or the graph's output) sees
         if op is None or len(node.args) < 2:
             return None
         return Binary(node, op, node.args[0], node.args[1], node, node.kwargs.get("alpha", 1))
+
+    def _private(self, node: Node) -> bool:
+        """Whether the value an in-place op mutates is computed in the graph and read by that op alone."""
+        target = node.args[0] if node.args else None
+        return _computed(target) and self.users(target) == [node]
 
     def hop(self, node: Any) -> Hop | None:
         if not isinstance(node, Node):

@@ -513,6 +513,20 @@ BINARY_OPS = {
     "aten::rsub.Scalar": "rsub",
     "aten::true_divide.Tensor": "div",
 }
+#: In-place elementwise ops (``out += 0``, ``x *= s``: the training IR keeps them): the row of their
+#: functional form, read as that form only where nothing but the op reads the value it mutates and
+#: that value is computed in the graph (``graph.binary``); the merge also reads the sums of two
+#: computed values (``geometry.INPLACE_SUMS``).
+INPLACE_BINARY_OPS = {
+    "aten::mul_.Tensor": "mul",
+    "aten::mul_.Scalar": "mul",
+    "aten::div_.Tensor": "div",
+    "aten::div_.Scalar": "div",
+    "aten::add_.Tensor": "add",
+    "aten::add_.Scalar": "add",
+    "aten::sub_.Tensor": "sub",
+    "aten::sub_.Scalar": "sub",
+}
 #: Ops that read only the metadata (shape, dtype) of the argument at the given
 #: positions: a user through those positions is no user for a fold.
 METADATA_READERS = {
@@ -598,7 +612,7 @@ OPS: dict[str, Op] = {
     **{key: Op("layer") for key in LAYERS},
     **{key: Op("norm", "batch_norm") for key in NORMS},
     **{key: Op("norm", parse.kind) for key, parse in NORM_AFFINES.items()},
-    **{key: Op("binary", row, "broadcast") for key, row in BINARY_OPS.items()},
+    **{key: Op("binary", row, "broadcast") for key, row in {**BINARY_OPS, **INPLACE_BINARY_OPS}.items()},
     **{key: Op("hop", rule, monotone=key in MAX_HOPS) for key, rule in HOPS.items()},
     **{key: Op("pool", "avg_pool") for key in AVG_POOLS},
 }

@@ -119,7 +119,11 @@ class FxTensors:
     def _evaluate(self, node: Node) -> torch.Tensor | None:
         """``node``'s value from its inputs' (already computed or stored), or None when one is not a constant."""
         if node.target is operator.getitem:
-            return self._output(node)
+            value = self._output(node)
+            if value is not None:  # one output of a tuple held until its last getitem is computed
+                self._meter().keep(node, 0, value.numel() * value.element_size())
+                self._free_read(node)
+            return value
 
         def resolve(arg):
             if isinstance(arg, Node):
@@ -140,17 +144,36 @@ class FxTensors:
         cost = self._cost(node, label, args, kwargs)
         if cost is None:
             return None  # a size known only when it runs: not a constant evaluated here
-        self._meter().charge(label, *cost)
+        meter = self._meter()
+        meter.charge(label, *cost)
         try:
             value = node.target(*args, **kwargs)
         except Exception as e:  # an op that cannot run eagerly on these tensors: not a constant we can use
             if runtime.allocator_failure(e):
                 raise  # out of memory: the watchdog names the op (bnfold.io.runtime.watch)
-            return None
+            value = None
         if isinstance(value, (tuple, list)):  # a multi-output op: its getitems read it
             self._tuples[node] = tuple(value)
-            return None
-        return value if isinstance(value, torch.Tensor) else None
+        elif not isinstance(value, torch.Tensor):
+            value = None
+        meter.keep(node, cost[0], 0 if value is None else cost[0])
+        if value is not None:
+            self._free_read(node)
+        return None if isinstance(value, (tuple, list)) else value
+
+    def _free_read(self, node: Node) -> None:
+        """Drop the computed values ``node`` read whose every reader is computed by now (``node`` is being
+        memoized): nothing reads them again unless they are computed anew (and metered anew).  Values
+        under ``FREE_MIN_BYTES`` stay (still counted): a chain of small ones is never computed twice."""
+        from ..io.cost import FREE_MIN_BYTES
+
+        for a in node.all_input_nodes:
+            value = self._computed.get(a)
+            held = (value is not None and value.numel() * value.element_size() >= FREE_MIN_BYTES) or a in self._tuples
+            if held and all(u is node or u in self._computed for u in a.users):
+                self._computed.pop(a)
+                self._tuples.pop(a, None)
+                self._meter().free(a)
 
     def _output(self, node: Node) -> torch.Tensor | None:
         """The value of a ``getitem`` of a multi-output op computed from constants, or None."""
