@@ -1,36 +1,20 @@
-"""timm's own model classes for the tests (timm is pinned and installed ``--no-deps``): no download,
-``pretrained=False``, BatchNorm statistics calibrated by a few train-mode passes.
-
-timm imports torchvision, whose meta registrations look for the ``torchvision::nms`` / ``qnms``
-schemas; the registry's torchvision is a CUDA build whose C++ ops do not load next to the CPU torch,
-so the two schemas are defined here first (the model code needs neither op)."""
+"""timm's own model classes for the re-parameterization tests: imported through the one helper that makes
+torchvision's model code importable next to the CPU torch (:mod:`library_models`), a skip where timm is not
+installed; BatchNorm statistics calibrated by a few train-mode passes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-
-_SCHEMAS = {
-    "nms": "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-    "qnms": "qnms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
-}
-_LIBRARIES = []  # a Library drops its definitions when it is collected
-
-
-def _define_torchvision_schemas() -> None:
-    for name, schema in _SCHEMAS.items():
-        try:
-            getattr(torch.ops.torchvision, name)
-        except (AttributeError, RuntimeError):
-            lib = torch.library.Library("torchvision", "FRAGMENT")  # another helper may define the others
-            lib.define(schema)
-            _LIBRARIES.append(lib)
+from library_models import import_timm
 
 
 def timm():
     """The timm package, or a skip when it is not installed."""
-    _define_torchvision_schemas()
-    return pytest.importorskip("timm", reason="timm is not installed")
+    module = import_timm()
+    if module is None:
+        pytest.skip("timm is not installed")
+    return module
 
 
 def calibrated(model: torch.nn.Module, shape, seed: int = 0, passes: int = 2) -> torch.nn.Module:
