@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+
 from library_models import import_timm
 
 
