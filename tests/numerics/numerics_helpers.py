@@ -1,6 +1,7 @@
 """Small models and export helpers for the numerics tests."""
 
 import copy
+import io
 
 import torch
 from torch import nn
@@ -27,6 +28,25 @@ def export(module, *args, ir="default"):
 
         return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
     return ep
+
+
+def onnx_keeping_batch_norms(net, x):
+    """``net`` exported by the TorchScript exporter (opset 17) with its BatchNormalization nodes kept (no
+    constant folding, training mode preserved: an eval-mode net keeps inference-mode nodes)."""
+    import onnx
+
+    f = io.BytesIO()
+    torch.onnx.export(
+        net,
+        (x,),
+        f,
+        dynamo=False,
+        opset_version=17,
+        do_constant_folding=False,
+        training=torch.onnx.TrainingMode.PRESERVE,
+        input_names=["x"],
+    )
+    return onnx.load_from_string(f.getvalue())
 
 
 def float64_forward(module, *args):

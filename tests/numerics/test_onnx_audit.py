@@ -6,12 +6,12 @@ the two audits agrees within 0.5 dB.  The fp32 profile of the traced ONNX progra
 against ONNX Runtime running the original file, as are the .pt2 of the net and the ONNX emulator.
 """
 
-import io
 import math
 
 import numpy as np
 import pytest
 import torch
+from numerics_helpers import onnx_keeping_batch_norms
 from torch import nn
 
 import bnfold
@@ -46,18 +46,7 @@ def _net():
 
 
 def _onnx(net, x):
-    f = io.BytesIO()
-    torch.onnx.export(
-        net,
-        (x,),
-        f,
-        dynamo=False,
-        opset_version=17,
-        do_constant_folding=False,
-        training=torch.onnx.TrainingMode.PRESERVE,
-        input_names=["x"],
-    )
-    model = onnx.load_from_string(f.getvalue())
+    model = onnx_keeping_batch_norms(net, x)
     assert "BatchNormalization" in {n.op_type for n in model.graph.node}  # kept for the audit to see
     return model
 

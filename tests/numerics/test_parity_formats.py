@@ -12,11 +12,11 @@ once more).  A runtime setting applied to one format only (``ort-cpu``'s fp16 Co
 every weight once more and shows, and so does its fp16 Flatten.
 """
 
-import io
 import math
 
 import pytest
 import torch
+from numerics_helpers import onnx_keeping_batch_norms
 from torch import nn
 
 import bnfold
@@ -52,18 +52,7 @@ def _net():
 
 
 def _onnx(net, x):
-    f = io.BytesIO()
-    torch.onnx.export(
-        net,
-        (x,),
-        f,
-        dynamo=False,
-        opset_version=17,
-        do_constant_folding=False,
-        training=torch.onnx.TrainingMode.PRESERVE,
-        input_names=["x"],
-    )
-    model = onnx.load_from_string(f.getvalue())
+    model = onnx_keeping_batch_norms(net, x)
     assert [n.op_type for n in model.graph.node].count("BatchNormalization") == 2
     return model
 
