@@ -7,8 +7,8 @@ An implementation is ``fn(inputs, attributes, ctx)``: torch tensors in (floats i
 integers int64, booleans bool; ``None`` for an omitted optional input; a sequence: a list of them), a
 tensor or a list of outputs out.  Values known ahead of time (shapes, axes, pads) may also arrive as
 numpy arrays; the ops read them as Python numbers (:func:`~.values.ints`).  :func:`bind` gives a
-node's callable: its row's function, or, for an op type with no row (or a form a row refuses), the node run by
-``onnx.reference`` in float32 (:class:`~.reference.ReferenceNode`), marked not emulated.
+node's callable: its row's function, or, for an op type with no row (or a form a row refuses), the node
+run by ``onnx.reference`` in float32 (:class:`~.reference.ReferenceNode`), marked not emulated.
 
 ``python -m bnfold.onnx.semantics`` prints the op types of the table (README's list).
 """
