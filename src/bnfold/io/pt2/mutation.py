@@ -7,8 +7,8 @@ Such a node is accepted when both hold:
 * **the operator is allowed in its functional form.**  The overload's schema (parsed with
   torchgen, torch's own code generator) is an in-place or ``out=`` variant, and the functional
   overload with the same signature (or the one whose signature differs only in argument names:
-  ``dropout_(Tensor(a!) self, ...)`` / ``dropout(Tensor input, ...)``) is on the allowlist (:mod:`.ops`).  Overloads tagged
-  ``inplace_view`` (``set_``, ``as_strided_``, ``resize_`` ...) are never accepted: they change
+  ``dropout_(Tensor(a!) self, ...)`` / ``dropout(Tensor input, ...)``) is on the allowlist (:mod:`.ops`).
+  Overloads tagged ``inplace_view`` (``set_``, ``as_strided_``, ``resize_`` ...) are never accepted: they change
   which memory a tensor refers to, so no aliasing could be followed past them.
 * **every argument the schema marks as written** (``Tensor(a!)``) **is an intermediate**: a value
   produced by a node of the same graph, followed back through views and aliases to its base with
