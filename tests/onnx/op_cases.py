@@ -1,9 +1,10 @@
 """Generated cases for every op of ``bnfold.onnx.semantics.OPS``: attributes, broadcasting and opset
 versions, each a one-node model with its inputs (``test_onnx_semantics.py`` runs them).
 
-A case's inputs: a shape tuple (random floats), ``POS(shape)`` (positive floats), or a numpy array
-(a fixed value: shapes, axes, indices).  ``oracles`` names what it is checked against: ONNX Runtime
-(``ort``) and ``onnx.reference`` (``ref``), both unless a case says otherwise (and why)."""
+A case's inputs: a shape tuple (random floats), ``POS(shape)`` (positive floats), ``SEQ(shapes)`` (a
+sequence of random floats), or a numpy array (a fixed value: shapes, axes, indices).  ``oracles`` names
+what it is checked against: ONNX Runtime (``ort``) and ``onnx.reference`` (``ref``), both unless a case
+says otherwise (and why)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ from onnx import TensorProto, helper
 @dataclass
 class POS:
     shape: tuple
+
+
+@dataclass
+class SEQ:
+    """A sequence input: one random float tensor per shape."""
+
+    shapes: list
 
 
 @dataclass
@@ -328,4 +336,24 @@ def _resize() -> list[Case]:
     return out
 
 
-CASES: list[Case] = _elementwise() + _shapes() + _layers() + _pools() + _norms() + _reductions() + _resize()
+def _sequences() -> list[Case]:
+    """torch.split / chunk in dynamo exports: SplitToSequence then SequenceAt (a sequence output is
+    compared part by part)."""
+    parts = SEQ([(2, 3), (2, 1), (2, 2)])
+    return [
+        Case("SplitToSequence", [(6, 4), i64(2, 1, 3)], {"axis": 0}, id="sizes"),
+        Case("SplitToSequence", [(2, 7), i64(3)[0]], {"axis": -1}, id="scalar-last-smaller"),
+        Case("SplitToSequence", [(3, 4)], {"axis": 1}, id="ones"),
+        Case("SplitToSequence", [(3, 4)], {"axis": 0, "keepdims": 0}, id="ones-squeezed"),
+        Case("SequenceAt", [parts, i64(1)[0]], id="position"),
+        Case("SequenceAt", [parts, i64(-1)[0]], id="negative"),
+        Case("ConcatFromSequence", [parts], {"axis": -1}),
+        Case("ConcatFromSequence", [SEQ([(2, 3), (2, 3)])], {"axis": 1, "new_axis": 1}),
+        Case("SequenceConstruct", [(2, 3), (4,)]),
+        Case("SequenceLength", [parts]),
+    ]
+
+
+CASES: list[Case] = (
+    _elementwise() + _shapes() + _layers() + _pools() + _norms() + _reductions() + _resize() + _sequences()
+)

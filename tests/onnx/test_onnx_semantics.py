@@ -13,7 +13,7 @@ import onnx
 import pytest
 import torch
 from onnx import helper
-from op_cases import CASES, POS, Case
+from op_cases import CASES, POS, SEQ, Case
 
 from bnfold.onnx.semantics import OPS, attrs, bind
 
@@ -27,6 +27,8 @@ def _inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray]:
     for spec in case.inputs:
         if isinstance(spec, POS):
             out.append((rng.uniform(0.5, 2.0, spec.shape)).astype(np.float32))
+        elif isinstance(spec, SEQ):
+            out.append([rng.standard_normal(shape).astype(np.float32) for shape in spec.shapes])
         elif isinstance(spec, tuple):
             out.append(rng.standard_normal(spec).astype(np.float32))
         else:
@@ -35,11 +37,15 @@ def _inputs(case: Case, rng: np.random.Generator) -> list[np.ndarray]:
 
 
 def _model(case: Case, xs: list[np.ndarray]) -> onnx.ModelProto:
-    names = [f"x{i}" if v.size or v.dtype != np.float32 or i == 0 else "" for i, v in enumerate(xs)]
+    names = [
+        f"x{i}" if isinstance(v, list) or v.size or v.dtype != np.float32 or i == 0 else "" for i, v in enumerate(xs)
+    ]
     outs = [f"y{i}" for i in range(case.outs)]
     node = helper.make_node(case.op, names, outs, **case.attrs)
     inputs = [
-        helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
+        helper.make_tensor_sequence_value_info(n, onnx.TensorProto.FLOAT, None)
+        if isinstance(v, list)
+        else helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(v.dtype), list(v.shape))
         for n, v in zip(names, xs)
         if n
     ]
@@ -54,10 +60,12 @@ def _ours(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:
     ins = [None if not n else _torch(feeds[n]) for n in node.input]
     op = bind(node, model.opset_import[0].version)
     assert op.emulated, f"{node.op_type} fell back to the reference evaluator: {op.why}"
-    return [o.numpy() for o in op(ins, attrs(node), torch.float64)]
+    return [[p.numpy() for p in o] if isinstance(o, list) else o.numpy() for o in op(ins, attrs(node), torch.float64)]
 
 
-def _torch(v: np.ndarray) -> torch.Tensor:
+def _torch(v: np.ndarray | list) -> torch.Tensor | list:
+    if isinstance(v, list):  # a sequence
+        return [_torch(p) for p in v]
     if v.dtype.kind == "f":
         return torch.from_numpy(v.astype(np.float64))
     return torch.from_numpy(v.copy() if v.dtype == np.bool_ else v.astype(np.int64))
@@ -75,7 +83,12 @@ def _oracle(which: str, model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]
     return sess.run(None, feeds)
 
 
-def _compare(ours: np.ndarray, want: np.ndarray, which: str) -> None:
+def _compare(ours: np.ndarray | list, want, which: str) -> None:
+    if isinstance(ours, list):  # a sequence: part by part
+        assert isinstance(want, list) and len(ours) == len(want), f"{which}: {len(ours)} parts, want {want!r:.200}"
+        for k, (o, w) in enumerate(zip(ours, want)):
+            _compare(o, w, f"{which} part {k}")
+        return
     want = np.asarray(want)
     assert ours.shape == want.shape, f"{which}: shape {ours.shape} != {want.shape}"
     if want.dtype.kind not in "fc":

@@ -116,3 +116,41 @@ def test_dynamo_export_without_optimizer():
         o.version for o in m.opset_import if o.domain == ""
     ]
     np.testing.assert_equal([i.name for i in r.model.graph.input], [i.name for i in m.graph.input])
+
+
+class ChannelSplit(nn.Module):
+    """ShuffleNetV2's unit: split the channels, convolve one half, shuffle them; then uneven parts."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.bn = nn.BatchNorm2d(8)
+        self.branch = nn.Conv2d(4, 4, 1)
+        self.bn_branch = nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        y = torch.relu(self.bn(self.conv(x)))
+        a, b = y.chunk(2, dim=1)
+        y = torch.cat([a, self.bn_branch(self.branch(b))], 1)
+        n, c, h, w = y.shape
+        y = y.view(n, 2, c // 2, h, w).transpose(1, 2).reshape(n, c, h, w)
+        p, q = y.split([3, 5], dim=1)
+        return p.mean(1, keepdim=True) * q
+
+
+def test_dynamo_export_of_a_channel_split_folds_and_audits(tmp_path):
+    """The dynamo exporter writes torch.split / chunk as SplitToSequence + SequenceAt: the fold keeps
+    them, and the audit emulates them (a sequence is a list of tensors to its runner)."""
+    pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (not in bnfold's extras)")
+    from bnfold.cli import main
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    torch.manual_seed(0)
+    net = ChannelSplit().eval()
+    m = _export(net, dynamo=True, optimize=False)
+    assert ops(m).count("SplitToSequence") == 2 and "SequenceAt" in ops(m)
+    r = _check(m, net, 2)
+    assert not [s for s in OnnxEmulator(r.model).not_emulated if "Sequence" in s[1]]
+    path = tmp_path / "split.onnx"
+    onnx.save(m, str(path))
+    assert main(["audit", str(path), "--random", "1", "--json"]) == 0

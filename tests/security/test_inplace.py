@@ -188,6 +188,7 @@ def test_crafted_writes_to_state_are_refused_by_every_command(inplace, tmp_path)
         ("torch.ops.aten.hardtanh_.default", "torch.ops.aten.hardtanh.default"),
         ("torch.ops.aten.hardswish_.default", "torch.ops.aten.hardswish.default"),
         ("torch.ops.aten.silu_.default", "torch.ops.aten.silu.default"),
+        ("torch.ops.aten.dropout_.default", "torch.ops.aten.dropout.default"),  # self vs input: names differ
         ("torch.ops.aten.t_.default", None),  # inplace_view
         ("torch.ops.aten.set_.source_Tensor", None),  # inplace_view
         ("torch.ops.aten._native_batch_norm_legit.default", None),  # mutable, not in-place

@@ -6,8 +6,9 @@ Such a node is accepted when both hold:
 
 * **the operator is allowed in its functional form.**  The overload's schema (parsed with
   torchgen, torch's own code generator) is an in-place or ``out=`` variant, and the functional
-  overload with the same signature is on the allowlist (:mod:`.ops`).  Overloads tagged
-  ``inplace_view`` (``set_``, ``as_strided_``, ``resize_`` ...) are never accepted: they change
+  overload with the same signature (or the one whose signature differs only in argument names:
+  ``dropout_(Tensor(a!) self, ...)`` / ``dropout(Tensor input, ...)``) is on the allowlist (:mod:`.ops`).
+  Overloads tagged ``inplace_view`` (``set_``, ``as_strided_``, ``resize_`` ...) are never accepted: they change
   which memory a tensor refers to, so no aliasing could be followed past them.
 * **every argument the schema marks as written** (``Tensor(a!)``) **is an intermediate**: a value
   produced by a node of the same graph, followed back through views and aliases to its base with
@@ -78,17 +79,34 @@ def functional_form(target: str) -> str | None:
         overloads = packet.overloads()
     except (AttributeError, RuntimeError):
         return None
+    functional = []
     for name in overloads:
         candidate = getattr(packet, name)
         try:
             parsed = FunctionSchema.parse(str(candidate._schema).split("::", 1)[1])
         except Exception:  # noqa: BLE001
             continue
-        if parsed.kind().name == "functional" and parsed.signature() == signature:
-            if allowed_overload(op.namespace, base, name):
-                return f"torch.ops.{op.namespace}.{base}.{name}"
-            return None
+        if parsed.kind().name == "functional":
+            functional.append((name, parsed.signature()))
+    # The same signature; else the one functional overload whose signature differs only in argument
+    # names (``dropout_(Tensor(a!) self, ...)`` is the in-place form of ``dropout(Tensor input, ...)``).
+    same = [n for n, sig in functional if sig == signature]
+    if not same:
+        same = [n for n, sig in functional if _unnamed(sig) == _unnamed(signature)]
+    if len(same) == 1 and allowed_overload(op.namespace, base, same[0]):
+        return f"torch.ops.{op.namespace}.{base}.{same[0]}"
     return None
+
+
+def _unnamed(signature) -> tuple:
+    """A torchgen signature without its argument names: the types and defaults of its positional and
+    keyword-only arguments, in order, and the types of its returns."""
+    args = signature.arguments
+    return (
+        tuple((str(a.type), a.default) for a in args.flat_positional),
+        tuple((str(a.type), a.default) for a in args.flat_kwarg_only),
+        tuple(str(r.type) for r in signature.returns),
+    )
 
 
 def _written_arguments(op) -> list[str]:

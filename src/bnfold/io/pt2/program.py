@@ -87,7 +87,10 @@ def _training_export(node: dict[str, Any], target: Any) -> bool:
     return "num_batches_tracked" in json.dumps(node.get("inputs"), default=str)
 
 
-_DOTTED = re.compile(r"(?:[A-Za-z0-9_]+(?:\.[A-Za-z0-9_]+)*)?\Z")
+# Parameter / buffer / module paths: torch.fx pastes each part that is not an identifier into a string
+# literal (``getattr(self.blocks, "block1-0")``), so a part holds only characters that cannot end or
+# escape one: letters, digits, ``_`` and the ``-`` that ModuleDict keys carry (torchvision's RegNet).
+_DOTTED = re.compile(r"(?:[A-Za-z0-9_-]+(?:\.[A-Za-z0-9_-]+)*)?\Z")
 _VALUE_TABLES = ("tensor_values", "sym_int_values", "sym_bool_values", "sym_float_values", "custom_obj_values")
 _PLAIN_CONSTANT = re.compile(r"[^'\"\\\n\r]*\Z")
 

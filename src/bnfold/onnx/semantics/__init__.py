@@ -4,11 +4,11 @@ and the facts about it that do not depend on a precision), read by the fp16 emul
 tests' float64 interpreter.
 
 An implementation is ``fn(inputs, attributes, ctx)``: torch tensors in (floats in the run's dtype,
-integers int64, booleans bool; ``None`` for an omitted optional input), a tensor or a list of
-tensors out.  Values known ahead of time (shapes, axes, pads) may also arrive as numpy arrays; the
-ops read them as Python numbers (:func:`~.values.ints`).  :func:`bind` gives a node's callable: its
-row's function, or, for an op type with no row (or a form a row refuses), the node run by
-``onnx.reference`` in float32 (:class:`~.reference.ReferenceNode`), marked not emulated.
+integers int64, booleans bool; ``None`` for an omitted optional input; a sequence: a list of them), a
+tensor or a list of outputs out.  Values known ahead of time (shapes, axes, pads) may also arrive as
+numpy arrays; the ops read them as Python numbers (:func:`~.values.ints`).  :func:`bind` gives a
+node's callable: its row's function, or, for an op type with no row (or a form a row refuses), the node
+run by ``onnx.reference`` in float32 (:class:`~.reference.ReferenceNode`), marked not emulated.
 
 ``python -m bnfold.onnx.semantics`` prints the op types of the table (README's list).
 """
@@ -24,6 +24,7 @@ from .pools import POOLS
 from .reduce import REDUCTIONS
 from .reference import ReferenceNode
 from .resize import RESIZE
+from .sequences import SEQUENCES
 from .shapes import SHAPES
 from .values import Ctx, Op, attrs, constant, opset_of
 
@@ -31,7 +32,7 @@ __all__ = ["OPS", "Op", "Bound", "Ctx", "bind", "attrs", "constant", "opset_of",
 
 
 #: Every op type implemented here -> its row.  Supporting another is one row (and its generated case).
-OPS: dict[str, Op] = {**ELEMENTWISE, **SHAPES, **LAYERS, **POOLS, **NORMS, **REDUCTIONS, **RESIZE}
+OPS: dict[str, Op] = {**ELEMENTWISE, **SHAPES, **LAYERS, **POOLS, **NORMS, **REDUCTIONS, **RESIZE, **SEQUENCES}
 
 #: ops whose inputs after the first are shapes, axes or bounds (read as Python numbers)
 STATIC_ARGS = frozenset(name for name, op in OPS.items() if op.static and 0 not in op.static)
