@@ -1,7 +1,7 @@
 """The lockstep runner: a graph run node by node under a precision profile, next to a high-precision reference.
 
 One runner for every format.  A format gives it a :class:`Program` (its executor, kept thin:
-:class:`~.emulator.FxProgram` for a torch program, :class:`~.onnx_emulator.OnnxProgram` for ONNX):
+:func:`~.emulator.fx_program` for a torch program, :func:`~.onnx_emulator.onnx_program` for ONNX):
 the values in graph order as :class:`Step` s (a node: the value names it reads and writes, how to
 run its op in a given float dtype, and its op's facts), the constants, the inputs and outputs.
 Everything a profile does happens here, once: fp16 storage, exact and same-error ops, fp16
