@@ -7,7 +7,8 @@ whether or not a BatchNorm follows; the computation goes, the normalization with
 run first, so a BatchNorm after the layer folds into the same computed weight in one write.
 
 The walk goes up from the layer's weight through values read by one op only (a standardized weight
-another op also reads stays: it would be computed twice) and stops at the normalizations it finds.
+another op also reads stays: it would be computed twice) and stops at the normalizations it finds; one
+whose statistics outputs are read stays too (a new weight beside the original saves nothing).
 """
 
 from __future__ import annotations
@@ -41,7 +42,8 @@ def constant_norms(graph: GraphAdapter, layer: Layer) -> list[Norm]:
         seen.add(node)
         norm = graph.norm(node)
         if norm is not None:
-            if norm.problem_code is Code.CONSTANT_NORM and not norm.affine_only:
+            # its statistics read elsewhere, the normalization would stay with the weight it reads
+            if norm.problem_code is Code.CONSTANT_NORM and not norm.affine_only and not norm.statistics_used:
                 found.append(norm)
             continue
         queue.extend((v, node) for v in graph.inputs(node))

@@ -269,11 +269,17 @@ class FxTensors:
 
     def erase_dead(self, node: Any) -> None:
         """Erase ``node`` if nothing uses it any more, then its inputs in turn (an explicit stack:
-        a dead chain of any length)."""
+        a dead chain of any length).  Unread ``getitem`` readers of a multi-output op (a loaded program
+        names every output of a batch norm, read or not) are dead too and go with it."""
         stack = [node]
         while stack:
             node = stack.pop()
-            if not isinstance(node, Node) or node.users or getattr(node, "_erased", False):
+            if not isinstance(node, Node) or getattr(node, "_erased", False):
+                continue
+            if node.users and all(u.target is operator.getitem and not u.users for u in node.users):
+                for user in list(node.users):
+                    self.graph.erase_node(user)
+            if node.users:
                 continue
             if node.op in ("placeholder", "get_attr"):
                 self.drop_if_unused(node)
