@@ -81,26 +81,47 @@ class OnnxNorm:
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
     (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
-    a Reshape of statistics), by value name."""
+    a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
+    (over the budget is a WorkError, before anything is made), counting what is alive: a computed value
+    that only constant ops read is dropped once they are computed (the runner computes it again if a batch
+    needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
+    read by a node that is no constant op and stays)."""
     from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
     out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
+    readers: dict[str, int] = {}
+    for node in model.graph.node:
+        for n in set(node.input):
+            readers[n] = readers.get(n, 0) + 1
+    keep = {o.name for o in model.graph.output} | set(out)
+    computed: set[str] = set()
     for node in model.graph.node:
         if node.op_type == "Constant" and node.output:
             out[node.output[0]] = constant(attrs(node))
+            keep.add(node.output[0])
         elif node.op_type == "Identity" and node.input and node.input[0] in out:
             out[node.output[0]] = out[node.input[0]]
+            keep.add(node.output[0])  # an alias: no bytes of its own
         elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
             if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
-                try:  # metered as the fold's evaluation is: over the budget is a WorkError, before anything is made
+                before = meter.bytes
+                try:
                     value = evaluate(node, [out[n] for n in node.input if n], meter, opset)
                 except (ValueError, TypeError, KeyError, IndexError, OverflowError):
                     value = None
-                if value is not None:
-                    out[node.output[0]] = value
+                meter.keep(node.output[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
+                if value is None:
+                    continue
+                out[node.output[0]] = value
+                computed.add(node.output[0])
+                for n in set(node.input):  # read by one more computed constant op: dropped after its last
+                    readers[n] -= 1
+                    if n in computed and n not in keep and readers[n] == 0:
+                        del out[n]
+                        meter.free(n)
     return out
 
 
