@@ -117,3 +117,51 @@ def test_inplace_affine_folds_where_nothing_else_reads_what_it_mutates(read_befo
     assert counts["mul"] == (1 if read_before else 0) and counts["sum"] == (2 if read_before else 0), counts
     with torch.no_grad():
         assert_matches(result.model.module()(x), reference(model, x))
+
+
+class TwoNormHeads(nn.Module):
+    """LeViT's classifier: ``(head(x) + head_dist(x)) / 2`` with each head timm's NormLinear (BatchNorm1d,
+    Dropout, Linear) on one pooled feature; each head's eval dropout is its own identity node."""
+
+    def __init__(self, dropout: bool):
+        super().__init__()
+        self.heads = nn.ModuleList(
+            nn.Sequential(nn.BatchNorm1d(8), nn.Dropout(0.0) if dropout else nn.Identity(), nn.Linear(8, 5))
+            for _ in range(2)
+        )
+
+    def forward(self, x):
+        return (self.heads[0](x) + self.heads[1](x)) / 2
+
+
+@pytest.mark.parametrize("ir", ("default", "decomposed", "onnx"))
+@pytest.mark.parametrize("dropout", [False, True])
+def test_two_norm_linear_heads_of_one_feature_merge_into_one_linear(dropout, ir):
+    torch.manual_seed(3)
+    model = calibrated(TwoNormHeads(dropout), (16, 8))
+    x = torch.randn(2, 8, generator=torch.Generator().manual_seed(4))
+    if ir == "onnx":
+        result = bnfold.fold(onnx_export(model, x))
+        counts, out = _onnx_counts(result.model), run_onnx(result.model, x)[0]
+        layers = sum(n.op_type in ("Gemm", "MatMul") for n in result.model.graph.node)
+    else:
+        result = bnfold.fold(export(model, (x,), ir))
+        names = [op_name(n.target) for n in result.model.graph.nodes if n.op == "call_function"]
+        counts, layers = _counts(names), sum(n in ("linear", "addmm", "mm") for n in names)
+        with torch.no_grad():
+            out = result.model.module()(x)
+    assert layers == 1 and counts["bn"] == counts["div"] == 0 and len(result.report.merged) == 1, counts
+    assert not result.report.kept_ops, result.report.kept_ops
+    assert_matches(out, reference(model, x))
+
+
+def test_timm_levit_heads_merge_like_its_own_merge_folded():
+    """timm's LeViT-128S in the default IR: as many adds as its own ``reparameterize_model`` folded."""
+    timm()
+    torch.manual_seed(0)
+    model = calibrated(timm().create_model("levit_128s", pretrained=False, num_classes=10), (2, 3, 224, 224))
+    own = timm().utils.reparameterize_model(copy.deepcopy(model))
+    x = torch.randn(1, 3, 224, 224, generator=torch.Generator().manual_seed(1))
+    counts = _fx_counts(bnfold.fold(export(model, (x,))).model)
+    expected = _fx_counts(bnfold.fold(export(own, (x,))).model)
+    assert counts == expected, (counts, expected)

@@ -131,6 +131,7 @@ class Hop:
 
     ``monotone``: a maximum (max-pool, amax), which commutes with ``x * s + t`` only where
     ``s >= 0`` on every channel; the engine checks the scale that would cross it.
+    ``identity``: the output is the input itself (an eval dropout, a clone): readers of either read one value.
     """
 
     node: Any
@@ -138,6 +139,7 @@ class Hop:
     output: Any
     op: str
     monotone: bool = False
+    identity: bool = False
 
 
 @dataclass

@@ -126,7 +126,7 @@ def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree
 
 def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, tree: _Tree, norms: list) -> None:
     node = graph.producer(value)
-    if _same(value, tree.x):
+    if _same(_read(graph, value), tree.x):
         tree.terms.append(_Term(value, coeff, "identity", value, False, norms=norms))
         return
     inside = node is not None and (parent is None or graph.users(value) == [parent])
@@ -150,13 +150,25 @@ def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, t
     shared = parent is not None and graph.users(value) != [parent]
     layer = graph.layer(node) if node is not None else None
     if layer is not None and layer.kind == tree.kind and _same(layer.output, value):
-        tree.terms.append(_Term(value, coeff, "conv", layer.input, shared, layer=layer, norms=norms))
+        tree.terms.append(_Term(value, coeff, "conv", _read(graph, layer.input), shared, layer=layer, norms=norms))
         return
     pool = graph.pool(node) if node is not None and tree.kind == "conv" else None
     if pool is not None and _same(pool.output, value):
         tree.terms.append(_Term(value, coeff, "pool", pool.input, shared, pool=pool, norms=norms))
         return
     tree.terms.append(_Term(value, coeff, "identity", value, shared, norms=norms))
+
+
+def _read(graph: GraphAdapter, value: Any) -> Any:
+    """The value ``value`` is, seen through identity hops (an eval dropout, a clone): two heads that each
+    drop out the same feature read one value."""
+    for _ in range(MAX_TREE):
+        node = graph.producer(value)
+        hop = graph.hop(node) if node is not None else None
+        if hop is None or not hop.identity or not _same(hop.output, value):
+            break
+        value = hop.input
+    return value
 
 
 def _roots(graph: GraphAdapter, first: Any) -> list:
@@ -192,11 +204,15 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     refusal = None
     for root in _roots(graph, users[0]):
         tree = _Tree(
-            channels, layer.input, layer.kind, layer.out_axis, shift=torch.zeros(channels, dtype=torch.float64)
+            channels,
+            _read(graph, layer.input),
+            layer.kind,
+            layer.out_axis,
+            shift=torch.zeros(channels, dtype=torch.float64),
         )
         root_value = _output(graph, root)
         _expand(graph, root_value, torch.ones(channels, dtype=torch.float64), None, tree, [])
-        ours = [t for t in tree.terms if _same(t.source, layer.input) or _activation(graph, t, layer.input)]
+        ours = [t for t in tree.terms if _same(t.source, tree.x) or _activation(graph, t, tree.x)]
         if len(ours) < 2:
             continue  # not branches of one value (a residual add of another block's value)
         if tree.kind == "linear" and any(t.kind == "identity" for t in ours):
@@ -224,7 +240,7 @@ def _activation(graph: GraphAdapter, term: _Term, x: Any) -> str:
     for v in graph.inputs(node):
         below = graph.producer(v)
         inner = graph.layer(below) if below is not None else None
-        if inner is not None and _same(inner.input, x):
+        if inner is not None and _same(_read(graph, inner.input), x):
             return (
                 f"{graph.describe_node(node)} after {graph.describe_node(inner.node)} is not affine: "
                 "an activation inside a branch"
@@ -249,7 +265,7 @@ def _foreign(graph: GraphAdapter, term: _Term, x: Any, tree: _Tree) -> _Refused:
 def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only):
     """The merged weight and bias and the conv that takes them; None when another branch's conv keeps
     them; _Refused with the reason when the merge is not exact."""
-    x = anchor.input
+    x = tree.x
     for node in tree.nodes:
         op = graph.inplace_sum(node)
         if op is not None and graph.users(op.a) != [node]:  # the merge would leave it unchanged for them

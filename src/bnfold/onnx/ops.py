@@ -462,4 +462,7 @@ def parse_hop(graph: Any, node: Node) -> Hop | None:
         return None
     if p.op_type != "Dropout" and any(name and graph.index.visible_uses(node.gi, name) for name in p.output[1:]):
         return None  # MaxPool's Indices are read
-    return Hop(node, graph.value(node.gi, p.input[0]), graph.value(node.gi, p.output[0]), p.op_type, row.monotone)
+    value = graph.value
+    return Hop(
+        node, value(node.gi, p.input[0]), value(node.gi, p.output[0]), p.op_type, row.monotone, row.kind == "identity"
+    )

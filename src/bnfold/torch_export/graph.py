@@ -130,7 +130,14 @@ class FxGraph:
         output = _values_of(node) if isinstance(node.meta.get("val"), (tuple, list)) else node
         if output is None:
             return None
-        return Hop(node, node.args[0], output, op_name(node.target), monotone=OPS[key].monotone)
+        return Hop(
+            node,
+            node.args[0],
+            output,
+            op_name(node.target),
+            monotone=OPS[key].monotone,
+            identity=HOPS[key] == "identity",
+        )
 
     def is_live(self, node: Any) -> bool:
         return isinstance(node, Node) and not getattr(node, "_erased", False)
