@@ -19,9 +19,8 @@ import torch
 
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
-from .axes import channel_axis
 from .chain import Stop
-from .edit import broadcast_shape
+from .edit import write_layer
 from .graph import GraphAdapter, Layer, Norm, Outcome
 from .rules import check_layer, output_params
 
@@ -83,13 +82,9 @@ def fold_constant_weight(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         for n in norms
     ]
     label = entries[0].norm.replace(".", "_").replace("/", "_")
-    extra, pending = graph.write_layer(layer, new_w, new_b, label)
-    if pending is not None:  # a layer that cannot hold a bias (a Gemm's beta * C made one)
-        rank = graph.shape_info(layer.output).rank
-        shape = broadcast_shape(pending.numel(), channel_axis(layer.out_axis, rank), rank, graph.full_rank_constants)
-        graph.add_bias(layer, layer.output, pending.reshape(shape))
-        for entry in entries:
-            entry.bias_added = True
+    extra, bias_added = write_layer(graph, layer, new_w, new_b, label)  # a Gemm's beta * C: a bias after it
+    for entry in entries:
+        entry.bias_added = bias_added
     entries[0].extra_bytes = extra
     out.folded.extend(entries)
     return out

@@ -13,6 +13,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
 from .axes import channel_axis
@@ -184,21 +186,33 @@ def _write(graph: GraphAdapter, targets: list, steps: list[Step], rule: str, sid
     # the chain goes first: a parameter the layer shared only with removed nodes is then no longer shared
     end = remove_chain(graph, steps)
     for layer, (new_w, new_b) in zip(layers, new):
-        added, pending = graph.write_layer(layer, new_w, new_b, label)
+        # a layer that holds no bias gets it where the chain ended (output side) or after the layer
+        at = (end, steps[-1].axis, steps[-1].rank) if side == "output" else None
+        added, bias_added = write_layer(graph, layer, new_w, new_b, label, at)
         entries[0].extra_bytes += added
-        if pending is None:
-            continue
-        # the layer holds no bias: add it where the chain ended (output side) or after the layer
-        if side == "output":
-            value, axis, rank = end, steps[-1].axis, steps[-1].rank
-        else:
-            value, rank = layer.output, graph.shape_info(layer.output).rank
-            axis = channel_axis(layer.out_axis, rank)
-        shape = broadcast_shape(pending.numel(), axis, rank, graph.full_rank_constants)
-        graph.add_bias(layer, value, pending.reshape(shape))
-        for entry in entries:
-            entry.bias_added = True
+        if bias_added:
+            for entry in entries:
+                entry.bias_added = True
     out.folded.extend(entries)
+
+
+def write_layer(
+    graph: GraphAdapter, layer: Layer, weight: torch.Tensor, bias: torch.Tensor | None, label: str, at=None
+) -> tuple[int, bool]:
+    """Write ``layer``'s new weight and bias; a bias the layer cannot hold (a conv without a bias input, a
+    Gemm whose ``beta * C`` made one) is added after it: at ``at`` = ``(value, channel axis, rank)``, else
+    on the layer's output.  Returns the bytes added and whether a bias was added after the layer."""
+    added, pending = graph.write_layer(layer, weight, bias, label)
+    if pending is None:
+        return added, False
+    if at is None:
+        rank = graph.shape_info(layer.output).rank
+        at = (layer.output, channel_axis(layer.out_axis, rank), rank)
+    value, axis, rank = at
+    graph.add_bias(
+        layer, value, pending.reshape(broadcast_shape(pending.numel(), axis, rank, graph.full_rank_constants))
+    )
+    return added, True
 
 
 # ------------------------------------------------------------------ report entries

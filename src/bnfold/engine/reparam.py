@@ -32,7 +32,7 @@ from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep, Merged
 from .axes import channel_axis
 from .chain import Stop, _same, binary_step, norm_step
-from .edit import broadcast_shape
+from .edit import write_layer
 from .graph import ConvGeometry, GraphAdapter, Layer, Outcome, Pool
 from .rules import check_layer
 
@@ -428,17 +428,9 @@ def _apply(graph: GraphAdapter, root: Any, root_value: Any, tree: _Tree, plan, o
         for n in tree.norms
     ]
     graph.bypass(root_value, target.layer.output, unique)
-    extra, pending = graph.write_layer(target.layer, new_w, new_b, into.replace(".", "_").replace("/", "_"))
-    if pending is not None:  # a conv that cannot hold a bias: the bias goes after it
-        rank = graph.shape_info(target.layer.output).rank
-        axis = target.layer.out_axis if rank is None or target.layer.out_axis >= 0 else rank + target.layer.out_axis
-        graph.add_bias(
-            target.layer,
-            target.layer.output,
-            pending.reshape(broadcast_shape(pending.numel(), axis, rank, graph.full_rank_constants)),
-        )
-        for entry in folded:
-            entry.bias_added = True
+    extra, bias_added = write_layer(graph, target.layer, new_w, new_b, into.replace(".", "_").replace("/", "_"))
+    for entry in folded:
+        entry.bias_added = bias_added  # a conv that cannot hold a bias: the bias goes after it
     for entry in folded[:1]:
         entry.extra_bytes = extra
     out.folded.extend(folded)
