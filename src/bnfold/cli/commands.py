@@ -54,8 +54,8 @@ COMMANDS: tuple[Command, ...] = (
     Command(
         "audit",
         help="measure the fp16 / HTP numerics of a program before and after folding",
-        description="Run IN under a precision profile next to a float64 reference, unfolded and\n"
-        "folded, and summarize the error per layer.",
+        description="Run IN under a precision profile next to a reference run (float64; float32\n"
+        "under the profiles that store fp16), unfolded and folded, and summarize the error per layer.",
         options=(
             *COMMON,
             *LOADING,

@@ -274,7 +274,7 @@ def run_demo(out_dir=".", quick: bool = False, verbose: bool = True) -> dict:
         "",
     ]
     for key, _, _ in AUDITS:
-        lines.append(f"  worst layers under {LABELS[key]} (cumulative SQNR against float64):")
+        lines.append(f"  worst layers under {LABELS[key]} (cumulative SQNR against the reference run):")
         lines.extend(_worst_layers(reports[key]))
     lines.append("")
     for i, v in enumerate(verdict):

@@ -203,7 +203,7 @@ class AuditReport:
 @dataclass
 class RuntimeRun:
     """A real runtime run next to the emulation (``audit(..., runtime=...)``): its end-to-end numbers
-    against the same float64 reference, unfolded and folded, and the profile it is compared with."""
+    against the same reference run, unfolded and folded, and the profile it is compared with."""
 
     runtime: str  # "torch" (eager, half precision, CPU) or "onnxruntime" (a float16 model, CPU)
     matches_profile: str  # the profile that emulates this runtime

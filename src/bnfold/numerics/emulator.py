@@ -3,7 +3,7 @@
 Each ``call_function`` node is a step writing one value under its node name (a tuple for an op that
 returns several; ``getitem`` nodes pick from it).  The placeholders are fed from the program's
 state_dict / constants by its graph signature.  Floating dtypes named inside the graph (``_to_copy``,
-``full``, ...) become the run's float dtype (float32 emulated, float64 reference); Python scalars (op
+``full``, ...) become the run's float dtype (float32 emulated, the reference's dtype); Python scalars (op
 attributes such as ``eps`` or a ``mul.Scalar`` factor) are used as they are.  What an op is to the
 numerics (exact, layer kind, fp16 class) is read from the frontend's op table
 (``bnfold.torch_export.ops.OPS``); layers and batch norms are parsed by the frontend.

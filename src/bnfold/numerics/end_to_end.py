@@ -1,4 +1,4 @@
-"""End-to-end numbers of an audited run: output SQNR and NaN/inf against the float64 reference, and
+"""End-to-end numbers of an audited run: output SQNR and NaN/inf against the reference run, and
 agreement with the float model on the task (:class:`Task`): top-1 agreement along a class axis,
 the IoU of the above-threshold mask of a probability map, a metric of the user's, and accuracy
 against labels (classifiers).

@@ -1,4 +1,5 @@
-"""Error statistics of one tensor (summed over batches) against its float64 reference."""
+"""Error statistics of one tensor (summed over batches) against its reference (float64; float32 under the
+profiles that store fp16)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import torch
 
 @dataclass
 class TensorError:
-    """How far an emulated tensor is from its float64 reference.
+    """How far an emulated tensor is from its reference.
 
     ``signal`` and ``noise`` are sums of ``ref**2`` and ``(emulated - ref)**2``
     over the elements where both values are finite; non-finite emulated elements

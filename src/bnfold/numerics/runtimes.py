@@ -6,7 +6,7 @@
 * ``onnxruntime``: ONNX Runtime's CPU provider running the float16 model that onnxconverter-common's
   ``convert_float_to_float16(model, keep_io_types=True)`` writes.  The ``ort-cpu`` profile emulates it.
 
-Both are measured against the same float64 reference as the emulation, unfolded and folded.
+Both are measured against the same reference run as the emulation, unfolded and folded.
 """
 
 from __future__ import annotations
