@@ -102,6 +102,26 @@ def test_an_op_without_an_implementation_runs_and_is_named(capsys, tmp_path):
     assert main(["audit", str(tmp_path / "shrink.onnx"), "--random", "2"]) == 0, capsys.readouterr().err
 
 
+@pytest.mark.parametrize("op", ["RandomNormalLike", "Bernoulli"])
+def test_an_op_outside_the_reference_allowlist_refuses_the_model(capsys, tmp_path, op):
+    """An op without an implementation runs through onnx.reference only when it is on REFERENCE_OPS: a random
+    op (or image decoding, a size read from the data) refuses the model in one line, exit 2."""
+    graph = h.make_graph(
+        [h.make_node("Relu", ["x"], ["r"], name="relu"), h.make_node(op, ["r"], ["y"], name="extra")],
+        "g",
+        [h.make_tensor_value_info("x", TP.FLOAT, [1, 3])],
+        [h.make_tensor_value_info("y", TP.FLOAT, [1, 3])],
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 17)])
+    onnx.checker.check_model(model)
+    with pytest.raises(NotImplementedError, match=f"ONNX op {op} .*reference evaluator may run"):
+        OnnxEmulator(model, "fp16")
+    onnx.save(model, tmp_path / "m.onnx")
+    assert main(["audit", str(tmp_path / "m.onnx"), "--random", "1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert op in err and len(err.splitlines()) == 1, err
+
+
 class _VitBlock(torch.nn.Module):
     """A pre-norm transformer block (LayerNorm, scaled dot-product attention, GELU MLP)."""
 

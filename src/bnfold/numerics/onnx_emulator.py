@@ -23,7 +23,8 @@ import torch
 from onnx import numpy_helper
 
 from ..onnx.ops import op_of
-from ..onnx.semantics import attrs, bind, constant, opset_of
+from ..onnx.semantics import OPS, attrs, bind, constant, opset_of
+from ..onnx.semantics.reference import REFERENCE_OPS
 from . import accumulate
 from .batches import as_batches
 from .profiles import Profile
@@ -157,6 +158,8 @@ def _step(node: onnx.NodeProto, name: str, opset: int | None, norm: OnnxNorm | N
     if node.op_type in _SUBGRAPH_OPS:
         raise UnsupportedOp(node.op_type, name, "subgraphs")
     a, bound, op = attrs(node), bind(node, opset), node.op_type
+    if not bound.emulated and op not in OPS and op not in REFERENCE_OPS:
+        raise UnsupportedOp(op, name, "no implementation, and not an op the reference evaluator may run")
 
     def run(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> list:
         if weight is not None:

@@ -1,5 +1,11 @@
 """An ONNX op with no implementation here runs through ``onnx.reference.ReferenceEvaluator`` on its
-one node, in float32 (integers int64, booleans bool, as the other ops get them)."""
+one node, in float32 (integers int64, booleans bool, as the other ops get them).
+
+Only the op types of :data:`REFERENCE_OPS` may: deterministic numeric ops whose outputs are no larger
+than a product of their inputs' sizes, so the cost plan and the watchdog bound them.  Any other op
+type without an implementation (random ops, image and string decoding, sizes read from the data such
+as ``OneHot`` or the window ops, attributes that set an output size) refuses the model: a model file
+must not choose which code of the reference evaluator runs."""
 
 from __future__ import annotations
 
@@ -9,6 +15,13 @@ import torch
 from onnx import helper
 
 from .values import Ctx
+
+#: op types without an implementation here that may run through the reference evaluator (an allowlist)
+REFERENCE_OPS = frozenset(
+    "Acosh Asinh Atanh BitShift BitwiseAnd BitwiseNot BitwiseOr BitwiseXor CumProd Compress DequantizeLinear "
+    "QuantizeLinear DynamicQuantizeLinear Det EyeLike LpNormalization MatMulInteger MeanVarianceNormalization "
+    "NonZero QLinearMatMul ReverseSequence Shrink Swish Unique".split()
+)
 
 
 class ReferenceNode:
