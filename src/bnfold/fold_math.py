@@ -74,6 +74,21 @@ def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
     return Affine(scale, beta - mean * scale)
 
 
+def batch_norm_affines(mean, var, eps, weight=None, bias=None) -> tuple[Affine, torch.Tensor]:
+    """:func:`batch_norm_affine` per channel, for analysis of many normalizations at once (the audit's risk
+    model): ``eps`` per channel (a tensor like ``mean``) or one float.  Returns the affine and, per channel,
+    whether it is defined (finite statistics, ``var + eps > 0``); where it is not, the values are whatever
+    IEEE arithmetic makes of them.  Folding uses the checked :func:`batch_norm_affine`, the same arithmetic."""
+    mean, var = _f64(mean), _f64(var)
+    gamma = torch.ones_like(mean) if weight is None else _f64(weight)
+    beta = torch.zeros_like(mean) if bias is None else _f64(bias)
+    eps = _f64(eps) if isinstance(eps, torch.Tensor) else float(eps)
+    denom = var + eps
+    defined = torch.isfinite(torch.stack((mean, var, gamma, beta))).all(0) & (denom > 0)
+    scale = gamma / torch.sqrt(denom)
+    return Affine(scale, beta - mean * scale), defined
+
+
 def affine(scale, shift, channels: int) -> Affine:
     """An affine from scalar or per-channel ``scale``/``shift`` (``None`` = identity)."""
     s = torch.ones(1, dtype=torch.float64) if scale is None else _f64(scale)

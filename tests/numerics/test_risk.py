@@ -138,3 +138,64 @@ def test_a_runtime_eps_near_the_variance_is_named_as_the_cause():
     assert p.verdict == "safe" and p.risk.risky_at_what_if  # the what-if at 1e-9 predicts what the run then measures
     assert n.verdict == "degrades" and n.risk.cause == "runtime eps"
     assert abs(n.risk.runtime.loss_db - n.risk.measured.loss_db) < TOLERANCE_DB
+
+
+def test_risk_of_many_norms_at_once_is_each_norms_own():
+    """The risk model runs over every norm's channels at once (``NormBatch``): each norm's prediction and
+    measurement equal those of the norm alone, across channel counts, a norm without statistics, one whose
+    statistics are undefined (var + eps < 0) and one with inconsistent channel counts."""
+    from bnfold.numerics.probe import NormProbe
+    from bnfold.numerics.profiles import get_profile
+    from bnfold.numerics.risk import NormBatch, NormStats, measure_intermediates, predict
+
+    g = torch.Generator().manual_seed(3)
+    f64 = dict(dtype=torch.float64)
+
+    def stats(c, scale=1.0):
+        mean = torch.randn(c, generator=g, **f64) * scale
+        var = torch.rand(c, generator=g, **f64) * scale
+        return NormStats(mean, var, torch.randn(c, generator=g, **f64), torch.randn(c, generator=g, **f64), 1e-5)
+
+    undefined = stats(4)
+    undefined.var[1] = -1.0
+    broken = stats(5)
+    broken.gamma = torch.ones(3, **f64)
+    norms = [stats(16, 100.0), None, stats(3), undefined, broken, stats(64, 1e-3)]
+    norms[2].layer_bias, norms[2].rounded_input = torch.randn(3, generator=g, **f64), False
+    probes = [
+        None if st is None else NormProbe("n", st.mean - 1, st.mean + 1, st.mean - 2, st.mean + 3) for st in norms
+    ]
+    for name in ("fp16", "htp", "fp32"):
+        prof = get_profile(name)
+        together = predict(NormBatch(norms), prof), predict(NormBatch(norms), prof, 1e-9)
+        measured = measure_intermediates(NormBatch(norms), prof, [1e-5] * len(norms), probes)
+        for i, st in enumerate(norms):
+            alone = predict(NormBatch([st]), prof)[0], predict(NormBatch([st]), prof, 1e-9)[0]
+            for a, b in zip(together, alone):
+                assert (a[i] is None) == (b is None) == (i in (1, 3, 4)), (name, i)
+                if b is not None:
+                    _same(a[i].to_dict(), b.to_dict(), (name, i))
+            m = measure_intermediates(NormBatch([st]), prof, [1e-5], [probes[i]])[0]
+            assert (measured[i] is None) == (m is None), (name, i)
+            if m is not None:
+                _same(measured[i].to_dict(), m.to_dict(), (name, i))
+        assert together[0][0].kappa > 1 and together[0][5].kappa_channel < 64
+
+
+def _flat(d: dict, path: str = "") -> dict:
+    """A nested dict's leaves by path (numbers comparable with ``pytest.approx``)."""
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{path}{k}.") if isinstance(v, dict) else {path + k: v})
+    return out
+
+
+def _same(got: dict, want: dict, where) -> None:
+    """Equal leaves, numbers to 1e-12 (the per-norm sums are added in another order)."""
+    got, want = _flat(got), _flat(want)
+    assert got.keys() == want.keys(), where
+    for k, w in want.items():
+        if isinstance(w, float) and not isinstance(w, bool):
+            assert got[k] == pytest.approx(w, rel=1e-12, abs=1e-300), (where, k)
+        else:
+            assert got[k] == w, (where, k)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import resource
 
+import crafted
 import crafted_lies as lies
 import pytest
 import torch
@@ -27,6 +28,31 @@ def test_recomputed_shapes_agree_with_honest_metadata(programs):
                 assert specs[node.name][0].dtype == val.dtype, (name, node.name)
                 if all(isinstance(d, int) for d in val.shape):
                     assert specs[node.name][0].dims == tuple(val.shape), (name, node.name)
+
+
+def test_audit_sizes_read_only_checked_metadata(programs):
+    """``fx_shapes.specs`` (the audit's plan): a program read from a file is recomputed on a batch of shapes its
+    metadata was not checked at, and read from its (checked) metadata on the shapes load checked; a program
+    made in memory is read from torch's metadata at the batch's symbols.  A lie planted after load shows
+    where the metadata is read, never where it is recomputed."""
+    ep = models.load_model(programs["dynamic"]).model  # checked at load, at its example shapes [2, 3, 8, 8]
+    (x,) = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    conv = next(n for n in ep.graph.nodes if n.op == "call_function" and "conv" in str(n.target))
+    stated = conv.meta["val"]
+    conv.meta["val"] = torch.empty(7, 7, 7, 7, device="meta")  # a lie planted after the check
+    try:
+        example = fx_shapes.specs(ep, {x: (2, 3, 8, 8)})
+        other = fx_shapes.specs(ep, {x: (5, 3, 16, 16)})
+    finally:
+        conv.meta["val"] = stated
+    assert example[conv.name][0].dims == (7, 7, 7, 7)  # the checked shapes: the metadata as it is
+    assert other[conv.name][0].dims == (5, 4, 14, 14)  # other shapes: recomputed, the planted lie unseen
+    fresh = torch.export.export(  # made in memory: torch's own metadata, at the batch's symbols
+        crafted.ConvBN().eval(), (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: torch.export.Dim("b", max=64)},)
+    )
+    node = next(n for n in fresh.graph.nodes if n.op == "call_function" and "conv" in str(n.target))
+    (fx,) = [s.arg.name for s in fresh.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    assert fx_shapes.specs(fresh, {fx: (9, 3, 8, 8)})[node.name][0].dims == (9, 4, 6, 6)
 
 
 def test_metadata_mismatch_is_refused_naming_node_and_both_shapes(tmp_path):

@@ -314,15 +314,17 @@ def fx_plan(
     example shapes), ``runs`` times per batch, against the budget its content justifies; return the
     plan (:class:`Plan`: the bytes it holds at its peak, its FLOPs).
 
-    Every size is recomputed from the ops and their arguments (:func:`bnfold.io.fx_shapes.recompute`,
-    meta kernels over the real weights), never read from the file's metadata; a file whose metadata
-    disagrees is refused.  A value that only running tells (``nonzero``, a size read from a tensor)
-    is counted as 0 here and checked when it runs (:func:`bnfold.io.runtime.before_op`).  With
-    ``audit``, the values count what the audit holds of them (:class:`AuditHold`)."""
+    Without ``batches`` every size is recomputed from the ops and their arguments
+    (:func:`bnfold.io.fx_shapes.recompute`, meta kernels over the real weights) and compared with the
+    metadata: a file whose metadata disagrees is refused.  With ``batches``, the sizes are those of
+    :func:`bnfold.io.fx_shapes.specs` (a file's metadata only where it was checked).  A value that only
+    running tells (``nonzero``, a size read from a tensor) is counted as 0 here and checked when it
+    runs (:func:`bnfold.io.runtime.before_op`).  With ``audit``, the values count what the audit holds of
+    them (:class:`AuditHold`)."""
     import torch
     from torch.export.graph_signature import InputKind
 
-    from .fx_shapes import recompute
+    from . import fx_shapes
 
     specs = ep.graph_signature.input_specs
     users = [s.arg.name for s in specs if s.kind == InputKind.USER_INPUT]
@@ -332,8 +334,8 @@ def fx_plan(
         batch = max(batches, key=lambda b: sum(t.numel() for t in b if isinstance(t, torch.Tensor)))
         shapes = {n: tuple(x.shape) for n, x in zip(users, batch) if isinstance(x, torch.Tensor)}
     # the metadata is compared at load (the file's own example shapes); a batch of other shapes is the
-    # caller's (the emulator checks it against the program's static dims)
-    rec = recompute(ep, shapes, where=where, compare=not batches)
+    # caller's (the emulator checks it against the program's static dims), its sizes recomputed for a file
+    rec = fx_shapes.specs(ep, shapes, where=where) if batches else fx_shapes.recompute(ep, shapes, where=where)
     hold = AuditHold(runs) if audit else None
     live: dict[str, int] = {}
     weights, float_weights, inputs = 0, 0, {}

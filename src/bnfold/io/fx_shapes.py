@@ -15,11 +15,19 @@ metadata lies cannot be folded or run faithfully (see SECURITY.md).
 A value whose shape no meta kernel can tell before the op runs (``nonzero``, an ``item()``
 used as a size, an op without a meta kernel) is ``None`` here: its size is checked when it
 runs (:func:`bnfold.io.runtime.before_op`).
+
+Which program is recomputed (:func:`specs`): a program bnfold loaded from a file (:func:`from_file`) is
+recomputed and compared at load, at its own example shapes; on a batch of those shapes its metadata is
+then the recomputed values and is read as it is, on a batch of other shapes it is recomputed again.
+A program handed to the API in memory was made by torch in the caller's process (``torch.export``):
+its metadata is torch's own and is read at the batch's symbol bindings (SECURITY.md: what the
+guarantees cover).
 """
 
 from __future__ import annotations
 
 import operator
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,6 +74,89 @@ def _input_value(val: Any, shape: tuple | None, subs: dict, fake_mode: Any) -> A
     return val
 
 
+#: the programs bnfold loaded from a file -> the user-input shapes their metadata was checked at (None: not yet)
+_FROM_FILE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def from_file(ep: Any) -> None:
+    """Mark ``ep`` as read from a file: its metadata is believed only where :func:`recompute` checked it."""
+    _FROM_FILE[ep] = None
+
+
+def specs(
+    ep: Any, shapes: dict[str, tuple] | None = None, *, where: str = "the program"
+) -> dict[str, list[Spec] | None]:
+    """What :func:`recompute` returns, for ``ep`` run on a batch of ``shapes``: recomputed for a program read
+    from a file unless its metadata was checked at these shapes, else read from the metadata (see the
+    module docstring)."""
+    shapes = dict(shapes or {})
+    if ep in _FROM_FILE and _FROM_FILE[ep] != _user_shapes(ep, shapes):
+        return recompute(ep, shapes, where=where, compare=False)
+    return _read_stated(ep, shapes)
+
+
+def _user_shapes(ep: Any, shapes: dict[str, tuple]) -> dict[str, tuple]:
+    """``shapes`` with each user input missing from it at its stated example shape."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    users = {s.arg.name for s in ep.graph_signature.input_specs if s.kind == InputKind.USER_INPUT}
+    out = {}
+    for node in ep.graph.nodes:
+        if node.op == "placeholder" and node.name in users:
+            val = node.meta.get("val")
+            stated = tuple(concrete_dim(d, {}) for d in val.shape) if isinstance(val, torch.Tensor) else None
+            out[node.name] = tuple(shapes.get(node.name, stated) or ())
+    return out
+
+
+def _bind(ep: Any, shapes: dict[str, tuple]) -> dict:
+    """The input symbols bound to the dims of ``shapes`` (user input name -> dims)."""
+    import torch
+    from torch.export.graph_signature import InputKind
+
+    specs_ = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    subs: dict = {}
+    for node in ep.graph.nodes:
+        val = node.meta.get("val")
+        spec = specs_.get(node.name)
+        if node.op != "placeholder" or spec is None or not isinstance(val, torch.Tensor):
+            continue
+        real = shapes.get(node.name) if spec.kind == InputKind.USER_INPUT else None
+        if real is not None and len(real) == val.dim():
+            for d, r in zip(val.shape, real):
+                if isinstance(d, torch.SymInt) and getattr(d.node.expr, "is_Symbol", False):
+                    subs[d.node.expr] = int(r)
+    return subs
+
+
+def _read_stated(ep: Any, shapes: dict[str, tuple]) -> dict[str, list[Spec] | None]:
+    """The metadata's values at the symbol bindings of ``shapes`` (a dim it cannot bind: None)."""
+    subs = _bind(ep, shapes)
+    out: dict[str, list[Spec] | None] = {}
+    for node in ep.graph.nodes:
+        if node.op not in ("placeholder", "call_function"):
+            continue
+        val = node.meta.get("val")
+        if node.op == "placeholder" and node.name in shapes:
+            dims = tuple(shapes[node.name])
+            out[node.name] = [Spec(tuple(int(d) for d in dims), val.dtype)] if hasattr(val, "dtype") else []
+            continue
+        tensors = _stated(val)
+        if val is None or (not tensors and not isinstance(val, (list, tuple))):
+            out[node.name] = None if val is None or hasattr(val, "node") else []
+            continue
+        specs_ = []
+        for t in tensors:
+            dims = tuple(concrete_dim(d, subs) for d in t.shape)
+            if any(d is None for d in dims):
+                specs_ = None
+                break
+            specs_.append(Spec(dims, t.dtype))
+        out[node.name] = specs_
+    return out
+
+
 def recompute(
     ep: Any,
     shapes: dict[str, tuple] | None = None,
@@ -82,23 +173,12 @@ def recompute(
     """
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.export.graph_signature import InputKind
     from torch.fx.node import map_aggregate
 
     shapes = dict(shapes or {})
     fake_mode = FakeTensorMode(allow_fallback_kernels=False, allow_non_fake_inputs=False)
     specs = {s.arg.name: s for s in ep.graph_signature.input_specs}
-    subs: dict = {}
-    for node in ep.graph.nodes:  # bind the input symbols to the shapes used
-        val = node.meta.get("val")
-        spec = specs.get(node.name)
-        if node.op != "placeholder" or spec is None or not isinstance(val, torch.Tensor):
-            continue
-        real = shapes.get(node.name) if spec.kind == InputKind.USER_INPUT else None
-        if real is not None and len(real) == val.dim():
-            for d, r in zip(val.shape, real):
-                if isinstance(d, torch.SymInt) and getattr(d.node.expr, "is_Symbol", False):
-                    subs[d.node.expr] = int(r)
+    subs = _bind(ep, shapes)
     env: dict[Any, Any] = {}
     out: dict[str, list[Spec] | None] = {}
     for node in ep.graph.nodes:
@@ -117,6 +197,8 @@ def recompute(
         out[node.name] = None if value is _UNKNOWN else _specs(value)
         if compare and out[node.name] is not None:
             _compare(node, out[node.name], subs, where)
+    if compare and ep in _FROM_FILE:  # checked: at these shapes the metadata is the recomputed values
+        _FROM_FILE[ep] = _user_shapes(ep, shapes)
     return out
 
 

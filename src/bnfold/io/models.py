@@ -75,6 +75,9 @@ def load_model(
 def check_cost(loaded: LoadedModel) -> None:
     """Refuse a model whose one run (its own example shapes) costs more than its content justifies."""
     if loaded.kind == PT2:
+        from .fx_shapes import from_file
+
+        from_file(loaded.model)  # its metadata is believed only where the plan's recomputation checked it
         cost.fx_plan(loaded.model, where=loaded.path)
     else:
         cost.onnx_plan(loaded.model, loaded.path)

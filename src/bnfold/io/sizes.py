@@ -29,8 +29,8 @@ def concrete_dim(d: Any, subs: dict) -> int | None:
     expr = getattr(node, "expr", None)
     if expr is not None and subs:
         try:
-            v = expr.xreplace(subs)
-            if v.is_number:
+            v = expr.xreplace(subs)  # a bare symbol becomes its bound value itself (a Python int)
+            if isinstance(v, int) or v.is_number:
                 return int(v)
         except (TypeError, ValueError, AttributeError):
             pass

@@ -196,7 +196,18 @@ def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False
     return model, batches, name, random_inputs
 
 
-FX_AUDIT = AuditFormat(_prepare, fx_program)
+def _output_rank(model) -> int | None:
+    """The rank of a program's first output, from its metadata (a module states none: None)."""
+    if not isinstance(model, torch.export.ExportedProgram):
+        return None
+    out = next((n for n in model.graph.nodes if n.op == "output"), None)
+    vals = out.args[0] if out is not None and out.args else ()
+    first = vals[0] if isinstance(vals, (tuple, list)) and vals else None
+    val = getattr(first, "meta", {}).get("val") if first is not None else None
+    return val.dim() if isinstance(val, torch.Tensor) else None
+
+
+FX_AUDIT = AuditFormat(_prepare, fx_program, _output_rank)
 
 
 class Emulator(Runner):

@@ -76,19 +76,12 @@ def check_class_axis(axis: int | None, rank: int | None) -> None:
 
 
 def first_output_rank(model) -> int | None:
-    """The rank of the model's first output where the model declares it (ONNX, ExportedProgram), else None."""
-    if type(model).__name__ == "ModelProto":
-        outs = model.graph.output
-        if not outs or not outs[0].type.tensor_type.HasField("shape"):
-            return None
-        return len(outs[0].type.tensor_type.shape.dim)
-    if isinstance(model, torch.export.ExportedProgram):
-        out = next((n for n in model.graph.nodes if n.op == "output"), None)
-        vals = out.args[0] if out is not None and out.args else ()
-        first = vals[0] if isinstance(vals, (tuple, list)) and vals else None
-        val = getattr(first, "meta", {}).get("val") if first is not None else None
-        return val.dim() if isinstance(val, torch.Tensor) else None
-    return None
+    """The rank of the model's first output where the model declares it (its frontend's audit hook
+    ``output_rank``), else None."""
+    from ..frontends import frontend_for
+
+    fe = frontend_for(model)
+    return fe.numerics().output_rank(model) if fe is not None and fe.numerics is not None else None
 
 
 class _Agreement:

@@ -121,22 +121,20 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     err = TensorError(node, op, tuple(ref.shape), ref.numel())
     if ref.numel() == 0:
         return err
-    if exact_diff:
-        ref = ref.to(torch.float64)  # a float32 reference too: signal and noise summed alike
-        err.max_abs_ref = _abs_max(ref)
-        diff = emulated.to(torch.float64) - ref
-        noise = float(torch.linalg.vector_norm(diff)) ** 2
-        signal_ref = ref
-    else:
-        ref32 = ref.to(torch.float32)
-        err.max_abs_ref = _abs_max(ref32)
-        diff = emulated - ref32
-        noise = float(torch.linalg.vector_norm(diff)) ** 2
-        signal_ref = ref32
+    dtype = torch.float64 if exact_diff else torch.float32  # a float32 reference too: signal and noise alike
+    ref = ref.to(dtype)
+    diff = emulated.to(dtype) - ref
+    r_lo, r_hi = torch.aminmax(ref)
+    d_lo, d_hi = torch.aminmax(diff)
+    noise, signal, r_lo, r_hi, d_lo, d_hi = torch.stack(
+        (torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref), r_lo, r_hi, d_lo, d_hi)
+    ).tolist()  # one conversion to Python numbers
+    noise *= noise
+    err.max_abs_ref = max(-r_lo, r_hi)
     if math.isfinite(noise):
         err.noise = noise
-        err.signal = float(torch.linalg.vector_norm(signal_ref)) ** 2
-        err.max_abs_err = _abs_max(diff)
+        err.signal = signal * signal
+        err.max_abs_err = max(-d_lo, d_hi)
         return err
     finite = torch.isfinite(emulated) & torch.isfinite(ref)
     err.nan = int(torch.isnan(emulated).sum())

@@ -9,11 +9,9 @@ import math
 
 import torch
 
-from ..errors import FoldError
-from ..fold_math import Affine, batch_norm_affine
 from .audit_report import LayerAudit, NormAudit
 from .profiles import FP16_MAX
-from .risk import QNN_EPS, NormStats, Risk, judge, measure_intermediates, predict
+from .risk import QNN_EPS, NormBatch, NormStats, Risk, judge, measure_intermediates, predict
 from .runner import EmulationResult, Program
 
 
@@ -28,55 +26,67 @@ def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
     return status
 
 
-def _affine_or_none(mean, var, eps: float, weight=None) -> Affine | None:
-    """``fold_math.batch_norm_affine``, or None where it refuses the statistics (NaN/inf, var + eps <= 0)."""
-    try:
-        return batch_norm_affine(mean, var, eps, weight)
-    except FoldError:
-        return None
+def norm_numbers(nb: NormBatch, known: list[bool], bn_eps: float | None) -> list[dict]:
+    """Per norm of ``nb`` (statistics and gamma; ``known[i]`` False: its gamma is computed in the graph, so
+    unknown), ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and
+    the bn_eps scale, from ``fold_math.batch_norm_affines``.  Numbers it cannot give (undefined statistics, an
+    unknown gamma) are NaN.  kappa is the shift of the bare normalization (gamma = 1, beta = 0):
+    ``|mean| / sqrt(var + eps)``."""
+    seg, nan = nb.seg, math.nan
+    if seg.n == 0:
+        return []
+    bare_shift, bare_ok = nb.affine(nb.model_eps, bare=True)[1:]
+    scale, _, full_ok = nb.affine(nb.model_eps)
+    rows = [seg.min(scale.abs()), seg.max(scale.abs()), seg.max(bare_shift.abs()), seg.argmax(bare_shift.abs())]
+    oks = [bare_ok, full_ok]
+    if bn_eps is not None:
+        rt = [bn_eps] * seg.n
+        rt_scale, _, rt_ok = nb.affine(rt)
+        rt_shift, rt_bare_ok = nb.affine(rt, bare=True)[1:]
+        rows += [seg.max(rt_scale.abs()), seg.max(rt_shift.abs())]
+        oks += [rt_ok, rt_bare_ok]
+    table, ok = torch.stack(rows).T.tolist(), torch.stack(oks).T.tolist()
+    out = []
+    for i, (row, good) in enumerate(zip(table, ok)):
+        full = good[1] and known[i]
+        numbers = {
+            "channels": int(seg.lengths[i]),
+            "scale_min": row[0] if full else nan,
+            "scale_max": row[1] if full else nan,
+            "kappa": row[2] if good[0] else nan,
+            "kappa_channel": int(row[3]) if good[0] else -1,
+            "runtime_scale_max": None,
+            "runtime_kappa": None,
+        }
+        if bn_eps is not None:
+            numbers["runtime_scale_max"] = row[4] if good[2] and known[i] else nan
+            numbers["runtime_kappa"] = row[5] if good[3] else nan
+        out.append(numbers)
+    return out
 
 
-def _max_abs(t: torch.Tensor | None) -> float:
-    return float(t.abs().max()) if t is not None else math.nan
-
-
-def norm_numbers(mean, var, gamma, gamma_known: bool, eps: float, bn_eps: float | None) -> dict:
-    """``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and the
-    bn_eps scale, from ``fold_math.batch_norm_affine`` (``gamma`` None: 1, or unknown if not ``gamma_known``).
-    Numbers it cannot give (undefined statistics, a gamma computed in the graph) are NaN.  kappa is the
-    shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``."""
-    bare = _affine_or_none(mean, var, eps)
-    full = _affine_or_none(mean, var, eps, gamma) if gamma_known else None
-    runtime = _affine_or_none(mean, var, bn_eps, gamma) if gamma_known and bn_eps is not None else None
-    bare_rt = _affine_or_none(mean, var, bn_eps) if bn_eps is not None else None
-    scale = full.scale.abs() if full is not None else None
-    kappa = bare.shift.abs() if bare is not None else None
-    return {
-        "channels": mean.numel(),
-        "scale_min": float(scale.min()) if scale is not None else math.nan,
-        "scale_max": _max_abs(scale),
-        "kappa": _max_abs(kappa),
-        "kappa_channel": int(kappa.argmax()) if kappa is not None else -1,
-        "runtime_scale_max": None if bn_eps is None else _max_abs(runtime.scale if runtime is not None else None),
-        "runtime_kappa": None if bn_eps is None else _max_abs(bare_rt.shift if bare_rt is not None else None),
-    }
-
-
-def _risk(stats: NormStats | None, prof, bn_eps, probe, row: LayerAudit | None, out_err) -> Risk | None:
-    """Predicted and measured risk of one norm (see :mod:`bnfold.numerics.risk`)."""
-    if stats is None:
-        return None
-    model = predict(stats, prof, stats.eps)
-    runtime = predict(stats, prof, bn_eps) if bn_eps is not None else None
-    what_if = predict(stats, prof, QNN_EPS) if bn_eps is None and prof.htp_batch_norm else None
-    measured = measure_intermediates(stats, prof, stats.eps if bn_eps is None else bn_eps, probe) if probe else None
-    if measured is not None:
-        measured.output_nonfinite = out_err.nonfinite if out_err is not None else 0
-        if row is not None and row.local_unfolded is not None and row.local_folded is not None:
-            a, b = row.local_unfolded.sqnr_db, row.local_folded.sqnr_db
-            if math.isfinite(a) and math.isfinite(b):
-                measured.loss_db = b - a
-    return judge(Risk(model, runtime, what_if, measured))
+def _risks(stats: list, prof, bn_eps, probes: list, rows: list, out_errs: list) -> list[Risk | None]:
+    """Predicted and measured risk of each norm (see :mod:`bnfold.numerics.risk`), all at once."""
+    nb = NormBatch(stats)
+    model = predict(nb, prof)
+    runtime = predict(nb, prof, bn_eps) if bn_eps is not None else [None] * len(stats)
+    what_if = predict(nb, prof, QNN_EPS) if bn_eps is None and prof.htp_batch_norm else [None] * len(stats)
+    eps = [st.eps if st is not None and bn_eps is None else bn_eps for st in stats]
+    measured = measure_intermediates(nb, prof, eps, probes)
+    out = []
+    for i, st in enumerate(stats):
+        if st is None:
+            out.append(None)
+            continue
+        m, row, out_err = measured[i], rows[i], out_errs[i]
+        if m is not None:
+            m.output_nonfinite = out_err.nonfinite if out_err is not None else 0
+            if row is not None and row.local_unfolded is not None and row.local_folded is not None:
+                a, b = row.local_unfolded.sqnr_db, row.local_folded.sqnr_db
+                if math.isfinite(a) and math.isfinite(b):
+                    m.loss_db = b - a
+        out.append(judge(Risk(model[i], runtime[i], what_if[i], m)))
+    return out
 
 
 def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
@@ -85,29 +95,35 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
     f64 = lambda v: None if v is None else consts[v].to(torch.float64).flatten()  # noqa: E731
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
-    out = []
+    found, bare, known, stats = [], [], [], []
     for step in prog.steps:
         norm = step.norm
         if norm is None or norm.params[2] not in consts or norm.params[3] not in consts:
             continue  # statistics computed in the graph: nothing to read ahead of time
         weight, bias, mean, var = (p if p is None or p in consts else "?" for p in norm.params)
         gamma = f64(weight) if weight != "?" else None
-        numbers = norm_numbers(f64(mean), f64(var), gamma, weight != "?", norm.eps, bn_eps)
-        x_err = unfolded.errors.get(norm.input)
-        x_max = x_err.max_abs_ref if x_err is not None else math.nan
-        stats = None
+        found.append(step)
+        known.append(weight != "?")
+        bare.append(NormStats(f64(mean), f64(var), gamma, None, norm.eps))
+        st = None
         if "?" not in (weight, bias):
             layer = producer.get(norm.input)
             layer = layer if layer is not None and layer.layer is not None else None
             layer_bias = f64(layer.bias) if layer is not None and layer.bias in consts else None
-            if layer_bias is not None and layer_bias.numel() != numbers["channels"]:
+            if layer_bias is not None and layer_bias.numel() != consts[mean].numel():
                 layer_bias = None
-            rounded = layer is not None
-            stats = NormStats(f64(mean), f64(var), gamma, f64(bias), norm.eps, layer_bias, rounded_input=rounded)
+            st = NormStats(f64(mean), f64(var), gamma, f64(bias), norm.eps, layer_bias, rounded_input=layer is not None)
+        stats.append(st)
+    numbers = _numbers_of(bare, known, bn_eps)
+    rows = [row_of.get(step.name) for step in found]
+    out_errs = [unfolded.errors.get(step.norm.output) if step.norm.output else None for step in found]
+    risks = _risks(stats, prof, bn_eps, [unfolded.probes.get(step.name) for step in found], rows, out_errs)
+    out = []
+    for step, nums, risk, row in zip(found, numbers, risks, rows):
+        norm = step.norm
+        x_err = unfolded.errors.get(norm.input)
+        x_max = x_err.max_abs_ref if x_err is not None else math.nan
         folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
-        row = row_of.get(step.name)
-        out_err = unfolded.errors.get(norm.output) if norm.output else None
-        risk = _risk(stats, prof, bn_eps, unfolded.probes.get(step.name), row, out_err)
         out.append(
             NormAudit(
                 node=step.name,
@@ -119,10 +135,22 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
                 fold=fold,
                 risk=risk,
                 row=row.title if row is not None else None,
-                **numbers,
+                **nums,
             )
         )
     return out
+
+
+def _numbers_of(bare: list[NormStats], known: list[bool], bn_eps) -> list[dict]:
+    """:func:`norm_numbers` of every norm, NaN numbers where its statistics' channel counts disagree."""
+    nb = NormBatch(bare)
+    numbers = nb.out(norm_numbers(nb, [known[i] for i in nb.members], bn_eps))
+    nan = math.nan
+    blank = lambda st: {  # noqa: E731
+        "channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
+        "runtime_scale_max": None if bn_eps is None else nan, "runtime_kappa": None if bn_eps is None else nan,
+    }  # fmt: skip
+    return [n if n is not None else blank(st) for n, st in zip(numbers, bare)]
 
 
 def _smallest_headroom(risk: Risk | None, x_max: float) -> float:

@@ -302,4 +302,12 @@ def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False
     return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
 
 
-ONNX_AUDIT = AuditFormat(_prepare, lambda model: onnx_program(model)[0])
+def _output_rank(model) -> int | None:
+    """The rank the graph declares for its first output (None: not declared)."""
+    outs = model.graph.output
+    if not outs or not outs[0].type.tensor_type.HasField("shape"):
+        return None
+    return len(outs[0].type.tensor_type.shape.dim)
+
+
+ONNX_AUDIT = AuditFormat(_prepare, lambda model: onnx_program(model)[0], _output_rank)

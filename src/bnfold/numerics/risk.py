@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..errors import FoldError
-from ..fold_math import batch_norm_affine
-from .probe import NormProbe, affine_max_abs
+from ..fold_math import batch_norm_affines
+from .probe import NormProbe
 from .profiles import FP16_MAX, Profile
+from .segments import Segments
 
 U_FP16 = 2.0**-11
 FP32_MAX = float(torch.finfo(torch.float32).max)
@@ -133,29 +133,66 @@ class NormStats:
     layer_bias: torch.Tensor | None = None
     rounded_input: bool = True  # the input is a layer's output stored in fp16 within the same row
 
-    def affine(self, eps: float):
-        """``(scale, shift)`` of ``fold_math.batch_norm_affine`` at ``eps``, or None where undefined
-        (computed once per eps)."""
-        cache = self.__dict__.setdefault("_affines", {})
-        if eps not in cache:
-            try:
-                a = batch_norm_affine(self.mean, self.var, eps, self.gamma, self.beta)
-                cache[eps] = (a.scale, a.shift)
-            except FoldError:
-                cache[eps] = None
-        return cache[eps]
+    def consistent(self) -> bool:
+        """Every per-channel tensor has the statistics' channel count."""
+        c = self.mean.numel()
+        return all(t is None or t.numel() == c for t in (self.var, self.gamma, self.beta, self.layer_bias))
 
 
-def _intermediates(profile: Profile, s, b, lo, hi) -> dict[str, float]:
-    """Max |value| of what ``profile`` stores for ``s*x + b`` with ``x`` in ``[lo, hi]`` per channel."""
-    zero = torch.zeros_like(s)
-    x = affine_max_abs(torch.ones_like(s), zero, lo, hi)
-    y = affine_max_abs(s, b, lo, hi)
+class NormBatch:
+    """Several batch norms' statistics laid end to end (:class:`~.segments.Segments`): the risk model runs
+    over all their channels at once.  ``stats[i]`` None (or inconsistent channel counts): nothing is
+    predicted for norm ``i``."""
+
+    def __init__(self, stats: list[NormStats | None]):
+        self.stats = stats
+        self.members = [i for i, st in enumerate(stats) if st is not None and st.consistent()]
+        kept = [stats[i] for i in self.members]
+        self.seg = seg = Segments([st.mean.numel() for st in kept])
+        self.mean, self.var = seg.cat([st.mean for st in kept], 0.0), seg.cat([st.var for st in kept], 0.0)
+        self.gamma = seg.cat([st.gamma for st in kept], 1.0)
+        self.beta = seg.cat([st.beta for st in kept], 0.0)
+        self.layer_bias = seg.cat([st.layer_bias for st in kept], 0.0)
+        self.rounded = seg.spread([float(st.rounded_input) for st in kept])
+        self.model_eps = [st.eps for st in kept]
+        self._affines: dict[tuple, tuple] = {}
+
+    def affine(self, eps: list[float], bare: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(scale, shift, defined per norm)`` of ``fold_math.batch_norm_affines`` at one eps per member
+        (``bare``: gamma 1, beta 0), computed once per eps."""
+        key = (tuple(eps), bare)
+        if key not in self._affines:
+            weight, bias = (None, None) if bare else (self.gamma, self.beta)
+            a, defined = batch_norm_affines(self.mean, self.var, self.seg.spread(eps), weight, bias)
+            self._affines[key] = (a.scale, a.shift, self.seg.all(defined))
+        return self._affines[key]
+
+    def out(self, values: list) -> list:
+        """Per-member ``values`` placed at their norms' positions (None elsewhere)."""
+        full = [None] * len(self.stats)
+        for i, v in zip(self.members, values):
+            full[i] = v
+        return full
+
+
+def _intermediates(profile: Profile, seg: Segments, s, b, lo, hi) -> dict[str, torch.Tensor]:
+    """Per norm, max |value| of what ``profile`` stores for ``s*x + b`` with ``x`` in ``[lo, hi]`` per channel."""
+    one, zero = torch.ones_like(s), torch.zeros_like(s)
+    y = _affine_max_abs(seg, s, b, lo, hi)
     if not profile.fp16_storage:
         return {"output": y}
+    x = _affine_max_abs(seg, one, zero, lo, hi)
     if profile.htp_batch_norm:
-        return {"input": x, "x*scale": affine_max_abs(s, zero, lo, hi), "bias'": float(b.abs().max()), "sum": y}
+        return {"input": x, "x*scale": _affine_max_abs(seg, s, zero, lo, hi), "bias'": seg.max(b.abs()), "sum": y}
     return {"input": x, "output": y}
+
+
+def _affine_max_abs(seg: Segments, scale, shift, lo, hi) -> torch.Tensor:
+    """Per norm, ``max |scale_c * x + shift_c|`` over its channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (inf
+    when a bound is; 0 without channels)."""
+    a = torch.nan_to_num((scale * lo + shift).abs(), nan=torch.inf)
+    b = torch.nan_to_num((scale * hi + shift).abs(), nan=torch.inf)
+    return seg.max(torch.maximum(a, b), floor=0.0)
 
 
 def headroom(profile: Profile, values: dict[str, float]) -> float:
@@ -180,24 +217,21 @@ CAUSES = {
 }
 
 
-def _noise_terms(stats: NormStats, profile: Profile, s, b, s_m, b_m) -> tuple[dict, dict, torch.Tensor]:
+def _noise_terms(nb: NormBatch, profile: Profile, s, b, s_m, b_m) -> tuple[dict, dict, torch.Tensor]:
     """The expected squared errors (per channel) the unfolded and the folded form add, by cause, and
-    the output's mean square (the signal)."""
-    mean, var = stats.mean, stats.var.clamp_min(0)
+    the output's mean square (the signal).  The terms of a stored input count where it is (``rounded``)."""
+    mean, var, beta, layer_bias = nb.mean, nb.var.clamp_min(0), nb.beta, nb.layer_bias
     bits = 10 if profile.fp16_storage else 23
     zero = 0 * var
-    beta = stats.beta if stats.beta is not None else torch.zeros_like(mean)
-    layer_bias = stats.layer_bias if stats.layer_bias is not None else torch.zeros_like(mean)
     out = rounding_noise(beta, s_m**2 * var, bits)
     unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
     fold = {"output rounding": out}
-    if stats.rounded_input:
-        # the stored input (and the layer's stored bias), times the scale: kappa's share
-        stored = rounding_noise(mean, var, bits) + rounding_noise(layer_bias, zero, bits)
-        unf["input rounding x scale"] = s**2 * stored
-        # the layer's rounded weights: a relative error of its weighted sum (output less bias), in both programs
-        u = 2.0 ** -(bits + 1)
-        unf["weights"] = fold["weights"] = s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
+    # the stored input (and the layer's stored bias), times the scale: kappa's share
+    stored = rounding_noise(mean, var, bits) + rounding_noise(layer_bias, zero, bits)
+    unf["input rounding x scale"] = nb.rounded * s**2 * stored
+    # the layer's rounded weights: a relative error of its weighted sum (output less bias), in both programs
+    u = 2.0 ** -(bits + 1)
+    unf["weights"] = fold["weights"] = nb.rounded * s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
     if profile.htp_batch_norm:  # x*s rounded; s stored (a constant relative error per channel); bias' stored
         unf["x*scale rounding"] = rounding_noise(s * mean, s**2 * var)
         unf["stored scale"] = rounding_noise(s, zero) * (mean**2 + var)
@@ -209,39 +243,58 @@ def _noise_terms(stats: NormStats, profile: Profile, s, b, s_m, b_m) -> tuple[di
     return unf, fold, beta**2 + s_m**2 * var
 
 
-def predict(stats: NormStats, profile: Profile, eps: float) -> EpsRisk | None:
-    """The risk of the batch norm at ``eps`` under ``profile``, from its statistics alone."""
-    at_eps, at_model = stats.affine(eps), stats.affine(stats.eps)
-    bare = NormStats(stats.mean, stats.var, None, None, eps).affine(eps)
-    if at_eps is None or at_model is None or bare is None:
-        return None
-    s, b = at_eps
-    s_m, b_m = at_model
-    sd = stats.var.clamp_min(0).sqrt()
-    inter = _intermediates(profile, s, b, stats.mean - SIGMAS * sd, stats.mean + SIGMAS * sd)
+def predict(nb: NormBatch, profile: Profile, eps: float | None = None) -> list[EpsRisk | None]:
+    """Per norm of ``nb``, its risk at ``eps`` (None: each norm's own) under ``profile``, from its statistics
+    alone (None where they do not define the normalization)."""
+    n = nb.seg.n
+    if n == 0:
+        return nb.out([])
+    eps = nb.model_eps if eps is None else [float(eps)] * n
+    s, b, ok = nb.affine(eps)
+    s_m, b_m, ok_m = nb.affine(nb.model_eps)
+    _, bare_shift, ok_bare = nb.affine(eps, bare=True)
+    seg = nb.seg
+    sd = nb.var.clamp_min(0).sqrt()
+    inter = _intermediates(profile, seg, s, b, nb.mean - SIGMAS * sd, nb.mean + SIGMAS * sd)
     if profile.fp16_storage and not profile.htp_batch_norm:
         # the fp16 form stores the running statistics themselves (``model.half()``): a var past 65504
         # becomes inf and the scale 0 (PP-OCRv4's detector has var ~1.2e7)
-        inter["stored var"] = float(stats.var.abs().max())
-        inter["stored mean"] = float(stats.mean.abs().max())
-    kappa = bare[1].abs()
-    unf, fold, signal = _noise_terms(stats, profile, s, b, s_m, b_m)
-    sums = {k: float(v.sum()) for k, v in unf.items()}
-    causes: dict[str, float] = {}
-    for k, v in sums.items():
-        causes[CAUSES.get(k, k)] = causes.get(CAUSES.get(k, k), 0.0) + v
-    total = float(signal.sum())
-    return EpsRisk(
-        eps=float(eps),
-        scale_max=float(s.abs().max()),
-        kappa=float(kappa.max()),
-        kappa_channel=int(kappa.argmax()),
-        intermediates=inter,
-        headroom=headroom(profile, inter),
-        unfolded_sqnr_db=_db(total, sum(sums.values())),
-        folded_sqnr_db=_db(total, sum(float(v.sum()) for v in fold.values())),
-        cause=max(causes, key=causes.get),
-    )
+        inter["stored var"] = seg.max(nb.var.abs())
+        inter["stored mean"] = seg.max(nb.mean.abs())
+    kappa = bare_shift.abs()
+    unf, fold, signal = _noise_terms(nb, profile, s, b, s_m, b_m)
+    names = list(inter)
+    table = torch.stack(
+        [*(inter[k] for k in names), *(seg.sum(v) for v in unf.values())]
+        + [seg.sum(sum(fold.values())), seg.sum(signal), seg.max(s.abs()), seg.max(kappa)]
+    ).T.tolist()
+    channels = seg.argmax(kappa).tolist()
+    valid = (ok & ok_m & ok_bare).tolist()
+    risks: list[EpsRisk | None] = []
+    for i, row in enumerate(table):
+        if not valid[i]:
+            risks.append(None)
+            continue
+        values = dict(zip(names, row))
+        sums = dict(zip(unf, row[len(names) : len(names) + len(unf)]))
+        fold_noise, total, scale_max, kappa_max = row[len(names) + len(unf) :]
+        causes: dict[str, float] = {}
+        for k, v in sums.items():
+            causes[CAUSES.get(k, k)] = causes.get(CAUSES.get(k, k), 0.0) + v
+        risks.append(
+            EpsRisk(
+                eps=float(eps[i]),
+                scale_max=scale_max,
+                kappa=kappa_max,
+                kappa_channel=channels[i],
+                intermediates=values,
+                headroom=headroom(profile, values),
+                unfolded_sqnr_db=_db(total, sum(sums.values())),
+                folded_sqnr_db=_db(total, fold_noise),
+                cause=max(causes, key=causes.get),
+            )
+        )
+    return nb.out(risks)
 
 
 def _db(signal: float, noise: float) -> float:
@@ -252,15 +305,36 @@ def _db(signal: float, noise: float) -> float:
     return 10 * math.log10(signal / noise)
 
 
-def measure_intermediates(stats: NormStats, profile: Profile, eps: float, probe: NormProbe) -> Measured | None:
-    """The intermediates at ``eps`` from the input ranges the emulated run recorded."""
-    ab = stats.affine(eps)
-    if ab is None:
-        return None
-    s, b = ab
-    ref = _intermediates(profile, s, b, probe.lo_ref, probe.hi_ref)
-    emu = _intermediates(profile, s, b, probe.lo_emu, probe.hi_emu)
-    return Measured(ref, emu, headroom(profile, ref), headroom(profile, emu), nan_input=probe.nan_emu)
+def measure_intermediates(
+    nb: NormBatch, profile: Profile, eps: list[float], probes: list[NormProbe | None]
+) -> list[Measured | None]:
+    """Per norm, the intermediates at its ``eps`` from the input ranges the emulated run recorded (``probes``,
+    one per norm of ``nb``; None: not measured)."""
+    mine = [probes[i] for i in nb.members]
+    mine = [p if p is not None and all(getattr(p, k).numel() == int(n) for k in _PROBE) else None
+            for p, n in zip(mine, nb.seg.lengths.tolist())]  # fmt: skip
+    if all(p is None for p in mine):
+        return nb.out([])
+    s, b, ok = nb.affine([eps[i] for i in nb.members])
+    seg = nb.seg
+    bounds = [seg.cat([getattr(p, k) if p is not None else None for p in mine], math.nan) for k in _PROBE]
+    ref = _intermediates(profile, seg, s, b, bounds[0], bounds[1])
+    emu = _intermediates(profile, seg, s, b, bounds[2], bounds[3])
+    names = list(ref)
+    table = torch.stack([*(ref[k] for k in names), *(emu[k] for k in names)]).T.tolist()
+    valid = ok.tolist()
+    out: list[Measured | None] = []
+    for i, row in enumerate(table):
+        p = mine[i]
+        if p is None or not valid[i]:
+            out.append(None)
+            continue
+        r, e = dict(zip(names, row[: len(names)])), dict(zip(names, row[len(names) :]))
+        out.append(Measured(r, e, headroom(profile, r), headroom(profile, e), nan_input=p.nan_emu))
+    return nb.out(out)
+
+
+_PROBE = ("lo_ref", "hi_ref", "lo_emu", "hi_emu")
 
 
 @dataclass

@@ -97,10 +97,12 @@ class Program:
 class AuditFormat:
     """A format's audit hooks (``Frontend.numerics``): ``prepare(model, inputs, *, input_shapes, name,
     random_inputs, runtime, fold) -> (model, batches, name, random_inputs)`` checks what the audit is
-    given (and exports an nn.Module); ``program(model)`` is the model as a :class:`Program`."""
+    given (and exports an nn.Module); ``program(model)`` is the model as a :class:`Program`;
+    ``output_rank(model)`` the rank of its first output where the model states it (else None)."""
 
     prepare: Callable
     program: Callable[[Any], Program]
+    output_rank: Callable[[Any], int | None]
 
 
 @dataclass
