@@ -57,7 +57,9 @@ class OnnxGraph:
         self._tensors: dict[Value, torch.Tensor | None] = {}
         self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
         self._depth = 0  # of shape_info asking about neighbouring values
-        self._infos: dict[Value, ShapeInfo] = {}  # shape_info answers (cleared by every edit)
+        # shape_info answers by (value, depth they were asked at): an answer depends on the depth left to it
+        # (cleared by every edit); without them, the neighbours' questions repeat exponentially in the depth
+        self._infos: dict[tuple[Value, int], ShapeInfo] = {}
         self._filled: dict[tuple, str] = {}  # (graph, dtype, shape, fill) -> a constant initializer made here
 
     # ------------------------------------------------------------------ handles
@@ -172,11 +174,10 @@ class OnnxGraph:
         """Inferred dims, completed by what the value's readers imply; else the rank its producer implies."""
         if not isinstance(value, Value):
             return ShapeInfo(None)
-        if self._depth == 0:  # a complete answer, kept until the next edit
-            if value not in self._infos:
-                self._infos[value] = self._shape_info(value)
-            return self._infos[value]
-        return self._shape_info(value)
+        key = (value, self._depth)
+        if key not in self._infos:
+            self._infos[key] = self._shape_info(value)
+        return self._infos[key]
 
     def _shape_info(self, value: Value) -> ShapeInfo:
         dims = self.dims(value)
