@@ -1,11 +1,12 @@
 """The library zoo (`make zoo`): torchvision's and timm's own model classes folded in the default, decomposed and
 edge IR and in ONNX, each checked against its own deploy form (``tests/library_zoo.py`` says what passes).
 
-Prints one table row per model and IR: folds, merges, normalizations left (BatchNorms / others, and the BatchNorms
-the hand-made deploy form keeps), the folded program's conv / add / BatchNorm counts (``= own`` when they equal the
-model's own merge, folded), the error against float64 over the output magnitude, the CLI's ``check`` and ``audit``
-exit statuses, and why a row fails.  Writes ``model_zoo.{json,md}`` under ``--out`` (default benchmarks/results).
-Each model runs in its own process (``--jobs`` at a time).  Exit status 1 when a row fails.
+Prints one table row per model and IR: folds, merges, normalizations left (BatchNorms / others, and in brackets the
+BatchNorms / other normalizations the hand-made deploy form keeps), the folded program's conv / add / BatchNorm
+counts (``= own`` when they equal the model's own merge, folded), the error against float64 over the output
+magnitude, the CLI's ``check`` and ``audit`` exit statuses, and why a row fails.  Writes ``model_zoo.{json,md}``
+under ``--out`` (default benchmarks/results).  Each model runs in its own process (``--jobs`` at a time).  Exit
+status 1 when a row fails.
 
     PYTHONPATH=src .venv/bin/python benchmarks/model_zoo.py [--models tv:resnet18,timm:repvgg_a0] [--irs default,onnx]
         [--quick] [--jobs 2]
@@ -58,15 +59,15 @@ def _why(failures: list[str]) -> str:
 
 
 def render(rows: list[dict], seconds: float) -> str:
-    head = ["model", "IR", "folded", "merged", "left BN/other (keeps)", "conv/add/BN", "max err", "check", "audit"]
-    head += ["ok", "why not"]
+    head = ["model", "IR", "folded", "merged", "left BN/other (keeps BN/other)", "conv/add/BN", "max err"]
+    head += ["check", "audit", "ok", "why not"]
     body = [
         [
             r["model"],
             r["ir"],
             r["folded"],
             r["merged"],
-            f"{r['left_bn']}/{r['left_other']} ({r['keeps']})",
+            f"{r['left_bn']}/{r['left_other']} ({r['keeps']}/{r.get('keeps_other', '?')})",  # ?: a row from before
             _merge_cell(r),
             _fmt_err(r),
             r["check"],

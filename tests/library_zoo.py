@@ -7,11 +7,15 @@ Per model and IR, :func:`check_model` returns a :class:`Row`:
   through the CLI (``bnfold fold IN -o OUT --report R``, in this process, no ``--trust``); the report gives the
   folds, merges and the normalizations left;
 * ``left``: the normalizations the fold report skipped (left in the folded file): BatchNorms, and the others
-  (weight standardization, GroupNorm / LayerNorm affines: there is no hand-made baseline for those, so none may be
-  left, although a LayerNorm whose output also feeds a residual sum cannot fold by any hand either);
+  (weight standardization, LayerNorm / GroupNorm / RMSNorm affines);
 * ``keeps``: the BatchNorms the hand-made deploy form keeps: those of the model's own merge (timm's
   ``reparameterize_model``, or the model itself) that no hand-made conv+BN fusion removes
-  (``library_models.hand_foldable``); nothing else may be left;
+  (``library_models.hand_foldable``); no more BatchNorms may be left;
+* ``keeps_other``: the affine normalizations (LayerNorm, GroupNorm, ...) of the same model whose affine no hand can
+  fold into the layers that read their output (``affine_baseline.hand_foldable_affines``: e.g. ConvNeXt's stem
+  LayerNorm, read by a zero-padded depthwise conv and the residual sum); no more other normalizations may be left;
+  weight standardizations (``left_std``, counted in ``left``'s others) may not be left at all: each folds into the
+  weight of its own conv;
 * for a model with its own merge: the folded program's (conv, add, BatchNorm) counts equal those of its own merge,
   exported to the same IR and folded (``merge`` column); "add" counts every elementwise sum (``add``, ``add_``,
   ``sub``; ONNX ``Add``, ``Sub``);
@@ -19,12 +23,12 @@ Per model and IR, :func:`check_model` returns a :class:`Row`:
   it must stay within ``max(REL, 4 x the unfolded float32 model's own error)``;
 * every IR folds as many normalizations as the model's other IRs (the report of an IR whose spelling of a
   normalization the fold does not read does not list it as left);
-* ``bnfold check OUT`` (with ``--strict`` when the deploy form keeps nothing) and ``bnfold audit IN --random 1``
-  exit 0.  The edge program has no file format the CLI reads (``.pte`` is lowered code), so the edge IR is folded
-  with ``bnfold.fold`` in memory and has no CLI columns.
+* ``bnfold check OUT`` (with ``--strict`` when the deploy form keeps nothing: ``keeps`` and ``keeps_other`` 0)
+  and ``bnfold audit IN --random 1`` exit 0.  The edge program has no file format the CLI reads (``.pte`` is
+  lowered code), so the edge IR is folded with ``bnfold.fold`` in memory and has no CLI columns.
 
 Nothing here is specific to a model: the expectations come from the model's own merge and from hooks on its eager
-run.
+run (both baselines).
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from pathlib import Path
 import torch
 from reparam_onnx import onnx_export, run_onnx
 
+from affine_baseline import hand_foldable_affines
 from bnfold_testutil import export, reference, relative_error
 from library_models import build, deploy_form, hand_foldable
 
@@ -55,7 +60,9 @@ class Row:
     merged: int = 0  #: summed branches merged into one conv
     left_bn: int = 0  #: BatchNorms left in the folded program
     left_other: int = 0  #: other normalizations left (skipped entries that are no BatchNorm)
+    left_std: int = 0  #: weight standardizations left (counted in left_other too)
     keeps: int = 0  #: BatchNorms the hand-made deploy form keeps
+    keeps_other: int = 0  #: affine normalizations (LayerNorm, GroupNorm...) whose affine no hand can fold
     counts: dict = field(default_factory=dict)  #: conv / add / bn of the folded program
     own: dict | None = None  #: the same counts for the model's own merge, folded (None: it has none)
     err: float | None = None
@@ -104,10 +111,11 @@ def onnx_counts(model) -> dict:
     }
 
 
-def _left(report: dict, folded, ir: str) -> tuple[int, int]:
-    """(BatchNorms, other normalizations) the fold report skipped: a skipped node that is a batch norm op and does
-    not normalize a constant is a BatchNorm; weight standardization (``constant_norm``: timm's ScaledStdConv2d
-    computes it with a batch norm op) and LayerNorm / GroupNorm affines are the others."""
+def _left(report: dict, folded, ir: str) -> tuple[int, int, int]:
+    """(BatchNorms, other normalizations, weight standardizations among the others) the fold report skipped: a
+    skipped node that is a batch norm op and does not normalize a constant is a BatchNorm; weight standardization
+    (``constant_norm``: timm's ScaledStdConv2d computes it with a batch norm op) and LayerNorm / GroupNorm affines
+    are the others."""
     from bnfold.torch_export.ops import op_name
 
     if ir == "onnx":
@@ -115,7 +123,8 @@ def _left(report: dict, folded, ir: str) -> tuple[int, int]:
     else:
         ops = {n.name: op_name(n.target) for n in folded.graph.nodes if n.op == "call_function"}
     bn = sum("batch_norm" in ops.get(s["node"], "") and s["code"] != "constant_norm" for s in report["skipped"])
-    return bn, len(report["skipped"]) - bn
+    std = sum(s["code"] == "constant_norm" for s in report["skipped"])
+    return bn, len(report["skipped"]) - bn, std
 
 
 def _program(model, x, ir: str):
@@ -155,10 +164,13 @@ def _fold_file(program, ir: str, folder: Path, row: Row):
     return src, out, folded, json.loads(rep.read_text())
 
 
-def check_ir(name: str, model, x, ref, plain_err: float, deploy, keeps: int, ir: str, folder: Path, cli_checks=True):
+def check_ir(
+    name: str, model, x, ref, plain_err: float, deploy, keeps: tuple[int, int], ir: str, folder: Path, cli_checks=True
+):
+    """One IR's row; ``keeps``: (BatchNorms, other normalizations) the hand-made deploy form keeps."""
     import bnfold
 
-    row = Row(name, ir, keeps=keeps)
+    row = Row(name, ir, keeps=keeps[0], keeps_other=keeps[1])
     t0 = time.perf_counter()
     try:
         program = _program(model, x, ir)
@@ -172,14 +184,14 @@ def check_ir(name: str, model, x, ref, plain_err: float, deploy, keeps: int, ir:
         row.folded = sum(1 for f in report["folded"] if f.get("kind"))
         row.merged = len(report["merged"])
         row.counts = _counts(folded, ir)
-        row.left_bn, row.left_other = _left(report, folded, ir)
+        row.left_bn, row.left_other, row.left_std = _left(report, folded, ir)
         row.err = relative_error(_run(folded, x, ir), ref)
         row.tol = max(REL, 4 * plain_err)
         del folded
         if deploy is not None:
             row.own = _counts(bnfold.fold(_program(deploy, x, ir)).model, ir)
         if cli_checks and src is not None:
-            strict = ("--strict",) if keeps == 0 else ()
+            strict = ("--strict",) if keeps == (0, 0) else ()
             code, last = cli("check", *strict, out, "-q")
             row.check = f"{code}" + (" strict" if strict else "")
             if code:
@@ -202,8 +214,13 @@ def judge(row: Row) -> list[str]:
         return out
     if row.left_bn > row.keeps:
         out.append(f"{row.left_bn} BatchNorms left, the hand-made deploy form keeps {row.keeps}")
-    if row.left_other:
-        out.append(f"{row.left_other} other normalizations left")
+    if row.left_std:
+        out.append(f"{row.left_std} weight standardizations left")
+    if row.left_other - row.left_std > row.keeps_other:
+        out.append(
+            f"{row.left_other - row.left_std} other normalizations left, the hand-made deploy form keeps "
+            f"{row.keeps_other}"
+        )
     if row.own is not None and row.counts != row.own:
         diff = ", ".join(f"{k} {row.counts[k]} (own {row.own[k]})" for k in row.counts if row.counts[k] != row.own[k])
         out.append(f"not its own merge: {diff}")
@@ -236,10 +253,13 @@ def check_model(name: str, folder: Path, irs=IRS, cli_checks: bool = True) -> li
         with torch.no_grad():
             plain_err = relative_error(model(x), ref)
         deploy = deploy_form(model)
-        total, fused = hand_foldable(deploy if deploy is not None else copy.deepcopy(model), x)
+        own = deploy if deploy is not None else copy.deepcopy(model)
+        total, fused = hand_foldable(own, x)
+        norms, folded = hand_foldable_affines(own, x)
     except Exception as e:
         return [Row(name, ir, failures=[f"build: {_first_line(e)}"], seconds=time.perf_counter() - t0) for ir in irs]
-    rows = [check_ir(name, model, x, ref, plain_err, deploy, total - fused, ir, folder, cli_checks) for ir in irs]
+    keeps = (total - fused, norms - folded)
+    rows = [check_ir(name, model, x, ref, plain_err, deploy, keeps, ir, folder, cli_checks) for ir in irs]
     fewer = fewer_folds({r.ir: r.folded for r in rows if r.counts})
     for r in rows:
         if r.ir in fewer:

@@ -60,13 +60,15 @@ def test_hand_made_fusion_removes_the_batchnorms_right_after_a_layer():
     "change, words",
     [
         (dict(left_bn=2), "2 BatchNorms left, the hand-made deploy form keeps 1"),
-        (dict(left_other=3), "3 other normalizations left"),
+        (dict(left_other=3), "3 other normalizations left, the hand-made deploy form keeps 2"),
+        (dict(left_other=2, left_std=1), "1 weight standardizations left"),
         (dict(own={"conv": 5, "add": 0, "bn": 0}), "not its own merge: add 2 (own 0)"),
         (dict(err=1e-3), "over the tolerance"),
     ],
 )
 def test_the_zoo_fails_a_row_for_each_miss(change, words):
-    fields = dict(model="m", ir="default", left_bn=1, keeps=1, counts={"conv": 5, "add": 2, "bn": 1}, err=1e-6)
+    fields = dict(model="m", ir="default", left_bn=1, keeps=1, left_other=2, keeps_other=2, err=1e-6)
+    fields["counts"] = {"conv": 5, "add": 2, "bn": 1}
     fields["tol"] = 1e-4
     assert judge(Row(**fields)) == []
     fields.update(change)
