@@ -226,3 +226,15 @@ def test_max_work_lets_a_big_model_load(tmp_path):
     assert models.load_model(path, max_work=1 << 36).kind == "pt2"
     with cost.max_work(1 << 36):
         models.load_model(path)
+
+
+def test_einsum_costs_its_inner_products():
+    """``einsum`` is costed by its equation (2 x output x summed indices), not as an elementwise op: a batched
+    matrix product, the implicit form with an ellipsis, a trace; an equation that does not fit its operands
+    costs an upper bound."""
+    from bnfold.io.cost import einsum_flops
+
+    assert einsum_flops("bij,bjk->bik", [[2, 3, 4], [2, 4, 5]], [2, 3, 5]) == 2 * 2 * 3 * 5 * 4
+    assert einsum_flops("...ij, ...jk", [[7, 2, 3, 4], [7, 2, 4, 5]], [7, 2, 3, 5]) == 2 * 7 * 2 * 3 * 5 * 4
+    assert einsum_flops("ii->", [[3, 3]], []) == 2 * 3
+    assert einsum_flops("ij,jk->ik", [[2, 3]], [2, 2]) >= 2 * 6

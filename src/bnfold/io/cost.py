@@ -221,10 +221,35 @@ def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transpos
 
 def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
     """:func:`_fx_flops` for an op target called with ``args`` (a transposed ``convolution`` is told
-    by its 7th argument)."""
+    by its 7th argument; an ``einsum`` by its equation)."""
     name = getattr(target, "__name__", str(target)).split(".")[0]
+    if name == "einsum" and args and isinstance(args[0], str):
+        return einsum_flops(args[0], in_dims, out_dims)
     transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
     return _fx_flops(name, out_dims, in_dims, transposed)
+
+
+def einsum_flops(equation: str, in_dims: list[list[int]], out_dims: list[int]) -> int:
+    """FLOPs of ``einsum(equation, operands of in_dims)``: 2 per output element and combination of the
+    summed indices (those of the operands missing from the output), each index at its largest size; an
+    equation that does not parse costs the product of every operand's size (an upper bound)."""
+    eq = equation.replace(" ", "")
+    lhs, arrow, rhs = eq.partition("->")
+    terms = lhs.split(",")
+    sizes: dict[str, int] = {}
+    if len(terms) != len(in_dims):
+        return 2 * elements(d for dims in in_dims for d in dims) + elements(out_dims)
+    for term, dims in zip(terms, in_dims):
+        head, dots, tail = term.partition("...")
+        named = list(head) + [""] * (len(dims) - len(head) - len(tail)) * bool(dots) + list(tail)
+        if len(named) != len(dims):
+            return 2 * elements(d for dims in in_dims for d in dims) + elements(out_dims)
+        for letter, d in zip(named, dims):
+            if letter:
+                sizes[letter] = max(sizes.get(letter, 1), int(d))
+    kept = set(rhs) if arrow else {c for c in sizes if lhs.count(c) == 1}
+    summed = elements(sizes[c] for c in sizes if c not in kept)
+    return 2 * elements(out_dims) * max(summed, 1)
 
 
 def _flat(args: Any) -> list:
@@ -397,6 +422,9 @@ def _onnx_flops(node: Any, dims: dict, out_n: int) -> int:
         if node.op_type == "ConvTranspose":
             return 2 * elements(ins[0] or []) * elements(w[1:])
         return 2 * out_n * elements(w[1:])
+    if node.op_type == "Einsum" and all(ins):
+        equation = next((a.s.decode("utf-8", "replace") for a in node.attribute if a.name == "equation"), "")
+        return einsum_flops(equation, ins, [out_n])
     if node.op_type in ("MatMul", "Gemm", "MatMulInteger") and ins and ins[0]:
         k = ins[0][-1] if node.op_type != "Gemm" else max(ins[0])
         return 2 * out_n * max(int(k), 1)

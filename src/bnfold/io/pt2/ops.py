@@ -19,7 +19,8 @@ allowlist is *derived*, not typed in, so it cannot drift from torch:
     the ATen assertions (:data:`ASSERTION`: ``_assert_*``,
     ``sym_constrain_range*``), whose only effect is to raise an error, and
     which export emits for every ``.to(dtype)`` and for shape constraints,
-  - takes no file path (no argument named in :data:`PATH_ARGUMENTS`).
+  - takes no file path (no argument named in :data:`PATH_ARGUMENTS`, except one typed as a list
+    of integers, which holds no path: ``einsum``'s contraction ``path``).
 
   Namespaces other than ``aten`` (``prims``, ``quantized_decomposed``,
   ``dim_order_ops``) hold only value-computing ops, so their overloads need the
@@ -55,6 +56,8 @@ _REGISTRARS = {
 }  # namespaces whose overloads also need a tag or a composite kernel
 ALLOWED_TAGS = ("core", "pointwise", "view_copy")
 PATH_ARGUMENTS = frozenset({"filename", "file", "path", "f", "fd", "file_name", "filepath"})
+#: the schema types of an argument that cannot hold a path whatever its name (``einsum(..., int[]? path)``)
+INT_LISTS = frozenset({"List[int]", "Optional[List[int]]"})
 HIGHER_ORDER = frozenset({"cond", "while_loop", "map_impl", "scan"})
 PYTHON_FUNCTIONS = {
     "_operator": frozenset(
@@ -80,7 +83,7 @@ def op_is_side_effect_free(op: Any) -> bool:
     if schema.is_mutable or not (schema.returns or is_assertion(op)):
         return False
     for arg in schema.arguments:
-        if arg.name in PATH_ARGUMENTS:
+        if arg.name in PATH_ARGUMENTS and str(arg.type) not in INT_LISTS:
             return False
         if arg.alias_info is not None and arg.alias_info.is_write:
             return False
