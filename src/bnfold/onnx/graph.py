@@ -28,11 +28,13 @@ from .ops import (
     LAYER_OPS,
     NORM_AFFINES,
     NORMS,
+    PLAIN_NORMS,
     dropout_training,
     parse_binary,
     parse_hop,
     parse_layer,
     parse_norm,
+    parse_plain_norm,
     reads_only_metadata,
     reads_only_type,
 )
@@ -89,8 +91,17 @@ class OnnxGraph:
             ):
                 yield norm
 
+    def plain_norms(self) -> Iterator[Norm]:
+        for node in self._nodes(PLAIN_NORMS):
+            norm = parse_plain_norm(self, node)
+            if norm is not None:
+                yield norm
+
     def layer(self, node: Any) -> Layer | None:
         return parse_layer(self, node) if self.is_live(node) else None
+
+    def plain_norm(self, node: Any) -> Norm | None:
+        return parse_plain_norm(self, node) if self.is_live(node) else None
 
     def norm(self, node: Any) -> Norm | None:
         return parse_norm(self, node) if self.is_live(node) else None
