@@ -227,6 +227,11 @@ class OnnxGraph:
                 if isinstance(b, str):
                     return b
                 bias, bias_dtype = to_torch(b.value), torch_dtype(b.elem_type, "the bias")
+                if p.op_type in ("Conv", "ConvTranspose") and tuple(bias.shape) != (n_out,):
+                    return (
+                        f"its bias has shape {list(bias.shape)}, not [{n_out}]: ONNX requires a {p.op_type} bias "
+                        "of one value per output channel, so the model is invalid"
+                    )
                 if p.op_type == "Gemm":
                     shape = tuple(bias.shape)
                     if bias.dim() > 2 or (bias.dim() == 2 and shape[0] != 1) or bias.numel() not in (1, n_out):
