@@ -109,6 +109,8 @@ class FakeGraph:
             return y * w.reshape(shape) + b.reshape(shape)
         if n.op in BINARIES:
             return {"mul": torch.mul, "add": torch.add, "sub": torch.sub, "div": torch.div}[n.op](a[0], a[1])
+        if n.op == "group_norm":  # statistics only: no affine of its own (``GraphAdapter.plain_norm``)
+            return F.group_norm(a[0], n.attrs.get("groups", 1))
         if n.op == "relu":
             return torch.relu(a[0])
         if n.op == "identity":
@@ -169,6 +171,15 @@ class FakeAdapter:
         if node.attrs.get("training"):
             norm.problem, norm.problem_code = "it runs in training mode", Code.TRAINING_MODE
         return norm
+
+    def plain_norm(self, node) -> Norm | None:
+        if not isinstance(node, FNode) or node.dead or node.op != "group_norm":
+            return None
+        x = node.inputs[0]
+        return Norm(node, x, node.output, None, None, None, None, 1e-5, affine_only=True, kind="group_norm")
+
+    def plain_norms(self):
+        return [nm for n in self.g.live() if (nm := self.plain_norm(n)) is not None]
 
     def binary(self, node) -> Binary | None:
         if not isinstance(node, FNode) or node.dead or node.op not in BINARIES:

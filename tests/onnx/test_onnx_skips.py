@@ -90,6 +90,21 @@ def test_weight_computed_by_a_node():
     _skip(g.model(), Code.LAYER_WEIGHTS)
 
 
+@pytest.mark.parametrize("shape", [(4, 2), (1,), (8,)])
+def test_conv_bias_of_another_length_than_the_output_channels(shape):
+    """ONNX requires a Conv bias of one value per output channel; onnxscript's torch_lib writes [C, 2] for a
+    bias-less Conv3d (``reparam_onnx.conv3d_translation``).  The reason says so, not a fold-math message."""
+    g = G()
+    x = g.input("x", [2, 3, 5, 5])
+    y = g.node("Conv", [x, g.randn("W", 4, 3, 3, 3), g.randn("B", *shape)], "c", name="conv")
+    g.output(g.bn(y, 4, "bn", out="y"))
+    s = _skip(g.model(), Code.LAYER_WEIGHTS, producer="conv")
+    assert s.reason == (
+        f"cannot fold into Conv 'conv' (Conv): its bias has shape {list(shape)}, not [4]: ONNX requires a Conv "
+        "bias of one value per output channel, so the model is invalid"
+    )
+
+
 def test_matmul_weight_not_constant():
     g = G()
     a, b = g.input("a", [3, 5]), g.input("b", [5, 6])

@@ -7,7 +7,9 @@
   ``w * (var + eps).rsqrt()`` exported as ``Reciprocal(Sqrt(...))``.
 
 The constants are computed (``Range``, ``Reciprocal``, ``Shape`` of a value whose dims shape inference
-knows) and the affine folds into the conv next to it; the computation goes with it."""
+knows) and the affine folds into the conv next to it; the computation goes with it.  The report names the
+GroupNorm as the torch IRs do (``bnfold.engine.spelled``): a ``group_norm`` fold entry, or a skipped entry
+when its affine stays, counted as in the default IR."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ from reparam_onnx import onnx_export, run_onnx
 from timm_models import timm
 
 import bnfold
-from bnfold_testutil import assert_matches, reference
+from bnfold.report import Code
+from bnfold_testutil import assert_matches, export, reference
 
 
 def _timm_norm(name: str):
@@ -63,6 +66,84 @@ def test_dynamo_group_norm_affine_folds_into_the_next_conv(norm):
     assert ops.count("Conv") == 2 and "Mul" not in ops and "Add" not in ops, ops
     assert "Range" not in ops and "Unsqueeze" not in ops and "CastLike" not in ops[ops.index("InstanceNormalization") :]
     assert [f.pattern for f in result.report.folded] == ["Mul+Add+Conv"]  # no bias: an Add of zeros
+    (instance_norm,) = [n.name for n in result.model.graph.node if n.op_type == "InstanceNormalization"]
+    assert [(f.kind, f.node) for f in result.report.folded] == [("group_norm", instance_norm)]
+    assert _kinds(bnfold.fold(export(model, (x,))).report) == _kinds(result.report) and not result.report.skipped
+    assert_matches(run_onnx(result.model, x)[0], reference(model, x))
+
+
+def _kinds(report) -> tuple[list, list]:
+    """The kinds of the report's fold entries and the codes of its skipped entries."""
+    return [f.kind for f in report.folded], [s.code for s in report.skipped]
+
+
+class PoolMixer(nn.Module):
+    """PoolFormer's token mixer: the GroupNorm feeds ``pool(y) - y`` and no layer (its affine stays), or
+    (``padded``) a 3x3 conv with padding, which its shift cannot cross exactly."""
+
+    def __init__(self, norm, padded: bool = False):
+        super().__init__()
+        self.padded = padded
+        self.c1, self.norm, self.c2 = nn.Conv2d(3, 8, 3, padding=1), norm(8), nn.Conv2d(8, 4, 3 if padded else 1)
+        self.pool = nn.AvgPool2d(3, 1, 1, count_include_pad=False)
+        if padded:
+            self.c2.padding = (1, 1)
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 2)
+            if self.norm.bias is not None:
+                self.norm.bias.uniform_(-1, 1)
+
+    def forward(self, x):
+        x = self.c1(x)
+        y = self.norm(x)
+        return self.c2(y if self.padded else x + self.pool(y) - y)
+
+
+@pytest.mark.parametrize(("padded", "code"), [(False, Code.NO_LAYER), (True, Code.SHIFT_PADDING)])
+@pytest.mark.parametrize("norm", ["group_norm_1", "timm_group_norm1"])
+def test_dynamo_group_norm_whose_affine_stays_is_reported_as_skipped(norm, padded, code):
+    """One skipped normalization, as in the default IR, not an affine chain nobody names (or a kept_ops note)."""
+    model = PoolMixer(NORMS[norm], padded).eval()
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(7))
+    result = bnfold.fold(onnx_export(model, x))
+    (instance_norm,) = [n.name for n in result.model.graph.node if n.op_type == "InstanceNormalization"]
+    (skipped,) = result.report.skipped
+    assert (skipped.node, skipped.code, skipped.producer) == (instance_norm, code, "node_conv2d"), skipped
+    assert not result.report.kept_ops and not result.report.folded
+    assert _kinds(bnfold.fold(export(model, (x,))).report) == _kinds(result.report)
+    assert_matches(run_onnx(result.model, x)[0], reference(model, x))
+
+
+class BnThenGroupNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.c1, self.bn, self.norm = nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.GroupNorm(2, 8)
+        self.c2 = nn.Conv2d(8, 4, 1)
+        g = torch.Generator().manual_seed(8)
+        with torch.no_grad():
+            for p in (self.bn.weight, self.bn.running_var, self.norm.weight):
+                p.copy_(torch.rand(8, generator=g) + 0.5)
+            for p in (self.bn.bias, self.bn.running_mean, self.norm.bias):
+                p.copy_(torch.randn(8, generator=g))
+
+    def forward(self, x):
+        return self.c2(self.norm(torch.relu(self.bn(self.c1(x)))))
+
+
+@pytest.mark.parametrize(
+    ("kw", "code"),
+    [({"only": "batch_norm"}, Code.NOT_REQUESTED), ({"exclude": "*InstanceNormalization*"}, Code.EXCLUDED)],
+)
+def test_dynamo_group_norm_left_alone_keeps_its_affine(kw, code):
+    """``only`` / ``exclude`` leave the GroupNorm where it is: its Mul and Add fold into no conv."""
+    model = BnThenGroupNorm().eval()
+    x = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(9))
+    result = bnfold.fold(onnx_export(model, x), **kw)
+    ops = [n.op_type for n in result.model.graph.node]
+    assert "BatchNormalization" not in ops and "Mul" in ops and "Add" in ops, ops
+    assert _kinds(result.report) == (["batch_norm"], [code])
+    if "only" in kw:
+        assert _kinds(bnfold.fold(export(model, (x,)), **kw).report) == _kinds(result.report)
     assert_matches(run_onnx(result.model, x)[0], reference(model, x))
 
 

@@ -131,6 +131,27 @@ def test_group_norm_affine_folds_into_both_branches(ir):
     assert [f.norm for f in result.report.folded] == ["gn"]
 
 
+class SpelledGroupNorm(nn.Module):
+    """``F.group_norm`` without weight and bias, then the affine computed by hand (``bnfold.engine.spelled``)."""
+
+    def __init__(self):
+        super().__init__()
+        g = torch.Generator().manual_seed(8)
+        self.w = nn.Parameter(torch.rand(8, 1, 1, generator=g) + 0.5)
+        self.b = nn.Parameter(torch.randn(8, 1, 1, generator=g))
+        self.conv = nn.Conv2d(8, 4, 1)
+
+    def forward(self, x):
+        return self.conv(F.group_norm(x, 2) * self.w + self.b)
+
+
+@pytest.mark.parametrize("ir", IRS)
+def test_group_norm_with_its_affine_spelled_out_is_reported_as_group_norm(ir):
+    result = _check(SpelledGroupNorm().eval(), (torch.randn(2, 8, 5, 5),), ir)
+    (f,) = result.report.folded
+    assert (f.kind, f.rule) == ("group_norm", "input") and not result.report.skipped, result.report
+
+
 class BnBranches(nn.Module):
     """A BatchNorm feeding two convs; ``padded`` makes the second one pad (a shift cannot fold into it)."""
 

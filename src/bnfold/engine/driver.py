@@ -15,9 +15,10 @@ from typing import Any
 
 from ..kinds import LAYER_KINDS, NORM_KINDS, check_exclude, check_only
 from ..report import Code, FoldReport, KeptOp, Skipped
+from . import spelled
 from .constant_weight import fold_constant_weight
 from .fanout import fold_fanout
-from .graph import GraphAdapter, Norm
+from .graph import Binary, GraphAdapter, Norm
 from .lower import lower_unfoldable
 from .reparam import merge_branches
 from .rules import fold_input, fold_output
@@ -46,7 +47,8 @@ def exclusion_reason(pattern: str, what: str = "") -> tuple[str, Code]:
 
 class _Hiding:
     """The adapter as the rules see it when some normalizations are left alone (excluded, or of a kind
-    ``only`` does not name): those are not normalizations, so no chain goes through them; every
+    ``only`` does not name): those are not normalizations, and the ops that spell the affine of a plain
+    one are not elementwise ops (``spelled``), so no chain goes through them; every
     other call goes to the adapter.  ``excluded_layers``: the layer nodes ``exclude`` names, which
     no merge takes as a branch (``reparam.merge_branches``)."""
 
@@ -61,6 +63,13 @@ class _Hiding:
     def norm(self, node: Any) -> Norm | None:
         norm = self._graph.norm(node)
         return None if norm is not None and self._left_alone(norm) else norm
+
+    def binary(self, node: Any) -> Binary | None:
+        """An elementwise op, unless it spells the affine of a normalization left alone."""
+        op = self._graph.binary(node)
+        if op is not None and (plain := spelled.owner(self._graph, node)) is not None and self._left_alone(plain):
+            return None
+        return op
 
 
 def _excluded_layers(graph: GraphAdapter, nodes: list, patterns: tuple[str, ...], reasons: dict) -> set:
@@ -130,11 +139,32 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
         report.skipped.append(
             Skipped(label, reason, _layer_name(graph, norm.input), graph.node_name(norm.node), Code(code))
         )
+    reported = _spelled_skips(graph, report, reasons, left_alone)
     for node, (reason, code) in reasons.items():
         is_op = graph.binary(node) is not None or graph.inplace_sum(node) is not None  # a sum a merge kept
-        if graph.norm(node) is None and graph.is_live(node) and is_op:
+        if graph.norm(node) is None and graph.is_live(node) and is_op and node not in reported:
             report.kept_ops.append(KeptOp(graph.op_label(node), reason, graph.node_name(node), Code(code)))
     return report
+
+
+def _spelled_skips(graph: GraphAdapter, report: FoldReport, reasons: dict, left_alone: Callable) -> set:
+    """Report each plain normalization whose spelled-out affine stays (``spelled``) as skipped, with the
+    reason a rule gave one of its ops; returns those ops (they are no ``kept_ops`` note then)."""
+    ops_of = set()
+    for plain in graph.plain_norms():
+        ops = spelled.affine_ops(graph, plain)
+        if not ops:
+            continue
+        ops_of.update(ops)
+        norm = spelled.with_affine(plain, graph, ops)
+        why = next((reasons[op] for op in ops if op in reasons), None)
+        reason, code = left_alone(norm) or why or no_neighbour(graph, norm)
+        report.skipped.append(
+            Skipped(
+                graph.norm_label(norm), reason, _layer_name(graph, norm.input), graph.node_name(norm.node), Code(code)
+            )
+        )
+    return ops_of
 
 
 def _split_only(only: frozenset | None) -> tuple[frozenset | None, frozenset]:

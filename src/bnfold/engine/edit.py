@@ -17,6 +17,7 @@ import torch
 
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
+from . import spelled
 from .axes import channel_axis
 from .graph import GraphAdapter, Layer, LayerWeights, Outcome, Step
 
@@ -226,7 +227,8 @@ def fold_label(graph: GraphAdapter, steps: list[Step]) -> str:
 
 
 def fold_entries(graph: GraphAdapter, layers: list[Layer], steps: list[Step], side: str, rule: str) -> list[Folded]:
-    """One entry per normalization of the chain (one for a chain of elementwise ops alone)."""
+    """One entry per normalization of the chain, a plain one whose affine the chain's ops spell out
+    included (``spelled``); one entry for a chain of elementwise ops alone."""
     layer = layers[0]
     ops = [s.op for s in steps]
     pattern = "+".join([layer.op] + ops if side == "output" else ops + [layer.op])
@@ -238,9 +240,13 @@ def fold_entries(graph: GraphAdapter, layers: list[Layer], steps: list[Step], si
     def entry(norm: str, node: str, kind: str = "") -> Folded:
         return Folded(norm, into, pattern, side, 0, node, into_node, rule, list(chain), list(written), kind=kind)
 
-    norms = [s for s in steps if s.norm is not None]
+    norms: dict = {}  # node -> Norm, in chain order: the chain's normalizations and those whose affine it spells
+    for s in steps:
+        norm = s.norm if s.norm is not None else spelled.owner(graph, s.node) if s.affine is not None else None
+        if norm is not None:
+            norms.setdefault(norm.node, norm)
     if norms:
-        return [entry(graph.norm_label(s.norm), graph.node_name(s.node), s.norm.kind) for s in norms]
+        return [entry(graph.norm_label(n), graph.node_name(n.node), n.kind) for n in norms.values()]
     affine = [s for s in steps if s.affine is not None]
     names = "+".join(graph.node_name(s.node) for s in affine)
     path = graph.op_label(affine[0].node)

@@ -5,7 +5,7 @@ ExecuTorch edge program, a bare ``GraphModule`` with ``get_attr`` tensors, an
 ONNX model) has one adapter that implements :class:`GraphAdapter`.  Nodes and
 values are opaque to the engine: an fx ``Node`` is both, an ONNX value is a
 name in a graph scope.  An adapter *classifies* (``layer``, ``norm``,
-``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
+``plain_norm``, ``binary``, ``hop``), *navigates* (``users``, ``producer``), *reads*
 (``constant``, ``shape_info``, ``follow_axis``, names) and makes *primitive edits*
 (``write_layer``, ``remove_node``, ``strip_affine``, ``drop_unused``, ``add_bias``,
 ``lower_norm``, and ``bypass`` for a re-parameterization merge; ``conv_geometry``, ``pool`` and
@@ -233,6 +233,11 @@ class GraphAdapter(Protocol[N, V]):
     def norm(self, node: N | None) -> Norm | None: ...
     def binary(self, node: N | None) -> Binary | None: ...
     def hop(self, node: N | None) -> Hop | None: ...
+    # A normalization with no affine of its own (none, or an identity one) whose saved statistics nobody
+    # reads: ``affine_only``, ``weight``/``bias`` None, its ``kind`` set.  The elementwise ops by constants
+    # after it are its affine spelled out (``bnfold.engine.spelled``).
+    def plain_norm(self, node: N | None) -> Norm | None: ...
+    def plain_norms(self) -> Iterable[Norm]: ...  # the live ones
 
     # -- navigate (a user of None means the value leaves the graph: an output or a subgraph)
     def users(self, value: V) -> list[N | None]: ...

@@ -14,18 +14,21 @@ from dataclasses import dataclass
 class Op:
     """What an op is to the engine and what it implies about shapes.
 
-    ``role``: ``layer`` / ``norm`` / ``binary`` (an elementwise binary op) / ``hop`` (a per-channel affine
+    ``role``: ``layer`` / ``norm`` / ``plain_norm`` (a normalization read only when its own scale and
+    bias are the identity: the start of an affine spelled out after it, ``bnfold.engine.spelled``) /
+    ``binary`` (an elementwise binary op) / ``hop`` (a per-channel affine
     moves through it: shape-only, or a pick / mean / max along other axes) /
     ``metadata`` (reads only its input's shape: a user through it is no user for a fold) /
     ``pool`` (an average pool: re-parameterization reads it as a conv kernel) /
     ``elementwise`` (computes, but keeps the shape).  ``kind``: for a layer its
-    ``bnfold.kinds.LAYER_KINDS`` kind ("" when only parsing tells), for a norm its ``NORM_KINDS``
-    kind, for a binary op the name of its row in ``fold_math.BINARY_AFFINES``, for a hop the name
-    of its axis rule (the format's ``axes.AXIS_RULES``).  ``shape``: ``same`` (the output has the
-    first input's shape), ``broadcast`` (the largest rank of the inputs), ``permuted`` (the first
-    input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone folds
-    (ONNX), its axis and the input slots of its scale and bias (None: no bias input).  ``type_only``:
-    input slots whose dtype alone is read (ONNX ``CastLike``'s second): a reader there is no user.
+    ``bnfold.kinds.LAYER_KINDS`` kind ("" when only parsing tells), for a norm (or a ``plain_norm``)
+    its ``NORM_KINDS`` kind, for a binary op the name of its row in ``fold_math.BINARY_AFFINES``, for a
+    hop the name of its axis rule (the format's ``axes.AXIS_RULES``).  ``shape``: ``same`` (the output
+    has the first input's shape), ``broadcast`` (the largest rank of the inputs), ``permuted`` (the
+    first input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone
+    folds (ONNX), or a ``plain_norm``, its axis and the input slots of its scale and bias (None: no
+    bias input).  ``type_only``: input slots whose dtype alone is read (ONNX ``CastLike``'s second): a
+    reader there is no user.
     ``monotone``: a hop that takes a maximum (max-pool): a per-channel affine crosses it only
     with a scale ``>= 0`` (``bnfold.engine.graph.Hop.monotone``).
 

@@ -28,11 +28,13 @@ from .ops import (
     LAYER_OPS,
     NORM_AFFINES,
     NORMS,
+    PLAIN_NORMS,
     dropout_training,
     parse_binary,
     parse_hop,
     parse_layer,
     parse_norm,
+    parse_plain_norm,
     reads_only_metadata,
     reads_only_type,
 )
@@ -91,8 +93,17 @@ class OnnxGraph:
             ):
                 yield norm
 
+    def plain_norms(self) -> Iterator[Norm]:
+        for node in self._nodes(PLAIN_NORMS):
+            norm = parse_plain_norm(self, node)
+            if norm is not None:
+                yield norm
+
     def layer(self, node: Any) -> Layer | None:
         return parse_layer(self, node) if self.is_live(node) else None
+
+    def plain_norm(self, node: Any) -> Norm | None:
+        return parse_plain_norm(self, node) if self.is_live(node) else None
 
     def norm(self, node: Any) -> Norm | None:
         return parse_norm(self, node) if self.is_live(node) else None
@@ -217,6 +228,11 @@ class OnnxGraph:
                 if isinstance(b, str):
                     return b
                 bias, bias_dtype = to_torch(b.value), torch_dtype(b.elem_type, "the bias")
+                if p.op_type in ("Conv", "ConvTranspose") and tuple(bias.shape) != (n_out,):
+                    return (
+                        f"its bias has shape {list(bias.shape)}, not [{n_out}]: ONNX requires a {p.op_type} bias "
+                        "of one value per output channel, so the model is invalid"
+                    )
                 if p.op_type == "Gemm":
                     shape = tuple(bias.shape)
                     if bias.dim() > 2 or (bias.dim() == 2 and shape[0] != 1) or bias.numel() not in (1, n_out):

@@ -3,8 +3,9 @@
 Layers (``Conv``, ``ConvTranspose``, ``Gemm``, ``MatMul`` with a constant
 weight and its bias ``Add``), ``BatchNormalization``, the normalizations whose
 elementwise affine alone folds (``LayerNormalization``, ``GroupNormalization``,
-``RMSNormalization``), the elementwise binary ops and the shape-only hops are
-table rows here.  Supporting another op type
+``RMSNormalization``), the normalizations read only as plain (``InstanceNormalization``
+with scale 1 and bias 0: the affine, if any, follows as elementwise ops), the
+elementwise binary ops and the shape-only hops are table rows here.  Supporting another op type
 is one entry; the engine never looks at op types.  Only the default ONNX
 domain is read.
 
@@ -38,6 +39,9 @@ OPS: dict[str, Op] = {
     "LayerNormalization": Op("norm", "layer_norm", "same", affine=(-1, 1, 2)),
     "RMSNormalization": Op("norm", "rms_norm", "same", affine=(-1, 1, None)),
     "GroupNormalization": Op("norm", "group_norm", "same", affine=(1, 1, 2)),
+    # a GroupNorm with one channel per group; the dynamo exporter writes GroupNorm(G) as Reshape to G groups,
+    # this with scale 1 and bias 0, Reshape back, then the affine as Mul and Add (``engine.spelled``)
+    "InstanceNormalization": Op("plain_norm", "group_norm", "same", affine=(1, 1, 2)),
     "Mul": Op("binary", "mul", "broadcast"),
     "Div": Op("binary", "div", "broadcast"),
     "Add": Op("binary", "add", "broadcast"),
@@ -120,6 +124,9 @@ NORMS = tuple(NORM_OPS)
 #: Normalizations whose statistics stay and whose elementwise affine (scale, bias) may fold into the
 #: layers they feed: op type -> (the affine's axis, its scale and bias input slots; None: no bias input).
 NORM_AFFINES = {name: op.affine for name, op in _having("norm").items() if op.affine is not None}
+#: Normalizations that are plain (no affine of their own) when their scale and bias are the identity:
+#: the affine ones above, and those read only so (role ``plain_norm``) -> (axis, scale slot, bias slot).
+PLAIN_NORMS = {**NORM_AFFINES, **{name: op.affine for name, op in _having("plain_norm").items()}}
 
 
 @dataclass
@@ -388,6 +395,36 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     norm.problem, norm.problem_code = _affine_problem(graph, p, norm)
     return norm
+
+
+def parse_plain_norm(graph: Any, node: Node) -> Norm | None:
+    """``node`` as a plain normalization: one whose scale and bias are absent or the identity (its
+    statistics alone; an affine, if any, follows as elementwise ops: ``bnfold.engine.spelled``), or None."""
+    p = node.proto
+    if not is_onnx_op(p, *PLAIN_NORMS) or not p.input or not p.input[0] or not p.output or not p.output[0]:
+        return None
+    gi, v = node.gi, graph.value
+    axis, w_slot, b_slot = PLAIN_NORMS[p.op_type]
+    weight = v(gi, p.input[w_slot]) if len(p.input) > w_slot and p.input[w_slot] else None
+    bias = v(gi, p.input[b_slot]) if b_slot is not None and len(p.input) > b_slot and p.input[b_slot] else None
+    if not (_is_identity(graph, weight, 1.0) and _is_identity(graph, bias, 0.0)):
+        return None
+    if any(name and graph.index.visible_uses(gi, name) for name in p.output[1:]):
+        return None  # its saved statistics are read
+    return Norm(
+        node,
+        v(gi, p.input[0]),
+        v(gi, p.output[0]),
+        None,
+        None,
+        None,
+        None,
+        float(attr(p, "epsilon", 1e-5)),
+        axis=axis,
+        op=p.op_type,
+        affine_only=True,
+        kind=op_of(p).kind,
+    )
 
 
 def _is_identity(graph: Any, value: Any, neutral: float) -> bool:

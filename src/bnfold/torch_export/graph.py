@@ -33,6 +33,7 @@ from .ops import (
     parse_layer,
     parse_norm,
     parse_norm_affine,
+    parse_plain_norm,
     reads_only_metadata,
 )
 from .tensors import FxTensors
@@ -91,8 +92,17 @@ class FxGraph:
             if norm is not None:
                 yield norm
 
+    def plain_norms(self) -> Iterator[Norm]:
+        for node in self._live():
+            norm = self.plain_norm(node)
+            if norm is not None:
+                yield norm
+
     def layer(self, node: Any) -> Layer | None:
         return self._parse_layer(node) if isinstance(node, Node) else None
+
+    def plain_norm(self, node: Any) -> Norm | None:
+        return parse_plain_norm(node) if isinstance(node, Node) else None
 
     def norm(self, node: Any) -> Norm | None:
         if not isinstance(node, Node):
@@ -160,7 +170,7 @@ class FxGraph:
             return None
         if node_key(value) == "getitem":  # a batch norm's normalized output, a max-pool's values
             source = value.args[0]
-            norm = self.norm(source)
+            norm = self.norm(source) or self.plain_norm(source)
             if norm is not None:
                 return source if norm.output is value else None
             hop = self.hop(source)

@@ -346,12 +346,15 @@ NORMS: dict[str, Callable[[Node], Norm]] = {
 def _affine_norm(op: str, shape_at: int | None, weight_at: int, bias_at: int | None, axis: int) -> Callable:
     """A LayerNorm / RMSNorm / GroupNorm: its normalization stays, its elementwise affine may fold."""
 
-    def parse(node: Node) -> Norm | None:
+    def parse(node: Node, plain: bool = False) -> Norm | None:
+        """The norm with its affine; ``plain``: the norm without one (``GraphAdapter.plain_norm``)."""
         weight = node.args[weight_at] if len(node.args) > weight_at else node.kwargs.get("weight")
         bias = (node.args[bias_at] if len(node.args) > bias_at else node.kwargs.get("bias")) if bias_at else None
-        if weight is None and bias is None:
-            return None  # no affine: nothing to fold
+        if (weight is None and bias is None) != plain:
+            return None  # no affine: nothing to fold (or, for a plain one, an affine of its own)
         out, used = _getitems(node) if "native" in node_key(node) else (node, False)
+        if plain and (used or out is None):
+            return None
         norm = Norm(
             node,
             node.args[0],
@@ -404,6 +407,12 @@ def parse_norm_affine(node: Node) -> Norm | None:
     """``node`` as a normalization whose affine alone may fold (LayerNorm, RMSNorm, GroupNorm), or None."""
     parse = NORM_AFFINES.get(node_key(node))
     return parse(node) if parse else None
+
+
+def parse_plain_norm(node: Node) -> Norm | None:
+    """``node`` as a LayerNorm / RMSNorm / GroupNorm without weight and bias whose statistics nobody reads, or None."""
+    parse = NORM_AFFINES.get(node_key(node))
+    return parse(node, plain=True) if parse else None
 
 
 def parse_norm(node: Node) -> Norm | None:
