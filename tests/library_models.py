@@ -92,8 +92,9 @@ NORM_TYPES = (nn.modules.batchnorm._BatchNorm, nn.GroupNorm, nn.LayerNorm)
 
 @torch.no_grad()
 def calibrate(model: nn.Module, shape: tuple, batches: int = 2, batch_size: int = 4, seed: int = 0) -> nn.Module:
-    """Random normalization affines (gamma in [0.5, 1.5], beta in [-0.3, 0.3]; timm zero-inits some) and BatchNorm
-    statistics from ``batches`` train-mode passes on random inputs (cumulative averages); returns it in eval."""
+    """Random normalization affines (gamma in [0.5, 1.5], beta in [-0.3, 0.3]; timm zero-inits some), zero-init
+    layers and layer scales woken up (:func:`_wake`), and BatchNorm statistics from ``batches`` train-mode passes
+    on random inputs (cumulative averages); returns it in eval."""
     g = torch.Generator().manual_seed(seed)
     bns = []
     for m in model.modules():
@@ -105,12 +106,32 @@ def calibrate(model: nn.Module, shape: tuple, batches: int = 2, batch_size: int 
             m.reset_running_stats()
             m.momentum = None
             bns.append(m)
+    _wake(model, g)
     model.train()
     for _ in range(batches if bns else 0):
         model(torch.randn((batch_size, *shape[1:]), generator=g) + 0.2)
     for m in bns:
         m.momentum = 0.1
     return model.eval()
+
+
+def _wake(model: nn.Module, g: torch.Generator) -> None:
+    """Give the branches an untrained model switches off a part in the output: a layer whose weight is all zero
+    (torchvision ViT's head) gets uniform weights of its fan-in's scale, and a layer scale (a parameter
+    initialised to one tiny constant: ConvNeXt's 1e-6, PoolFormer's 1e-5) values in [0.5, 1.5].  Otherwise the
+    output barely depends on what is folded there, and its error says nothing."""
+    for m in model.modules():
+        if isinstance(m, (nn.Linear, nn.modules.conv._ConvNd)) and not m.weight.any():
+            bound = 1.0 / max(m.weight[0].numel(), 1) ** 0.5
+            m.weight.copy_((torch.rand(m.weight.shape, generator=g) * 2 - 1) * bound)
+    for p in model.parameters():
+        if (
+            p.is_floating_point()
+            and p.numel() > 1
+            and 0 < float(p.abs().max()) < 1e-3
+            and bool((p == p.flatten()[0]).all())
+        ):
+            p.copy_(torch.rand(p.shape, generator=g) + 0.5)
 
 
 # ------------------------------------------------------------------------------------------------ the models

@@ -231,8 +231,9 @@ def judge(row: Row) -> list[str]:
 
 def fewer_folds(folded: dict[str, int]) -> dict[str, str]:
     """IR -> why it fails, for the IRs that fold fewer normalizations than another IR of the same model: a
-    normalization the fold does not recognise in one spelling (ONNX's GroupNorm as InstanceNormalization + Mul +
-    Add) is not in its report, so only the other IRs show that it is there."""
+    normalization the fold does not recognise in one spelling is not in its report (as ONNX's GroupNorm,
+    InstanceNormalization + Mul + Add, was not before it became a row), so only the other IRs show that it is
+    there."""
     if not folded:
         return {}
     best = max(folded, key=folded.get)
