@@ -211,3 +211,22 @@ def test_the_worst_norm_does_not_move_with_the_measured_tenths():
         assert [n.name for n in sorted(norms, key=norm_severity)] == ["bn.0", "bn.2", "bn.1"]
     norms = [norm("a", 1.46, 1.3), norm("b", 0.5, 2.6), norm("c", 0.1, 0.1, "degrades"), norm("d", 0, 0, "overflows")]
     assert [n.name for n in sorted(norms, key=norm_severity)] == ["d", "c", "a", "b"]
+
+
+@pytest.mark.parametrize("profile", ["fp16", "htp"])
+def test_report_rows_do_not_need_every_tensor(profile):
+    """``tensors=False`` (``bnfold audit`` without ``--json``) measures only the values the rows read: the
+    report is the same (normalizations, layers, end to end, advice), its ``tensors`` fewer, in both formats."""
+    from numerics_helpers import onnx_keeping_batch_norms
+
+    net, x = mixed(), torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0)) + 2
+    batches = [(x,), (x * 0.5,)]
+    for model in (export(net, x), onnx_keeping_batch_norms(net, x)):
+        full = audit(model, batches, profile=profile).to_dict()
+        rows = audit(model, batches, profile=profile, tensors=False).to_dict()
+        assert full.pop("all_tensors") and not rows.pop("all_tensors")
+        measured, all_of_them = (d.pop("tensors")["unfolded"] for d in (rows, full))
+        assert 0 < len(measured) < len(all_of_them)
+        for d in (full, rows):
+            d["fold_report"]["summary"].pop("seconds")
+        assert rows == full

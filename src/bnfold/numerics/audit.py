@@ -80,6 +80,7 @@ def audit(
     class_axis: int | None = None,
     threshold: float | None = None,
     metric: Callable | None = None,
+    tensors: bool = True,
 ) -> AuditReport:
     """Audit ``model`` (an ExportedProgram, an nn.Module exported here in eval mode, or an ONNX ModelProto)
     under ``profile``.
@@ -103,6 +104,11 @@ def audit(
     ``[N, classes]`` output), ``threshold`` in (0, 1) (``mask_iou``: the IoU of the first output's
     above-threshold mask with the float model's; 1.0 when both are empty) and ``metric``
     (``fn(output, reference) -> float`` per batch, averaged over batches weighted by sample count).
+
+    ``tensors``: measure every floating value of both programs against its reference (the report's
+    ``tensors``); with False, only the values the report's rows read (layer outputs, the normalizations'
+    inputs and outputs), which takes about half the time on small models: ``bnfold audit`` without
+    ``--json``.
 
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
@@ -134,7 +140,9 @@ def audit(
     _stage(progress, "emulate unfolded")
     seg = segments(prog, [(r.name, r.name, r.output) for r in row_list])
     names = ref_names(prog, fprog, row_list, report) if fprog is not None else {}
-    runner = Runner(prog, prof, bn_eps, seg)
+    outs = {r.output for r in row_list}
+    norm_values = {v for st in prog.steps if st.norm is not None for v in (st.norm.input, st.norm.output)}
+    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_values)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
     refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None
@@ -142,7 +150,8 @@ def audit(
         _stage(progress, "emulate folded")
         fseg = segments(fprog, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
         against = [{f: k[u] for f, u in names.items() if u in k} for k in refs]
-        runner = Runner(fprog, prof, bn_eps, fseg)
+        fouts = {r.folded for r in row_list if r.folded is not None}
+        runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts)
         folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
         _execute(runner, batches, folded, progress, against=against)
     del refs
@@ -164,6 +173,7 @@ def audit(
         fp32_accuracy=_fp32_accuracy(unfolded.reference, top1, label_batches, spec),
         fold_report=report,
         errors=errors,
+        all_tensors=tensors,
         name=name or "model",
         random_inputs=random_inputs,
     )

@@ -145,7 +145,9 @@ class AuditReport:
     folded: EndToEnd | None
     fp32_accuracy: float | None = None
     fold_report: Any = None
-    errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)  # every tensor, per program
+    # the tensors measured, per program: every floating value, or (``all_tensors`` False) those the rows read
+    errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)
+    all_tensors: bool = True
     name: str = "model"
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
     runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
@@ -183,6 +185,7 @@ class AuditReport:
             "fold_report": None if self.fold_report is None else self.fold_report.to_dict(),
             "runtime": None if self.runtime is None else self.runtime.to_dict(),
             "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
+            "all_tensors": self.all_tensors,
         }
 
     def table(self) -> str:

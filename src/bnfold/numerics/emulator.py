@@ -24,7 +24,7 @@ from . import accumulate
 from .batches import as_batches
 from .graph import layer_kind, lifted_tensors, running_stats_norm
 from .profiles import Profile
-from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm, is_float
+from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
 
 __all__ = ["BatchResult", "EmulationResult", "Emulator", "emulate", "fx_program"]
 
@@ -126,7 +126,7 @@ def fx_program(ep: torch.export.ExportedProgram) -> Program:
     for node in nodes:
         if node.op not in ("placeholder", "call_function", "output"):
             raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
-    consts = {k: v.detach().to(torch.float64) if is_float(v) else v for k, v in lifted.items()}
+    consts = {k: v.detach() for k, v in lifted.items()}  # floats as stored: the runner casts them once
     kinds = [spec.kind for spec in ep.graph_signature.output_specs]
     out_node = next(n for n in nodes if n.op == "output")
     outs = [o for o, k in zip(out_node.args[0], kinds) if k == OutputKind.USER_OUTPUT]

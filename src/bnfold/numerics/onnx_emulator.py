@@ -57,9 +57,10 @@ class OpFailed(ValueError):
 
 
 def _tensor(arr: np.ndarray) -> torch.Tensor:
-    """A constant as the runner holds it: floats float64, booleans bool, integers int64."""
+    """A constant as the runner holds it: floats as stored (the runner casts them once), booleans bool,
+    integers int64."""
     if arr.dtype.kind == "f":
-        return torch.from_numpy(np.array(arr, dtype=np.float64))
+        return torch.from_numpy(np.array(arr))
     if arr.dtype == np.bool_:
         return torch.from_numpy(np.array(arr))
     return torch.from_numpy(np.array(arr, dtype=np.int64))

@@ -14,21 +14,23 @@ import torch
 
 
 def _channel_range(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Per-channel ``(min, max)`` along ``axis`` as float64 (inf kept, NaN ignored), and the NaN count."""
+    """Per-channel ``(min, max)`` along ``axis`` as float64 (inf kept, NaN ignored), and the NaN count.
+    Reduced in place over the other axes in the tensor's own dtype (extrema are exact there); NaN, which
+    both reductions propagate, is looked for only where they found one."""
     x = x.detach()
-    nan = torch.isnan(x)
-    n_nan = int(nan.sum())
-    moved = x.movedim(axis, 0).reshape(x.shape[axis], -1).to(torch.float64)
-    if n_nan:
-        nan_m = torch.isnan(moved)
-        lo = moved.masked_fill(nan_m, torch.inf).amin(1)
-        hi = moved.masked_fill(nan_m, -torch.inf).amax(1)
-    elif moved.shape[1] == 0:
-        lo = torch.full((moved.shape[0],), torch.inf, dtype=torch.float64)
-        hi = -lo
-    else:
-        lo, hi = torch.aminmax(moved, dim=1)
-    return lo, hi, n_nan
+    channels = x.shape[axis]
+    if x.numel() == 0:
+        lo = torch.full((channels,), torch.inf, dtype=torch.float64)
+        return lo, -lo, 0
+    others = tuple(d for d in range(x.dim()) if d != axis % x.dim())
+    lo, hi = (x.amin(dim=others), x.amax(dim=others)) if others else (x, x)
+    n_nan = 0
+    if bool(torch.isnan(lo).any() | torch.isnan(hi).any()):
+        nan = torch.isnan(x)
+        n_nan = int(nan.sum())
+        lo = x.masked_fill(nan, torch.inf).amin(dim=others) if others else x.masked_fill(nan, torch.inf)
+        hi = x.masked_fill(nan, -torch.inf).amax(dim=others) if others else x.masked_fill(nan, -torch.inf)
+    return lo.to(torch.float64).reshape(channels), hi.to(torch.float64).reshape(channels), n_nan
 
 
 @dataclass

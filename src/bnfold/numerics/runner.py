@@ -83,7 +83,8 @@ class Step:
 
 @dataclass
 class Program:
-    """A format's executor: ``steps`` in graph order, ``constants`` (float64 floats, integers as they are),
+    """A format's executor: ``steps`` in graph order, ``constants`` (floats in the dtype the model stores,
+    integers as they are),
     ``inputs`` / ``outputs`` (value names), ``feed(xs)`` checking and converting one batch's inputs."""
 
     steps: list[Step]
@@ -156,11 +157,23 @@ class Runner:
     errors: each value named there is also computed from the *emulated* values of its inputs outside its
     segment (constants unrounded, the model's eps) and, inside it, from that local run; the difference to the
     emulated value is the error the segment adds by itself (``BatchResult.local``).  The local run computes in
-    the reference's dtype.
+    the reference's dtype.  ``local_measured``: the values whose local error is measured (default: every value
+    of a segment; the audit asks for its rows' outputs, the others are computed only to reach them).
+    ``measured``: the values compared with their reference (default: every floating value).
     """
 
-    def __init__(self, program: Program, profile: str | Profile = "fp16", bn_eps=None, segments: dict | None = None):
+    def __init__(
+        self,
+        program: Program,
+        profile: str | Profile = "fp16",
+        bn_eps=None,
+        segments: dict | None = None,
+        local_measured: set | None = None,
+        measured: set | None = None,
+    ):
         self.program = program
+        self.local_measured = local_measured
+        self.measured = measured
         self.profile = prof = get_profile(profile)
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.segments = dict(segments or {})
@@ -325,9 +338,9 @@ class Runner:
                     continue
                 if out in self.segments:
                     lv = env_l[out] = self._local(step, k, env_e, env_l)
-                    if is_float(lv):
+                    if is_float(lv) and (self.local_measured is None or out in self.local_measured):
                         local[out] = measure(out, step.op, e, lv, exact)
-                r = refs.get(out)
+                r = refs.get(out) if self.measured is None or out in self.measured else None
                 if is_float(r):
                     src = errors.get(step.ins[0]) if step.rounding == "same" and step.ins else None
                     if src is not None and src.count == r.numel():

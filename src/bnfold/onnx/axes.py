@@ -177,6 +177,22 @@ def _gathered(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | 
     return {int(attr(p, "axis", 0)) % rank}, index_rank == 1
 
 
+def _flat_gather(graph: Any, hop: Hop) -> list | None:
+    """The output dims of a Gather that reads a 1-D tensor in order (axis 0, constant indices 0 .. n-1 in any
+    shape): a reshape, as the exporter writes torch's flat-order ``as_strided`` (a decomposed ``flatten``);
+    else None."""
+    p = hop.node.proto
+    if len(p.input) < 2 or not p.input[1] or int(attr(p, "axis", 0)) != 0:
+        return None
+    index, before = graph.const(graph.value(hop.node.gi, p.input[1])), graph.shape_info(hop.input).shape
+    if index is None or before is None or len(before) != 1:
+        return None
+    idx = np.asarray(index.value)
+    if idx.size != before[0] or not np.array_equal(idx.reshape(-1), np.arange(idx.size)):
+        return None
+    return list(idx.shape)
+
+
 def _sliced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
     axes, starts = _const_ints(graph, hop, 3), _const_ints(graph, hop, 1)
     if isinstance(axes, str) or isinstance(starts, str) or (axes is None and starts is None):
@@ -208,7 +224,9 @@ AXIS_RULES: dict[str, Callable | None] = {
     "unsqueeze": _squeeze,
     "reshape": _reshaped(_reshape_dims),
     "flatten": _reshaped(_flatten_dims),
-    "gather": _along_other_axes(_gathered),
+    "gather": lambda graph, hop, *rest: (
+        _reshaped(_flat_gather) if _flat_gather(graph, hop) is not None else _along_other_axes(_gathered)
+    )(graph, hop, *rest),
     "slice": _along_other_axes(_sliced),
     "reduce": _along_other_axes(_reduced),
     "spatial": _along_other_axes(_spatial),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import operator
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from math import prod
 from typing import Any
 
 import torch
@@ -444,6 +445,8 @@ HOPS: dict[str, str] = {
     "dim_order_ops::_to_dim_order_copy.default": "identity",
     "aten::view.default": "reshape",
     "aten::view_copy.default": "reshape",
+    "aten::as_strided.default": "reshape",  # only one that reads in flat order (hop_is_exact): a flatten
+    "aten::as_strided_copy.default": "reshape",
     "aten::reshape.default": "reshape",
     "aten::_unsafe_view.default": "reshape",
     "aten::squeeze.dim": "reshape",
@@ -581,6 +584,8 @@ def hop_is_exact(node: Node) -> bool:
     if HOPS.get(key) == "expand":
         before, after = _shape(node.args[0]), _shape(node)
         return before is not None and before == after
+    if key in ("aten::as_strided.default", "aten::as_strided_copy.default"):
+        return _flat_order(node)
     if key == "aten::mean.dim":  # a mean into another dtype also rounds
         return node.kwargs.get("dtype") is None
     if key == "aten::index.Tensor":  # one 1-D integer index: a bool mask or several indices move axes
@@ -594,6 +599,31 @@ def hop_is_exact(node: Node) -> bool:
             and val.dtype != torch.bool
         )
     return _identity_dropout(node)
+
+
+def _flat_order(node: Node) -> bool:
+    """Whether an ``as_strided`` reads its input's elements in their order, i.e. is a reshape: the input is
+    contiguous from the start of its storage (its storage order is its logical order), the view has no
+    offset, all of its elements, and a contiguous tensor's strides (a dim of size 1 takes any).  torch's
+    decomposition of ``flatten`` writes one (torchvision Swin's head)."""
+    x = node.args[0] if node.args else None
+    val = x.meta.get("val") if isinstance(x, Node) else None
+    size, stride = _arg(node, 1, "size", None), _arg(node, 2, "stride", None)
+    if not isinstance(val, torch.Tensor) or size is None or stride is None or _arg(node, 3, "storage_offset", None):
+        return False
+    if not all(isinstance(d, int) for d in (*size, *stride, *val.shape)):
+        return False  # symbolic: not proven
+    try:
+        if not val.is_contiguous() or val.storage_offset() != 0 or prod(size) != val.numel():
+            return False
+    except Exception:  # noqa: BLE001 - a fake that cannot tell: not proven
+        return False
+    step = 1
+    for d, s in zip(reversed(size), reversed(stride)):
+        if d != 1 and s != step:
+            return False
+        step *= d
+    return True
 
 
 def _identity_dropout(node: Node) -> bool:
