@@ -185,3 +185,38 @@ def test_dynamo_frozen_batch_norm_folds_into_the_conv():
     assert [n.op_type for n in result.model.graph.node] == ["Conv", "Relu"], result.report
     assert [f.pattern for f in result.report.folded] == ["Conv+Mul+Add"]
     assert_matches(run_onnx(result.model, x)[0], reference(model, x))
+
+
+class SwinHead(nn.Module):
+    """torchvision Swin's head: a channels-last LayerNorm, permute to NCHW, AdaptiveAvgPool2d(1), Flatten, Linear.
+    The decomposed IR writes the flatten as a flat-order ``as_strided`` and the ONNX exporter that as a
+    ``Gather`` of ``0 .. n-1`` from the flattened mean: both are reshapes."""
+
+    def __init__(self, c: int = 12):
+        super().__init__()
+        self.norm, self.pool, self.flatten, self.head = (
+            nn.LayerNorm(c),
+            nn.AdaptiveAvgPool2d(1),
+            nn.Flatten(1),
+            nn.Linear(c, 5),
+        )
+        with torch.no_grad():
+            self.norm.weight.uniform_(0.5, 1.5)
+            self.norm.bias.uniform_(-0.5, 0.5)
+
+    def forward(self, x):
+        return self.head(self.flatten(self.pool(self.norm(x).permute(0, 3, 1, 2))))
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge", "onnx"])
+def test_swin_head_layer_norm_folds_through_the_flat_order_view(ir):
+    torch.manual_seed(0)
+    model, x = SwinHead().eval(), torch.randn(1, 4, 4, 12)
+    program = onnx_export(model, x) if ir == "onnx" else export(model, (x,), ir)
+    if ir != "default":  # the spelling this test is about is there
+        ops = [n.op_type for n in program.graph.node] if ir == "onnx" else [str(n.target) for n in program.graph.nodes]
+        assert any("Gather" == o for o in ops) if ir == "onnx" else any("as_strided" in o for o in ops), ops
+    result = bnfold.fold(program)
+    assert [f.kind for f in result.report.folded] == ["layer_norm"] and not result.report.skipped, result.report
+    out = run_onnx(result.model, x)[0] if ir == "onnx" else result.model.module()(x)
+    assert_matches(out, reference(model, x))
