@@ -67,6 +67,16 @@ class _Call:
     readers: list = field(default_factory=list)  #: (layer, its input tensor, whether it reads the output as is)
 
 
+def run_hooked(model: nn.Module, x: torch.Tensor, hooks: list) -> None:
+    """One eval pass of ``model`` on ``x`` with the forward ``hooks`` registered on it, removed after."""
+    try:
+        with torch.no_grad():
+            model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+
+
 def hand_foldable_affines(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
     """(calls of affine normalization modules, those whose affine a hand can fold): see the module docstring."""
     calls: list[_Call] = []
@@ -88,12 +98,7 @@ def hand_foldable_affines(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
             hooks.append(m.register_forward_hook(on_norm))
         elif isinstance(m, LAYERS):
             hooks.append(m.register_forward_pre_hook(on_layer))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, x, hooks)
     with torch.no_grad():
         return len(calls), sum(_foldable(c) for c in calls)
 

@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from affine_baseline import run_hooked
+
 #: the two schemas torchvision's meta registrations look for (as its C++ extension defines them)
 TORCHVISION_SCHEMAS = (
     "nms(Tensor dets, Tensor scores, float iou_threshold) -> Tensor",
@@ -281,10 +283,5 @@ def hand_foldable(model: nn.Module, x: torch.Tensor) -> tuple[int, int]:
             hooks.append(m.register_forward_hook(lambda _m, _i, out: made.__setitem__(id(out), out)))
         elif isinstance(m, nn.modules.batchnorm._BatchNorm):
             hooks.append(m.register_forward_pre_hook(lambda _m, args: fed.append(id(args[0]) in made)))
-    try:
-        with torch.no_grad():
-            model(x)
-    finally:
-        for h in hooks:
-            h.remove()
+    run_hooked(model, x, hooks)
     return len(fed), sum(fed)

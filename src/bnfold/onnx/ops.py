@@ -378,20 +378,7 @@ def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:
     if _is_identity(graph, weight, 1.0) and _is_identity(graph, bias, 0.0):
         return None
     out = v(gi, p.output[0]) if p.output and p.output[0] else None
-    norm = Norm(
-        node,
-        v(gi, p.input[0]),
-        out,
-        weight,
-        bias,
-        None,
-        None,
-        float(attr(p, "epsilon", 1e-5)),
-        axis=axis,
-        op=p.op_type,
-        affine_only=True,
-        kind=NORM_OPS[p.op_type],
-    )
+    norm = _affine_norm(node, v(gi, p.input[0]), out, weight, bias, axis, NORM_OPS[p.op_type])
     norm.statistics_used = any(name and graph.index.visible_uses(gi, name) for name in p.output[1:])
     norm.problem, norm.problem_code = _affine_problem(graph, p, norm)
     return norm
@@ -411,20 +398,14 @@ def parse_plain_norm(graph: Any, node: Node) -> Norm | None:
         return None
     if any(name and graph.index.visible_uses(gi, name) for name in p.output[1:]):
         return None  # its saved statistics are read
-    return Norm(
-        node,
-        v(gi, p.input[0]),
-        v(gi, p.output[0]),
-        None,
-        None,
-        None,
-        None,
-        float(attr(p, "epsilon", 1e-5)),
-        axis=axis,
-        op=p.op_type,
-        affine_only=True,
-        kind=op_of(p).kind,
-    )
+    return _affine_norm(node, v(gi, p.input[0]), v(gi, p.output[0]), None, None, axis, op_of(p).kind)
+
+
+def _affine_norm(node: Node, x: Any, out: Any, weight: Any, bias: Any, axis: Any, kind: str) -> Norm:
+    """A normalization whose statistics the data gives (no running statistics): its affine is what folds."""
+    p = node.proto
+    eps = float(attr(p, "epsilon", 1e-5))
+    return Norm(node, x, out, weight, bias, None, None, eps, axis=axis, op=p.op_type, affine_only=True, kind=kind)
 
 
 def _is_identity(graph: Any, value: Any, neutral: float) -> bool:
