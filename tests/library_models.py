@@ -203,6 +203,7 @@ MODELS: dict[str, Spec] = {
         _timm("mobilevitv2_050", "norm"),
         _timm("poolformer_s12", "norm"),
         _timm("poolformerv2_s12", "norm"),
+        _timm("coatnet_nano_rw_224", "norm", img_size=64),  # BatchNorm convs and attention (issue 30's ONNX miss)
     )
 }
 MODELS.update(
