@@ -107,8 +107,8 @@ def audit(
 
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs, the normalizations'
-    inputs and outputs), which takes about half the time on small models: ``bnfold audit`` without
-    ``--json``.
+    inputs and outputs), 5-15% of the audit's time less on the suite's models (BENCHMARKS.md part I):
+    ``bnfold audit`` without ``--json``.
 
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.

@@ -84,8 +84,8 @@ class Step:
 @dataclass
 class Program:
     """A format's executor: ``steps`` in graph order, ``constants`` (floats in the dtype the model stores,
-    integers as they are),
-    ``inputs`` / ``outputs`` (value names), ``feed(xs)`` checking and converting one batch's inputs."""
+    integers as they are), ``inputs`` / ``outputs`` (value names), ``feed(xs)`` checking and converting one
+    batch's inputs."""
 
     steps: list[Step]
     constants: dict[str, Any]
