@@ -193,6 +193,12 @@ def _flat_gather(graph: Any, hop: Hop) -> list | None:
     return list(idx.shape)
 
 
+def _gather_rule(graph: Any, hop: Hop) -> Callable:
+    """A Gather's axis rule: a reshape's when it reads a 1-D tensor in order (:func:`_flat_gather`), else the
+    rule of a pick along other axes."""
+    return _reshaped(_flat_gather) if _flat_gather(graph, hop) is not None else _along_other_axes(_gathered)
+
+
 def _sliced(graph: Any, hop: Hop, what: str, rank: int) -> tuple[set, bool] | str:
     axes, starts = _const_ints(graph, hop, 3), _const_ints(graph, hop, 1)
     if isinstance(axes, str) or isinstance(starts, str) or (axes is None and starts is None):
@@ -224,9 +230,7 @@ AXIS_RULES: dict[str, Callable | None] = {
     "unsqueeze": _squeeze,
     "reshape": _reshaped(_reshape_dims),
     "flatten": _reshaped(_flatten_dims),
-    "gather": lambda graph, hop, *rest: (
-        _reshaped(_flat_gather) if _flat_gather(graph, hop) is not None else _along_other_axes(_gathered)
-    )(graph, hop, *rest),
+    "gather": lambda graph, hop, *rest: _gather_rule(graph, hop)(graph, hop, *rest),
     "slice": _along_other_axes(_sliced),
     "reduce": _along_other_axes(_reduced),
     "spatial": _along_other_axes(_spatial),
