@@ -24,7 +24,6 @@ A benchmark, not a test: nothing asserts on a time.
 from __future__ import annotations
 
 import argparse
-import io
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import onnx
 import torch
+from numerics_helpers import onnx_keeping_batch_norms
 
 import bnfold
 from bnfold.numerics.onnx_emulator import OnnxEmulator
@@ -56,18 +56,7 @@ def _min_time(fn, rounds: int) -> float:
 
 
 def _onnx(net, x) -> onnx.ModelProto:
-    f = io.BytesIO()
-    torch.onnx.export(
-        net,
-        (x,),
-        f,
-        dynamo=False,
-        opset_version=17,
-        do_constant_folding=False,
-        training=torch.onnx.TrainingMode.PRESERVE,
-        input_names=["x"],
-    )
-    return onnx.load_from_string(f.getvalue())
+    return onnx_keeping_batch_norms(net, x)  # TorchScript exporter, BatchNorm nodes kept
 
 
 def _row(name: str, model, x, rounds: int, profile: str) -> list:

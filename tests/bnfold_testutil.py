@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import torch
@@ -132,3 +133,15 @@ def onnx_conv_bn(opset: int = 13, seed: int = 0):
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = 8
     return model
+
+
+@contextlib.contextmanager
+def one_torch_thread():
+    """torch single-threaded inside (its thread count back after): the tests' tensors are small, and on a shared
+    2-core machine torch's thread pool makes their many small ops several times slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from bnfold_testutil import one_torch_thread
 from library_models import QUICK, available, hand_foldable, import_torchvision
 from library_zoo import Row, check_model, judge
 
@@ -17,10 +18,8 @@ needs_libraries = pytest.mark.skipif(WHY is not None, reason=WHY or "")
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield
 
 
 @needs_libraries

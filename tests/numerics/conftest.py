@@ -1,11 +1,11 @@
+"""The numerics tests run torch single-threaded (``bnfold_testutil.one_torch_thread``)."""
+
 import pytest
-import torch
+
+from bnfold_testutil import one_torch_thread
 
 
 @pytest.fixture(autouse=True)
-def _one_thread():
-    """The tensors here are small; on a shared 2-core machine extra threads only contend."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_torch_thread():
+    with one_torch_thread():
+        yield

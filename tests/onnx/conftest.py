@@ -2,12 +2,11 @@
 thread pool makes the fold math's elementwise ops many times slower."""
 
 import pytest
-import torch
+
+from bnfold_testutil import one_torch_thread
 
 
 @pytest.fixture(autouse=True)
 def _one_torch_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+    with one_torch_thread():
+        yield

@@ -132,6 +132,22 @@ def run_bnfold(cwd: Path, *argvs: list, fsize: int | None = None, control: list 
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def assert_case(runs: list, peak_mib: float) -> None:
+    """Each ``(argv, expected, result)`` of one case: under ``peak_mib``; ``expected`` an exit code (and no
+    traceback), or the words of a one-line refusal (:func:`assert_refused`)."""
+    for argv, expected, r in runs:
+        where = " ".join(map(str, argv))
+        assert r["peak_mib"] < peak_mib, (where, r["peak_mib"])
+        if isinstance(expected, int):
+            assert r["code"] == expected, (where, r)
+            assert "Traceback" not in r["stderr"] and "internal error" not in r["stderr"], (where, r["stderr"])
+            continue
+        try:
+            assert_refused(r, *expected)
+        except AssertionError as e:
+            raise AssertionError(f"{where}: {e}") from None
+
+
 def assert_refused(result: dict, *words: str) -> str:
     """Exit 2, exactly one line on stderr (no traceback) naming ``words``, and no marker."""
     assert result["code"] == 2, result

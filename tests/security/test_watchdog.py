@@ -113,3 +113,28 @@ def test_address_space_cap_is_set_for_the_audit_and_restored():
     with runtime.watch():  # fold / check: no cap
         runtime.expect(budget, 0, "m.pt2")
         assert resource.getrlimit(resource.RLIMIT_AS) == before
+
+
+def test_strides_an_as_strided_reads_are_checked_like_shapes():
+    """The fold takes a flat-order ``as_strided`` for a reshape from its input's stated strides
+    (``hop_is_exact``), so a file stating other strides than its ops compute for such an input is refused;
+    honest metadata passes."""
+
+    class Head(torch.nn.Module):
+        def forward(self, x):
+            return torch.flatten(torch.nn.functional.adaptive_avg_pool2d(x.permute(0, 3, 1, 2), 1), 1)
+
+    ep = torch.export.export(Head(), (torch.randn(2, 4, 4, 6),)).run_decompositions()
+    strided = [n for n in ep.graph.nodes if "as_strided" in str(n.target)]
+    assert strided, "the decomposed flatten is no as_strided any more: the case is gone"
+    fx_shapes.recompute(ep, where="honest.pt2")  # torch's own strides: no refusal
+    source = strided[0].args[0]
+    real = source.meta["val"]
+    source.meta["val"] = torch.empty_strided(tuple(real.shape), (1, 2, 12, 12), device="meta")  # same dims
+    try:
+        with pytest.raises(
+            fx_shapes.MetadataMismatch, match=r"computes strides .* but the file states \[1, 2, 12, 12\]"
+        ):
+            fx_shapes.recompute(ep, where="lying.pt2")
+    finally:
+        source.meta["val"] = real

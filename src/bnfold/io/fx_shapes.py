@@ -197,6 +197,7 @@ def recompute(
         out[node.name] = None if value is _UNKNOWN else _specs(value)
         if compare and out[node.name] is not None:
             _compare(node, out[node.name], subs, where)
+            _compare_layout(node, value, where)
     if compare and ep in _FROM_FILE:  # checked: at these shapes the metadata is the recomputed values
         _FROM_FILE[ep] = _user_shapes(ep, shapes)
     return out
@@ -317,6 +318,31 @@ def _stated(val: Any) -> list:
     if isinstance(val, (list, tuple)):
         return [t for v in val for t in _stated(v)]
     return []
+
+
+#: ops that read their input's storage layout, not only its values: the fold reads the stated strides of their
+#: input (``torch_export.ops.hop_is_exact``), so those strides are checked like shapes
+LAYOUT_READERS = frozenset({"as_strided.default", "as_strided_copy.default"})
+
+
+def _compare_layout(node: Any, value: Any, where: str) -> None:
+    """Refuse a value read by a layout reader whose stated strides differ from the recomputed ones."""
+    import torch
+
+    if not any(getattr(u.target, "__name__", "") in LAYOUT_READERS for u in node.users):
+        return
+    stated = node.meta.get("val")
+    if not isinstance(stated, torch.Tensor) or not isinstance(value, torch.Tensor):
+        return
+    try:
+        said, real = tuple(int(d) for d in stated.stride()), tuple(int(d) for d in value.stride())
+    except Exception:  # noqa: BLE001 - symbolic strides: the fold does not use them (hop_is_exact)
+        return
+    if said != real:
+        raise MetadataMismatch(
+            f"{where}: node {node.name!r} ({getattr(node.target, '__name__', node.target)}) computes strides "
+            f"{list(real)} but the file states {list(said)}; the file's metadata does not match its ops; refused"
+        )
 
 
 def _compare(node: Any, specs: list[Spec], subs: dict, where: str) -> None:

@@ -605,7 +605,8 @@ def _flat_order(node: Node) -> bool:
     """Whether an ``as_strided`` reads its input's elements in their order, i.e. is a reshape: the input is
     contiguous from the start of its storage (its storage order is its logical order), the view has no
     offset, all of its elements, and a contiguous tensor's strides (a dim of size 1 takes any).  torch's
-    decomposition of ``flatten`` writes one (torchvision Swin's head)."""
+    decomposition of ``flatten`` writes one (torchvision Swin's head).  The input's strides are read from its
+    metadata: a file's are checked against the recomputed ones at load (``io.fx_shapes.LAYOUT_READERS``)."""
     x = node.args[0] if node.args else None
     val = x.meta.get("val") if isinstance(x, Node) else None
     size, stride = _arg(node, 1, "size", None), _arg(node, 2, "stride", None)
