@@ -126,8 +126,9 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     if ref.numel() == 0:
         return err
     dtype = torch.float64 if exact_diff else torch.float32  # a float32 reference too: signal and noise alike
-    ref = ref.to(dtype)
-    diff = emulated.to(dtype) - ref
+    if ref.dtype != dtype:
+        ref = ref.to(dtype)
+    diff = (emulated if emulated.dtype == dtype else emulated.to(dtype)) - ref
     if ref.numel() < SEPARATE_EXTREMA:
         r_lo, r_hi = torch.aminmax(ref)
         d_lo, d_hi = torch.aminmax(diff)

@@ -92,7 +92,16 @@ def _risks(stats: list, prof, bn_eps, probes: list, rows: list, out_errs: list) 
 def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
     """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
     consts, producer = prog.constants, {v: s for s in prog.steps for v in s.outs if v}
-    f64 = lambda v: None if v is None else consts[v].to(torch.float64).flatten()  # noqa: E731
+    flat: dict[str, torch.Tensor] = {}
+
+    def f64(v: str | None) -> torch.Tensor | None:
+        """The constant ``v`` as a flat float64 tensor (each converted once: several norms' rows read it)."""
+        if v is None:
+            return None
+        if v not in flat:
+            flat[v] = consts[v].to(torch.float64).flatten()
+        return flat[v]
+
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
     found, bare, known, stats = [], [], [], []

@@ -13,23 +13,30 @@ from dataclasses import dataclass
 import torch
 
 
+def _extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel ``(min, max)`` along ``axis`` in ``x``'s dtype (NaN propagated): one ``aminmax`` over a
+    ``[channels, rest]`` view where the channels lead the data (a batch of one, channels first), else two
+    reductions over the other axes.  Extrema are exact in any dtype."""
+    channels, axis = x.shape[axis], axis % x.dim()
+    if x.is_contiguous() and all(d == 1 for d in x.shape[:axis]):
+        return torch.aminmax(x.view(channels, -1), dim=1)
+    others = tuple(d for d in range(x.dim()) if d != axis)
+    return x.amin(dim=others), x.amax(dim=others)
+
+
 def _channel_range(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor, int]:
-    """Per-channel ``(min, max)`` along ``axis`` as float64 (inf kept, NaN ignored), and the NaN count.
-    Reduced in place over the other axes in the tensor's own dtype (extrema are exact there); NaN, which
-    both reductions propagate, is looked for only where they found one."""
+    """Per-channel ``(min, max)`` along ``axis`` as float64 (inf kept, NaN ignored), and the NaN count
+    (the slow path of :meth:`NormProbe.of`, for a tensor holding NaN)."""
     x = x.detach()
     channels = x.shape[axis]
     if x.numel() == 0:
         lo = torch.full((channels,), torch.inf, dtype=torch.float64)
         return lo, -lo, 0
     others = tuple(d for d in range(x.dim()) if d != axis % x.dim())
-    lo, hi = (x.amin(dim=others), x.amax(dim=others)) if others else (x, x)
-    n_nan = 0
-    if bool(torch.isnan(lo).any() | torch.isnan(hi).any()):
-        nan = torch.isnan(x)
-        n_nan = int(nan.sum())
-        lo = x.masked_fill(nan, torch.inf).amin(dim=others) if others else x.masked_fill(nan, torch.inf)
-        hi = x.masked_fill(nan, -torch.inf).amax(dim=others) if others else x.masked_fill(nan, -torch.inf)
+    nan = torch.isnan(x)
+    n_nan = int(nan.sum())
+    lo = x.masked_fill(nan, torch.inf).amin(dim=others) if others else x.masked_fill(nan, torch.inf)
+    hi = x.masked_fill(nan, -torch.inf).amax(dim=others) if others else x.masked_fill(nan, -torch.inf)
     return lo.to(torch.float64).reshape(channels), hi.to(torch.float64).reshape(channels), n_nan
 
 
@@ -46,6 +53,14 @@ class NormProbe:
 
     @classmethod
     def of(cls, node: str, emulated: torch.Tensor, ref: torch.Tensor, axis: int) -> NormProbe:
+        """The ranges of one batch: the four per-channel extrema in one float64 table (reduced in the
+        tensors' own dtype, where extrema are exact); NaN, which the reductions propagate, is looked for
+        only where the table holds one."""
+        if emulated.dim() and emulated.numel() and ref.numel():
+            table = torch.stack((*_extrema(ref.detach(), axis), *_extrema(emulated.detach(), axis)))
+            if not bool(table.isnan().any()):
+                lo_r, hi_r, lo_e, hi_e = table.to(torch.float64).unbind()
+                return cls(node, lo_r, hi_r, lo_e, hi_e, 0)
         lo_r, hi_r, _ = _channel_range(ref, axis)
         lo_e, hi_e, nan = _channel_range(emulated, axis)
         return cls(node, lo_r, hi_r, lo_e, hi_e, nan)

@@ -198,6 +198,7 @@ class Runner:
         for v, i in last_use.items():
             if v not in keep:
                 self._free_after.setdefault(i, []).append(v)
+        self._labels = [f"{s.op} {s.label or s.name!r}" for s in program.steps]  # what before_op records
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
 
@@ -239,9 +240,10 @@ class Runner:
 
     # -- one op -------------------------------------------------------------------------------------
 
-    def _emulate(self, step: Step, ins: list, env: dict) -> list:
-        """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
-        before_op(f"{step.op} {step.label or step.name!r}", step.run, (ins, torch.float32))  # sized before it allocates
+    def _emulate(self, step: Step, ins: list, env: dict, label: str) -> list:
+        """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated);
+        ``label`` names it to the run-time check."""
+        before_op(label, step.run, (ins, torch.float32))  # sized before it allocates
         prof, norm, eps = self.profile, step.norm, self.bn_eps
         fused = self._fused.get(step.name)
         if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
@@ -316,11 +318,11 @@ class Runner:
                 env_e[name] = x
                 if reference:
                     env_r[name] = x
-        n = len(prog.steps)
+        n, labels = len(prog.steps), self._labels
         for i, step in enumerate(prog.steps):
             if on_node is not None:
                 on_node(i, n)
-            outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e)
+            outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e, labels[i])
             if reference:
                 outs_r = step.run([env_r[v] if v else None for v in step.ins], self._ref_dtype)
             norm = step.norm
@@ -369,5 +371,5 @@ class Runner:
                 ins.append(self._const_r[v])
             else:
                 e = env_e[v]
-                ins.append(e.to(self._ref_dtype) if is_float(e) else e)
+                ins.append(e.to(self._ref_dtype) if is_float(e) and e.dtype != self._ref_dtype else e)
         return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error

@@ -26,7 +26,11 @@ class Segments:
     def cat(self, parts: list[torch.Tensor | None], fill: float) -> torch.Tensor:
         """One float64 tensor of ``parts`` (one per normalization; None: ``fill`` on each of its channels)."""
         pieces = [
-            torch.full((int(n),), fill, dtype=F64) if p is None else p.to(F64).reshape(-1)
+            torch.full((int(n),), fill, dtype=F64)
+            if p is None
+            else p
+            if p.dtype == F64 and p.dim() == 1
+            else p.to(F64).reshape(-1)
             for p, n in zip(parts, self.lengths.tolist())
         ]
         return torch.cat(pieces) if pieces else torch.zeros(0, dtype=F64)
