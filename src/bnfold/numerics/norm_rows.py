@@ -92,16 +92,7 @@ def _risks(stats: list, prof, bn_eps, probes: list, rows: list, out_errs: list) 
 def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
     """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
     consts, producer = prog.constants, {v: s for s in prog.steps for v in s.outs if v}
-    flat: dict[str, torch.Tensor] = {}
-
-    def f64(v: str | None) -> torch.Tensor | None:
-        """The constant ``v`` as a flat float64 tensor (each converted once: several norms' rows read it)."""
-        if v is None:
-            return None
-        if v not in flat:
-            flat[v] = consts[v].to(torch.float64).flatten()
-        return flat[v]
-
+    flat = lambda v: None if v is None else consts[v].flatten()  # noqa: E731 - per channel, as stored
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
     found, bare, known, stats = [], [], [], []
@@ -110,18 +101,20 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
         if norm is None or norm.params[2] not in consts or norm.params[3] not in consts:
             continue  # statistics computed in the graph: nothing to read ahead of time
         weight, bias, mean, var = (p if p is None or p in consts else "?" for p in norm.params)
-        gamma = f64(weight) if weight != "?" else None
+        gamma = flat(weight) if weight != "?" else None
         found.append(step)
         known.append(weight != "?")
-        bare.append(NormStats(f64(mean), f64(var), gamma, None, norm.eps))
+        bare.append(NormStats(flat(mean), flat(var), gamma, None, norm.eps))
         st = None
         if "?" not in (weight, bias):
             layer = producer.get(norm.input)
             layer = layer if layer is not None and layer.layer is not None else None
-            layer_bias = f64(layer.bias) if layer is not None and layer.bias in consts else None
+            layer_bias = flat(layer.bias) if layer is not None and layer.bias in consts else None
             if layer_bias is not None and layer_bias.numel() != consts[mean].numel():
                 layer_bias = None
-            st = NormStats(f64(mean), f64(var), gamma, f64(bias), norm.eps, layer_bias, rounded_input=layer is not None)
+            st = NormStats(
+                flat(mean), flat(var), gamma, flat(bias), norm.eps, layer_bias, rounded_input=layer is not None
+            )
         stats.append(st)
     numbers = _numbers_of(bare, known, bn_eps)
     rows = [row_of.get(step.name) for step in found]

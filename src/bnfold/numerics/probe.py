@@ -14,14 +14,10 @@ import torch
 
 
 def _extrema(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel ``(min, max)`` along ``axis`` in ``x``'s dtype (NaN propagated): one ``aminmax`` over a
-    ``[channels, rest]`` view where the channels lead the data (a batch of one, channels first), else two
-    reductions over the other axes.  Extrema are exact in any dtype."""
-    channels, axis = x.shape[axis], axis % x.dim()
-    if x.is_contiguous() and all(d == 1 for d in x.shape[:axis]):
-        return torch.aminmax(x.view(channels, -1), dim=1)
-    others = tuple(d for d in range(x.dim()) if d != axis)
-    return x.amin(dim=others), x.amax(dim=others)
+    """Per-channel ``(min, max)`` along ``axis`` in ``x``'s dtype (NaN propagated; extrema are exact in any
+    dtype).  Two reductions: ``aminmax`` along a dim is many times slower than both (torch 2.13, x86)."""
+    others = tuple(d for d in range(x.dim()) if d != axis % x.dim())
+    return (x.amin(dim=others), x.amax(dim=others)) if others else (x, x)
 
 
 def _channel_range(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -123,7 +123,8 @@ class Measured:
 
 @dataclass
 class NormStats:
-    """A batch norm's constants as float64 per-channel tensors (``bias`` of the layer before it, if any)."""
+    """A batch norm's constants as per-channel tensors, in any float dtype (:class:`NormBatch` works in float64;
+    ``layer_bias``: the bias of the layer before it, if any)."""
 
     mean: torch.Tensor
     var: torch.Tensor

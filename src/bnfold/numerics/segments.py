@@ -18,22 +18,22 @@ class Segments:
 
     def __init__(self, lengths: list[int]):
         self.n = len(lengths)
+        self.sizes, self.total = [int(n) for n in lengths], int(sum(lengths))
         self.lengths = torch.tensor(lengths, dtype=torch.long)
         self.index = torch.repeat_interleave(torch.arange(self.n), self.lengths)  # channel -> its normalization
         starts = torch.cumsum(self.lengths, 0) - self.lengths
-        self.local = torch.arange(int(self.lengths.sum())) - starts[self.index]  # channel -> index within it
+        self.local = torch.arange(self.total) - starts[self.index]  # channel -> index within it
 
     def cat(self, parts: list[torch.Tensor | None], fill: float) -> torch.Tensor:
-        """One float64 tensor of ``parts`` (one per normalization; None: ``fill`` on each of its channels)."""
+        """One float64 tensor of ``parts`` (one per normalization, in any float dtype; None: ``fill`` on each of
+        its channels), converted once as a whole."""
+        if all(p is None for p in parts):
+            return torch.full((self.total,), fill, dtype=F64)
         pieces = [
-            torch.full((int(n),), fill, dtype=F64)
-            if p is None
-            else p
-            if p.dtype == F64 and p.dim() == 1
-            else p.to(F64).reshape(-1)
-            for p, n in zip(parts, self.lengths.tolist())
+            torch.full((n,), fill, dtype=F64) if p is None else p if p.dim() == 1 else p.reshape(-1)
+            for p, n in zip(parts, self.sizes)
         ]
-        return torch.cat(pieces) if pieces else torch.zeros(0, dtype=F64)
+        return torch.cat(pieces).to(F64)
 
     def spread(self, per_norm) -> torch.Tensor:
         """A value per normalization on each of its channels."""
