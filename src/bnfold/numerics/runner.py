@@ -178,7 +178,7 @@ class Runner:
         self.bn_eps = None if bn_eps is None else float(bn_eps)
         self.segments = dict(segments or {})
         consts = program.constants
-        f32 = {k: v.to(torch.float32) for k, v in consts.items() if is_float(v)}
+        f32 = {k: v if v.dtype == torch.float32 else v.to(torch.float32) for k, v in consts.items() if is_float(v)}
         self._const_e = {k: prof.round_const(f32[k]) if k in f32 else v for k, v in consts.items()}
         # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
         # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
