@@ -14,7 +14,7 @@ from test_risk import DeadChannel
 from torch import nn
 
 import bnfold
-from bnfold.numerics.errors import TensorError, measure
+from bnfold.numerics.errors import SMALL, Meter, TensorError, measure
 from bnfold.numerics.table import sqnr
 
 
@@ -47,6 +47,29 @@ def test_measure_all_and_partly_nan():
     clean = TensorError("y", "op", (8,), 8, signal=1.0, noise=0.0)
     clean.merge(all_nan)  # one bad batch spoils the merged figure
     assert math.isnan(clean.sqnr_db) and clean.nonfinite_share == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_meter_measures_small_tensors_together_as_measure_does(exact):
+    g = torch.Generator().manual_seed(0)
+    ref_dtype = torch.float64 if exact else torch.float32
+    shapes = [(1, 8, 1, 1), (3,), (SMALL,), (SMALL + 1,), (1, 4, 2, 2), (), (0,), (5,)]
+    pairs = []
+    for shape in shapes:
+        r = torch.randn(shape, generator=g, dtype=ref_dtype) * 3
+        pairs.append((r.to(torch.float32) + 1e-3 * torch.randn(shape, generator=g), r))
+    pairs[-1][0][2] = math.inf  # a small tensor with inf: measured on its own (counts), not in the batch
+    into, meter = {}, Meter(exact)
+    for i, (e, r) in enumerate(pairs):
+        meter.add(into, f"v{i}", "op", e, r)
+    assert list(into) == [f"v{i}" for i in range(len(pairs))]  # the order of the calls, before the flush too
+    meter.flush()
+    for i, (e, r) in enumerate(pairs):
+        got, want = into[f"v{i}"], measure(f"v{i}", "op", e, r, exact)
+        assert (got.node, got.shape, got.count, got.nan, got.inf) == (want.node, want.shape, want.count, 0, want.inf)
+        assert (got.max_abs_ref, got.max_abs_err) == (want.max_abs_ref, want.max_abs_err)  # exact either way
+        assert got.signal == pytest.approx(want.signal, rel=1e-6) and got.noise == pytest.approx(want.noise, rel=1e-5)
+    assert into["v7"].inf == 1 and math.isnan(into["v7"].sqnr_db)
 
 
 def test_all_nan_output_is_not_exact():

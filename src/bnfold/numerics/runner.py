@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from ..io.runtime import before_op
-from .errors import TensorError, measure
+from .errors import Meter, TensorError
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 
@@ -296,7 +296,7 @@ class Runner:
         model) instead of a reference run here.  ``keep_reference``: the reference values to return
         (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
-        exact = not (prof.fp16_storage or prof.fp16_constants)
+        meter = Meter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))
         feed = prog.feed(xs)
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
@@ -313,7 +313,7 @@ class Runner:
                 if reference:
                     env_r[name] = x.detach().to(self._ref_dtype)
                 if name in refs:
-                    errors[name] = measure(name, "input", env_e[name], refs[name], exact)
+                    meter.add(errors, name, "input", env_e[name], refs[name])
             else:
                 env_e[name] = x
                 if reference:
@@ -341,18 +341,19 @@ class Runner:
                 if out in self.segments:
                     lv = env_l[out] = self._local(step, k, env_e, env_l)
                     if is_float(lv) and (self.local_measured is None or out in self.local_measured):
-                        local[out] = measure(out, step.op, e, lv, exact)
+                        meter.add(local, out, step.op, e, lv)
                 r = refs.get(out) if self.measured is None or out in self.measured else None
                 if is_float(r):
                     src = errors.get(step.ins[0]) if step.rounding == "same" and step.ins else None
                     if src is not None and src.count == r.numel():
                         errors[out] = replace(src, node=out, op=step.op, shape=tuple(r.shape))
                     else:
-                        errors[out] = measure(out, step.op, e, r, exact)
+                        meter.add(errors, out, step.op, e, r)
             for dead in self._free_after.get(i, ()):
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
                 env_l.pop(dead, None)
+        meter.flush()
         outputs = [env_e[o] for o in prog.outputs]
         ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
