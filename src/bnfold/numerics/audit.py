@@ -26,7 +26,7 @@ from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeR
 from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
 from .norm_rows import _norms
 from .profiles import get_profile
-from .rows import layers, ref_names, rows, segments
+from .rows import Graph, layers, ref_names, rows, segments
 from .runner import EmulationResult, Runner
 
 
@@ -136,10 +136,11 @@ def audit(
     report = fold_result.report if fold_result is not None else None
     prog = fmt.program(model)
     fprog = fmt.program(fold_result.model) if fold_result is not None else None
-    row_list = rows(prog, fprog, report)
+    g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
+    row_list = rows(g, fg, report)
     _stage(progress, "emulate unfolded")
-    seg = segments(prog, [(r.name, r.name, r.output) for r in row_list])
-    names = ref_names(prog, fprog, row_list, report) if fprog is not None else {}
+    seg = segments(g, [(r.name, r.name, r.output) for r in row_list])
+    names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
     norm_values = {v for st in prog.steps if st.norm is not None for v in (st.norm.input, st.norm.output)}
     runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_values)
@@ -148,7 +149,7 @@ def audit(
     folded = None
     if fprog is not None:
         _stage(progress, "emulate folded")
-        fseg = segments(fprog, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
+        fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
         against = [{f: k[u] for f, u in names.items() if u in k} for k in refs]
         fouts = {r.folded for r in row_list if r.folded is not None}
         runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts)

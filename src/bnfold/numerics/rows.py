@@ -83,10 +83,10 @@ def _read_instead(g: Graph, fg: Graph, value: str) -> str | None:
     return fouts[outs.index(value)] if value in outs and len(outs) == len(fouts) else None
 
 
-def rows(prog: Program, folded: Program | None, report) -> list[Row]:
-    """A row per layer (with the norm or chain after it) and per remaining eval-mode norm, in graph order."""
-    g = Graph(prog)
-    fg = Graph(folded) if folded is not None else None
+def rows(g: Graph, fg: Graph | None, report) -> list[Row]:
+    """A row per layer (with the norm or chain after it) and per remaining eval-mode norm, in graph order
+    (``g``: the unfolded program's graph, ``fg`` the folded one's or None)."""
+    prog = g.prog
     chains: dict[str, list] = {}
     merges: dict[str, str] = {}
     if report is not None and fg is not None:
@@ -138,10 +138,10 @@ def _unchanged(g: Graph, fg: Graph | None, value: str, chains: dict) -> str | No
     return value if fg.producer[value].name not in chains else None
 
 
-def ref_names(prog: Program, folded: Program, row_list: list[Row], report) -> dict[str, str]:
+def ref_names(g: Graph, fg: Graph, row_list: list[Row], report) -> dict[str, str]:
     """``{folded value: unfolded value}`` holding the same tensor: each row's pair, and every value whose
     step stays and computes what it did (not a layer a chain or a merge went into)."""
-    g, fg = Graph(prog), Graph(folded)
+    prog, folded = g.prog, fg.prog
     changed = {f.into_node or f.into for f in (report.folded if report is not None else ()) if f.side == "output"}
     changed |= {m.into_node for m in getattr(report, "merged", ()) if m.into_node}
     out = {}
@@ -157,9 +157,8 @@ def ref_names(prog: Program, folded: Program, row_list: list[Row], report) -> di
     return out
 
 
-def segments(prog: Program, pairs) -> dict[str, str]:
+def segments(g: Graph, pairs) -> dict[str, str]:
     """``{value name: row name}`` for the local-error run: each row's values from its layer to its output."""
-    g = Graph(prog)
     seg: dict[str, str] = {}
     for row, start, value in pairs:
         for v in g.between(start, value):
