@@ -106,9 +106,9 @@ def audit(
     (``fn(output, reference) -> float`` per batch, averaged over batches weighted by sample count).
 
     ``tensors``: measure every floating value of both programs against its reference (the report's
-    ``tensors``); with False, only the values the report's rows read (layer outputs, the normalizations'
-    inputs and outputs), 5-15% of the audit's time less on the suite's models (BENCHMARKS.md part I):
-    ``bnfold audit`` without ``--json``.
+    ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'
+    outputs; a normalization's input range comes from its probe), 5-15% of the audit's time less on the
+    suite's models (BENCHMARKS.md part I): ``bnfold audit`` without ``--json``.
 
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
@@ -142,8 +142,8 @@ def audit(
     seg = segments(g, [(r.name, r.name, r.output) for r in row_list])
     names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
-    norm_values = {v for st in prog.steps if st.norm is not None for v in (st.norm.input, st.norm.output)}
-    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_values)
+    norm_outs = {st.norm.output for st in prog.steps if st.norm is not None and st.norm.output}
+    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
     refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None

@@ -13,6 +13,7 @@ from .audit_report import LayerAudit, NormAudit
 from .profiles import FP16_MAX
 from .risk import QNN_EPS, NormBatch, NormStats, Risk, judge, measure_intermediates, predict
 from .runner import EmulationResult, Program
+from .segments import Segments
 
 
 def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
@@ -121,10 +122,8 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
     out_errs = [unfolded.errors.get(step.norm.output) if step.norm.output else None for step in found]
     risks = _risks(stats, prof, bn_eps, [unfolded.probes.get(step.name) for step in found], rows, out_errs)
     out = []
-    for step, nums, risk, row in zip(found, numbers, risks, rows):
+    for step, nums, risk, row, x_max in zip(found, numbers, risks, rows, _input_max_abs(found, unfolded.probes)):
         norm = step.norm
-        x_err = unfolded.errors.get(norm.input)
-        x_max = x_err.max_abs_ref if x_err is not None else math.nan
         folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
         out.append(
             NormAudit(
@@ -140,6 +139,19 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
                 **nums,
             )
         )
+    return out
+
+
+def _input_max_abs(steps: list, probes: dict) -> list[float]:
+    """Per norm step, the largest ``|input|`` of the reference run, from its probe's per-channel range (NaN
+    left out, inf kept; NaN without a probe), for all norms at once."""
+    have = [(i, probes[s.name]) for i, s in enumerate(steps) if s.name in probes]
+    out = [math.nan] * len(steps)
+    if have:
+        seg = Segments([p.lo_ref.numel() for _, p in have])
+        lo, hi = (seg.cat([getattr(p, k) for _, p in have], 0.0) for k in ("lo_ref", "hi_ref"))
+        for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
+            out[i] = top
     return out
 
 
