@@ -222,11 +222,21 @@ def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transpos
 def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
     """:func:`_fx_flops` for an op target called with ``args`` (a transposed ``convolution`` is told
     by its 7th argument; an ``einsum`` by its equation)."""
-    name = getattr(target, "__name__", str(target)).split(".")[0]
+    name = _target_name(target)
     if name == "einsum" and args and isinstance(args[0], str):
         return einsum_flops(args[0], in_dims, out_dims)
     transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
     return _fx_flops(name, out_dims, in_dims, transposed)
+
+
+def _target_name(target: Any) -> str:
+    """An op target's name without its overload (``convolution`` of ``convolution.default``): its
+    ``__name__``, else its string (only made when there is no ``__name__``: an op's is slow to make)."""
+    name = getattr(target, "__name__", _NO_NAME)
+    return (str(target) if name is _NO_NAME else name).split(".")[0]
+
+
+_NO_NAME = object()
 
 
 def einsum_flops(equation: str, in_dims: list[list[int]], out_dims: list[int]) -> int:
@@ -400,7 +410,7 @@ def fx_plan(
         flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
         temp = 0
         if hold:
-            name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            name = _target_name(node.target)
             temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)

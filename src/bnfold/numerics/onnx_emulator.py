@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
 from ..onnx.ops import op_of
 from ..onnx.semantics import OPS, attrs, bind, constant, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
+from ..onnx.semantics.values import array
 from . import accumulate
 from .batches import as_batches
 from .profiles import Profile
@@ -91,40 +91,50 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
-    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {t.name: array(t) for t in model.graph.initializer}
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
+    nodes = [(node, node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
     readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for n in set(node.input):
+    for _, _, ins, _ in nodes:
+        for n in set(ins):
             readers[n] = readers.get(n, 0) + 1
     keep = {o.name for o in model.graph.output} | set(out)
     computed: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output:
-            out[node.output[0]] = constant(attrs(node))
-            keep.add(node.output[0])
-        elif node.op_type == "Identity" and node.input and node.input[0] in out:
-            out[node.output[0]] = out[node.input[0]]
-            keep.add(node.output[0])  # an alias: no bytes of its own
-        elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
-            if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
+    for node, op, ins, outs in nodes:
+        if op == "Constant" and outs:
+            out[outs[0]] = _constant(node)
+            keep.add(outs[0])
+        elif op == "Identity" and ins and ins[0] in out:
+            out[outs[0]] = out[ins[0]]
+            keep.add(outs[0])  # an alias: no bytes of its own
+        elif op in CONST_OPS and node.domain in ("", "ai.onnx") and outs and outs[0]:
+            if all(ins[i] in out for i in inputs_needed(node)) and all(n in out for n in ins if n):
                 before = meter.bytes
                 try:
-                    value = evaluate(node, [out[n] for n in node.input if n], meter, opset)
+                    value = evaluate(node, [out[n] for n in ins if n], meter, opset)
                 except (ValueError, TypeError, KeyError, IndexError, OverflowError):
                     value = None
-                meter.keep(node.output[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
+                meter.keep(outs[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
                 if value is None:
                     continue
-                out[node.output[0]] = value
-                computed.add(node.output[0])
-                for n in set(node.input):  # read by one more computed constant op: dropped after its last
+                out[outs[0]] = value
+                computed.add(outs[0])
+                for n in set(ins):  # read by one more computed constant op: dropped after its last
                     readers[n] -= 1
                     if n in computed and n not in keep and readers[n] == 0:
                         del out[n]
                         meter.free(n)
     return out
+
+
+def _constant(node: onnx.NodeProto) -> np.ndarray:
+    """A ``Constant`` node's value (:func:`bnfold.onnx.semantics.constant`), its one tensor read directly."""
+    if len(node.attribute) == 1:
+        a = node.attribute[0]
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and not a.ref_attr_name:
+            return array(a.t)
+    return constant(attrs(node))
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
