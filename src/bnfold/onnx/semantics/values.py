@@ -81,7 +81,25 @@ def given(ins: list, i: int) -> bool:
 
 
 def attrs(node: onnx.NodeProto) -> dict:
-    return {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    """``{name: value}`` of the node's attributes, as ``onnx.helper.get_attribute_value`` reads them (the
+    common kinds read here: it tests the kinds one by one; a reference attribute is its ValueError)."""
+    out = {}
+    for a in node.attribute:
+        read = None if a.ref_attr_name else _READ.get(a.type)
+        out[a.name] = onnx.helper.get_attribute_value(a) if read is None else read(a)
+    return out
+
+
+_A = onnx.AttributeProto
+_READ: dict[int, Callable] = {
+    _A.FLOAT: lambda a: a.f,
+    _A.INT: lambda a: a.i,
+    _A.STRING: lambda a: a.s,
+    _A.TENSOR: lambda a: a.t,
+    _A.FLOATS: lambda a: list(a.floats),
+    _A.INTS: lambda a: list(a.ints),
+    _A.STRINGS: lambda a: list(a.strings),
+}
 
 
 def s(v):
