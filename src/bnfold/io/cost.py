@@ -465,8 +465,9 @@ def _tensor_attrs(node: Any) -> list:
 
 class _OnnxValues:
     """What :func:`onnx_plan` counts of each value, worked out once per name when first read: its concrete
-    dims (None: unknown), its spec, its element count and the bytes the plan counts for it (the audit's
-    holding with ``hold``)."""
+    dims (None: unknown) and element count (:meth:`dims`, :meth:`count`: all a weight needs), and for a
+    value the graph computes its spec and the bytes the plan counts for it (the audit's holding with
+    ``hold``)."""
 
     def __init__(self, shapes: Any, symbols: set, batch: int, hold: AuditHold | None):
         import onnx
@@ -474,6 +475,8 @@ class _OnnxValues:
         from .onnx_graph import itemsize
 
         self.shapes, self.symbols, self.batch, self.hold = shapes, symbols, batch, hold
+        self._dims: dict[str, list[int] | None] = {}
+        self._counts: dict[str, int] = {}
         self._known: dict[str, tuple[list[int] | None, _OnnxSpec | None, int, int]] = {}
         self._sizes: dict[int, int] = {}
         self._itemsize, self._float = itemsize, onnx.TensorProto.FLOAT
@@ -485,16 +488,32 @@ class _OnnxValues:
             size = self._sizes[t] = self._itemsize(t)
         return size
 
+    def dims(self, name: str) -> list[int] | None:
+        try:
+            return self._dims[name]
+        except KeyError:
+            d = self._dims[name] = _concrete(self.shapes.dims(name), self.symbols, self.batch)
+            return d
+
+    def count(self, name: str) -> int:
+        """The element count of ``name`` (0 when its dims are unknown)."""
+        n = self._counts.get(name)
+        if n is None:
+            d = self.dims(name)
+            n = self._counts[name] = 0 if d is None else elements(d)
+        return n
+
     def __call__(self, name: str) -> tuple[list[int] | None, _OnnxSpec | None, int, int]:
+        """``name``'s dims, spec, counted bytes and element count (None, None, 0, 0: unknown)."""
         got = self._known.get(name)
         if got is None:
-            d = _concrete(self.shapes.dims(name), self.symbols, self.batch)
+            d = self.dims(name)
             if d is None:
                 got = (None, None, 0, 0)
             else:
                 t = self.shapes.elem_type(name) or self._float
                 s = _OnnxSpec(tuple(d), self.itemsize(t), t in _ONNX_FLOATS)
-                got = (d, s, self.hold.value(s) if self.hold else s.nbytes, elements(d))
+                got = (d, s, self.hold.value(s) if self.hold else s.nbytes, self.count(name))
             self._known[name] = got
         return got
 
@@ -536,8 +555,9 @@ def onnx_plan(
             live[v.name] = nb
     float_weights = 0
     for t in g.initializer:
-        live[t.name] = elements(t.dims) * info.itemsize(t.data_type)
-        float_weights += elements(t.dims) if t.data_type in _ONNX_FLOATS else 0
+        n, data_type = elements(t.dims), t.data_type
+        live[t.name] = n * info.itemsize(data_type)
+        float_weights += n if data_type in _ONNX_FLOATS else 0
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
     nodes = list(g.node)
     for node in nodes:  # Constant nodes hold weights too
@@ -553,7 +573,7 @@ def onnx_plan(
     if hold:  # the weights' copies, and the outputs of the batches before the last
         out_elements = sum(elements(s.dims) for o in outs if (s := info(o)[1]) is not None)
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
-    dims = {n: info(n)[0] for n in live}
+    dims = {n: info.dims(n) for n in live}
     steps = [_onnx_step(node, info, dims, outs, hold, budget, where, batches) for node in nodes]
     return check_plan(steps, budget, where, live=live, runs=3 * batches if audit else 1)
 
@@ -586,7 +606,7 @@ def _onnx_step(
             out_b += hold.outputs(n, 1)
             _check_kept(label, out_b + hold.outputs(n, batches - 1), budget, where)
         ins = [dims.get(i) for i in reads]
-        flops += _onnx_flops(node, op, ins, [info(i)[3] if x else 0 for i, x in zip(reads, ins)], n)
+        flops += _onnx_flops(node, op, ins, [info.count(i) if x else 0 for i, x in zip(reads, ins)], n)
         if hold:
             name = "conv2d" if op in ("Conv", "ConvTranspose") else op
             temp = max(temp, hold.temp(name, d, [x or [] for x in ins]))
