@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ModelFileError
 from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where callers find them)
@@ -222,11 +222,21 @@ def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transpos
 def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
     """:func:`_fx_flops` for an op target called with ``args`` (a transposed ``convolution`` is told
     by its 7th argument; an ``einsum`` by its equation)."""
-    name = getattr(target, "__name__", str(target)).split(".")[0]
+    name = _target_name(target)
     if name == "einsum" and args and isinstance(args[0], str):
         return einsum_flops(args[0], in_dims, out_dims)
     transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
     return _fx_flops(name, out_dims, in_dims, transposed)
+
+
+def _target_name(target: Any) -> str:
+    """An op target's name without its overload (``convolution`` of ``convolution.default``): its
+    ``__name__``, else its string (only made when there is no ``__name__``: an op's is slow to make)."""
+    name = getattr(target, "__name__", _NO_NAME)
+    return (str(target) if name is _NO_NAME else name).split(".")[0]
+
+
+_NO_NAME = object()
 
 
 def einsum_flops(equation: str, in_dims: list[list[int]], out_dims: list[int]) -> int:
@@ -400,7 +410,7 @@ def fx_plan(
         flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
         temp = 0
         if hold:
-            name = getattr(node.target, "__name__", str(node.target)).split(".")[0]
+            name = _target_name(node.target)
             temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
@@ -415,88 +425,144 @@ def fx_content_bytes(tensors: Iterable[Any]) -> int:
 # ----------------------------------------------------------------------------- ONNX models
 
 
-def _onnx_flops(node: Any, dims: dict, out_n: int) -> int:
-    ins = [dims.get(n) for n in node.input if n]
-    if node.op_type in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv") and len(ins) > 1 and ins[1]:
+def _onnx_flops(node: Any, op: str, ins: list, ins_n: list[int], out_n: int) -> int:
+    """FLOPs of one output (``out_n`` elements) of ``node`` (op type ``op``), from its inputs' dims ``ins``
+    (None: unknown) and element counts ``ins_n``."""
+    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv") and len(ins) > 1 and ins[1]:
         w = ins[1]
-        if node.op_type == "ConvTranspose":
+        if op == "ConvTranspose":
             return 2 * elements(ins[0] or []) * elements(w[1:])
         return 2 * out_n * elements(w[1:])
-    if node.op_type == "Einsum" and all(ins):
+    if op == "Einsum" and all(ins):
         equation = next((a.s.decode("utf-8", "replace") for a in node.attribute if a.name == "equation"), "")
         return einsum_flops(equation, ins, [out_n])
-    if node.op_type in ("MatMul", "Gemm", "MatMulInteger") and ins and ins[0]:
-        k = ins[0][-1] if node.op_type != "Gemm" else max(ins[0])
+    if op in ("MatMul", "Gemm", "MatMulInteger") and ins and ins[0]:
+        k = ins[0][-1] if op != "Gemm" else max(ins[0])
         return 2 * out_n * max(int(k), 1)
-    return out_n + sum(elements(s) for s in ins if s)
+    return out_n + sum(n for s, n in zip(ins, ins_n) if s)
+
+
+def _concrete(d: list | None, symbols: set, batch: int) -> list[int] | None:
+    """Inferred dims ``d`` made concrete: a graph input's symbolic dim is ``batch`` first, 1 elsewhere; None
+    when a dim is unknown (only running tells: checked then)."""
+    if d is None:
+        return None
+    out = []
+    for i, x in enumerate(d):
+        if isinstance(x, int):
+            out.append(x)
+        elif isinstance(x, str) and x in symbols:
+            out.append(batch if i == 0 else 1)
+        else:
+            return None
+    return out
+
+
+def _tensor_attrs(node: Any) -> list:
+    """The tensors a node's attributes hold (a ``Constant``'s value)."""
+    return [a.t for a in node.attribute if a.HasField("t")]
+
+
+class _OnnxValues:
+    """What :func:`onnx_plan` counts of each value, worked out once per name when first read: its concrete
+    dims (None: unknown) and element count (:meth:`dims`, :meth:`count`: all a weight needs), and for a
+    value the graph computes its spec and the bytes the plan counts for it (the audit's holding with
+    ``hold``)."""
+
+    def __init__(self, shapes: Any, symbols: set, batch: int, hold: AuditHold | None):
+        import onnx
+
+        from .onnx_graph import itemsize
+
+        self.shapes, self.symbols, self.batch, self.hold = shapes, symbols, batch, hold
+        self._dims: dict[str, list[int] | None] = {}
+        self._counts: dict[str, int] = {}
+        self._known: dict[str, tuple[list[int] | None, _OnnxSpec | None, int, int]] = {}
+        self._sizes: dict[int, int] = {}
+        self._itemsize, self._float = itemsize, onnx.TensorProto.FLOAT
+
+    def itemsize(self, t: int) -> int:
+        """Bytes per element of the ONNX type ``t`` (:func:`bnfold.io.onnx_graph.itemsize`)."""
+        size = self._sizes.get(t)
+        if size is None:
+            size = self._sizes[t] = self._itemsize(t)
+        return size
+
+    def dims(self, name: str) -> list[int] | None:
+        try:
+            return self._dims[name]
+        except KeyError:
+            d = self._dims[name] = _concrete(self.shapes.dims(name), self.symbols, self.batch)
+            return d
+
+    def count(self, name: str) -> int:
+        """The element count of ``name`` (0 when its dims are unknown)."""
+        n = self._counts.get(name)
+        if n is None:
+            d = self.dims(name)
+            n = self._counts[name] = 0 if d is None else elements(d)
+        return n
+
+    def __call__(self, name: str) -> tuple[list[int] | None, _OnnxSpec | None, int, int]:
+        """``name``'s dims, spec, counted bytes and element count (None, None, 0, 0: unknown)."""
+        got = self._known.get(name)
+        if got is None:
+            d = self.dims(name)
+            if d is None:
+                got = (None, None, 0, 0)
+            else:
+                t = self.shapes.elem_type(name) or self._float
+                s = _OnnxSpec(tuple(d), self.itemsize(t), t in _ONNX_FLOATS)
+                got = (d, s, self.hold.value(s) if self.hold else s.nbytes, self.count(name))
+            self._known[name] = got
+        return got
 
 
 def onnx_plan(
-    model: Any, where: str, content_bytes: int | None = None, batch: int = 1, *, audit: bool = False, batches: int = 1
+    model: Any,
+    where: str,
+    content_bytes: int | None = None,
+    batch: int = 1,
+    *,
+    audit: bool = False,
+    batches: int = 1,
+    input_dims: dict[str, tuple] | None = None,
 ) -> Plan:
     """Check the cost of running the main graph of ``model`` once on a batch (the inputs' symbolic dims:
-    ``batch`` first, 1 elsewhere) and return the plan.  Sizes come from ONNX shape inference over the ops
-    (:class:`bnfold.onnx.shapes.Shapes` does not believe stated ``value_info`` or output shapes); a dim
-    that inference cannot size (a Resize whose scales the graph computes) is not counted here but
-    checked when the op runs (:func:`bnfold.io.runtime.before_op`).  With ``audit``, values count what
-    the ONNX audit holds of them (:class:`AuditHold`, ``batches`` batches)."""
-    import onnx
-
+    ``batch`` first, 1 elsewhere; ``input_dims`` sets whole inputs' dims) and return the plan.  Sizes come
+    from ONNX shape inference over the ops (:class:`bnfold.onnx.shapes.Shapes` does not believe stated
+    ``value_info`` or output shapes); a dim that inference cannot size (a Resize whose scales the graph
+    computes) is not counted here but checked when the op runs (:func:`bnfold.io.runtime.before_op`).
+    With ``audit``, values count what the ONNX audit holds of them (:class:`AuditHold`, ``batches``
+    batches)."""
     from ..onnx.shapes import Shapes
-    from .onnx_graph import itemsize
 
-    shapes = Shapes(model, declared=False)
+    input_dims = input_dims or {}
     g = model.graph
     init = {t.name for t in g.initializer}
-    symbols = set()  # the dim params of the graph inputs: a batch's dims
+    symbols = set()  # the dim params of the graph inputs the batches do not shape: a batch's dims
     for v in g.input:
-        if v.name not in init and v.type.HasField("tensor_type"):
+        if v.name not in init and v.name not in input_dims and v.type.HasField("tensor_type"):
             symbols |= {d.dim_param for d in v.type.tensor_type.shape.dim if d.HasField("dim_param")}
-
-    def concrete(name: str) -> list[int] | None:
-        d = shapes.dims(name)
-        if d is None:
-            return None
-        out = []
-        for i, x in enumerate(d):
-            if isinstance(x, int):
-                out.append(x)
-            elif isinstance(x, str) and x in symbols:
-                out.append(batch if i == 0 else 1)
-            else:
-                return None  # only running tells: checked then
-        return out
-
-    def spec(name: str) -> _OnnxSpec | None:
-        d = concrete(name)
-        if d is None:
-            return None
-        t = shapes.elem_type(name) or onnx.TensorProto.FLOAT
-        return _OnnxSpec(tuple(d), itemsize(t), t in _ONNX_FLOATS)
-
     hold = AuditHold(3) if audit else None
-
-    def nbytes(name: str) -> int:
-        s = spec(name)
-        if s is None:
-            return 0
-        return hold.value(s) if hold else s.nbytes
-
+    info = _OnnxValues(Shapes(model, declared=False, inputs=input_dims), symbols, batch, hold)
     live: dict[str, int] = {}
     inputs: dict[str, int] = {}
     for v in g.input:
         if v.name not in init:
-            s = spec(v.name)
+            _, s, nb, _ = info(v.name)
             inputs[v.name] = 0 if s is None else s.nbytes
-            live[v.name] = nbytes(v.name)
+            live[v.name] = nb
     float_weights = 0
     for t in g.initializer:
-        live[t.name] = elements(t.dims) * itemsize(t.data_type)
-        float_weights += elements(t.dims) if t.data_type in _ONNX_FLOATS else 0
+        n, data_type = elements(t.dims), t.data_type
+        live[t.name] = n * info.itemsize(data_type)
+        float_weights += n if data_type in _ONNX_FLOATS else 0
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
-    for node in g.node:  # Constant nodes hold weights too
-        if node.op_type == "Constant" and content_bytes is None:
-            weights += sum(elements(a.t.dims) * itemsize(a.t.data_type) for a in node.attribute if a.HasField("t"))
+    nodes = list(g.node)
+    for node in nodes:  # Constant nodes hold weights too
+        if content_bytes is None and node.op_type == "Constant":
+            weights += sum(elements(t.dims) * info.itemsize(t.data_type) for t in _tensor_attrs(node))
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     if hold:
@@ -505,33 +571,49 @@ def onnx_plan(
             live[t.name] = 0
     outs = {o.name for o in g.output}
     if hold:  # the weights' copies, and the outputs of the batches before the last
-        out_elements = sum(elements(s.dims) for o in outs if (s := spec(o)) is not None)
+        out_elements = sum(elements(s.dims) for o in outs if (s := info(o)[1]) is not None)
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
-    dims = {n: concrete(n) for n in live}
-    steps = []
-    for node in g.node:
-        label = f"{node.op_type} {(node.name or (node.output[0] if node.output else ''))!r}"
-        out_b, flops, temp = 0, 0, 0
-        for o in node.output:
-            if not o:
-                continue
-            dims[o] = concrete(o)
-            out_b += nbytes(o)
-            if hold and o in outs and dims[o] is not None:  # an output: every batch's stays
-                out_b += hold.outputs(elements(dims[o]), 1)
-                _check_kept(label, out_b + hold.outputs(elements(dims[o]), batches - 1), budget, where)
-            if dims[o] is not None:
-                flops += _onnx_flops(node, dims, elements(dims[o]))
-                if hold:
-                    name = "conv2d" if node.op_type in ("Conv", "ConvTranspose") else node.op_type
-                    ins = [dims.get(i) or [] for i in node.input if i]
-                    temp = max(temp, hold.temp(name, dims[o], ins))
-        steps.append(Step(label, [o for o in node.output if o], [i for i in node.input if i], out_b, flops, temp))
+    dims = {n: info.dims(n) for n in live}
+    steps = [_onnx_step(node, info, dims, outs, hold, budget, where, batches) for node in nodes]
     return check_plan(steps, budget, where, live=live, runs=3 * batches if audit else 1)
 
 
-@dataclass(frozen=True)
-class _OnnxSpec:
+def _onnx_step(
+    node: Any,
+    info: _OnnxValues,
+    dims: dict,
+    outs: set,
+    hold: AuditHold | None,
+    budget: Budget,
+    where: str,
+    batches: int,
+) -> Step:
+    """``node`` as a step of :func:`onnx_plan` (``dims``: the dims of the values present so far, this node's
+    outputs added as they are counted)."""
+    op, out = node.op_type, list(node.output)
+    label = f"{op} {(node.name or (out[0] if out else ''))!r}"
+    reads = [i for i in node.input if i]
+    out_b, flops, temp = 0, 0, 0
+    for o in out:
+        if not o:
+            continue
+        d, _, nb, n = info(o)
+        dims[o] = d
+        out_b += nb
+        if d is None:
+            continue
+        if hold and o in outs:  # an output: every batch's stays
+            out_b += hold.outputs(n, 1)
+            _check_kept(label, out_b + hold.outputs(n, batches - 1), budget, where)
+        ins = [dims.get(i) for i in reads]
+        flops += _onnx_flops(node, op, ins, [info.count(i) if x else 0 for i, x in zip(reads, ins)], n)
+        if hold:
+            name = "conv2d" if op in ("Conv", "ConvTranspose") else op
+            temp = max(temp, hold.temp(name, d, [x or [] for x in ins]))
+    return Step(label, [o for o in out if o], reads, out_b, flops, temp)
+
+
+class _OnnxSpec(NamedTuple):
     dims: tuple[int, ...]
     itemsize: int
     is_float: bool
@@ -548,26 +630,17 @@ def onnx_run_plan(model: Any, batches: list, where: str) -> Plan:
     """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
     check before it runs: dims the file leaves open are then those of the real inputs), counting what
     the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.runtime.expect`)."""
-    import onnx
-
     from .runtime import expect
 
-    inputs = [v for v in model.graph.input if v.name not in {t.name for t in model.graph.initializer}]
+    init = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in init]
     largest: dict[str, tuple] = {}
     for batch in batches:
         for v, x in zip(inputs, batch):
             shape = tuple(int(d) for d in getattr(x, "shape", ()))
             if elements(shape) >= elements(largest.get(v.name, ())):
                 largest[v.name] = shape
-    m = onnx.ModelProto()
-    m.CopyFrom(model)
-    for v in m.graph.input:
-        if v.name in largest and v.type.HasField("tensor_type"):
-            dims = v.type.tensor_type.shape.dim
-            del dims[:]
-            for d in largest[v.name]:
-                dims.add().dim_value = d
-    plan = onnx_plan(m, where, audit=True, batches=max(len(batches), 1))
+    plan = onnx_plan(model, where, audit=True, batches=max(len(batches), 1), input_dims=largest)
     expect(plan.budget, plan.flops, where)
     return plan
 

@@ -148,7 +148,7 @@ def _read_stated(ep: Any, shapes: dict[str, tuple]) -> dict[str, list[Spec] | No
             continue
         specs_ = []
         for t in tensors:
-            dims = tuple(concrete_dim(d, subs) for d in t.shape)
+            dims = tuple(d if type(d) is int else concrete_dim(d, subs) for d in t.shape)  # an int: itself
             if any(d is None for d in dims):
                 specs_ = None
                 break

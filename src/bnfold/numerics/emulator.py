@@ -34,17 +34,36 @@ def _map_dtype(args: Any, dtype: torch.dtype) -> Any:
 
 
 def _by_name(node: torch.fx.Node, args: tuple, kwargs: dict) -> dict:
-    schema = node.target._schema
-    out = {a.name: a.default_value for a in schema.arguments if a.has_default_value()}
-    out.update({a.name: v for a, v in zip(schema.arguments, args)})
+    names, defaults = _schema_of(node.target)
+    out = {name: list(v) if isinstance(v, list) else v for name, v in defaults}  # a default list: the call's own
+    out.update(zip(names, args))
     out.update(kwargs)
     return out
+
+
+#: op target -> its schema's argument names and ``(name, default)`` pairs (reading a schema is slow)
+_SCHEMAS: dict[Any, tuple[list[str], list[tuple[str, Any]]]] = {}
+
+
+def _schema_of(target: Any) -> tuple[list[str], list[tuple[str, Any]]]:
+    """``target``'s argument names and the defaults of those that have one, read once per target."""
+    try:
+        return _SCHEMAS[target]
+    except (KeyError, TypeError):
+        pass
+    arguments = target._schema.arguments
+    got = [a.name for a in arguments], [(a.name, a.default_value) for a in arguments if a.has_default_value()]
+    try:
+        _SCHEMAS[target] = got
+    except TypeError:  # an unhashable target
+        pass
+    return got
 
 
 def _with_arg(node: torch.fx.Node, call: tuple[tuple, dict], name: str, value: Any) -> tuple[tuple, dict]:
     """``call`` (``(args, kwargs)``) with the argument called ``name`` in ``node``'s schema set to ``value``."""
     args, kwargs = call
-    i = [a.name for a in node.target._schema.arguments].index(name)
+    i = _schema_of(node.target)[0].index(name)
     if i < len(args):
         return args[:i] + (value,) + args[i + 1 :], kwargs
     return args, dict(kwargs, **{name: value})

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 import torch
-from onnx import numpy_helper
 
 from ..onnx.ops import op_of
 from ..onnx.semantics import OPS, attrs, bind, constant, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
+from ..onnx.semantics.values import array
 from . import accumulate
 from .batches import as_batches
 from .profiles import Profile
@@ -88,43 +88,62 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     that only constant ops read is dropped once they are computed (the runner computes it again if a batch
     needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
     read by a node that is no constant op and stays)."""
+    return _constants(model, _node_fields(model))
+
+
+def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str]]]:
+    """``(node, op type, inputs, outputs)`` of each node, read once (reading a protobuf field is slow)."""
+    return [(node, node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
+
+
+def _constants(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, np.ndarray]:
+    """:func:`constants` over the fields of the nodes (:func:`_node_fields`)."""
     from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
-    out = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    out = {t.name: array(t) for t in model.graph.initializer}
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
     readers: dict[str, int] = {}
-    for node in model.graph.node:
-        for n in set(node.input):
+    for _, _, ins, _ in nodes:
+        for n in set(ins):
             readers[n] = readers.get(n, 0) + 1
     keep = {o.name for o in model.graph.output} | set(out)
     computed: set[str] = set()
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.output:
-            out[node.output[0]] = constant(attrs(node))
-            keep.add(node.output[0])
-        elif node.op_type == "Identity" and node.input and node.input[0] in out:
-            out[node.output[0]] = out[node.input[0]]
-            keep.add(node.output[0])  # an alias: no bytes of its own
-        elif node.op_type in CONST_OPS and node.domain in ("", "ai.onnx") and node.output and node.output[0]:
-            if all(node.input[i] in out for i in inputs_needed(node)) and all(n in out for n in node.input if n):
+    for node, op, ins, outs in nodes:
+        if op == "Constant" and outs:
+            out[outs[0]] = _constant(node)
+            keep.add(outs[0])
+        elif op == "Identity" and ins and ins[0] in out:
+            out[outs[0]] = out[ins[0]]
+            keep.add(outs[0])  # an alias: no bytes of its own
+        elif op in CONST_OPS and node.domain in ("", "ai.onnx") and outs and outs[0]:
+            if all(ins[i] in out for i in inputs_needed(node)) and all(n in out for n in ins if n):
                 before = meter.bytes
                 try:
-                    value = evaluate(node, [out[n] for n in node.input if n], meter, opset)
+                    value = evaluate(node, [out[n] for n in ins if n], meter, opset)
                 except (ValueError, TypeError, KeyError, IndexError, OverflowError):
                     value = None
-                meter.keep(node.output[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
+                meter.keep(outs[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
                 if value is None:
                     continue
-                out[node.output[0]] = value
-                computed.add(node.output[0])
-                for n in set(node.input):  # read by one more computed constant op: dropped after its last
+                out[outs[0]] = value
+                computed.add(outs[0])
+                for n in set(ins):  # read by one more computed constant op: dropped after its last
                     readers[n] -= 1
                     if n in computed and n not in keep and readers[n] == 0:
                         del out[n]
                         meter.free(n)
     return out
+
+
+def _constant(node: onnx.NodeProto) -> np.ndarray:
+    """A ``Constant`` node's value (:func:`bnfold.onnx.semantics.constant`), its one tensor read directly."""
+    if len(node.attribute) == 1:
+        a = node.attribute[0]
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and not a.ref_attr_name:
+            return array(a.t)
+    return constant(attrs(node))
 
 
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
@@ -152,13 +171,16 @@ def node_names(model: onnx.ModelProto) -> list[str]:
     return [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
 
 
-def _step(node: onnx.NodeProto, name: str, opset: int | None, norm: OnnxNorm | None, consts: dict) -> Step:
-    """``node`` as a step of the runner."""
+def _step(
+    node: onnx.NodeProto, fields: tuple, name: str, opset: int | None, norm: OnnxNorm | None, consts: dict
+) -> Step:
+    """``node`` as a step of the runner (``fields``: its op type, inputs and outputs, :func:`_node_fields`)."""
+    op, ins, outs = fields
     if node.domain not in ("", "ai.onnx"):
         raise UnsupportedOp(f"{node.domain}.{node.op_type}", name, "custom domain")
-    if node.op_type in _SUBGRAPH_OPS:
-        raise UnsupportedOp(node.op_type, name, "subgraphs")
-    a, bound, op = attrs(node), bind(node, opset), node.op_type
+    if op in _SUBGRAPH_OPS:
+        raise UnsupportedOp(op, name, "subgraphs")
+    a, bound = attrs(node), bind(node, opset)
     if not bound.emulated and op not in OPS and op not in REFERENCE_OPS:
         raise UnsupportedOp(op, name, "no implementation, and not an op the reference evaluator may run")
 
@@ -173,18 +195,18 @@ def _step(node: onnx.NodeProto, name: str, opset: int | None, norm: OnnxNorm | N
             raise OpFailed(op, name, ins, e) from None
 
     row = op_of(node)
-    step = Step(name, op, list(node.input), list(node.output), run, not_emulated="" if bound.emulated else bound.why)
+    step = Step(name, op, ins, outs, run, not_emulated="" if bound.emulated else bound.why)
     if row is not None:
         step.rounding, step.fp16_class, step.layer = row.rounding or "round", row.fp16, row.layer or None
     mode = a.get("mode", "nearest")
     if op == "Resize" and (mode.decode() if isinstance(mode, bytes) else mode) != "nearest":
         step.rounding = "round"  # only nearest picks input values
     if step.layer is not None:
-        step.weight = node.input[1] if len(node.input) > 1 and node.input[1] in consts else None
-        step.bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        step.weight = ins[1] if len(ins) > 1 and ins[1] in consts else None
+        step.bias = ins[2] if len(ins) > 2 and ins[2] else None
         step.accumulated = lambda ins, chunk: _accumulated(node, a, run, ins, chunk)
     if norm is not None:
-        step.norm = StepNorm(norm.input, tuple(node.input[1:5]), norm.eps, output=norm.output)
+        step.norm = StepNorm(norm.input, tuple(ins[1:5]), norm.eps, output=norm.output)
     return step
 
 
@@ -208,13 +230,14 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
 
 def onnx_program(model: onnx.ModelProto) -> tuple[Program, dict[str, OnnxNorm]]:
     """``model`` as the runner's :class:`~.runner.Program`, and its constant-statistics batch norms."""
-    consts = constants(model)
+    nodes = _node_fields(model)
+    consts = _constants(model, nodes)
     norms = norms_of(model, consts)
     opset = opset_of(model)
     steps = [
-        _step(node, name, opset, norms.get(name), consts)
-        for node, name in zip(model.graph.node, node_names(model))
-        if node.op_type != "Constant"
+        _step(node, (op, ins, outs), name, opset, norms.get(name), consts)
+        for (node, op, ins, outs), name in zip(nodes, node_names(model))
+        if op != "Constant"
     ]
     inputs = [i.name for i in graph_inputs(model)]
 
