@@ -76,6 +76,25 @@ def test_before_op_sizes_an_op_by_its_meta_kernels():
     assert [o.dims for o in outs] == [(3, 3)] and outs[0].nbytes == 36
 
 
+def test_values_the_plan_sized_are_not_sized_again(monkeypatch):
+    """In a watched run, an op whose outputs the plan sized with the same meta kernels (``Plan.sized``: a torch
+    program's checked metadata) is not run on meta tensors again; any other output still is, and is refused
+    over the budget.  The audit's plan of a torch program names its nodes."""
+    calls = []
+    monkeypatch.setattr(runtime, "meta_outputs", lambda *a: calls.append(a) or [runtime.Out((1 << 40,), 1 << 42)])
+    zeros = torch.ops.aten.zeros.default
+    with runtime.watch():
+        runtime.expect(cost.Budget(1 << 20, 1 << 28), 0, "m.pt2", sized=frozenset({"conv", "bn"}))
+        assert runtime.before_op("conv 'conv'", zeros, ([2],), values=["conv"]) is None and not calls
+        with pytest.raises(cost.WorkError, match=r"m.pt2: zeros 'z' would create .* GiB, over the budget of 1 MiB"):
+            runtime.before_op("zeros 'z'", zeros, ([2],), values=["conv", "z"])  # one output not sized
+        assert len(calls) == 1
+    ep = torch.export.export(crafted.ConvBN().eval(), (torch.randn(1, 3, 8, 8),))
+    (x,) = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
+    plan = cost.fx_plan(ep, [(torch.randn(1, 3, 8, 8),)], runs=3, audit=True)
+    assert {n.name for n in ep.graph.nodes if n.op == "call_function"} <= plan.sized and x in plan.sized
+
+
 def test_cpu_time_bound_stops_the_op_loop(monkeypatch):
     monkeypatch.setattr(runtime, "CPU_FLOOR_S", -1.0)  # a deadline already past
     with runtime.watch():

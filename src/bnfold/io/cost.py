@@ -28,7 +28,7 @@ all they computed; past the budget they stop.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from ..errors import ModelFileError
@@ -122,11 +122,14 @@ class Step:
 
 @dataclass(frozen=True)
 class Plan:
-    """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits."""
+    """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits; ``sized``: the
+    values whose sizes the plan read from sizes the same meta kernels give (a torch program's load-checked
+    metadata), whose run-time check need not run them again (:func:`bnfold.io.runtime.before_op`)."""
 
     peak: int
     flops: int
     budget: Budget
+    sized: frozenset = frozenset()
 
 
 def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
@@ -414,7 +417,8 @@ def fx_plan(
             temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
-    return check_plan(steps, budget, where, live=live, runs=runs_all)
+    plan = check_plan(steps, budget, where, live=live, runs=runs_all)
+    return replace(plan, sized=frozenset(name for name, vals in rec.items() if vals is not None))
 
 
 def fx_content_bytes(tensors: Iterable[Any]) -> int:
@@ -716,4 +720,4 @@ def audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = N
     plan = fx_plan(model, batches, where=where, runs=runs, audit=True)
     from .runtime import expect
 
-    expect(plan.budget, plan.flops, where)  # the run-time checks of the op loop (bnfold.io.runtime)
+    expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.runtime)

@@ -47,6 +47,7 @@ class Run:
     op: str = ""
     budget: Budget | None = None
     cpu_deadline: float | None = None
+    sized: frozenset = frozenset()  # the values the plan sized with the ops' own meta kernels
     saved_limit: tuple[int, int] | None = None
 
     def release(self) -> None:
@@ -93,13 +94,14 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
         run.release()
 
 
-def expect(budget: Budget, flops: int, where: str) -> None:
+def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
     """The plan of the run about to start (``cost.audit_plan``): its byte budget bounds each op, its
-    FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space."""
+    FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:
+    the values whose sizes it read from what the ops' meta kernels give (:attr:`bnfold.io.cost.Plan.sized`)."""
     run = _RUN.get()
     if run is None:
         return
-    run.where, run.budget = where, budget
+    run.where, run.budget, run.sized = where, budget, sized
     run.cpu_deadline = time.process_time() + CPU_FLOOR_S + flops / CPU_FLOPS_PER_S
     if run.address_cap and run.saved_limit is None:
         _cap_address_space(run, budget)
@@ -146,14 +148,16 @@ def before_op(
     *,
     budget: Budget | None = None,
     nbytes: int | None = None,
+    values: tuple | list = (),
 ) -> list[Out] | None:
     """The check just before the op ``label`` runs ``fn(*args, **kwargs)`` on real values.
 
     Records the op (an allocator failure names it), stops the op loop past its CPU time, and sizes
     the op's outputs: ``nbytes`` when the caller knows them, else ``fn``'s meta kernels on meta
-    copies of the arguments.  Outputs over ``budget`` (default: the watched run's, :func:`expect`)
-    are refused (:class:`WorkError`) before anything is allocated.  Returns the outputs the meta
-    kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
+    copies of the arguments, unless the watched run's plan sized every one of the op's output
+    ``values`` (names) with those kernels already (:func:`expect`).  Outputs over ``budget`` (default:
+    the watched run's) are refused (:class:`WorkError`) before anything is allocated.  Returns the
+    outputs the meta kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
     run = _RUN.get()
     if run is not None:
         run.op = label
@@ -162,6 +166,8 @@ def before_op(
             raise WorkError(
                 f"{where}the run passed its CPU-time bound at {label} (the plan's FLOPs take far less); {MAX_WORK_HINT}"
             )
+        if values and run.sized and budget is None and nbytes is None and all(v in run.sized for v in values if v):
+            return None  # the plan counted these outputs within the budget
     limit = budget or (run.budget if run is not None else None)
     outs = None
     if nbytes is None and fn is not None and limit is not None:

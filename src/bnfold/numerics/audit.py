@@ -143,7 +143,7 @@ def audit(
     names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
     norm_outs = {st.norm.output for st in prog.steps if st.norm is not None and st.norm.output}
-    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs)
+    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
     refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None

@@ -159,7 +159,9 @@ class Runner:
     emulated value is the error the segment adds by itself (``BatchResult.local``).  The local run computes in
     the reference's dtype.  ``local_measured``: the values whose local error is measured (default: every value
     of a segment; the audit asks for its rows' outputs, the others are computed only to reach them).
-    ``measured``: the values compared with their reference (default: every floating value).
+    ``measured``: the values compared with their reference (default: every floating value).  ``planned``:
+    ``program`` is the one the audit's cost plan sized (the run-time check then skips the meta run of an op
+    whose outputs the plan sized, :func:`bnfold.io.runtime.before_op`).
     """
 
     def __init__(
@@ -170,8 +172,10 @@ class Runner:
         segments: dict | None = None,
         local_measured: set | None = None,
         measured: set | None = None,
+        planned: bool = False,
     ):
         self.program = program
+        self.planned = planned
         self.local_measured = local_measured
         self.measured = measured
         self.profile = prof = get_profile(profile)
@@ -243,7 +247,9 @@ class Runner:
     def _emulate(self, step: Step, ins: list, env: dict, label: str) -> list:
         """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated);
         ``label`` names it to the run-time check."""
-        before_op(label, step.run, (ins, torch.float32))  # sized before it allocates
+        before_op(
+            label, step.run, (ins, torch.float32), values=step.outs if self.planned else ()
+        )  # before it allocates
         prof, norm, eps = self.profile, step.norm, self.bn_eps
         fused = self._fused.get(step.name)
         if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
