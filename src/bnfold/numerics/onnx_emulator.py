@@ -68,16 +68,12 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
 
 @dataclass
 class OnnxNorm:
-    """A BatchNormalization whose scale, bias, mean and var are constants (float64, per channel)."""
+    """An eval-mode BatchNormalization whose scale, bias, mean and var are constants."""
 
     node: str
     input: str
     output: str
     eps: float
-    gamma: torch.Tensor
-    beta: torch.Tensor
-    mean: torch.Tensor
-    var: torch.Tensor
 
 
 def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
@@ -91,9 +87,14 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     return _constants(model, _node_fields(model))
 
 
-def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str]]]:
-    """``(node, op type, inputs, outputs)`` of each node, read once (reading a protobuf field is slow)."""
-    return [(node, node.op_type, list(node.input), list(node.output)) for node in model.graph.node]
+def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
+    """``(node, op type, inputs, outputs, name)`` of each node (the name :func:`node_names` gives it), read once
+    (reading a protobuf field is slow)."""
+    out = []
+    for i, node in enumerate(model.graph.node):
+        op = node.op_type
+        out.append((node, op, list(node.input), list(node.output), node.name or f"{op}_{i}"))
+    return out
 
 
 def _constants(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, np.ndarray]:
@@ -105,12 +106,12 @@ def _constants(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, np.ndarr
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
     readers: dict[str, int] = {}
-    for _, _, ins, _ in nodes:
+    for _, _, ins, _, _ in nodes:
         for n in set(ins):
             readers[n] = readers.get(n, 0) + 1
     keep = {o.name for o in model.graph.output} | set(out)
     computed: set[str] = set()
-    for node, op, ins, outs in nodes:
+    for node, op, ins, outs, _ in nodes:
         if op == "Constant" and outs:
             out[outs[0]] = _constant(node)
             keep.add(outs[0])
@@ -151,18 +152,19 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in init]
 
 
-def norms_of(model: onnx.ModelProto, consts: dict[str, np.ndarray] | None = None) -> dict[str, OnnxNorm]:
-    """``{node name: OnnxNorm}`` for every eval-mode BatchNormalization with constant statistics."""
-    consts = constants(model) if consts is None else consts
+def norms_of(model: onnx.ModelProto, consts: dict[str, np.ndarray] | None = None, nodes=None) -> dict[str, OnnxNorm]:
+    """``{node name: OnnxNorm}`` for every eval-mode BatchNormalization with constant statistics (``nodes``:
+    the fields :func:`_node_fields` read, when the caller has them)."""
+    nodes = _node_fields(model) if nodes is None else nodes
+    consts = _constants(model, nodes) if consts is None else consts
     out = {}
-    for node in model.graph.node:
-        if node.op_type != "BatchNormalization" or len(node.input) < 5:
+    for node, op, ins, outs, name in nodes:
+        if op != "BatchNormalization" or len(ins) < 5:
             continue
         a = attrs(node)
-        if a.get("training_mode", 0) or not all(i in consts for i in node.input[1:5]):
+        if a.get("training_mode", 0) or not all(i in consts for i in ins[1:5]):
             continue
-        g, b, m, v = (torch.from_numpy(np.array(consts[i], dtype=np.float64)).flatten() for i in node.input[1:5])
-        out[node.name] = OnnxNorm(node.name, node.input[0], node.output[0], float(a.get("epsilon", 1e-5)), g, b, m, v)
+        out[name] = OnnxNorm(name, ins[0], outs[0], float(a.get("epsilon", 1e-5)))
     return out
 
 
@@ -232,11 +234,11 @@ def onnx_program(model: onnx.ModelProto) -> tuple[Program, dict[str, OnnxNorm]]:
     """``model`` as the runner's :class:`~.runner.Program`, and its constant-statistics batch norms."""
     nodes = _node_fields(model)
     consts = _constants(model, nodes)
-    norms = norms_of(model, consts)
+    norms = norms_of(model, consts, nodes)
     opset = opset_of(model)
     steps = [
         _step(node, (op, ins, outs), name, opset, norms.get(name), consts)
-        for (node, op, ins, outs), name in zip(nodes, node_names(model))
+        for node, op, ins, outs, name in nodes
         if op != "Constant"
     ]
     inputs = [i.name for i in graph_inputs(model)]
