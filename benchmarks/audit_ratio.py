@@ -1,12 +1,13 @@
 """Audit cost per model: ``bnfold.audit`` of one batch against the model's float32 forward (issue 26: <= 10x + fold).
 
-    .venv/bin/python benchmarks/audit_ratio.py [--rounds 5] [--profile fp16] [--quick]
+    .venv/bin/python benchmarks/audit_ratio.py [--rounds 5] [--profile fp16] [--quick] [--ops]
 
 Models: the suite's architectures (``benchmarks/models.py``: calibrated BatchNorm statistics, one batch of
 the default shape, ``--quick``: the small shapes), each as a torch program and as ONNX (TorchScript
 exporter, BatchNorm kept), and the trained PaddleOCR models of the rapidocr wheels installed in the venv.
 
-Per model (1 torch thread; the least process CPU time over ``--rounds`` after one untimed warm-up call of each):
+Per model (1 torch thread; the least process CPU time over ``--rounds`` rounds, the four measurements interleaved
+in each round, after one untimed warm-up call of each; a forward is timed ``FORWARDS`` at a time):
 
 * ``fp32 fwd``  the float32 forward: ``ep.module()(x)`` for a torch program; for ONNX the same graph run
                 eagerly with the audit's torch ops (``OnnxEmulator(model, "fp32").run(x, reference=False)``);
@@ -17,6 +18,10 @@ Per model (1 torch thread; the least process CPU time over ``--rounds`` after on
 * ``json``      the same with ``tensors=True`` (``bnfold audit --json``, the API's default): every floating
                 value of both programs measured against its reference;
 * ``ratio``     ``(audit - fold) / fp32 fwd`` (goal <= 10: ``PASS`` / ``MISS``), and the same for ``json``.
+
+``--ops``: the same three runs counted in ATen ops dispatched (``TorchDispatchMode``) instead of timed: a count
+that does not move from run to run or machine to machine (this virtual machine's times do, by 10-30%), for
+comparing two versions of the audit; an op on a tiny tensor costs ~1-3 us here, a forward's convolutions more.
 
 A benchmark, not a test: nothing asserts on a time.
 """
@@ -34,6 +39,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import onnx
 import torch
 from numerics_helpers import onnx_keeping_batch_norms
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import bnfold
 from bnfold.numerics.onnx_emulator import OnnxEmulator
@@ -43,16 +49,26 @@ GOAL = 10.0
 OCR = {"cls": (1, 3, 48, 192), "v4-det": (1, 3, 320, 320), "v4-rec": (1, 3, 48, 320), "v6-rec": (1, 3, 48, 320)}
 
 
-def _min_time(fn, rounds: int) -> float:
-    """The least CPU time of this process over ``rounds`` calls (one thread: a shared machine's other load
-    inflates wall-clock time, hardly the process's own CPU time; the least is the least disturbed)."""
-    fn()  # warm-up (oneDNN builds its kernels on first use of a shape and dtype)
-    times = []
-    for _ in range(rounds):
-        t = time.process_time()
+#: forwards per timed forward call (a forward is short: one timing of several reads the CPU clock less noisily)
+FORWARDS = 10
+
+
+def _min_times(fns: list, rounds: int) -> list[float]:
+    """The least CPU time of this process for each of ``fns`` over ``rounds`` rounds, the calls interleaved
+    (each round calls every function once, in turn), so that a change of the machine's speed between
+    minutes (another guest on the host, the clock) weighs on the forward and the audit alike; one untimed
+    warm-up call of each first (oneDNN builds its kernels on first use of a shape and dtype).  One thread:
+    a shared machine's other load inflates wall-clock time, hardly the process's own CPU time; the least
+    time is the least disturbed."""
+    for fn in fns:
         fn()
-        times.append(time.process_time() - t)
-    return min(times)
+    best = [float("inf")] * len(fns)
+    for _ in range(rounds):
+        for i, fn in enumerate(fns):
+            t = time.process_time()
+            fn()
+            best[i] = min(best[i], time.process_time() - t)
+    return best
 
 
 def _onnx(net, x) -> onnx.ModelProto:
@@ -62,14 +78,26 @@ def _onnx(net, x) -> onnx.ModelProto:
 def _row(name: str, model, x, rounds: int, profile: str) -> list:
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
-        fwd = _min_time(lambda: fp32.run(x, reference=False), rounds)
+        forward = lambda: fp32.run(x, reference=False)  # noqa: E731
     else:
         module = model.module()
+        forward = lambda: module(x)  # noqa: E731
+
+    def forwards():
         with torch.no_grad():
-            fwd = _min_time(lambda: module(x), rounds)
-    fold = _min_time(lambda: bnfold.fold(model), rounds)
-    audit = _min_time(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False), rounds)
-    full = _min_time(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=True), rounds)
+            for _ in range(FORWARDS):
+                forward()
+
+    fwd, fold, audit, full = _min_times(
+        [
+            forwards,
+            lambda: bnfold.fold(model),
+            lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False),
+            lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=True),
+        ],
+        rounds,
+    )
+    fwd /= FORWARDS
     ratio, ratio_full = (audit - fold) / fwd, (full - fold) / fwd
     return [
         name,
@@ -83,13 +111,46 @@ def _row(name: str, model, x, rounds: int, profile: str) -> list:
     ]
 
 
+class _OpCount(TorchDispatchMode):
+    """Counts the ATen ops dispatched inside it (``n``)."""
+
+    n = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.n += 1
+        return func(*args, **(kwargs or {}))
+
+
+def _ops(fn) -> int:
+    fn()  # the same warm-up as the timed runs
+    with _OpCount() as count:
+        fn()
+    return count.n
+
+
+def _ops_row(name: str, model, x, rounds: int, profile: str) -> list:
+    """The row of ``--ops``: ATen ops per forward, fold and audit (``rounds`` unused: a count does not vary)."""
+    if isinstance(model, onnx.ModelProto):
+        fp32 = OnnxEmulator(model, "fp32")
+        fwd = _ops(lambda: fp32.run(x, reference=False))
+    else:
+        module = model.module()
+        with torch.no_grad():
+            fwd = _ops(lambda: module(x))
+    fold = _ops(lambda: bnfold.fold(model))
+    audit = _ops(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False))
+    return [name, fwd, fold, audit, f"{(audit - fold) / fwd:.1f}x"]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", default="fp16")
     p.add_argument("--quick", action="store_true", help="the suite's small shapes, no rapidocr models")
     p.add_argument("--only", default="", help="comma-separated model keys (resnet, efficientnet, audio, v4-rec, ...)")
+    p.add_argument("--ops", action="store_true", help="count ATen ops instead of timing (a count does not vary)")
     args = p.parse_args(argv)
+    row = _ops_row if args.ops else _row
     torch.set_num_threads(1)
     from models import ARCHS, QUICK_SHAPES, build
 
@@ -102,9 +163,9 @@ def main(argv=None) -> int:
         (x,) = b["example"]
         shape = "x".join(map(str, x.shape))
         rows.append(
-            _row(f"{arch} (torch program) {shape}", torch.export.export(b["model"], (x,)), x, args.rounds, args.profile)
+            row(f"{arch} (torch program) {shape}", torch.export.export(b["model"], (x,)), x, args.rounds, args.profile)
         )
-        rows.append(_row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
+        rows.append(row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
     if not args.quick:
         try:
             from paddleocr_models import model_path
@@ -119,8 +180,10 @@ def main(argv=None) -> int:
                 print(f"rapidocr model {key} is not installed: skipped", file=sys.stderr)
                 continue
             x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-            rows.append(_row(f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}", model, x, args.rounds, args.profile))
+            rows.append(row(f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}", model, x, args.rounds, args.profile))
     headers = ["model", "fp32 fwd s", "fold s", "audit s", "(audit-fold)/fwd", f"goal <= {GOAL:g}x", "json s", "ratio"]
+    if args.ops:
+        headers = ["model", "fwd ops", "fold ops", "audit ops", "(audit-fold)/fwd"]
     widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]
     for r in [headers] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
