@@ -247,9 +247,8 @@ class Runner:
     def _emulate(self, step: Step, ins: list, env: dict, label: str) -> list:
         """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated);
         ``label`` names it to the run-time check."""
-        before_op(
-            label, step.run, (ins, torch.float32), values=step.outs if self.planned else ()
-        )  # before it allocates
+        sized = step.outs if self.planned else ()  # the plan's names: the run-time check may know their sizes
+        before_op(label, step.run, (ins, torch.float32), values=sized)  # checked before it allocates
         prof, norm, eps = self.profile, step.norm, self.bn_eps
         fused = self._fused.get(step.name)
         if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
