@@ -145,7 +145,8 @@ def fx_program(ep: torch.export.ExportedProgram) -> Program:
     for node in nodes:
         if node.op not in ("placeholder", "call_function", "output"):
             raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
-    consts = {k: v.detach() for k, v in lifted.items()}  # floats as stored: the runner casts them once
+    # floats as stored (the runner casts them once); a parameter detached, so that no op records its gradient
+    consts = {k: v.detach() if v.requires_grad else v for k, v in lifted.items()}
     kinds = [spec.kind for spec in ep.graph_signature.output_specs]
     out_node = next(n for n in nodes if n.op == "output")
     outs = [o for o, k in zip(out_node.args[0], kinds) if k == OutputKind.USER_OUTPUT]

@@ -149,6 +149,25 @@ class EmulationResult:
             self.reference.append(batch.reference)
 
 
+#: float constants of at most this many elements are rounded together (:func:`_round_constants`)
+_ROUNDED_TOGETHER = 1 << 12
+
+
+def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """``prof.round_const`` of each float32 constant.  The rounding is elementwise, so the small contiguous ones
+    (most of a model's constants by count: biases, statistics, scalars) are rounded in one call over their
+    concatenation, each then a view of its part (no op for a vector): a model's hundreds of them cost a few
+    ops, not two or more each; a larger or strided one (whose layout a kernel may read) is rounded alone."""
+    together = [k for k, v in f32.items() if v.numel() <= _ROUNDED_TOGETHER and v.is_contiguous()]
+    out = {k: prof.round_const(f32[k]) for k in f32.keys() - set(together)}
+    if together:
+        flat = prof.round_const(torch.cat([f32[k] if f32[k].dim() == 1 else f32[k].reshape(-1) for k in together]))
+        for k, part in zip(together, flat.split([f32[k].numel() for k in together])):
+            shape = f32[k].shape
+            out[k] = part if len(shape) == 1 else part.view(shape)
+    return out
+
+
 class Runner:
     """Runs ``program`` under ``profile`` (see :mod:`bnfold.numerics.profiles`).
 
@@ -183,7 +202,8 @@ class Runner:
         self.segments = dict(segments or {})
         consts = program.constants
         f32 = {k: v if v.dtype == torch.float32 else v.to(torch.float32) for k, v in consts.items() if is_float(v)}
-        self._const_e = {k: prof.round_const(f32[k]) if k in f32 else v for k, v in consts.items()}
+        rounded = _round_constants(prof, f32)
+        self._const_e = {k: rounded[k] if k in f32 else v for k, v in consts.items()}
         # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
         # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
         # cancellation amplifies both); the fp32 profile's own error needs float64
