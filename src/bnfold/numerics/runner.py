@@ -151,20 +151,34 @@ class EmulationResult:
 
 #: float constants of at most this many elements are rounded together (:func:`_round_constants`)
 _ROUNDED_TOGETHER = 1 << 12
+#: elements per 64 bytes of float32: where each constant starts in the concatenation (torch aligns an allocation to
+#: 64 bytes, and a kernel may compute otherwise from a weight that is not aligned: measured, a 1x1 conv's float32
+#: results differ in the last bit for a weight 4 bytes off)
+_ALIGN = 16
 
 
 def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """``prof.round_const`` of each float32 constant.  The rounding is elementwise, so the small contiguous ones
     (most of a model's constants by count: biases, statistics, scalars) are rounded in one call over their
-    concatenation, each then a view of its part (no op for a vector): a model's hundreds of them cost a few
-    ops, not two or more each; a larger or strided one (whose layout a kernel may read) is rounded alone."""
+    concatenation, each then a view of its part (no op for a vector), each part starting at a 64-byte boundary as
+    an allocation of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or
+    strided one (whose layout a kernel may read) is rounded alone."""
     together = [k for k, v in f32.items() if v.numel() <= _ROUNDED_TOGETHER and v.is_contiguous()]
     out = {k: prof.round_const(f32[k]) for k in f32.keys() - set(together)}
-    if together:
-        flat = prof.round_const(torch.cat([f32[k] if f32[k].dim() == 1 else f32[k].reshape(-1) for k in together]))
-        for k, part in zip(together, flat.split([f32[k].numel() for k in together])):
-            shape = f32[k].shape
-            out[k] = part if len(shape) == 1 else part.view(shape)
+    if not together:
+        return out
+    zeros = torch.zeros(_ALIGN - 1)
+    fills = [zeros[:n] for n in range(_ALIGN)]  # the padding after a part, by its length
+    pieces, sizes = [], []
+    for k in together:
+        t = f32[k]
+        pad = -t.numel() % _ALIGN
+        pieces += [t if t.dim() == 1 else t.reshape(-1), fills[pad]]
+        sizes += [t.numel(), pad]
+    parts = prof.round_const(torch.cat(pieces)).split(sizes)
+    for k, part in zip(together, parts[::2]):
+        shape = f32[k].shape
+        out[k] = part if len(shape) == 1 else part.view(shape)
     return out
 
 
