@@ -230,3 +230,47 @@ def test_report_rows_do_not_need_every_tensor(profile):
         for d in (full, rows):
             d["fold_report"]["summary"].pop("seconds")
         assert rows == full
+
+
+class InPlaceTail(torch.nn.Module):
+    """A pooled conv+BN whose small result an in-place ReLU (``nn.ReLU(inplace=True)``) and an in-place ``+=``
+    then overwrite: ``torch.export`` keeps ``relu_`` and ``add_``, and the runner runs them in place."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 1), torch.nn.BatchNorm2d(4)
+        self.relu, self.head = torch.nn.ReLU(inplace=True), torch.nn.Linear(4, 2)
+
+    def forward(self, x):
+        y = self.bn(self.conv(x)).mean((2, 3), keepdim=True) - 0.1
+        y = self.relu(y)
+        y += 1
+        return self.head(y.flatten(1))
+
+
+def test_values_an_in_place_op_overwrites_are_measured_as_they_were_made():
+    """Each value's error is measured against its reference as the op made it, before a later in-place op
+    writes the same memory: in both programs, also where the measurement waits (a small tensor) and where the
+    folded program is measured against a kept unfolded value."""
+    torch.manual_seed(0)
+    net = InPlaceTail().eval()
+    net.bn.running_mean.uniform_(-1, 1)
+    net.bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 3, 4, 4)
+    ep = torch.export.export(net, (x,))
+    assert {"relu_.default", "add_.Tensor"} <= {str(n.target).split("aten.")[-1] for n in ep.graph.nodes}
+    tensors = audit(ep, [(x,)]).to_dict()["tensors"]
+    unfolded, folded = ({t["node"]: t["max_abs_ref"] for t in tensors[p]} for p in ("unfolded", "folded"))
+    with torch.no_grad():
+        net64 = copy.deepcopy(net).double()
+        sub = net64.bn(net64.conv(x.double())).mean((2, 3), keepdim=True) - 0.1
+    made = {
+        "sub": sub.abs().max().item(),
+        "relu_": sub.relu().abs().max().item(),
+        "add_": (sub.relu() + 1).max().item(),
+    }
+    for name, value in made.items():
+        assert unfolded[name] == pytest.approx(value, rel=1e-5), name
+    assert folded["relu_"] == pytest.approx(made["relu_"], rel=1e-5)
+    for name in set(unfolded) & set(folded) - {"mean"}:  # the fold moved the shift into the conv: "mean" differs
+        assert folded[name] == pytest.approx(unfolded[name], rel=1e-5), name

@@ -113,6 +113,7 @@ def _step(node: torch.fx.Node) -> Step:
 
     row, kind = op_of(node), layer_kind(node)
     step = Step(node.name, name, [i.name for i in inputs], [node.name], run, label=module_path(node))
+    step.mutates = bool(getattr(getattr(target, "_schema", None), "is_mutable", False))
     if row is not None:
         step.rounding, step.fp16_class = row.rounding or "round", row.fp16
     if kind is not None:

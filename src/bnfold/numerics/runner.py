@@ -63,7 +63,8 @@ class Step:
     Facts: ``rounding`` ``exact`` (its output holds its input's values), ``same`` (and the same error
     statistics), ``round`` (rounded to the storage format); ``layer`` the layer kind (conv, conv_transpose,
     linear, matmul) and ``weight``/``bias`` its constant inputs' names; ``fp16_class`` the ops a runtime
-    keeps in fp16 (``movement``, ``softmax``); ``accumulated(ins, chunk)`` the layer with fp16 accumulation."""
+    keeps in fp16 (``movement``, ``softmax``); ``accumulated(ins, chunk)`` the layer with fp16 accumulation;
+    ``mutates``: the op writes an input in place (the runner runs it so, as the program says)."""
 
     name: str
     op: str
@@ -79,6 +80,7 @@ class Step:
     accumulated: Callable | None = None
     not_emulated: str = ""  # why it has no rounding rule (it runs in float32 through a reference implementation)
     label: str = ""  # the name the report shows (a module path), "" for ``name``
+    mutates: bool = False  # its op writes one of its inputs in place (torch's ``relu_``, ``add_``, ``out=``)
 
 
 @dataclass
@@ -180,6 +182,15 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, t
         shape = f32[k].shape
         out[k] = part if len(shape) == 1 else part.view(shape)
     return out
+
+
+def _copy_aliases(kept: dict, ins: list) -> None:
+    """Replace each value in ``kept`` that shares memory with one of ``ins`` by a copy (an in-place op is about to
+    write one of them: what was kept is the value as it was made)."""
+    memory = {t.untyped_storage().data_ptr() for t in ins if isinstance(t, torch.Tensor)}
+    for name, value in kept.items():
+        if isinstance(value, torch.Tensor) and value.untyped_storage().data_ptr() in memory:
+            kept[name] = value.clone()
 
 
 class Runner:
@@ -361,6 +372,9 @@ class Runner:
         for i, step in enumerate(prog.steps):
             if on_node is not None:
                 on_node(i, n)
+            if step.mutates:  # an in-place op: what is held of its inputs is read before they change
+                meter.flush()
+                _copy_aliases(kept, [env_r.get(v) for v in step.ins if v])
             outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e, labels[i])
             if reference:
                 outs_r = step.run([env_r[v] if v else None for v in step.ins], self._ref_dtype)
@@ -411,5 +425,7 @@ class Runner:
                 ins.append(self._const_r[v])
             else:
                 e = env_e[v]
-                ins.append(e.to(self._ref_dtype) if is_float(e) and e.dtype != self._ref_dtype else e)
+                if is_float(e):  # a copy where the op would write the emulated value itself
+                    e = e.clone() if step.mutates and e.dtype == self._ref_dtype else e.to(self._ref_dtype)
+                ins.append(e)
         return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error
