@@ -88,7 +88,7 @@ def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
 
 
 def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
-    """``(node, op type, inputs, outputs, name)`` of each node (the name :func:`node_names` gives it), read once
+    """``(node, op type, inputs, outputs, name)`` of each node (an unnamed node is ``op_type_index``), read once
     (reading a protobuf field is slow)."""
     out = []
     for i, node in enumerate(model.graph.node):
@@ -152,11 +152,9 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in init]
 
 
-def norms_of(model: onnx.ModelProto, consts: dict[str, np.ndarray] | None = None, nodes=None) -> dict[str, OnnxNorm]:
-    """``{node name: OnnxNorm}`` for every eval-mode BatchNormalization with constant statistics (``nodes``:
-    the fields :func:`_node_fields` read, when the caller has them)."""
-    nodes = _node_fields(model) if nodes is None else nodes
-    consts = _constants(model, nodes) if consts is None else consts
+def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, OnnxNorm]:
+    """``{node name: OnnxNorm}`` for every eval-mode BatchNormalization with constant statistics, over the node
+    fields :func:`_node_fields` read and the constants :func:`constants` found."""
     out = {}
     for node, op, ins, outs, name in nodes:
         if op != "BatchNormalization" or len(ins) < 5:
@@ -166,11 +164,6 @@ def norms_of(model: onnx.ModelProto, consts: dict[str, np.ndarray] | None = None
             continue
         out[name] = OnnxNorm(name, ins[0], outs[0], float(a.get("epsilon", 1e-5)))
     return out
-
-
-def node_names(model: onnx.ModelProto) -> list[str]:
-    """Each node's name (``op_type_index`` for an unnamed one), in graph order."""
-    return [n.name or f"{n.op_type}_{i}" for i, n in enumerate(model.graph.node)]
 
 
 def _step(
@@ -234,7 +227,7 @@ def onnx_program(model: onnx.ModelProto) -> tuple[Program, dict[str, OnnxNorm]]:
     """``model`` as the runner's :class:`~.runner.Program`, and its constant-statistics batch norms."""
     nodes = _node_fields(model)
     consts = _constants(model, nodes)
-    norms = norms_of(model, consts, nodes)
+    norms = norms_of(nodes, consts)
     opset = opset_of(model)
     steps = [
         _step(node, (op, ins, outs), name, opset, norms.get(name), consts)
