@@ -170,8 +170,8 @@ class Meter:
     A tensor of more than :data:`SMALL` elements is measured at once; smaller ones wait (references to the
     tensors, at most :data:`BATCH_ELEMENTS` elements) and are measured together by :func:`measure_many`.  Each
     result takes its place in its dict at :meth:`add` (None until measured, so the dict keeps the order of
-    the calls) and is there after :meth:`flush` at the latest.  The tensors must not change meanwhile (the
-    runner's values are never written in place)."""
+    the calls) and is there after :meth:`flush` at the latest.  The tensors must not change meanwhile: the
+    runner flushes before an op that writes an input in place (``Step.mutates``)."""
 
     def __init__(self, exact_diff: bool):
         self.exact_diff = exact_diff
