@@ -14,7 +14,7 @@ from test_risk import DeadChannel
 from torch import nn
 
 import bnfold
-from bnfold.numerics.errors import SMALL, Meter, TensorError, measure
+from bnfold.numerics.errors import SMALL, Meter, TensorError, measure, reference_stats
 from bnfold.numerics.table import sqnr
 
 
@@ -70,6 +70,23 @@ def test_meter_measures_small_tensors_together_as_measure_does(exact):
         assert (got.max_abs_ref, got.max_abs_err) == (want.max_abs_ref, want.max_abs_err)  # exact either way
         assert got.signal == pytest.approx(want.signal, rel=1e-6) and got.noise == pytest.approx(want.noise, rel=1e-5)
     assert into["v7"].inf == 1 and math.isnan(into["v7"].sqnr_db)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_a_reference_measured_before_is_not_measured_again(exact):
+    """The folded program is measured against the unfolded one's reference values: what the unfolded
+    measurement found of a reference (its signal, largest magnitude) serves again, with the same result;
+    not after a measurement that met a non-finite value (its signal covered only the finite elements)."""
+    g = torch.Generator().manual_seed(1)
+    r = (torch.randn(4, 300, generator=g) * 5).to(torch.float64 if exact else torch.float32)
+    e1, e2 = (r.to(torch.float32) + s * torch.randn(r.shape, generator=g) for s in (1e-3, 1e-2))
+    first = measure("a", "op", e1, r, exact)
+    again = measure("b", "op", e2, r, exact, ref_stats=reference_stats(first))
+    assert again == measure("b", "op", e2, r, exact)
+    assert again.signal == first.signal and again.max_abs_ref == first.max_abs_ref and again.noise > first.noise
+    e1[0, 0] = math.nan
+    assert reference_stats(measure("a", "op", e1, r, exact)) is None
+    assert reference_stats(measure("a", "op", e2[:1, :8], r[:1, :8], exact)) is None  # small: measured together
 
 
 def test_all_nan_output_is_not_exact():

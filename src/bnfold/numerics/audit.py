@@ -24,6 +24,7 @@ import torch
 
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
+from .errors import reference_stats
 from .norm_rows import _norms
 from .profiles import get_profile
 from .rows import Graph, layers, ref_names, rows, segments
@@ -39,17 +40,20 @@ def _stage(progress, name: str) -> None:
 
 def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, progress, against=None, keep=()) -> list:
     """Run ``runner`` on every batch into ``result`` (the one place where the audit executes a program);
-    ``against``: per batch, the float64 values to measure against (no reference run).  Returns the
-    reference values named in ``keep``, per batch."""
+    ``against``: per batch, the float64 values to measure against (no reference run) and what is known of
+    them (``Runner.run``'s ``against_stats``).  Returns, per batch, the reference values named in ``keep`` and
+    what their measurement found of them (:func:`.errors.reference_stats`)."""
     on_node = getattr(progress, "node", None)
     kept = []
     for done, batch in enumerate(batches, 1):
         if against is None:
             res = runner.run(*batch, on_node=on_node, keep_reference=frozenset(keep))
         else:
-            res = runner.run(*batch, reference=False, against=against[done - 1], on_node=on_node)
+            values, stats = against[done - 1]
+            res = runner.run(*batch, reference=False, against=values, against_stats=stats, on_node=on_node)
+        stats = {name: s for name in res.kept if (s := reference_stats(res.errors.get(name))) is not None}
+        kept.append((res.kept, stats))  # before result.add: it merges the next batches into these errors
         result.add(res)
-        kept.append(res.kept)
         if progress is not None:
             progress(done, len(batches))
     return kept
@@ -150,7 +154,10 @@ def audit(
     if fprog is not None:
         _stage(progress, "emulate folded")
         fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
-        against = [{f: k[u] for f, u in names.items() if u in k} for k in refs]
+        against = [
+            ({f: k[u] for f, u in names.items() if u in k}, {f: st[u] for f, u in names.items() if u in st})
+            for k, st in refs
+        ]
         fouts = {r.folded for r in row_list if r.folded is not None}
         runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts)
         folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)

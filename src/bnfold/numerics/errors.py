@@ -115,12 +115,26 @@ def _abs_max(t: torch.Tensor) -> float:
 SEPARATE_EXTREMA = 1 << 15
 
 
-def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact_diff: bool) -> TensorError:
+def _extrema(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if t.numel() < SEPARATE_EXTREMA:
+        return torch.aminmax(t)
+    return t.amin(), t.amax()  # two plain reductions beat one aminmax on larger tensors (~30% here)
+
+
+def measure(
+    node: str,
+    op: str,
+    emulated: torch.Tensor,
+    ref: torch.Tensor,
+    exact_diff: bool,
+    ref_stats: tuple[float, float] | None = None,
+) -> TensorError:
     """Compare ``emulated`` with the float64 ``ref``.
 
     With ``exact_diff=False`` the difference is taken in float32, which is
     accurate to ~1e-7 of ``|ref|``: enough when the emulated error is fp16's
-    (~5e-4), not when it is float32's.
+    (~5e-4), not when it is float32's.  ``ref_stats``: ``(signal, max_abs_ref)`` of this same reference
+    from an earlier measurement whose values were all finite (:func:`reference_stats`), not computed again.
     """
     err = TensorError(node, op, tuple(ref.shape), ref.numel())
     if ref.numel() == 0:
@@ -129,19 +143,22 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     if ref.dtype != dtype:
         ref = ref.to(dtype)
     diff = (emulated if emulated.dtype == dtype else emulated.to(dtype)) - ref
-    if ref.numel() < SEPARATE_EXTREMA:
-        r_lo, r_hi = torch.aminmax(ref)
-        d_lo, d_hi = torch.aminmax(diff)
-    else:  # two plain reductions beat one aminmax on larger tensors (~30% here)
-        r_lo, r_hi, d_lo, d_hi = ref.amin(), ref.amax(), diff.amin(), diff.amax()
-    noise, signal, r_lo, r_hi, d_lo, d_hi = torch.stack(
-        (torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref), r_lo, r_hi, d_lo, d_hi)
-    ).tolist()  # one conversion to Python numbers
+    if ref_stats is None:
+        r_lo, r_hi = _extrema(ref)
+        d_lo, d_hi = _extrema(diff)
+        noise, signal, r_lo, r_hi, d_lo, d_hi = torch.stack(
+            (torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref), r_lo, r_hi, d_lo, d_hi)
+        ).tolist()  # one conversion to Python numbers
+        signal, max_ref = signal * signal, max(-r_lo, r_hi)
+    else:
+        d_lo, d_hi = _extrema(diff)
+        noise, d_lo, d_hi = torch.stack((torch.linalg.vector_norm(diff), d_lo, d_hi)).tolist()
+        signal, max_ref = ref_stats
     noise *= noise
-    err.max_abs_ref = max(-r_lo, r_hi)
+    err.max_abs_ref = max_ref
     if math.isfinite(noise):
         err.noise = noise
-        err.signal = signal * signal
+        err.signal = signal
         err.max_abs_err = max(-d_lo, d_hi)
         return err
     finite = torch.isfinite(emulated) & torch.isfinite(ref)
@@ -154,6 +171,16 @@ def measure(node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, exact
     err.noise = float(torch.linalg.vector_norm(d)) ** 2
     err.max_abs_err = _abs_max(d)
     return err
+
+
+def reference_stats(err: TensorError | None) -> tuple[float, float] | None:
+    """``(signal, max_abs_ref)`` of the reference ``err`` was measured against, for :func:`measure`'s ``ref_stats``
+    of a later comparison with the same reference tensor: None when ``err`` saw a non-finite value (its signal
+    then covers only the elements where both tensors were finite) or was measured with others (:func:`measure_many`:
+    a small tensor, whose statistics cost nothing more to compute again)."""
+    if err is None or err.count <= SMALL or err.nonfinite or err.ref_nonfinite:
+        return None
+    return err.signal, err.max_abs_ref
 
 
 #: tensors of at most this many elements are measured together (:class:`Meter`): one set of ops for a batch of
@@ -178,10 +205,11 @@ class Meter:
         self._waiting: list[tuple[dict, str, str, torch.Tensor, torch.Tensor]] = []
         self._elements = 0
 
-    def add(self, into: dict, node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor) -> None:
+    def add(self, into: dict, node: str, op: str, emulated: torch.Tensor, ref: torch.Tensor, ref_stats=None) -> None:
+        """Measure ``emulated`` against ``ref`` into ``into[node]`` (``ref_stats``: see :func:`measure`)."""
         n = ref.numel()
         if n == 0 or n > SMALL:
-            into[node] = measure(node, op, emulated, ref, self.exact_diff)
+            into[node] = measure(node, op, emulated, ref, self.exact_diff, ref_stats)
             return
         into[node] = None
         self._waiting.append((into, node, op, emulated, ref))

@@ -338,13 +338,15 @@ class Runner:
         *xs: Any,
         reference: bool = True,
         against: dict[str, torch.Tensor] | None = None,
+        against_stats: dict[str, tuple[float, float]] | None = None,
         keep_reference: frozenset = frozenset(),
         on_node: Callable[[int, int], None] | None = None,
     ) -> BatchResult:
         """Run one batch.  ``reference``: run the reference too (else only the emulated outputs
         come back).  ``against``: measure against these reference values (by name: a run of the unfolded
-        model) instead of a reference run here.  ``keep_reference``: the reference values to return
-        (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
+        model) instead of a reference run here; ``against_stats``: what is known of some of them (``(signal,
+        max_abs_ref)`` by name, :func:`.errors.reference_stats`), not measured again.  ``keep_reference``: the
+        reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
         meter = Meter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))
         feed = prog.feed(xs)
@@ -352,6 +354,7 @@ class Runner:
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
         env_l: dict[str, Any] = {}
         refs = against if against is not None else env_r
+        known = against_stats or {}
         measuring = reference or against is not None
         errors: dict[str, TensorError] = {}
         local: dict[str, TensorError] = {}
@@ -363,7 +366,7 @@ class Runner:
                 if reference:
                     env_r[name] = x.detach().to(self._ref_dtype)
                 if name in refs:
-                    meter.add(errors, name, "input", env_e[name], refs[name])
+                    meter.add(errors, name, "input", env_e[name], refs[name], known.get(name))
             else:
                 env_e[name] = x
                 if reference:
@@ -401,7 +404,7 @@ class Runner:
                     if src is not None and src.count == r.numel():
                         errors[out] = replace(src, node=out, op=step.op, shape=tuple(r.shape))
                     else:
-                        meter.add(errors, out, step.op, e, r)
+                        meter.add(errors, out, step.op, e, r, known.get(out))
             for dead in self._free_after.get(i, ()):
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
