@@ -58,7 +58,7 @@ def ints(v) -> list[int]:
             )
         if v.is_floating_point():
             raise NotImplementedError("a shape or axes input holds floating-point values")
-        return [int(x) for x in v.reshape(-1).tolist()]
+        return [int(x) for x in (v if v.dim() == 1 else v.reshape(-1)).tolist()]  # no view op for a vector
     return [int(x) for x in np.asarray(v).reshape(-1).tolist()]
 
 
@@ -70,9 +70,10 @@ def floats(v) -> list[float]:
 
 
 def scalar(v) -> float | int:
-    """The one number of a scalar (or one-element) input."""
-    x = v.reshape(-1)[0] if isinstance(v, torch.Tensor) else np.asarray(v).reshape(-1)[0]
-    return x.item()
+    """The one number of a scalar (or one-element) input (of a larger one, its first)."""
+    if isinstance(v, torch.Tensor):
+        return (v if v.numel() == 1 else v.reshape(-1)[0]).item()  # one op for a scalar, not three
+    return np.asarray(v).reshape(-1)[0].item()
 
 
 def given(ins: list, i: int) -> bool:
