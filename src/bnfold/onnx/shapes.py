@@ -168,7 +168,7 @@ def _infer(
     while graphs:
         g = graphs.pop()
         for t in g.initializer:
-            _put(dims, types, t.name, [int(d) for d in t.dims], t.data_type)
+            _put(dims, types, t.name, list(t.dims), t.data_type)
         for values in (g.input, g.output, g.value_info):
             for v in values:
                 ty = v.type
