@@ -1,12 +1,12 @@
 """What ONNX shape inference knows of each value: its dims and element type.
 
-Inference runs once, lazily, on a copy of the original model whose large
-weights are left out (only their dims matter).  With ``declared=False`` (the
-cost model: sizes that decide what bnfold allocates) what the file states about
-its values is not believed: the copy's ``value_info`` and graph-output shapes are
-removed first, so every shape comes from the ops (shape inference keeps a stated
-shape when one is there); only the graph inputs' declared dims are kept, as the
-inputs' contract.  The fold (ranks and axes of the values it rewrites) keeps
+Inference runs once, lazily, on a copy of what it reads of the original model,
+whose large weights are copied without their data (only their dims matter).
+With ``declared=False`` (the cost model: sizes that decide what bnfold
+allocates) what the file states about its values is not believed: the copy
+leaves out its ``value_info`` and graph-output shapes, so every shape comes from
+the ops (shape inference keeps a stated shape when one is there); only the graph
+inputs' declared dims are kept, as the inputs' contract.  The fold (ranks and axes of the values it rewrites) keeps
 them: an exporter's ``value_info`` is what tells it the rank behind a ``view``.  A fold never changes a
 value's shape, and keeps value names, so the answers stay valid while the
 model is folded; names the fold makes up are simply unknown.
