@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, NamedTuple
+from typing import Any
 
 from ..errors import ModelFileError
 from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where callers find them)
@@ -108,7 +108,7 @@ class Meter:
 # ----------------------------------------------------------------------------- plans
 
 
-@dataclass
+@dataclass(slots=True)
 class Step:
     """One op of a plan: what it creates and computes, and the values it reads."""
 
@@ -138,10 +138,7 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
 
     ``live`` holds the values present before the first step (weights, inputs) and their bytes.
     """
-    last: dict[str, int] = {}
-    for i, s in enumerate(steps):
-        for r in s.reads:
-            last[r] = i
+    last = {r: i for i, s in enumerate(steps) for r in s.reads}  # each value's last reader
     live = dict(live)
     held = peak = sum(live.values())
     flops = 0
@@ -152,12 +149,14 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
                 f"{_size(budget.bytes)}; {MAX_WORK_HINT}"
             )
         for name in s.out:
-            live[name] = s.nbytes // max(len(s.out), 1)
+            live[name] = s.nbytes // len(s.out)
         held += s.nbytes
-        peak = max(peak, held + s.temp)
-        if held + s.temp > budget.bytes:
+        alive = held + s.temp
+        if alive > peak:
+            peak = alive
+        if alive > budget.bytes:
             raise WorkError(
-                f"{where}: at {s.op} the values alive at once would take {_size(held + s.temp)}, over the "
+                f"{where}: at {s.op} the values alive at once would take {_size(alive)}, over the "
                 f"budget of {_size(budget.bytes)}; {MAX_WORK_HINT}"
             )
         flops += runs * (s.flops + NODE_FLOPS)
@@ -166,8 +165,8 @@ def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str,
                 f"{where}: at {s.op} the run would take over {flops:.3g} FLOPs ({runs} run(s)), over "
                 f"the budget of {budget.flops:.3g}; {MAX_WORK_HINT}"
             )
-        for r in set(s.reads):
-            if last.get(r) == i and r in live:
+        for r in s.reads:  # a value read twice is freed once: then it is no longer live
+            if last[r] == i and r in live:
                 held -= live.pop(r)
     return Plan(peak, flops, budget)
 
@@ -314,9 +313,15 @@ class AuditHold:
     runs: int
 
     def value(self, s: Any) -> int:
-        if s.is_float:
-            return _slack(elements(s.dims) * AUDIT_FLOAT_BYTES)
-        return _slack(s.nbytes * AUDIT_OTHER_COPIES)
+        """What the audit holds of a value of spec ``s`` (its ``dims``, ``nbytes``, ``is_float``)."""
+        return self.held(elements(s.dims), s.nbytes, s.is_float)
+
+    @staticmethod
+    def held(n: int, nbytes: int, is_float: bool) -> int:
+        """What the audit holds of a value of ``n`` elements in ``nbytes`` bytes."""
+        if is_float:
+            return _slack(n * AUDIT_FLOAT_BYTES)
+        return _slack(nbytes * AUDIT_OTHER_COPIES)
 
     def constants(self, weights: int, float_elements: int) -> int:
         emulators = 2 if self.runs > 2 else 1
@@ -327,20 +332,21 @@ class AuditHold:
         return _slack(emulators * batches * out_elements * (4 + 8))
 
     @staticmethod
-    def temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
-        return _slack(AuditHold._temp(name, out_dims, in_dims))
+    def temp(name: str, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:
+        """What one op holds while it runs (``out``: ``out_dims``' element count, when the caller has it)."""
+        return _slack(AuditHold._temp(name, out_dims, in_dims, elements(out_dims) if out is None else out))
 
     @staticmethod
-    def _temp(name: str, out_dims: list[int], in_dims: list[list[int]]) -> int:
+    def _temp(name: str, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
         """What one op holds while it runs: the float64 reference convolution's im2col buffer (CPU:
         each output position times the weight's fan-in, 8 bytes each; measured 162 MiB for a
         [4, 32, 128, 128] input and a 3x3 kernel), else the float64 temporaries of the error
-        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe."""
-        out = elements(out_dims)
+        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe.  An input's
+        dims may be None (unknown: none counted)."""
         measured = out * AUDIT_TEMP_BYTES
         conv = name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") or name.startswith("conv_t")
         if conv and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
-            columns = out // out_dims[1] * elements(in_dims[1][1:]) * 8
+            columns = out // out_dims[1] * elements((in_dims[1] or [])[1:]) * 8
             return max(columns, measured)
         return measured
 
@@ -429,10 +435,10 @@ def fx_content_bytes(tensors: Iterable[Any]) -> int:
 # ----------------------------------------------------------------------------- ONNX models
 
 
-def _onnx_flops(node: Any, op: str, ins: list, ins_n: list[int], out_n: int) -> int:
+def _onnx_flops(node: Any, op: str, ins: list, out_n: int) -> int:
     """FLOPs of one output (``out_n`` elements) of ``node`` (op type ``op``), from its inputs' dims ``ins``
-    (None: unknown) and element counts ``ins_n``."""
-    if op in ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv") and len(ins) > 1 and ins[1]:
+    (None: unknown)."""
+    if op in _CONV_OPS and len(ins) > 1 and ins[1]:
         w = ins[1]
         if op == "ConvTranspose":
             return 2 * elements(ins[0] or []) * elements(w[1:])
@@ -440,17 +446,29 @@ def _onnx_flops(node: Any, op: str, ins: list, ins_n: list[int], out_n: int) -> 
     if op == "Einsum" and all(ins):
         equation = next((a.s.decode("utf-8", "replace") for a in node.attribute if a.name == "equation"), "")
         return einsum_flops(equation, ins, [out_n])
-    if op in ("MatMul", "Gemm", "MatMulInteger") and ins and ins[0]:
+    if op in _MATMUL_OPS and ins and ins[0]:
         k = ins[0][-1] if op != "Gemm" else max(ins[0])
         return 2 * out_n * max(int(k), 1)
-    return out_n + sum(n for s, n in zip(ins, ins_n) if s)
+    for s in ins:  # anything else: the elements it touches
+        if s:
+            out_n += elements(s)
+    return out_n
+
+
+_CONV_OPS = ("Conv", "ConvTranspose", "ConvInteger", "QLinearConv")
+_MATMUL_OPS = ("MatMul", "Gemm", "MatMulInteger")
 
 
 def _concrete(d: list | None, symbols: set, batch: int) -> list[int] | None:
     """Inferred dims ``d`` made concrete: a graph input's symbolic dim is ``batch`` first, 1 elsewhere; None
-    when a dim is unknown (only running tells: checked then)."""
+    when a dim is unknown (only running tells: checked then).  Dims that are all ints are ``d`` itself."""
     if d is None:
         return None
+    for x in d:
+        if type(x) is not int:
+            break
+    else:
+        return d
     out = []
     for i, x in enumerate(d):
         if isinstance(x, int):
@@ -462,16 +480,14 @@ def _concrete(d: list | None, symbols: set, batch: int) -> list[int] | None:
     return out
 
 
-def _tensor_attrs(node: Any) -> list:
-    """The tensors a node's attributes hold (a ``Constant``'s value)."""
-    return [a.t for a in node.attribute if a.HasField("t")]
+_UNKNOWN = (None, 0, 0, 0)  # what _OnnxValues says of a value whose dims inference cannot tell
 
 
 class _OnnxValues:
-    """What :func:`onnx_plan` counts of each value, worked out once per name when first read: its concrete
-    dims (None: unknown) and element count (:meth:`dims`, :meth:`count`: all a weight needs), and for a
-    value the graph computes its spec and the bytes the plan counts for it (the audit's holding with
-    ``hold``)."""
+    """What :func:`onnx_plan` counts of each value: its concrete dims (None: unknown; :meth:`dims`: all a
+    weight needs), and for a value the graph computes (:meth:`__call__`) its element count, bytes and the
+    bytes the plan counts for it (what the audit holds of it with ``hold``), worked out once per inferred
+    type (most values share one with others)."""
 
     def __init__(self, shapes: Any, symbols: set, batch: int, hold: AuditHold | None):
         import onnx
@@ -479,9 +495,7 @@ class _OnnxValues:
         from .onnx_graph import itemsize
 
         self.shapes, self.symbols, self.batch, self.hold = shapes, symbols, batch, hold
-        self._dims: dict[str, list[int] | None] = {}
-        self._counts: dict[str, int] = {}
-        self._known: dict[str, tuple[list[int] | None, _OnnxSpec | None, int, int]] = {}
+        self._by_type: dict[tuple, tuple[list[int] | None, int, int, int]] = {}
         self._sizes: dict[int, int] = {}
         self._itemsize, self._float = itemsize, onnx.TensorProto.FLOAT
 
@@ -493,33 +507,28 @@ class _OnnxValues:
         return size
 
     def dims(self, name: str) -> list[int] | None:
-        try:
-            return self._dims[name]
-        except KeyError:
-            d = self._dims[name] = _concrete(self.shapes.dims(name), self.symbols, self.batch)
-            return d
+        """``name``'s concrete dims (None: unknown)."""
+        return _concrete(self.shapes.dims(name), self.symbols, self.batch)
 
-    def count(self, name: str) -> int:
-        """The element count of ``name`` (0 when its dims are unknown)."""
-        n = self._counts.get(name)
-        if n is None:
-            d = self.dims(name)
-            n = self._counts[name] = 0 if d is None else elements(d)
-        return n
-
-    def __call__(self, name: str) -> tuple[list[int] | None, _OnnxSpec | None, int, int]:
-        """``name``'s dims, spec, counted bytes and element count (None, None, 0, 0: unknown)."""
-        got = self._known.get(name)
+    def __call__(self, name: str) -> tuple[list[int] | None, int, int, int]:
+        """``name``'s dims, element count, bytes and counted bytes (:data:`_UNKNOWN` when its dims are unknown)."""
+        d = self.shapes.dims(name)
+        if d is None:
+            return _UNKNOWN
+        key = (tuple(d), self.shapes.elem_type(name))
+        got = self._by_type.get(key)
         if got is None:
-            d = self.dims(name)
-            if d is None:
-                got = (None, None, 0, 0)
-            else:
-                t = self.shapes.elem_type(name) or self._float
-                s = _OnnxSpec(tuple(d), self.itemsize(t), t in _ONNX_FLOATS)
-                got = (d, s, self.hold.value(s) if self.hold else s.nbytes, self.count(name))
-            self._known[name] = got
+            got = self._by_type[key] = self._count(d, key[1] or self._float)
         return got
+
+    def _count(self, inferred: list, t: int) -> tuple[list[int] | None, int, int, int]:
+        """:meth:`__call__` of a value of dims ``inferred`` and element type ``t``."""
+        d = _concrete(inferred, self.symbols, self.batch)
+        if d is None:
+            return _UNKNOWN
+        n = elements(d)
+        nbytes = n * self.itemsize(t)
+        return d, n, nbytes, self.hold.held(n, nbytes, t in _ONNX_FLOATS) if self.hold else nbytes
 
 
 def onnx_plan(
@@ -554,9 +563,7 @@ def onnx_plan(
     inputs: dict[str, int] = {}
     for v in g.input:
         if v.name not in init:
-            _, s, nb, _ = info(v.name)
-            inputs[v.name] = 0 if s is None else s.nbytes
-            live[v.name] = nb
+            _, _, inputs[v.name], live[v.name] = info(v.name)
     float_weights = 0
     for t in g.initializer:
         n, data_type = elements(t.dims), t.data_type
@@ -564,26 +571,32 @@ def onnx_plan(
         float_weights += n if data_type in _ONNX_FLOATS else 0
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
     nodes = list(g.node)
-    for node in nodes:  # Constant nodes hold weights too
-        if content_bytes is None and node.op_type == "Constant":
-            weights += sum(elements(t.dims) * info.itemsize(t.data_type) for t in _tensor_attrs(node))
+    ops = [node.op_type for node in nodes]
+    if content_bytes is None:  # Constant nodes hold weights too
+        for node, op in zip(nodes, ops):
+            if op == "Constant":
+                for a in node.attribute:
+                    if a.HasField("t"):
+                        t = a.t
+                        weights += elements(t.dims) * info.itemsize(t.data_type)
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     if hold:
         budget = Budget(budget.bytes * AUDIT_BUDGET_MULTIPLE, budget.flops)
-        for t in g.initializer:
-            live[t.name] = 0
+        for name in init:
+            live[name] = 0
     outs = {o.name for o in g.output}
     if hold:  # the weights' copies, and the outputs of the batches before the last
-        out_elements = sum(elements(s.dims) for o in outs if (s := info(o)[1]) is not None)
+        out_elements = sum(info(o)[1] for o in outs)
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
     dims = {n: info.dims(n) for n in live}
-    steps = [_onnx_step(node, info, dims, outs, hold, budget, where, batches) for node in nodes]
+    steps = _onnx_steps(nodes, ops, info, dims, outs, hold, budget, where, batches)
     return check_plan(steps, budget, where, live=live, runs=3 * batches if audit else 1)
 
 
-def _onnx_step(
-    node: Any,
+def _onnx_steps(
+    nodes: list,
+    ops: list[str],
     info: _OnnxValues,
     dims: dict,
     outs: set,
@@ -591,40 +604,34 @@ def _onnx_step(
     budget: Budget,
     where: str,
     batches: int,
-) -> Step:
-    """``node`` as a step of :func:`onnx_plan` (``dims``: the dims of the values present so far, this node's
-    outputs added as they are counted)."""
-    op, out = node.op_type, list(node.output)
-    label = f"{op} {(node.name or (out[0] if out else ''))!r}"
-    reads = [i for i in node.input if i]
-    out_b, flops, temp = 0, 0, 0
-    for o in out:
-        if not o:
-            continue
-        d, _, nb, n = info(o)
-        dims[o] = d
-        out_b += nb
-        if d is None:
-            continue
-        if hold and o in outs:  # an output: every batch's stays
-            out_b += hold.outputs(n, 1)
-            _check_kept(label, out_b + hold.outputs(n, batches - 1), budget, where)
-        ins = [dims.get(i) for i in reads]
-        flops += _onnx_flops(node, op, ins, [info.count(i) if x else 0 for i, x in zip(reads, ins)], n)
-        if hold:
-            name = "conv2d" if op in ("Conv", "ConvTranspose") else op
-            temp = max(temp, hold.temp(name, d, [x or [] for x in ins]))
-    return Step(label, [o for o in out if o], reads, out_b, flops, temp)
-
-
-class _OnnxSpec(NamedTuple):
-    dims: tuple[int, ...]
-    itemsize: int
-    is_float: bool
-
-    @property
-    def nbytes(self) -> int:
-        return elements(self.dims) * self.itemsize
+) -> list[Step]:
+    """``nodes`` (op types ``ops``) as the steps of :func:`onnx_plan` (``dims``: the dims of the values present
+    so far, each node's outputs added as they are counted)."""
+    steps = []
+    for node, op in zip(nodes, ops):
+        outputs = list(node.output)
+        label = f"{op} {(node.name or (outputs[0] if outputs else ''))!r}"
+        reads = [i for i in node.input if i]
+        out = []
+        out_b = flops = temp = 0
+        for o in outputs:
+            if not o:
+                continue
+            out.append(o)
+            d, n, _, nb = info(o)
+            dims[o] = d
+            out_b += nb
+            if d is None:
+                continue
+            if hold and o in outs:  # an output: every batch's stays
+                out_b += hold.outputs(n, 1)
+                _check_kept(label, out_b + hold.outputs(n, batches - 1), budget, where)
+            ins = [dims.get(i) for i in reads]
+            flops += _onnx_flops(node, op, ins, n)
+            if hold:
+                temp = max(temp, hold.temp("conv2d" if op in ("Conv", "ConvTranspose") else op, d, ins, n))
+        steps.append(Step(label, out, reads, out_b, flops, temp))
+    return steps
 
 
 _ONNX_FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16

@@ -13,7 +13,9 @@ def elements(dims: Iterable[int]) -> int:
     """The element count of ``dims`` in Python integers (capped just over 2**62, never wrapping)."""
     n = 1
     for d in dims:
-        n *= max(int(d), 0)
+        if type(d) is not int:  # a SymInt, a numpy integer: converted (a call per int dim would cost more)
+            d = int(d)
+        n *= d if d > 0 else 0  # a negative dim counts 0
         if n > MAX_ELEMENTS:
             return MAX_ELEMENTS + 1
     return n

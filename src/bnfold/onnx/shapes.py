@@ -1,12 +1,12 @@
 """What ONNX shape inference knows of each value: its dims and element type.
 
-Inference runs once, lazily, on a copy of the original model whose large
-weights are left out (only their dims matter).  With ``declared=False`` (the
-cost model: sizes that decide what bnfold allocates) what the file states about
-its values is not believed: the copy's ``value_info`` and graph-output shapes are
-removed first, so every shape comes from the ops (shape inference keeps a stated
-shape when one is there); only the graph inputs' declared dims are kept, as the
-inputs' contract.  The fold (ranks and axes of the values it rewrites) keeps
+Inference runs once, lazily, on a copy of what it reads of the original model,
+whose large weights are copied without their data (only their dims matter).
+With ``declared=False`` (the cost model: sizes that decide what bnfold
+allocates) what the file states about its values is not believed: the copy
+leaves out its ``value_info`` and graph-output shapes, so every shape comes from
+the ops (shape inference keeps a stated shape when one is there); only the graph
+inputs' declared dims are kept, as the inputs' contract.  The fold (ranks and axes of the values it rewrites) keeps
 them: an exporter's ``value_info`` is what tells it the rank behind a ``view``.  A fold never changes a
 value's shape, and keeps value names, so the answers stay valid while the
 model is folded; names the fold makes up are simply unknown.
@@ -14,8 +14,9 @@ model is folded; names the fold makes up are simply unknown.
 
 from __future__ import annotations
 
+import math
+
 import onnx
-from google.protobuf.message import EncodeError
 
 
 class Shapes:
@@ -48,17 +49,96 @@ class Shapes:
         return self._types.get(name) or None
 
 
-def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of ``model``: through its serialized bytes (several times faster than ``CopyFrom``), or
-    ``CopyFrom`` for a model too large to serialize (2 GiB; inference then runs on the copy without its
-    large weights)."""
-    try:
-        data = model.SerializeToString()
-    except (EncodeError, ValueError):
-        m = onnx.ModelProto()
-        m.CopyFrom(model)
-        return m
-    return onnx.ModelProto.FromString(data)
+def _for_inference(model: onnx.ModelProto, declared: bool, inputs: dict[str, tuple]) -> tuple[onnx.ModelProto, bool]:
+    """The model inference runs on, and whether any of its nodes holds a subgraph: what inference reads of
+    ``model`` (its graph, opset imports, IR version and functions), each graph copied by :func:`_copy_graph`,
+    with the dims ``inputs`` gives those graph inputs.  A new model, built without the large weights' data
+    rather than copied whole: copying a model of tens of MiB (through its serialized bytes or ``CopyFrom``)
+    costs more than inferring its shapes."""
+    m = onnx.ModelProto(ir_version=model.ir_version)
+    m.opset_import.extend(model.opset_import)
+    m.functions.extend(model.functions)
+    nested = _copy_graph(model.graph, m.graph, declared)
+    for v in m.graph.input:
+        if v.name in inputs and v.type.HasField("tensor_type"):
+            dims = v.type.tensor_type.shape.dim
+            del dims[:]
+            for d in inputs[v.name]:
+                dims.add().dim_value = d
+    return m, nested
+
+
+def _copy_graph(g: onnx.GraphProto, copy: onnx.GraphProto, declared: bool) -> bool:
+    """Copy into the empty ``copy`` what inference reads of graph ``g``: its nodes, inputs, outputs and
+    initializers, the large weights (:func:`_large`: initializers, tensor attributes such as a Constant's
+    value) without their data, and its stated ``value_info`` only if ``declared`` (else the outputs' shapes
+    are left out too: stated shapes are not believed, but recomputed from the ops).  Returns whether a node
+    holds a subgraph (copied the same way)."""
+    copy.name = g.name
+    copy.input.extend(g.input)
+    copy.output.extend(g.output)
+    copy.initializer.extend(_without_data(t) if _large(t) else t for t in g.initializer)
+    copy.sparse_initializer.extend(g.sparse_initializer)
+    if declared:
+        copy.value_info.extend(g.value_info)
+    else:
+        for v in copy.output:
+            if v.type.HasField("tensor_type"):
+                v.type.tensor_type.ClearField("shape")
+    nested = False
+    same: list[onnx.NodeProto] = []  # nodes copied as they are (in one call, until a node that is not)
+    for n in g.node:
+        for a in n.attribute:
+            kind = a.type
+            if kind == _GRAPH or kind == _GRAPHS or (kind == _TENSOR and _large(a.t)):
+                break
+        else:
+            same.append(n)
+            continue
+        copy.node.extend(same)
+        same = []
+        nested |= _copy_node(n, copy.node.add(), declared)
+    copy.node.extend(same)
+    return nested
+
+
+def _copy_node(n: onnx.NodeProto, copy: onnx.NodeProto, declared: bool) -> bool:
+    """:func:`_copy_graph` of a node with a subgraph or a large tensor attribute; returns whether it holds a
+    subgraph."""
+    copy.op_type, copy.domain, copy.name, copy.overload = n.op_type, n.domain, n.name, n.overload
+    copy.input.extend(n.input)
+    copy.output.extend(n.output)
+    nested = False
+    for a in n.attribute:
+        kind = a.type
+        if kind == _GRAPH:
+            nested = True
+            _copy_graph(a.g, copy.attribute.add(name=a.name, type=kind).g, declared)
+        elif kind == _GRAPHS:
+            nested = True
+            graphs = copy.attribute.add(name=a.name, type=kind).graphs
+            for g in a.graphs:
+                _copy_graph(g, graphs.add(), declared)
+        elif kind == _TENSOR and _large(a.t):
+            copy.attribute.add(name=a.name, type=kind, t=_without_data(a.t))
+        else:
+            copy.attribute.append(a)
+    return nested
+
+
+def _large(t: onnx.TensorProto) -> bool:
+    """Whether inference needs only ``t``'s dims: a tensor of more than 1024 elements that holds no shape
+    (not int32 / int64; a shape inference reads is short)."""
+    return t.data_type not in _SHAPE_TYPES and math.prod(t.dims) > 1024
+
+
+def _without_data(t: onnx.TensorProto) -> onnx.TensorProto:
+    """``t``'s name, dims and type: all inference reads of a tensor whose data it does not read."""
+    return onnx.TensorProto(name=t.name, dims=t.dims, data_type=t.data_type)
+
+
+_SHAPE_TYPES = (onnx.TensorProto.INT64, onnx.TensorProto.INT32)
+_GRAPH, _GRAPHS, _TENSOR = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS, onnx.AttributeProto.TENSOR
 
 
 def _with_subgraphs(g: onnx.GraphProto) -> list[onnx.GraphProto]:
@@ -73,34 +153,10 @@ def _with_subgraphs(g: onnx.GraphProto) -> list[onnx.GraphProto]:
     return found
 
 
-_GRAPH, _GRAPHS = onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS
-
-
 def _infer(
     model: onnx.ModelProto, declared: bool = True, inputs: dict[str, tuple] | None = None
 ) -> tuple[dict[str, list | None], dict[str, int]]:
-    m = _copy(model)
-    for v in m.graph.input:
-        if v.name in (inputs or {}) and v.type.HasField("tensor_type"):
-            dims = v.type.tensor_type.shape.dim
-            del dims[:]
-            for d in inputs[v.name]:
-                dims.add().dim_value = d
-    graphs = [m.graph]
-    nested = False  # whether any node holds a subgraph: else the result's nodes need no second walk
-    while graphs:  # weights are not needed for shapes, only their dims
-        g = graphs.pop()
-        if not declared:  # stated shapes: not believed, recomputed from the ops
-            del g.value_info[:]
-            for v in g.output:
-                if v.type.HasField("tensor_type"):
-                    v.type.tensor_type.ClearField("shape")
-        for t in g.initializer:
-            if t.data_type not in (onnx.TensorProto.INT64, onnx.TensorProto.INT32) and len(t.raw_data) > 4096:
-                t.ClearField("raw_data")
-        subs = _with_subgraphs(g)
-        nested = nested or bool(subs)
-        graphs.extend(subs)
+    m, nested = _for_inference(model, declared, inputs or {})
     try:
         m = onnx.shape_inference.infer_shapes(m, strict_mode=False, data_prop=True)
     except Exception:  # noqa: BLE001 - inference is best effort; hops then skip
@@ -112,7 +168,7 @@ def _infer(
     while graphs:
         g = graphs.pop()
         for t in g.initializer:
-            _put(dims, types, t.name, [int(d) for d in t.dims], t.data_type)
+            _put(dims, types, t.name, list(t.dims), t.data_type)
         for values in (g.input, g.output, g.value_info):
             for v in values:
                 ty = v.type
@@ -122,7 +178,11 @@ def _infer(
                     said = read[key] = _read(ty)
                 if said:
                     shape, elem_type = said
-                    _put(dims, types, v.name, None if shape is None else list(shape), elem_type)
+                    name = v.name
+                    if shape is not None and name not in types:  # the first word on a value (as _put)
+                        dims[name], types[name] = list(shape), elem_type
+                    else:
+                        _put(dims, types, name, None if shape is None else list(shape), elem_type)
         if nested:
             graphs.extend(_with_subgraphs(g))
     return dims, types
