@@ -86,18 +86,21 @@ def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list
 
 def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
     """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
-    consts, producer = prog.constants, {v: s for s in prog.steps for v in s.outs if v}
+    consts = prog.constants
+    layer_of = {v: s for s in prog.steps if s.layer is not None for v in s.outs if v}  # value -> the layer making it
     flat = lambda v: None if v is None else consts[v].flatten()  # noqa: E731 - per channel, as stored
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
     found, stats = [], []
     for step in prog.steps:
         norm = step.norm
-        if norm is None or norm.params[2] not in consts or norm.params[3] not in consts:
+        if norm is None:
+            continue
+        weight, bias, mean, var = norm.params
+        if mean not in consts or var not in consts:
             continue  # statistics computed in the graph: nothing to read ahead of time
-        weight, bias, mean, var = (p if p is None or p in consts else "?" for p in norm.params)
-        layer = producer.get(norm.input)
-        layer = layer if layer is not None and layer.layer is not None else None
+        gamma_known, beta_known = weight is None or weight in consts, bias is None or bias in consts
+        layer = layer_of.get(norm.input)
         layer_bias = flat(layer.bias) if layer is not None and layer.bias in consts else None
         if layer_bias is not None and layer_bias.numel() != consts[mean].numel():
             layer_bias = None
@@ -106,13 +109,13 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
             NormStats(
                 flat(mean),
                 flat(var),
-                flat(weight) if weight != "?" else None,
-                flat(bias) if bias != "?" else None,
+                flat(weight) if gamma_known else None,
+                flat(bias) if beta_known else None,
                 norm.eps,
                 layer_bias,
                 rounded_input=layer is not None,
-                gamma_known=weight != "?",
-                beta_known=bias != "?",
+                gamma_known=gamma_known,
+                beta_known=beta_known,
             )
         )
     rows = [row_of.get(step.name) for step in found]

@@ -140,8 +140,13 @@ class NormStats:
 
     def fits(self) -> tuple[bool, bool, bool, bool]:
         """Per per-channel tensor (var, gamma, beta, layer_bias): absent or of the statistics' channel count."""
-        c = self.mean.numel()
-        return tuple(t is None or t.numel() == c for t in (self.var, self.gamma, self.beta, self.layer_bias))
+        c, var, gamma, beta, layer_bias = self.mean.numel(), self.var, self.gamma, self.beta, self.layer_bias
+        return (
+            var is None or var.numel() == c,
+            gamma is None or gamma.numel() == c,
+            beta is None or beta.numel() == c,
+            layer_bias is None or layer_bias.numel() == c,
+        )
 
     def consistent(self) -> bool:
         """Every per-channel tensor has the statistics' channel count."""
@@ -176,12 +181,14 @@ class NormBatch:
         self.rounded = seg.spread([float(st.rounded_input) for st, _ in kept])
         self.model_eps = [st.eps for st, _ in kept]
         self.predictable = [st.gamma_known and st.beta_known and all(f) for st, f in kept]
+        self.has_layer_bias = any(lb is not None for lb in columns[4])
         self._at: dict[tuple, tuple] = {}  # eps -> (scale, shift, defined, extremes)
+        self._max_abs: dict[str, list[float]] = {}
 
     def prepare(self, eps_list: list[list[float]]) -> None:
         """Compute what :meth:`affine`, :meth:`defined` and :meth:`extremes` give at each of ``eps_list`` (one eps
-        per member each) not computed yet, all in one call of ``fold_math.batch_norm_affines`` and one reduction:
-        each op then runs once for every eps."""
+        per member each) not computed yet, all in one call of ``fold_math.batch_norm_affines`` and one reduction
+        (which also gives :meth:`max_abs`): each op then runs once for every eps."""
         todo = list(dict.fromkeys(e for e in map(tuple, eps_list) if e not in self._at))
         if not todo:
             return
@@ -201,7 +208,8 @@ class NormBatch:
         top = seg.max(torch.cat([scale_abs, kappa, -scale_abs, self._columns[:4].abs(), -self.var[None]]))
         channels = seg.argmax(kappa, top[r : 2 * r]).tolist()
         table = top.tolist()
-        finite = [[v < math.inf for v in row] for row in table[3 * r : 3 * r + 4]]  # per norm; none: NaN too
+        self._max_abs = dict(zip(("mean", "var", "gamma", "beta"), table[3 * r : 3 * r + 4]))
+        finite = [[v < math.inf for v in row] for row in self._max_abs.values()]  # per norm; not NaN either
         for k, (e, s, b) in enumerate(zip(todo, scale.unbind(0), shift.unbind(0))):
             # defined (as fold_math.batch_norm_affine checks): bare (kappa's), with gamma (the scale's), with beta
             bare = [m and v and -low + eps > 0 for m, v, low, eps in zip(finite[0], finite[1], table[3 * r + 4], e)]
@@ -209,6 +217,11 @@ class NormBatch:
             full = [ok and b_ok for ok, b_ok in zip(scaled, finite[3])]
             extremes = list(zip((-v for v in table[2 * r + k]), table[k], table[r + k], channels[k]))
             self._at[e] = (s, b, (full, bare, scaled), extremes)
+
+    def max_abs(self, statistic: str) -> list[float]:
+        """Per member, the largest ``|value|`` of its ``mean``, ``var``, ``gamma`` or ``beta`` (NaN: it holds one)."""
+        self.prepare([self.model_eps])
+        return self._max_abs[statistic]
 
     def affine(self, eps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
         """``(scale, shift)`` of ``fold_math.batch_norm_affines`` at one eps per member, with gamma and beta
@@ -301,7 +314,9 @@ def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[
     zero = 0 * var
     s2, s_m2_var = s**2, s_m**2 * var
     # every rounding the two forms make, as (value, its variance per channel, mantissa bits)
-    roundings = {"output": (beta, s_m2_var, bits), "input": (mean, var, bits), "layer bias": (layer_bias, zero, bits)}
+    roundings = {"output": (beta, s_m2_var, bits), "input": (mean, var, bits)}
+    if nb.has_layer_bias:  # else 0 everywhere: its rounding adds nothing
+        roundings["layer bias"] = (layer_bias, zero, bits)
     if profile.htp_batch_norm:  # x*s rounded; s stored (a constant relative error per channel); bias' stored
         roundings |= {"x*scale": (s * mean, s2 * var, 10), "scale": (s, zero, 10), "bias'": (b, zero, 10)}
     elif profile.fp16_storage:  # running statistics stored in fp16, computed in float32
@@ -313,7 +328,8 @@ def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[
     unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
     fold = {"output rounding": out}
     # the stored input (and the layer's stored bias), times the scale: kappa's share
-    unf["input rounding x scale"] = rounded * s2 * (noise["input"] + noise["layer bias"])
+    stored = noise["input"] + noise["layer bias"] if nb.has_layer_bias else noise["input"]
+    unf["input rounding x scale"] = rounded * s2 * stored
     # the layer's rounded weights: a relative error of its weighted sum (output less bias), in both programs
     u = 2.0 ** -(bits + 1)
     unf["weights"] = fold["weights"] = rounded * s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
@@ -352,28 +368,28 @@ def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) 
         # the fp16 form stores the running statistics themselves (``model.half()``): a var past 65504
         # becomes inf and the scale 0 (PP-OCRv4's detector has var ~1.2e7)
         names += ["stored var", "stored mean"]
-        stored = seg.max(torch.stack([nb.var, nb.mean]).abs()).T.tolist()
+        stored = [list(v) for v in zip(nb.max_abs("var"), nb.max_abs("mean"))]
     unf, fold, signal = _noise_terms(nb, profile, var, s, b, s_m, b_m)
     sums = seg.sum(torch.stack([*unf.values(), sum(fold.values()), signal])).permute(1, 2, 0).tolist()
     values_at = torch.stack(list(inter.values())).permute(1, 2, 0).tolist()
-    labels = [CAUSES.get(k, k) for k in unf]
-    ok_m = nb.defined(nb.model_eps)[0]
+    labels = list(dict.fromkeys(CAUSES.get(k, k) for k in unf))
+    causes = [(label, [j for j, k in enumerate(unf) if CAUSES.get(k, k) == label]) for label in labels]
+    ok_m, k = nb.defined(nb.model_eps)[0], len(unf)
     out = []
     for v, eps in enumerate(rows):
-        (ok, ok_bare, _), extremes, risks = nb.defined(eps), nb.extremes(eps), []
-        for i in range(n):
-            if not (ok[i] and ok_bare[i] and ok_m[i] and nb.predictable[i]):
+        (ok, ok_bare, _), risks = nb.defined(eps), []
+        valid = [a and b and c and d for a, b, c, d in zip(ok, ok_bare, ok_m, nb.predictable)]
+        for good, e, (_, scale_max, kappa, channel), at, row, more in zip(
+            valid, eps, nb.extremes(eps), values_at[v], sums[v], stored or [[]] * n
+        ):
+            if not good:
                 risks.append(None)
                 continue
-            values = dict(zip(names, values_at[v][i] + (stored[i] if stored else [])))
-            *terms, fold_noise, total = sums[v][i]
-            causes = dict.fromkeys(labels, 0.0)
-            for k, t in zip(labels, terms):
-                causes[k] += t
-            _, scale_max, kappa, channel = extremes[i]
+            values = dict(zip(names, at + more))
+            terms, fold_noise, total = row[:k], row[k], row[k + 1]
             risks.append(
                 EpsRisk(
-                    eps=float(eps[i]),
+                    eps=float(e),
                     scale_max=scale_max,
                     kappa=kappa,
                     kappa_channel=channel,
@@ -381,11 +397,23 @@ def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) 
                     headroom=headroom(profile, values),
                     unfolded_sqnr_db=_db(total, sum(terms)),
                     folded_sqnr_db=_db(total, fold_noise),
-                    cause=max(causes, key=causes.get),
+                    cause=_largest(causes, terms),
                 )
             )
         out.append(nb.out(risks))
     return out
+
+
+def _largest(causes: list[tuple[str, list[int]]], terms: list[float]) -> str:
+    """The cause whose terms add up to the most, the first of equals (``max`` over a dict of the sums)."""
+    best, top = "", 0.0
+    for label, which in causes:
+        total = 0.0
+        for j in which:
+            total += terms[j]
+        if not best or total > top:
+            best, top = label, total
+    return best
 
 
 def _db(signal: float, noise: float) -> float:

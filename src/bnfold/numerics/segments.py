@@ -6,6 +6,10 @@ tensor op over all channels at once replaces hundreds of tiny ones.  :class:`Seg
 normalization's channels lie and reduces a concatenated tensor to one value per normalization.  The
 channels are a tensor's last dim: leading dims (several quantities, or one row per eps) are reduced
 in the same op, each row on its own.
+
+The bookkeeping and the largest/smallest values use numpy (its ``reduceat`` over contiguous segments: the
+extremes are exact in any order, and a numpy op costs a fraction of a dispatched torch op at these
+sizes); sums stay in torch (:meth:`Segments.sum` adds in channel order).
 """
 
 from __future__ import annotations
@@ -22,11 +26,12 @@ class Segments:
     def __init__(self, lengths: list[int]):
         self.n = len(lengths)
         self.sizes, self.total = [int(n) for n in lengths], int(sum(lengths))
-        # built with numpy: its few small ops cost a fraction of torch's dispatch of each
         sizes = np.array(self.sizes, dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
         self.lengths = torch.from_numpy(sizes)
-        self.index = torch.from_numpy(np.repeat(np.arange(self.n), sizes))  # channel -> its normalization
-        self.local = torch.from_numpy(np.arange(self.total) - np.repeat(np.cumsum(sizes) - sizes, sizes))  # in it
+        self._filled = sizes > 0  # the normalizations with channels: reduceat reads only their starts
+        self._starts = starts[self._filled]
+        self._local = np.arange(self.total) - np.repeat(starts, sizes)  # channel -> its index in its normalization
 
     def stack(self, rows: list[list[torch.Tensor | None]], fills: list[float]) -> torch.Tensor:
         """``[len(rows), total]`` float64 of per-channel parts: ``rows[r]`` holds one 1-D tensor per normalization
@@ -56,28 +61,30 @@ class Segments:
         """A float64 value per normalization on each of its channels (``per_norm`` may have leading dims)."""
         return torch.from_numpy(np.repeat(np.asarray(per_norm, dtype=np.float64), self.sizes, axis=-1))
 
-    def _index_like(self, v: torch.Tensor) -> torch.Tensor:
-        return self.index if v.dim() == 1 else self.index.expand(v.shape)
-
-    def _out(self, v: torch.Tensor, fill: float, dtype=None) -> torch.Tensor:
-        return torch.full((*v.shape[:-1], self.n), fill, dtype=dtype or v.dtype)
+    def _reduce(self, ufunc: np.ufunc, v: np.ndarray, empty) -> np.ndarray:
+        """``ufunc`` over each normalization's channels (the last dim of ``v``); ``empty`` without channels."""
+        if self._starts.size == self.n:
+            return ufunc.reduceat(v, self._starts, axis=-1)
+        out = np.full((*v.shape[:-1], self.n), empty, dtype=v.dtype)
+        if self._starts.size:
+            out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
+        return out
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
-        return torch.zeros((*v.shape[:-1], self.n), dtype=v.dtype).index_add_(-1, self.index, v)
+        """The sum per normalization, added in channel order (0 when it has no channel)."""
+        # unsafe: no check that the lengths add up to the channels (they do by construction)
+        lengths = self.lengths.expand(*v.shape[:-1], self.n)
+        return torch.segment_reduce(v, "sum", lengths=lengths, axis=v.dim() - 1, unsafe=True)
 
-    def max(self, v: torch.Tensor, floor: float = -torch.inf) -> torch.Tensor:
-        """The largest value per normalization (NaN when it holds one; ``floor`` when it has no channel)."""
-        return self._out(v, floor).scatter_reduce_(-1, self._index_like(v), v, "amax")
-
-    def min(self, v: torch.Tensor) -> torch.Tensor:
-        return self._out(v, torch.inf).scatter_reduce_(-1, self._index_like(v), v, "amin")
-
-    def all(self, mask: torch.Tensor) -> torch.Tensor:
-        return self.sum(mask.to(F64)) == self.lengths.to(F64)
+    def max(self, v: torch.Tensor, floor: float = -np.inf) -> torch.Tensor:
+        """The largest value per normalization, at least ``floor`` (NaN when it holds one; ``floor`` when it has
+        no channel)."""
+        top = self._reduce(np.maximum, v.numpy(), floor)
+        return torch.from_numpy(top if floor == -np.inf else np.maximum(top, floor))
 
     def argmax(self, v: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
         """The channel (within its normalization) of the first largest value per normalization (``top``: its
-        :meth:`max`, when known)."""
+        :meth:`max`, when known; ``total`` where none equals it: NaN, or no channel)."""
         top = self.max(v) if top is None else top
-        first = torch.where(v == top.index_select(-1, self.index), self.local, self.total)
-        return self._out(v, self.total, torch.long).scatter_reduce_(-1, self._index_like(v), first, "amin")
+        first = np.where(v.numpy() == np.repeat(top.numpy(), self.sizes, axis=-1), self._local, self.total)
+        return torch.from_numpy(self._reduce(np.minimum, first, self.total))
