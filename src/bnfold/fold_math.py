@@ -80,8 +80,8 @@ def batch_norm_affines(mean, var, eps, weight=None, bias=None) -> Affine:
     other (channels last), so leading dims compute several affines in each op (the risk model: a row per eps,
     and a bare row of weight 1 and bias 0); the affine's tensors have their broadcast shape.  Where the
     statistics do not define the affine (values not finite, ``var + eps <= 0``) its values are whatever IEEE
-    arithmetic makes of them: the caller tells (the risk model, per normalization from its extremes).  Folding
-    uses the checked :func:`batch_norm_affine`, the same arithmetic."""
+    arithmetic makes of them: the caller tells where (the risk model: per normalization, from the statistics'
+    extremes).  Folding uses the checked :func:`batch_norm_affine`, the same arithmetic."""
     f64 = lambda t: torch.as_tensor(t).detach().to(torch.float64)  # noqa: E731 - any shape, unlike _f64
     mean, var = f64(mean), f64(var)
     gamma = torch.ones_like(mean) if weight is None else f64(weight)

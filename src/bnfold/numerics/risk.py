@@ -204,15 +204,16 @@ class NormBatch:
         scale, shift, kappa = a.scale[:, 0], a.shift[:, 0], a.shift[:, 1].abs()
         scale_abs = scale.abs()
         # one reduction: per eps max |scale|, kappa and -min |scale|; per statistic its max |value| (inf or NaN:
-        # a value is not finite) and -min var (a monotonic var + eps is > 0 on every channel iff at the min)
+        # one is not finite) and -min var (var + eps rounds monotonically: > 0 on every channel iff at the min)
         top = seg.max(torch.cat([scale_abs, kappa, -scale_abs, self._columns[:4].abs(), -self.var[None]]))
         channels = seg.argmax(kappa, top[r : 2 * r]).tolist()
         table = top.tolist()
         self._max_abs = dict(zip(("mean", "var", "gamma", "beta"), table[3 * r : 3 * r + 4]))
         finite = [[v < math.inf for v in row] for row in self._max_abs.values()]  # per norm; not NaN either
+        min_var = [-v for v in table[3 * r + 4]]
         for k, (e, s, b) in enumerate(zip(todo, scale.unbind(0), shift.unbind(0))):
             # defined (as fold_math.batch_norm_affine checks): bare (kappa's), with gamma (the scale's), with beta
-            bare = [m and v and -low + eps > 0 for m, v, low, eps in zip(finite[0], finite[1], table[3 * r + 4], e)]
+            bare = [m and v and low + eps > 0 for m, v, low, eps in zip(finite[0], finite[1], min_var, e)]
             scaled = [ok and g for ok, g in zip(bare, finite[2])]
             full = [ok and b_ok for ok, b_ok in zip(scaled, finite[3])]
             extremes = list(zip((-v for v in table[2 * r + k]), table[k], table[r + k], channels[k]))
@@ -266,7 +267,7 @@ def _intermediates(profile: Profile, seg: Segments, s, b, bounds) -> dict[str, t
 def _affine_max_abs(seg: Segments, scale, shift, bounds) -> torch.Tensor:
     """Per norm, ``max |scale_c * x + shift_c|`` over its channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (``bounds``:
     ``lo`` and ``hi`` stacked; inf when a bound is; 0 without channels)."""
-    x = bounds.view(2, *(1,) * (scale.dim() - bounds.dim() + 1), *bounds.shape[1:])  # lo/hi first, then scale's
+    x = bounds.view(2, *(1,) * (scale.dim() - bounds.dim() + 1), *bounds.shape[1:])  # lo, hi against scale's rows
     return seg.max(torch.nan_to_num((scale * x + shift).abs(), nan=torch.inf).amax(0), floor=0.0)
 
 

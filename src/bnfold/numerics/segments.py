@@ -36,7 +36,7 @@ class Segments:
     def stack(self, rows: list[list[torch.Tensor | None]], fills: list[float]) -> torch.Tensor:
         """``[len(rows), total]`` float64 of per-channel parts: ``rows[r]`` holds one 1-D tensor per normalization
         (in any float dtype; None: ``fills[r]`` on each of its channels); all rows in one concatenation,
-        converted once (float32 and float16 convert exactly)."""
+        converted once (float32 and float16 convert exactly); a constant, even where a part requires grad."""
         # the fills in the parts' dtype (0, 1 and NaN are exact in any): torch.cat of mixed dtypes is ~10x slower
         dtype = next((p.dtype for parts in rows for p in parts if p is not None), F64)
         dtype = dtype if dtype.is_floating_point else F64
@@ -55,7 +55,7 @@ class Segments:
                         if p is None:
                             p = filled[(n, fill)] = torch.full((n,), fill, dtype=dtype)
                     pieces.append(p)
-        return torch.cat(pieces).to(F64).view(len(rows), self.total)
+        return torch.cat(pieces).detach().to(F64).view(len(rows), self.total)
 
     def spread(self, per_norm) -> torch.Tensor:
         """A float64 value per normalization on each of its channels (``per_norm`` may have leading dims)."""
