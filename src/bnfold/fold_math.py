@@ -74,19 +74,20 @@ def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
     return Affine(scale, beta - mean * scale)
 
 
-def batch_norm_affines(mean, var, eps, weight=None, bias=None) -> tuple[Affine, torch.Tensor]:
-    """:func:`batch_norm_affine` per channel, for analysis of many normalizations at once (the audit's risk
-    model): ``eps`` per channel (a tensor like ``mean``) or one float.  Returns the affine and, per channel,
-    whether it is defined (finite statistics, ``var + eps > 0``); where it is not, the values are whatever
-    IEEE arithmetic makes of them.  Folding uses the checked :func:`batch_norm_affine`, the same arithmetic."""
-    mean, var = _f64(mean), _f64(var)
-    gamma = torch.ones_like(mean) if weight is None else _f64(weight)
-    beta = torch.zeros_like(mean) if bias is None else _f64(bias)
-    eps = _f64(eps) if isinstance(eps, torch.Tensor) else float(eps)
-    denom = var + eps
-    defined = torch.isfinite(torch.stack((mean, var, gamma, beta))).all(0) & (denom > 0)
-    scale = gamma / torch.sqrt(denom)
-    return Affine(scale, beta - mean * scale), defined
+def batch_norm_affines(mean, var, eps, weight=None, bias=None) -> Affine:
+    """:func:`batch_norm_affine` per channel without its checks, for analysis of many normalizations at once (the
+    audit's risk model): ``eps`` per channel or one float.  The per-channel arguments broadcast against each
+    other (channels last), so leading dims compute several affines in each op (the risk model: a row per eps,
+    and a bare row of weight 1 and bias 0); the affine's tensors have their broadcast shape.  Where the
+    statistics do not define the affine (values not finite, ``var + eps <= 0``) its values are whatever IEEE
+    arithmetic makes of them: the caller tells where (the risk model: per normalization, from the statistics'
+    extremes).  Folding uses the checked :func:`batch_norm_affine`, the same arithmetic."""
+    f64 = lambda t: torch.as_tensor(t).detach().to(torch.float64)  # noqa: E731 - any shape, unlike _f64
+    mean, var = f64(mean), f64(var)
+    gamma = torch.ones_like(mean) if weight is None else f64(weight)
+    beta = torch.zeros_like(mean) if bias is None else f64(bias)
+    scale = gamma / torch.sqrt(var + (f64(eps) if isinstance(eps, torch.Tensor) else float(eps)))
+    return Affine(scale, beta - mean * scale)
 
 
 def affine(scale, shift, channels: int) -> Affine:

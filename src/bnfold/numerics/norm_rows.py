@@ -11,7 +11,7 @@ import torch
 
 from .audit_report import LayerAudit, NormAudit
 from .profiles import FP16_MAX
-from .risk import QNN_EPS, NormBatch, NormStats, Risk, judge, measure_intermediates, predict
+from .risk import QNN_EPS, NormBatch, NormStats, Risk, judge, measure_intermediates, predict_at
 from .runner import EmulationResult, Program
 from .segments import Segments
 
@@ -27,56 +27,50 @@ def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
     return status
 
 
-def norm_numbers(nb: NormBatch, known: list[bool], bn_eps: float | None) -> list[dict]:
-    """Per norm of ``nb`` (statistics and gamma; ``known[i]`` False: its gamma is computed in the graph, so
-    unknown), ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at ``bn_eps``) and
-    the bn_eps scale, from ``fold_math.batch_norm_affines``.  Numbers it cannot give (undefined statistics, an
-    unknown gamma) are NaN.  kappa is the shift of the bare normalization (gamma = 1, beta = 0):
-    ``|mean| / sqrt(var + eps)``."""
+def norm_numbers(nb: NormBatch, bn_eps: float | None) -> list[dict]:
+    """Per member of ``nb``, ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at
+    ``bn_eps``) and the bn_eps scale, from ``fold_math.batch_norm_affines`` (:meth:`NormBatch.extremes`).
+    Numbers it cannot give (undefined statistics, an unknown gamma) are NaN; the scale does not depend on
+    beta.  kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``."""
     seg, nan = nb.seg, math.nan
     if seg.n == 0:
         return []
-    bare_shift, bare_ok = nb.affine(nb.model_eps, bare=True)[1:]
-    scale, _, full_ok = nb.affine(nb.model_eps)
-    rows = [seg.min(scale.abs()), seg.max(scale.abs()), seg.max(bare_shift.abs()), seg.argmax(bare_shift.abs())]
-    oks = [bare_ok, full_ok]
+    (_, kappa_ok, scale_ok), model = nb.defined(nb.model_eps), nb.extremes(nb.model_eps)
     if bn_eps is not None:
         rt = [bn_eps] * seg.n
-        rt_scale, _, rt_ok = nb.affine(rt)
-        rt_shift, rt_bare_ok = nb.affine(rt, bare=True)[1:]
-        rows += [seg.max(rt_scale.abs()), seg.max(rt_shift.abs())]
-        oks += [rt_ok, rt_bare_ok]
-    table, ok = torch.stack(rows).T.tolist(), torch.stack(oks).T.tolist()
+        (_, rt_kappa_ok, rt_scale_ok), runtime = nb.defined(rt), nb.extremes(rt)
     out = []
-    for i, (row, good) in enumerate(zip(table, ok)):
-        full = good[1] and known[i]
+    for i, (scale_min, scale_max, kappa, channel) in enumerate(model):
+        known = nb.stats[nb.members[i]].gamma_known
         numbers = {
-            "channels": int(seg.lengths[i]),
-            "scale_min": row[0] if full else nan,
-            "scale_max": row[1] if full else nan,
-            "kappa": row[2] if good[0] else nan,
-            "kappa_channel": int(row[3]) if good[0] else -1,
+            "channels": seg.sizes[i],
+            "scale_min": scale_min if scale_ok[i] and known else nan,
+            "scale_max": scale_max if scale_ok[i] and known else nan,
+            "kappa": kappa if kappa_ok[i] else nan,
+            "kappa_channel": channel if kappa_ok[i] else -1,
             "runtime_scale_max": None,
             "runtime_kappa": None,
         }
         if bn_eps is not None:
-            numbers["runtime_scale_max"] = row[4] if good[2] and known[i] else nan
-            numbers["runtime_kappa"] = row[5] if good[3] else nan
+            numbers["runtime_scale_max"] = runtime[i][1] if rt_scale_ok[i] and known else nan
+            numbers["runtime_kappa"] = runtime[i][2] if rt_kappa_ok[i] else nan
         out.append(numbers)
     return out
 
 
-def _risks(stats: list, prof, bn_eps, probes: list, rows: list, out_errs: list) -> list[Risk | None]:
-    """Predicted and measured risk of each norm (see :mod:`bnfold.numerics.risk`), all at once."""
-    nb = NormBatch(stats)
-    model = predict(nb, prof)
-    runtime = predict(nb, prof, bn_eps) if bn_eps is not None else [None] * len(stats)
-    what_if = predict(nb, prof, QNN_EPS) if bn_eps is None and prof.htp_batch_norm else [None] * len(stats)
+def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list) -> list[Risk | None]:
+    """Predicted and measured risk of each norm of ``nb`` (see :mod:`bnfold.numerics.risk`), all at once: None
+    where its gamma or beta is unknown."""
+    stats, none = nb.stats, [None] * len(nb.stats)
+    other = bn_eps if bn_eps is not None else QNN_EPS if prof.htp_batch_norm else None
+    model, *at_other = predict_at(nb, prof, [None] if other is None else [None, other])
+    runtime = at_other[0] if bn_eps is not None else none
+    what_if = at_other[0] if bn_eps is None and at_other else none
     eps = [st.eps if st is not None and bn_eps is None else bn_eps for st in stats]
     measured = measure_intermediates(nb, prof, eps, probes)
     out = []
     for i, st in enumerate(stats):
-        if st is None:
+        if st is None or not (st.gamma_known and st.beta_known):
             out.append(None)
             continue
         m, row, out_err = measured[i], rows[i], out_errs[i]
@@ -92,37 +86,50 @@ def _risks(stats: list, prof, bn_eps, probes: list, rows: list, out_errs: list) 
 
 def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
     """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
-    consts, producer = prog.constants, {v: s for s in prog.steps for v in s.outs if v}
+    consts = prog.constants
+    layer_of = {v: s for s in prog.steps if s.layer is not None for v in s.outs if v}  # value -> the layer making it
     flat = lambda v: None if v is None else consts[v].flatten()  # noqa: E731 - per channel, as stored
     status = _fold_status(fold_report)
     row_of = {n: r for r in layers for n in r.norms}
-    found, bare, known, stats = [], [], [], []
+    found, stats = [], []
     for step in prog.steps:
         norm = step.norm
-        if norm is None or norm.params[2] not in consts or norm.params[3] not in consts:
+        if norm is None:
+            continue
+        weight, bias, mean, var = norm.params
+        if mean not in consts or var not in consts:
             continue  # statistics computed in the graph: nothing to read ahead of time
-        weight, bias, mean, var = (p if p is None or p in consts else "?" for p in norm.params)
-        gamma = flat(weight) if weight != "?" else None
+        gamma_known, beta_known = weight is None or weight in consts, bias is None or bias in consts
+        layer = layer_of.get(norm.input)
+        layer_bias = flat(layer.bias) if layer is not None and layer.bias in consts else None
+        if layer_bias is not None and layer_bias.numel() != consts[mean].numel():
+            layer_bias = None
         found.append(step)
-        known.append(weight != "?")
-        bare.append(NormStats(flat(mean), flat(var), gamma, None, norm.eps))
-        st = None
-        if "?" not in (weight, bias):
-            layer = producer.get(norm.input)
-            layer = layer if layer is not None and layer.layer is not None else None
-            layer_bias = flat(layer.bias) if layer is not None and layer.bias in consts else None
-            if layer_bias is not None and layer_bias.numel() != consts[mean].numel():
-                layer_bias = None
-            st = NormStats(
-                flat(mean), flat(var), gamma, flat(bias), norm.eps, layer_bias, rounded_input=layer is not None
+        stats.append(
+            NormStats(
+                flat(mean),
+                flat(var),
+                flat(weight) if gamma_known else None,
+                flat(bias) if beta_known else None,
+                norm.eps,
+                layer_bias,
+                rounded_input=layer is not None,
+                gamma_known=gamma_known,
+                beta_known=beta_known,
             )
-        stats.append(st)
-    numbers = _numbers_of(bare, known, bn_eps)
+        )
     rows = [row_of.get(step.name) for step in found]
     out_errs = [unfolded.errors.get(step.norm.output) if step.norm.output else None for step in found]
-    risks = _risks(stats, prof, bn_eps, [unfolded.probes.get(step.name) for step in found], rows, out_errs)
+    with torch.inference_mode():  # plain arithmetic on constants: no op needs autograd's bookkeeping
+        nb = NormBatch(stats)
+        # every eps the rows read, computed at once: the model's, and bn_eps or else the QNN what-if's
+        other = bn_eps if bn_eps is not None else QNN_EPS if prof.htp_batch_norm else None
+        nb.prepare([nb.model_eps] + ([[other] * nb.seg.n] if other is not None else []))
+        numbers = _numbers_of(nb, bn_eps)
+        risks = _risks(nb, prof, bn_eps, [unfolded.probes.get(step.name) for step in found], rows, out_errs)
+        inputs = _input_max_abs(found, unfolded.probes)
     out = []
-    for step, nums, risk, row, x_max in zip(found, numbers, risks, rows, _input_max_abs(found, unfolded.probes)):
+    for step, nums, risk, row, x_max in zip(found, numbers, risks, rows, inputs):
         norm = step.norm
         folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
         out.append(
@@ -149,22 +156,21 @@ def _input_max_abs(steps: list, probes: dict) -> list[float]:
     out = [math.nan] * len(steps)
     if have:
         seg = Segments([p.lo_ref.numel() for _, p in have])
-        lo, hi = (seg.cat([getattr(p, k) for _, p in have], 0.0) for k in ("lo_ref", "hi_ref"))
+        lo, hi = seg.stack([[getattr(p, k) for _, p in have] for k in ("lo_ref", "hi_ref")], [0.0, 0.0])
         for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
             out[i] = top
     return out
 
 
-def _numbers_of(bare: list[NormStats], known: list[bool], bn_eps) -> list[dict]:
-    """:func:`norm_numbers` of every norm, NaN numbers where its statistics' channel counts disagree."""
-    nb = NormBatch(bare)
-    numbers = nb.out(norm_numbers(nb, [known[i] for i in nb.members], bn_eps))
+def _numbers_of(nb: NormBatch, bn_eps) -> list[dict]:
+    """:func:`norm_numbers` of every norm of ``nb``, NaN numbers where its statistics' channel counts disagree."""
+    numbers = nb.out(norm_numbers(nb, bn_eps))
     nan = math.nan
     blank = lambda st: {  # noqa: E731
         "channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
         "runtime_scale_max": None if bn_eps is None else nan, "runtime_kappa": None if bn_eps is None else nan,
     }  # fmt: skip
-    return [n if n is not None else blank(st) for n, st in zip(numbers, bare)]
+    return [n if n is not None else blank(st) for n, st in zip(numbers, nb.stats)]
 
 
 def _smallest_headroom(risk: Risk | None, x_max: float) -> float:

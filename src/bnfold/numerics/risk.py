@@ -38,7 +38,7 @@ import torch
 from ..fold_math import batch_norm_affines
 from .probe import NormProbe
 from .profiles import FP16_MAX, Profile
-from .segments import Segments
+from .segments import F64, Segments
 
 U_FP16 = 2.0**-11
 FP32_MAX = float(torch.finfo(torch.float32).max)
@@ -124,7 +124,9 @@ class Measured:
 @dataclass
 class NormStats:
     """A batch norm's constants as per-channel tensors, in any float dtype (:class:`NormBatch` works in float64;
-    ``layer_bias``: the bias of the layer before it, if any)."""
+    ``layer_bias``: the bias of the layer before it, if any).  ``gamma_known`` / ``beta_known`` False: that
+    parameter is computed in the graph (the tensor is then None): the numbers that need it are unknown and
+    nothing is predicted or measured."""
 
     mean: torch.Tensor
     var: torch.Tensor
@@ -133,40 +135,112 @@ class NormStats:
     eps: float
     layer_bias: torch.Tensor | None = None
     rounded_input: bool = True  # the input is a layer's output stored in fp16 within the same row
+    gamma_known: bool = True
+    beta_known: bool = True
+
+    def fits(self) -> tuple[bool, bool, bool, bool]:
+        """Per per-channel tensor (var, gamma, beta, layer_bias): absent or of the statistics' channel count."""
+        c, var, gamma, beta, layer_bias = self.mean.numel(), self.var, self.gamma, self.beta, self.layer_bias
+        return (
+            var is None or var.numel() == c,
+            gamma is None or gamma.numel() == c,
+            beta is None or beta.numel() == c,
+            layer_bias is None or layer_bias.numel() == c,
+        )
 
     def consistent(self) -> bool:
         """Every per-channel tensor has the statistics' channel count."""
-        c = self.mean.numel()
-        return all(t is None or t.numel() == c for t in (self.var, self.gamma, self.beta, self.layer_bias))
+        return all(self.fits())
+
+    def predictable(self) -> bool:
+        """The risk model applies: gamma and beta are known and every per-channel tensor fits."""
+        return self.gamma_known and self.beta_known and self.consistent()
 
 
 class NormBatch:
     """Several batch norms' statistics laid end to end (:class:`~.segments.Segments`): the risk model runs
-    over all their channels at once.  ``stats[i]`` None (or inconsistent channel counts): nothing is
-    predicted for norm ``i``."""
+    over all their channels at once.  Its members are the norms whose statistics and gamma have one channel
+    count (``stats[i]`` None, or counts that disagree: no numbers); of those, risks are predicted for the
+    ``predictable`` ones (a beta or layer bias of another count counts as absent in the tensors)."""
 
     def __init__(self, stats: list[NormStats | None]):
         self.stats = stats
-        self.members = [i for i, st in enumerate(stats) if st is not None and st.consistent()]
-        kept = [stats[i] for i in self.members]
-        self.seg = seg = Segments([st.mean.numel() for st in kept])
-        self.mean, self.var = seg.cat([st.mean for st in kept], 0.0), seg.cat([st.var for st in kept], 0.0)
-        self.gamma = seg.cat([st.gamma for st in kept], 1.0)
-        self.beta = seg.cat([st.beta for st in kept], 0.0)
-        self.layer_bias = seg.cat([st.layer_bias for st in kept], 0.0)
-        self.rounded = seg.spread([float(st.rounded_input) for st in kept])
-        self.model_eps = [st.eps for st in kept]
-        self._affines: dict[tuple, tuple] = {}
+        fits = [None if st is None else st.fits() for st in stats]
+        self.members = [i for i, f in enumerate(fits) if f is not None and f[0] and f[1]]
+        kept = [(stats[i], fits[i]) for i in self.members]
+        self.seg = seg = Segments([st.mean.numel() for st, _ in kept])
+        columns = [
+            [st.mean for st, _ in kept],
+            [st.var for st, _ in kept],
+            [st.gamma for st, _ in kept],
+            [st.beta if f[2] else None for st, f in kept],
+            [st.layer_bias if f[3] else None for st, f in kept],
+        ]
+        self._columns = seg.stack(columns, [0.0, 0.0, 1.0, 0.0, 0.0])
+        self.mean, self.var, self.gamma, self.beta, self.layer_bias = self._columns
+        self.rounded = seg.spread([float(st.rounded_input) for st, _ in kept])
+        self.model_eps = [st.eps for st, _ in kept]
+        self.predictable = [st.gamma_known and st.beta_known and all(f) for st, f in kept]
+        self.has_layer_bias = any(lb is not None for lb in columns[4])
+        self._at: dict[tuple, tuple] = {}  # eps -> (scale, shift, defined, extremes)
+        self._max_abs: dict[str, list[float]] = {}
 
-    def affine(self, eps: list[float], bare: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """``(scale, shift, defined per norm)`` of ``fold_math.batch_norm_affines`` at one eps per member
-        (``bare``: gamma 1, beta 0), computed once per eps."""
-        key = (tuple(eps), bare)
-        if key not in self._affines:
-            weight, bias = (None, None) if bare else (self.gamma, self.beta)
-            a, defined = batch_norm_affines(self.mean, self.var, self.seg.spread(eps), weight, bias)
-            self._affines[key] = (a.scale, a.shift, self.seg.all(defined))
-        return self._affines[key]
+    def prepare(self, eps_list: list[list[float]]) -> None:
+        """Compute what :meth:`affine`, :meth:`defined` and :meth:`extremes` give at each of ``eps_list`` (one eps
+        per member each) not computed yet, all in one call of ``fold_math.batch_norm_affines`` and one reduction
+        (which also gives :meth:`max_abs`): each op then runs once for every eps."""
+        todo = list(dict.fromkeys(e for e in map(tuple, eps_list) if e not in self._at))
+        if not todo:
+            return
+        r, seg = len(todo), self.seg
+        # per eps, two affines: with gamma and beta (the runtime's) and bare (kappa's: gamma 1, beta 0)
+        a = batch_norm_affines(
+            self.mean,
+            self.var,
+            seg.spread([[e] for e in todo]),
+            torch.stack([self.gamma, torch.ones_like(self.gamma)]),
+            torch.stack([self.beta, torch.zeros_like(self.beta)]),
+        )
+        scale, shift, kappa = a.scale[:, 0], a.shift[:, 0], a.shift[:, 1].abs()
+        scale_abs = scale.abs()
+        # one reduction: per eps max |scale|, kappa and -min |scale|; per statistic its max |value| (inf or NaN:
+        # one is not finite) and -min var (var + eps rounds monotonically: > 0 on every channel iff at the min)
+        top = seg.max(torch.cat([scale_abs, kappa, -scale_abs, self._columns[:4].abs(), -self.var[None]]))
+        channels = seg.argmax(kappa, top[r : 2 * r]).tolist()
+        table = top.tolist()
+        self._max_abs = dict(zip(("mean", "var", "gamma", "beta"), table[3 * r : 3 * r + 4]))
+        finite = [[v < math.inf for v in row] for row in self._max_abs.values()]  # per norm; not NaN either
+        min_var = [-v for v in table[3 * r + 4]]
+        for k, (e, s, b) in enumerate(zip(todo, scale.unbind(0), shift.unbind(0))):
+            # defined (as fold_math.batch_norm_affine checks): bare (kappa's), with gamma (the scale's), with beta
+            bare = [m and v and low + eps > 0 for m, v, low, eps in zip(finite[0], finite[1], min_var, e)]
+            scaled = [ok and g for ok, g in zip(bare, finite[2])]
+            full = [ok and b_ok for ok, b_ok in zip(scaled, finite[3])]
+            extremes = list(zip((-v for v in table[2 * r + k]), table[k], table[r + k], channels[k]))
+            self._at[e] = (s, b, (full, bare, scaled), extremes)
+
+    def max_abs(self, statistic: str) -> list[float]:
+        """Per member, the largest ``|value|`` of its ``mean``, ``var``, ``gamma`` or ``beta`` (NaN: it holds one)."""
+        self.prepare([self.model_eps])
+        return self._max_abs[statistic]
+
+    def affine(self, eps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(scale, shift)`` of ``fold_math.batch_norm_affines`` at one eps per member, with gamma and beta
+        (computed once per eps: :meth:`prepare`)."""
+        self.prepare([eps])
+        return self._at[tuple(eps)][:2]
+
+    def defined(self, eps: list[float]) -> tuple[list[bool], list[bool], list[bool]]:
+        """Per member at one eps per member, whether its statistics define the affine (finite, ``var + eps > 0``
+        on every channel): with gamma and beta, bare (gamma 1, beta 0: kappa's) and with gamma (the scale's)."""
+        self.prepare([eps])
+        return self._at[tuple(eps)][2]
+
+    def extremes(self, eps: list[float]) -> list[tuple[float, float, float, int]]:
+        """Per member at one eps per member: ``min |scale|``, ``max |scale|``, kappa (``max |shift|`` of the bare
+        affine) and the first channel of that kappa."""
+        self.prepare([eps])
+        return self._at[tuple(eps)][3]
 
     def out(self, values: list) -> list:
         """Per-member ``values`` placed at their norms' positions (None elsewhere)."""
@@ -176,24 +250,25 @@ class NormBatch:
         return full
 
 
-def _intermediates(profile: Profile, seg: Segments, s, b, lo, hi) -> dict[str, torch.Tensor]:
-    """Per norm, max |value| of what ``profile`` stores for ``s*x + b`` with ``x`` in ``[lo, hi]`` per channel."""
-    one, zero = torch.ones_like(s), torch.zeros_like(s)
-    y = _affine_max_abs(seg, s, b, lo, hi)
+def _intermediates(profile: Profile, seg: Segments, s, b, bounds) -> dict[str, torch.Tensor]:
+    """Per norm, max |value| of what ``profile`` stores for ``s*x + b`` with ``x`` in ``[lo, hi]`` per channel
+    (``bounds``: ``lo`` and ``hi`` stacked, each broadcasting to the shape of ``s``: a row of results per row
+    of ``s``)."""
     if not profile.fp16_storage:
-        return {"output": y}
-    x = _affine_max_abs(seg, one, zero, lo, hi)
+        return {"output": _affine_max_abs(seg, s, b, bounds)}
+    one, zero = torch.ones_like(s), torch.zeros_like(s)
     if profile.htp_batch_norm:
-        return {"input": x, "x*scale": _affine_max_abs(seg, s, zero, lo, hi), "bias'": seg.max(b.abs()), "sum": y}
+        x, xs, y = _affine_max_abs(seg, torch.stack([one, s, s]), torch.stack([zero, zero, b]), bounds).unbind(0)
+        return {"input": x, "x*scale": xs, "bias'": seg.max(b.abs()), "sum": y}
+    x, y = _affine_max_abs(seg, torch.stack([one, s]), torch.stack([zero, b]), bounds).unbind(0)
     return {"input": x, "output": y}
 
 
-def _affine_max_abs(seg: Segments, scale, shift, lo, hi) -> torch.Tensor:
-    """Per norm, ``max |scale_c * x + shift_c|`` over its channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (inf
-    when a bound is; 0 without channels)."""
-    a = torch.nan_to_num((scale * lo + shift).abs(), nan=torch.inf)
-    b = torch.nan_to_num((scale * hi + shift).abs(), nan=torch.inf)
-    return seg.max(torch.maximum(a, b), floor=0.0)
+def _affine_max_abs(seg: Segments, scale, shift, bounds) -> torch.Tensor:
+    """Per norm, ``max |scale_c * x + shift_c|`` over its channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (``bounds``:
+    ``lo`` and ``hi`` stacked; inf when a bound is; 0 without channels)."""
+    x = bounds.view(2, *(1,) * (scale.dim() - bounds.dim() + 1), *bounds.shape[1:])  # lo, hi against scale's rows
+    return seg.max(torch.nan_to_num((scale * x + shift).abs(), nan=torch.inf).amax(0), floor=0.0)
 
 
 def headroom(profile: Profile, values: dict[str, float]) -> float:
@@ -218,84 +293,128 @@ CAUSES = {
 }
 
 
-def _noise_terms(nb: NormBatch, profile: Profile, s, b, s_m, b_m) -> tuple[dict, dict, torch.Tensor]:
+def _rounding_noises(values: dict[str, tuple]) -> dict[str, torch.Tensor]:
+    """:func:`rounding_noise` of each ``(value, variance, mantissa bits)``, in one call per mantissa width (the
+    values of one width stacked: the same elementwise arithmetic, its ops run once)."""
+    out = {}
+    for bits in dict.fromkeys(v[2] for v in values.values()):
+        names = [k for k, v in values.items() if v[2] == bits]
+        const, var = (torch.stack([values[k][j] for k in names]) for j in (0, 1))
+        out.update(zip(names, rounding_noise(const, var, bits).unbind(0)))
+    return out
+
+
+def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[dict, dict, torch.Tensor]:
     """The expected squared errors (per channel) the unfolded and the folded form add, by cause, and
-    the output's mean square (the signal).  The terms of a stored input count where it is (``rounded``)."""
-    mean, var, beta, layer_bias = nb.mean, nb.var.clamp_min(0), nb.beta, nb.layer_bias
+    the output's mean square (the signal), each of the shape of ``s`` (a row per eps; ``var``: the
+    variance, negative ones 0).  The terms of a stored input count where it is (``rounded``)."""
+    rows = s.shape
+    mean, var, beta, layer_bias, rounded = (t.expand(rows) for t in (nb.mean, var, nb.beta, nb.layer_bias, nb.rounded))
+    s_m, b_m = s_m.expand(rows), b_m.expand(rows)
     bits = 10 if profile.fp16_storage else 23
     zero = 0 * var
-    out = rounding_noise(beta, s_m**2 * var, bits)
+    s2, s_m2_var = s**2, s_m**2 * var
+    # every rounding the two forms make, as (value, its variance per channel, mantissa bits)
+    roundings = {"output": (beta, s_m2_var, bits), "input": (mean, var, bits)}
+    if nb.has_layer_bias:  # else 0 everywhere: its rounding adds nothing
+        roundings["layer bias"] = (layer_bias, zero, bits)
+    if profile.htp_batch_norm:  # x*s rounded; s stored (a constant relative error per channel); bias' stored
+        roundings |= {"x*scale": (s * mean, s2 * var, 10), "scale": (s, zero, 10), "bias'": (b, zero, 10)}
+    elif profile.fp16_storage:  # running statistics stored in fp16, computed in float32
+        roundings |= {"mean": (mean, zero, 10), "scale": (s, zero, 10)}
+    if profile.fp16_storage:  # the folded layer's stored bias
+        roundings["folded bias"] = (b_m + s_m * layer_bias, zero, bits)
+    noise = _rounding_noises(roundings)
+    out = noise["output"]
     unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
     fold = {"output rounding": out}
     # the stored input (and the layer's stored bias), times the scale: kappa's share
-    stored = rounding_noise(mean, var, bits) + rounding_noise(layer_bias, zero, bits)
-    unf["input rounding x scale"] = nb.rounded * s**2 * stored
+    stored = noise["input"] + noise["layer bias"] if nb.has_layer_bias else noise["input"]
+    unf["input rounding x scale"] = rounded * s2 * stored
     # the layer's rounded weights: a relative error of its weighted sum (output less bias), in both programs
     u = 2.0 ** -(bits + 1)
-    unf["weights"] = fold["weights"] = nb.rounded * s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
-    if profile.htp_batch_norm:  # x*s rounded; s stored (a constant relative error per channel); bias' stored
-        unf["x*scale rounding"] = rounding_noise(s * mean, s**2 * var)
-        unf["stored scale"] = rounding_noise(s, zero) * (mean**2 + var)
-        unf["stored bias'"] = rounding_noise(b, zero)
-    elif profile.fp16_storage:  # running statistics stored in fp16, computed in float32
-        unf["stored statistics"] = s**2 * rounding_noise(mean, zero) + rounding_noise(s, zero) * var
+    unf["weights"] = fold["weights"] = rounded * s_m**2 * SPREAD * u * u * ((mean - layer_bias) ** 2 + var)
+    if profile.htp_batch_norm:
+        unf["x*scale rounding"] = noise["x*scale"]
+        unf["stored scale"] = noise["scale"] * (mean**2 + var)
+        unf["stored bias'"] = noise["bias'"]
+    elif profile.fp16_storage:
+        unf["stored statistics"] = s2 * noise["mean"] + noise["scale"] * var
     if profile.fp16_storage:
-        fold["stored bias"] = rounding_noise(b_m + s_m * layer_bias, zero, bits)
-    return unf, fold, beta**2 + s_m**2 * var
+        fold["stored bias"] = noise["folded bias"]
+    return unf, fold, beta**2 + s_m2_var
 
 
 def predict(nb: NormBatch, profile: Profile, eps: float | None = None) -> list[EpsRisk | None]:
     """Per norm of ``nb``, its risk at ``eps`` (None: each norm's own) under ``profile``, from its statistics
-    alone (None where they do not define the normalization)."""
-    n = nb.seg.n
+    alone (None where they do not define the normalization, or it is not ``predictable``)."""
+    return predict_at(nb, profile, [eps])[0]
+
+
+def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) -> list[list[EpsRisk | None]]:
+    """:func:`predict` at each of ``eps_values``, computed together (one row per eps in each tensor op)."""
+    seg, n = nb.seg, nb.seg.n
     if n == 0:
-        return nb.out([])
-    eps = nb.model_eps if eps is None else [float(eps)] * n
-    s, b, ok = nb.affine(eps)
-    s_m, b_m, ok_m = nb.affine(nb.model_eps)
-    _, bare_shift, ok_bare = nb.affine(eps, bare=True)
-    seg = nb.seg
-    sd = nb.var.clamp_min(0).sqrt()
-    inter = _intermediates(profile, seg, s, b, nb.mean - SIGMAS * sd, nb.mean + SIGMAS * sd)
+        return [nb.out([]) for _ in eps_values]
+    rows = [nb.model_eps if e is None else [float(e)] * n for e in eps_values]
+    nb.prepare([nb.model_eps, *rows])
+    s, b = (torch.stack(t) for t in zip(*(nb.affine(e) for e in rows)))
+    s_m, b_m = nb.affine(nb.model_eps)
+    var = nb.var.clamp_min(0)
+    # x in mean +- SIGMAS sd
+    inter = _intermediates(profile, seg, s, b, nb.mean + torch.tensor([[-SIGMAS], [SIGMAS]], dtype=F64) * var.sqrt())
+    names = list(inter)
+    stored = []  # the same at every eps
     if profile.fp16_storage and not profile.htp_batch_norm:
         # the fp16 form stores the running statistics themselves (``model.half()``): a var past 65504
         # becomes inf and the scale 0 (PP-OCRv4's detector has var ~1.2e7)
-        inter["stored var"] = seg.max(nb.var.abs())
-        inter["stored mean"] = seg.max(nb.mean.abs())
-    kappa = bare_shift.abs()
-    unf, fold, signal = _noise_terms(nb, profile, s, b, s_m, b_m)
-    names = list(inter)
-    table = torch.stack(
-        [*(inter[k] for k in names), *(seg.sum(v) for v in unf.values())]
-        + [seg.sum(sum(fold.values())), seg.sum(signal), seg.max(s.abs()), seg.max(kappa)]
-    ).T.tolist()
-    channels = seg.argmax(kappa).tolist()
-    valid = (ok & ok_m & ok_bare).tolist()
-    risks: list[EpsRisk | None] = []
-    for i, row in enumerate(table):
-        if not valid[i]:
-            risks.append(None)
-            continue
-        values = dict(zip(names, row))
-        sums = dict(zip(unf, row[len(names) : len(names) + len(unf)]))
-        fold_noise, total, scale_max, kappa_max = row[len(names) + len(unf) :]
-        causes: dict[str, float] = {}
-        for k, v in sums.items():
-            causes[CAUSES.get(k, k)] = causes.get(CAUSES.get(k, k), 0.0) + v
-        risks.append(
-            EpsRisk(
-                eps=float(eps[i]),
-                scale_max=scale_max,
-                kappa=kappa_max,
-                kappa_channel=channels[i],
-                intermediates=values,
-                headroom=headroom(profile, values),
-                unfolded_sqnr_db=_db(total, sum(sums.values())),
-                folded_sqnr_db=_db(total, fold_noise),
-                cause=max(causes, key=causes.get),
+        names += ["stored var", "stored mean"]
+        stored = [list(v) for v in zip(nb.max_abs("var"), nb.max_abs("mean"))]
+    unf, fold, signal = _noise_terms(nb, profile, var, s, b, s_m, b_m)
+    sums = seg.sum(torch.stack([*unf.values(), sum(fold.values()), signal])).permute(1, 2, 0).tolist()
+    values_at = torch.stack(list(inter.values())).permute(1, 2, 0).tolist()
+    labels = list(dict.fromkeys(CAUSES.get(k, k) for k in unf))
+    causes = [(label, [j for j, k in enumerate(unf) if CAUSES.get(k, k) == label]) for label in labels]
+    ok_m, k = nb.defined(nb.model_eps)[0], len(unf)
+    out = []
+    for v, eps in enumerate(rows):
+        (ok, ok_bare, _), risks = nb.defined(eps), []
+        valid = [a and b and c and d for a, b, c, d in zip(ok, ok_bare, ok_m, nb.predictable)]
+        for good, e, (_, scale_max, kappa, channel), at, row, more in zip(
+            valid, eps, nb.extremes(eps), values_at[v], sums[v], stored or [[]] * n
+        ):
+            if not good:
+                risks.append(None)
+                continue
+            values = dict(zip(names, at + more))
+            terms, fold_noise, total = row[:k], row[k], row[k + 1]
+            risks.append(
+                EpsRisk(
+                    eps=float(e),
+                    scale_max=scale_max,
+                    kappa=kappa,
+                    kappa_channel=channel,
+                    intermediates=values,
+                    headroom=headroom(profile, values),
+                    unfolded_sqnr_db=_db(total, sum(terms)),
+                    folded_sqnr_db=_db(total, fold_noise),
+                    cause=_largest(causes, terms),
+                )
             )
-        )
-    return nb.out(risks)
+        out.append(nb.out(risks))
+    return out
+
+
+def _largest(causes: list[tuple[str, list[int]]], terms: list[float]) -> str:
+    """The cause whose terms add up to the most, the first of equals (``max`` over a dict of the sums)."""
+    best, top = "", 0.0
+    for label, which in causes:
+        total = 0.0
+        for j in which:
+            total += terms[j]
+        if not best or total > top:
+            best, top = label, total
+    return best
 
 
 def _db(signal: float, noise: float) -> float:
@@ -311,31 +430,31 @@ def measure_intermediates(
 ) -> list[Measured | None]:
     """Per norm, the intermediates at its ``eps`` from the input ranges the emulated run recorded (``probes``,
     one per norm of ``nb``; None: not measured)."""
-    mine = [probes[i] for i in nb.members]
-    mine = [p if p is not None and all(getattr(p, k).numel() == int(n) for k in _PROBE) else None
-            for p, n in zip(mine, nb.seg.lengths.tolist())]  # fmt: skip
+    seg = nb.seg
+    mine = []  # the probes that fit, of the predictable members
+    for i, ok, n in zip(nb.members, nb.predictable, seg.sizes):
+        p = probes[i] if ok else None
+        fit = p is not None and p.lo_ref.numel() == p.hi_ref.numel() == p.lo_emu.numel() == p.hi_emu.numel() == n
+        mine.append(p if fit else None)
     if all(p is None for p in mine):
         return nb.out([])
-    s, b, ok = nb.affine([eps[i] for i in nb.members])
-    seg = nb.seg
-    bounds = [seg.cat([getattr(p, k) if p is not None else None for p in mine], math.nan) for k in _PROBE]
-    ref = _intermediates(profile, seg, s, b, bounds[0], bounds[1])
-    emu = _intermediates(profile, seg, s, b, bounds[2], bounds[3])
-    names = list(ref)
-    table = torch.stack([*(ref[k] for k in names), *(emu[k] for k in names)]).T.tolist()
-    valid = ok.tolist()
+    run = [eps[i] for i in nb.members]
+    s, b = nb.affine(run)
+    # lo and hi, each with a row for the reference and one for the emulated range
+    bounds = [[None if p is None else getattr(p, k) for p in mine] for k in ("lo_ref", "lo_emu", "hi_ref", "hi_emu")]
+    bounds = seg.stack(bounds, [math.nan] * 4).view(2, 2, seg.total)
+    inter = _intermediates(profile, seg, s.expand(2, -1), b.expand(2, -1), bounds)
+    names = list(inter)
+    table = torch.stack(list(inter.values())).permute(2, 1, 0).tolist()  # per norm: reference, emulated
+    valid = nb.defined(run)[0]
     out: list[Measured | None] = []
-    for i, row in enumerate(table):
-        p = mine[i]
+    for i, p in enumerate(mine):
         if p is None or not valid[i]:
             out.append(None)
             continue
-        r, e = dict(zip(names, row[: len(names)])), dict(zip(names, row[len(names) :]))
+        r, e = dict(zip(names, table[i][0])), dict(zip(names, table[i][1]))
         out.append(Measured(r, e, headroom(profile, r), headroom(profile, e), nan_input=p.nan_emu))
     return nb.out(out)
-
-
-_PROBE = ("lo_ref", "hi_ref", "lo_emu", "hi_emu")
 
 
 @dataclass

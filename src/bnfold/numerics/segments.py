@@ -3,11 +3,18 @@
 The risk model (:mod:`bnfold.numerics.risk`) computes a handful of per-channel quantities for every
 batch norm of a model; a model has tens to hundreds of them with 16 to 2048 channels each, so one
 tensor op over all channels at once replaces hundreds of tiny ones.  :class:`Segments` knows where each
-normalization's channels lie and reduces a concatenated tensor to one value per normalization.
+normalization's channels lie and reduces a concatenated tensor to one value per normalization.  The
+channels are a tensor's last dim: leading dims (several quantities, or one row per eps) are reduced
+in the same op, each row on its own.
+
+The bookkeeping and the largest/smallest values use numpy (its ``reduceat`` over contiguous segments: the
+extremes are exact in any order, and a numpy op costs a fraction of a dispatched torch op at these
+sizes); sums stay in torch (:meth:`Segments.sum` adds in channel order).
 """
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 F64 = torch.float64
@@ -19,41 +26,65 @@ class Segments:
     def __init__(self, lengths: list[int]):
         self.n = len(lengths)
         self.sizes, self.total = [int(n) for n in lengths], int(sum(lengths))
-        self.lengths = torch.tensor(lengths, dtype=torch.long)
-        self.index = torch.repeat_interleave(torch.arange(self.n), self.lengths)  # channel -> its normalization
-        starts = torch.cumsum(self.lengths, 0) - self.lengths
-        self.local = torch.arange(self.total) - starts[self.index]  # channel -> index within it
+        sizes = np.array(self.sizes, dtype=np.int64)
+        starts = np.cumsum(sizes) - sizes
+        self.lengths = torch.from_numpy(sizes)
+        self._filled = sizes > 0  # the normalizations with channels: reduceat reads only their starts
+        self._starts = starts[self._filled]
+        self._local = np.arange(self.total) - np.repeat(starts, sizes)  # channel -> its index in its normalization
 
-    def cat(self, parts: list[torch.Tensor | None], fill: float) -> torch.Tensor:
-        """One float64 tensor of ``parts`` (one per normalization, in any float dtype; None: ``fill`` on each of
-        its channels), converted once as a whole."""
-        if all(p is None for p in parts):
-            return torch.full((self.total,), fill, dtype=F64)
-        pieces = [
-            torch.full((n,), fill, dtype=F64) if p is None else p if p.dim() == 1 else p.reshape(-1)
-            for p, n in zip(parts, self.sizes)
-        ]
-        return torch.cat(pieces).to(F64)
+    def stack(self, rows: list[list[torch.Tensor | None]], fills: list[float]) -> torch.Tensor:
+        """``[len(rows), total]`` float64 of per-channel parts: ``rows[r]`` holds one 1-D tensor per normalization
+        (in any float dtype; None: ``fills[r]`` on each of its channels); all rows in one concatenation,
+        converted once (float32 and float16 convert exactly); a constant, even where a part requires grad."""
+        # the fills in the parts' dtype (0, 1 and NaN are exact in any): torch.cat of mixed dtypes is ~10x slower
+        dtype = next((p.dtype for parts in rows for p in parts if p is not None), F64)
+        dtype = dtype if dtype.is_floating_point else F64
+        filled: dict[tuple, torch.Tensor] = {}  # one fill tensor per (channel count, value)
+        pieces = []
+        for parts, fill in zip(rows, fills):
+            missing = [p is None for p in parts]
+            if all(missing):  # one fill for the row (no normalization: empty)
+                pieces.append(torch.full((self.total,), fill, dtype=dtype))
+            elif not any(missing):
+                pieces += parts
+            else:
+                for p, n in zip(parts, self.sizes):
+                    if p is None:
+                        p = filled.get((n, fill))
+                        if p is None:
+                            p = filled[(n, fill)] = torch.full((n,), fill, dtype=dtype)
+                    pieces.append(p)
+        return torch.cat(pieces).detach().to(F64).view(len(rows), self.total)
 
     def spread(self, per_norm) -> torch.Tensor:
-        """A value per normalization on each of its channels."""
-        return torch.as_tensor(per_norm, dtype=F64)[self.index]
+        """A float64 value per normalization on each of its channels (``per_norm`` may have leading dims)."""
+        return torch.from_numpy(np.repeat(np.asarray(per_norm, dtype=np.float64), self.sizes, axis=-1))
+
+    def _reduce(self, ufunc: np.ufunc, v: np.ndarray, empty) -> np.ndarray:
+        """``ufunc`` over each normalization's channels (the last dim of ``v``); ``empty`` without channels."""
+        if self._starts.size == self.n:
+            return ufunc.reduceat(v, self._starts, axis=-1)
+        out = np.full((*v.shape[:-1], self.n), empty, dtype=v.dtype)
+        if self._starts.size:
+            out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
+        return out
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(self.n, dtype=v.dtype).index_add_(0, self.index, v)
+        """The sum per normalization, added in channel order (0 when it has no channel)."""
+        # unsafe: no check that the lengths add up to the channels (they do by construction)
+        lengths = self.lengths.expand(*v.shape[:-1], self.n)
+        return torch.segment_reduce(v, "sum", lengths=lengths, axis=v.dim() - 1, unsafe=True)
 
-    def max(self, v: torch.Tensor, floor: float = -torch.inf) -> torch.Tensor:
-        """The largest value per normalization (NaN when it holds one; ``floor`` when it has no channel)."""
-        return torch.full((self.n,), floor, dtype=v.dtype).scatter_reduce_(0, self.index, v, "amax")
+    def max(self, v: torch.Tensor, floor: float = -np.inf) -> torch.Tensor:
+        """The largest value per normalization, at least ``floor`` (NaN when it holds one; ``floor`` when it has
+        no channel)."""
+        top = self._reduce(np.maximum, v.numpy(), floor)
+        return torch.from_numpy(top if floor == -np.inf else np.maximum(top, floor))
 
-    def min(self, v: torch.Tensor) -> torch.Tensor:
-        return torch.full((self.n,), torch.inf, dtype=v.dtype).scatter_reduce_(0, self.index, v, "amin")
-
-    def all(self, mask: torch.Tensor) -> torch.Tensor:
-        return self.sum(mask.to(F64)) == self.lengths.to(F64)
-
-    def argmax(self, v: torch.Tensor) -> torch.Tensor:
-        """The channel (within its normalization) of the first largest value per normalization."""
-        top = self.max(v)[self.index]
-        first = torch.where(v == top, self.local, self.local.numel())
-        return torch.full((self.n,), self.local.numel(), dtype=torch.long).scatter_reduce_(0, self.index, first, "amin")
+    def argmax(self, v: torch.Tensor, top: torch.Tensor | None = None) -> torch.Tensor:
+        """The channel (within its normalization) of the first largest value per normalization (``top``: its
+        :meth:`max`, when known; ``total`` where none equals it: NaN, or no channel)."""
+        top = self.max(v) if top is None else top
+        first = np.where(v.numpy() == np.repeat(top.numpy(), self.sizes, axis=-1), self._local, self.total)
+        return torch.from_numpy(self._reduce(np.minimum, first, self.total))
