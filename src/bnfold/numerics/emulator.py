@@ -78,7 +78,8 @@ class _Call:
     def __init__(self, node: torch.fx.Node, inputs: list[torch.fx.Node]):
         self.node, self.target, self.inputs = node, node.target, inputs
         self.args, self.kwargs = node.args, node.kwargs
-        self.has_dtype = any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))  # aten: top level
+        # a dtype among the arguments (aten: at the top level; the type has no subclasses)
+        self.has_dtype = torch.dtype in map(type, node.args) or torch.dtype in map(type, node.kwargs.values())
 
     def arguments(self, ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple[tuple, dict]:
         """The call's ``(args, kwargs)`` on ``ins`` in ``dtype``, ``eps`` / ``weight`` / ``bias`` replacing the
