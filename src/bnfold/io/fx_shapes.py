@@ -143,7 +143,10 @@ def _read_stated(ep: Any, shapes: dict[str, tuple]) -> dict[str, list[Spec] | No
             dims = tuple(shapes[node.name])
             out[node.name] = [Spec(tuple(int(d) for d in dims), val.dtype)] if hasattr(val, "dtype") else []
             continue
-        tensors = [val] if isinstance(val, torch.Tensor) else _stated(val)
+        if isinstance(val, torch.Tensor) and not val._has_symbolic_sizes_strides:  # most values: every size an int
+            out[node.name] = [Spec(tuple(val.shape), val.dtype)]
+            continue
+        tensors = _stated(val)
         if val is None or (not tensors and not isinstance(val, (list, tuple))):
             out[node.name] = None if val is None or hasattr(val, "node") else []
             continue
