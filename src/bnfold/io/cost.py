@@ -27,7 +27,7 @@ all they computed; past the budget they stop.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -201,34 +201,33 @@ def check_batches(n: int, where: str) -> None:
 # ----------------------------------------------------------------------------- torch.export programs
 
 
-def _fx_flops(name: str, out_dims: list[int], in_dims: list[list[int]], transposed: bool = False) -> int:
-    """FLOPs of one op ``name`` (``convolution``, ``mm`` ...) from its recomputed input and output dims:
-    matrix and conv ops by their inner products, anything else by the elements it touches."""
-    out = elements(out_dims)
+def _fx_flops(
+    name: str, args: Any, out_dims: Sequence[int], in_dims: list[Sequence[int]], out_n: int, in_ns: list[int]
+) -> int:
+    """FLOPs of one op ``name`` (``convolution``, ``mm`` ...) called with ``args``, from its recomputed output and
+    input dims and their element counts ``out_n`` and ``in_ns``: matrix and conv ops by their inner products (a
+    transposed ``convolution`` is told by its 7th argument, an ``einsum`` by its equation), anything else by the
+    elements it touches."""
+    if name == "einsum" and args and isinstance(args[0], str):
+        return einsum_flops(args[0], in_dims, out_dims)
     if name in ("convolution", "conv1d", "conv2d", "conv3d", "_convolution") and len(in_dims) > 1:
-        w = in_dims[1]
-        if transposed:
-            return 2 * elements(in_dims[0]) * elements(w[1:])
-        return 2 * out * elements(w[1:])
+        transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
+        return 2 * (in_ns[0] if transposed else out_n) * elements(in_dims[1][1:])
     if name.startswith("conv_transpose") and len(in_dims) > 1:
-        return 2 * elements(in_dims[0]) * elements(in_dims[1][1:])
+        return 2 * in_ns[0] * elements(in_dims[1][1:])
     if name in ("mm", "bmm", "matmul", "addmm", "linear", "baddbmm", "addbmm") and in_dims:
         a = in_dims[1] if name in ("addmm", "baddbmm", "addbmm") and len(in_dims) > 1 else in_dims[0]
-        return 2 * out * (a[-1] if a else 1)
+        return 2 * out_n * (a[-1] if a else 1)
     if name in ("scaled_dot_product_attention", "_scaled_dot_product_flash_attention") and len(in_dims) > 2:
-        q, k = in_dims[0], in_dims[1]  # q @ k^T, then @ v: 2 x (L x S x E) each, per batch and head
-        return 4 * elements(q) * (k[-2] if len(k) > 1 else 1) + out
-    return out + sum(elements(s) for s in in_dims)
+        k = in_dims[1]  # q @ k^T, then @ v: 2 x (L x S x E) each, per batch and head
+        return 4 * in_ns[0] * (k[-2] if len(k) > 1 else 1) + out_n
+    return out_n + sum(in_ns)
 
 
 def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
-    """:func:`_fx_flops` for an op target called with ``args`` (a transposed ``convolution`` is told
-    by its 7th argument; an ``einsum`` by its equation)."""
-    name = _target_name(target)
-    if name == "einsum" and args and isinstance(args[0], str):
-        return einsum_flops(args[0], in_dims, out_dims)
-    transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
-    return _fx_flops(name, out_dims, in_dims, transposed)
+    """FLOPs of one output (``out_dims``) of the op ``target`` called with ``args`` on inputs of ``in_dims``
+    (:func:`_fx_flops`)."""
+    return _fx_flops(_target_name(target), args, out_dims, in_dims, elements(out_dims), [elements(d) for d in in_dims])
 
 
 def _target_name(target: Any) -> str:
@@ -264,10 +263,17 @@ def einsum_flops(equation: str, in_dims: list[list[int]], out_dims: list[int]) -
     return 2 * elements(out_dims) * max(summed, 1)
 
 
-def _flat(args: Any) -> list:
-    if isinstance(args, (list, tuple)):
-        return [x for a in args for x in _flat(a)]
-    return [args]
+def _arg_nodes(args: Any) -> list:
+    """The nodes in ``args`` (lists and tuples of them, nested), in order, each as often as it appears."""
+    import torch
+
+    found = []
+    for a in args:
+        if isinstance(a, torch.fx.Node):
+            found.append(a)
+        elif isinstance(a, (list, tuple)):
+            found += _arg_nodes(a)
+    return found
 
 
 def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
@@ -383,17 +389,23 @@ def fx_plan(
     hold = AuditHold(runs) if audit else None
     live: dict[str, int] = {}
     weights, float_weights, inputs = 0, 0, {}
+    firsts: dict[str, tuple[tuple[int, ...], int]] = {}  # each value's first tensor: dims, elements (an op's input)
     for node in ep.graph.nodes:
         if node.op != "placeholder":
             continue
         vals = rec.get(node.name) or []
-        nbytes = sum(s.nbytes for s in vals)
+        nbytes = float_n = 0
+        for s in vals:
+            n = elements(s.dims)
+            nbytes += n * s.dtype.itemsize
+            float_n += n if s.is_float else 0
+            firsts.setdefault(node.name, (s.dims, n))
         if node.name in users:
             inputs[node.name] = nbytes
             live[node.name] = sum(hold.value(s) for s in vals) if hold else nbytes
         else:
             weights += nbytes
-            float_weights += sum(elements(s.dims) for s in vals if s.is_float)
+            float_weights += float_n
             live[node.name] = 0 if hold else nbytes
     _check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
@@ -404,23 +416,39 @@ def fx_plan(
     if hold:  # the weights' copies, and the outputs of the batches before the last
         out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
+    counted: dict[Any, tuple[int, int]] = {}  # a spec's elements and the bytes counted (values of one spec alike)
     steps = []
     for node in ep.graph.nodes:
         if node.op != "call_function":
             continue
-        label = f"{getattr(node.target, '__name__', node.target)} {node.name!r}"
+        target = node.target
+        label = f"{getattr(target, '__name__', target)} {node.name!r}"
         vals = rec.get(node.name) or []
-        nbytes = sum(hold.value(s) if hold else s.nbytes for s in vals)
+        ns, nbytes = [], 0
+        for s in vals:
+            got = counted.get(s)
+            if got is None:
+                n = elements(s.dims)
+                got = counted[s] = (n, hold.value(s) if hold else n * s.dtype.itemsize)
+            ns.append(got[0])
+            nbytes += got[1]
         if hold and node.name in outs:  # an output: every batch's stays
-            nbytes += hold.outputs(sum(elements(s.dims) for s in vals), 1)
-            _check_kept(label, nbytes + hold.outputs(sum(elements(s.dims) for s in vals), n_batches - 1), budget, where)
-        ins = [a for a in _flat(node.args) if isinstance(a, torch.fx.Node)]  # by position: x @ x reads x twice
-        in_dims = [list(s.dims) for a in ins for s in (rec.get(a.name) or [])[:1]]
-        flops = sum(op_flops(node.target, node.args, list(s.dims), in_dims) for s in vals)
-        temp = 0
-        if hold:
-            name = _target_name(node.target)
-            temp = max((hold.temp(name, list(s.dims), in_dims) for s in vals if s.is_float), default=0)
+            nbytes += hold.outputs(sum(ns), 1)
+            _check_kept(label, nbytes + hold.outputs(sum(ns), n_batches - 1), budget, where)
+        in_dims, in_ns = [], []  # by position: x @ x reads x twice
+        for a in _arg_nodes(node.args):
+            if a.name in firsts:
+                dims, n = firsts[a.name]
+                in_dims.append(dims)
+                in_ns.append(n)
+        name = _target_name(target)
+        flops = temp = 0
+        for n, s in zip(ns, vals):
+            flops += _fx_flops(name, node.args, s.dims, in_dims, n, in_ns)
+            if hold and s.is_float:
+                temp = max(temp, hold.temp(name, s.dims, in_dims))
+        if vals:
+            firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
     plan = check_plan(steps, budget, where, live=live, runs=runs_all)

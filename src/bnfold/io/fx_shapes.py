@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from ..errors import ModelFileError
 from .sizes import concrete_dim, elements
@@ -39,9 +38,8 @@ class MetadataMismatch(ModelFileError):
     """The file states a shape or dtype for a value that its op does not compute."""
 
 
-@dataclass(frozen=True)
-class Spec:
-    """A recomputed tensor: its dims and dtype."""
+class Spec(NamedTuple):
+    """A recomputed tensor: its dims and dtype (a named tuple: a program has one per value, made quickly)."""
 
     dims: tuple[int, ...]
     dtype: Any
@@ -115,15 +113,16 @@ def _bind(ep: Any, shapes: dict[str, tuple]) -> dict:
     import torch
     from torch.export.graph_signature import InputKind
 
-    specs_ = {s.arg.name: s for s in ep.graph_signature.input_specs}
+    kinds = {s.arg.name: s.kind for s in ep.graph_signature.input_specs}
+    shaped = {n for n, kind in kinds.items() if kind == InputKind.USER_INPUT and shapes.get(n) is not None}
     subs: dict = {}
+    if not shaped:
+        return subs
     for node in ep.graph.nodes:
-        val = node.meta.get("val")
-        spec = specs_.get(node.name)
-        if node.op != "placeholder" or spec is None or not isinstance(val, torch.Tensor):
+        if node.op != "placeholder" or node.name not in shaped:
             continue
-        real = shapes.get(node.name) if spec.kind == InputKind.USER_INPUT else None
-        if real is not None and len(real) == val.dim():
+        val, real = node.meta.get("val"), shapes[node.name]
+        if isinstance(val, torch.Tensor) and len(real) == val.dim():
             for d, r in zip(val.shape, real):
                 if isinstance(d, torch.SymInt) and getattr(d.node.expr, "is_Symbol", False):
                     subs[d.node.expr] = int(r)
@@ -132,6 +131,8 @@ def _bind(ep: Any, shapes: dict[str, tuple]) -> dict:
 
 def _read_stated(ep: Any, shapes: dict[str, tuple]) -> dict[str, list[Spec] | None]:
     """The metadata's values at the symbol bindings of ``shapes`` (a dim it cannot bind: None)."""
+    import torch
+
     subs = _bind(ep, shapes)
     out: dict[str, list[Spec] | None] = {}
     for node in ep.graph.nodes:
@@ -142,19 +143,30 @@ def _read_stated(ep: Any, shapes: dict[str, tuple]) -> dict[str, list[Spec] | No
             dims = tuple(shapes[node.name])
             out[node.name] = [Spec(tuple(int(d) for d in dims), val.dtype)] if hasattr(val, "dtype") else []
             continue
+        if isinstance(val, torch.Tensor) and not val._has_symbolic_sizes_strides:  # most values: every size an int
+            out[node.name] = [Spec(tuple(val.shape), val.dtype)]
+            continue
         tensors = _stated(val)
         if val is None or (not tensors and not isinstance(val, (list, tuple))):
             out[node.name] = None if val is None or hasattr(val, "node") else []
             continue
         specs_ = []
         for t in tensors:
-            dims = tuple(d if type(d) is int else concrete_dim(d, subs) for d in t.shape)  # an int: itself
-            if any(d is None for d in dims):
+            dims = _stated_dims(t, subs)
+            if dims is None:
                 specs_ = None
                 break
             specs_.append(Spec(dims, t.dtype))
         out[node.name] = specs_
     return out
+
+
+def _stated_dims(t: Any, subs: dict) -> tuple[int, ...] | None:
+    """The dims of the stated tensor ``t`` at the symbol bindings ``subs`` (None: a dim it cannot bind)."""
+    if not t._has_symbolic_sizes_strides:  # every size a Python int
+        return tuple(t.shape)
+    dims = tuple(d if type(d) is int else concrete_dim(d, subs) for d in t.shape)  # an int: itself
+    return None if any(d is None for d in dims) else dims
 
 
 def recompute(

@@ -12,7 +12,7 @@ numerics (exact, layer kind, fp16 class) is read from the frontend's op table
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 from torch.export.graph_signature import OutputKind
@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
 from .batches import as_batches
-from .graph import layer_kind, lifted_tensors, running_stats_norm
+from .graph import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
 from .profiles import Profile
 from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
 
@@ -69,71 +69,98 @@ def _with_arg(node: torch.fx.Node, call: tuple[tuple, dict], name: str, value: A
     return args, dict(kwargs, **{name: value})
 
 
-def _step(node: torch.fx.Node) -> Step:
-    """``node`` as a step of the runner."""
-    inputs = node.all_input_nodes
-    has_dtype = any(isinstance(a, torch.dtype) for a in (*node.args, *node.kwargs.values()))  # aten: top level
-    target, name = node.target, op_name(node.target)
-    if name.endswith("_copy") and name != "_to_copy":  # edge dialect view_copy etc. behave like view
-        name = name[: -len("_copy")]
+class _Call:
+    """``node``'s op called on the values of its ``inputs`` (one per node in ``inputs``) in a float dtype: the
+    step's ``run`` (see :class:`~.runner.Step`).  One object per step, not closures: a program has hundreds."""
 
-    index = {n: i for i, n in enumerate(inputs)}
+    __slots__ = ("node", "target", "inputs", "args", "kwargs", "has_dtype")
 
-    def slot(a: Any) -> tuple[int, Any]:
-        """An argument as a template slot, read once: an input's index, a constant, or (-2) a nest of both."""
-        if isinstance(a, torch.fx.Node):
-            return index[a], None
-        nested = []
-        torch.fx.node.map_aggregate(a, lambda v: nested.append(v) if isinstance(v, torch.fx.Node) else None)
-        return (-2, a) if nested else (-1, a)
+    def __init__(self, node: torch.fx.Node, inputs: list[torch.fx.Node]):
+        self.node, self.target, self.inputs = node, node.target, inputs
+        self.args, self.kwargs = node.args, node.kwargs
+        # a dtype among the arguments (aten: at the top level; the type has no subclasses)
+        self.has_dtype = torch.dtype in map(type, node.args) or torch.dtype in map(type, node.kwargs.values())
 
-    arg_slots = [slot(a) for a in node.args]
-    kw_slots = {k: slot(a) for k, a in node.kwargs.items()}
-
-    def fill(ins: list, i: int, a: Any) -> Any:
-        if i >= 0:
-            return ins[i]
-        if i == -1:
-            return a
-        env = dict(zip(inputs, ins))
-        return map_arg(a, env.__getitem__)
-
-    def call(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple:
-        c = (tuple(fill(ins, i, a) for i, a in arg_slots), {k: fill(ins, i, a) for k, (i, a) in kw_slots.items()})
-        if has_dtype:
+    def arguments(self, ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> tuple[tuple, dict]:
+        """The call's ``(args, kwargs)`` on ``ins`` in ``dtype``, ``eps`` / ``weight`` / ``bias`` replacing the
+        node's where given."""
+        args, kwargs = map_arg((self.args, self.kwargs), dict(zip(self.inputs, ins)).__getitem__)  # inputs: values
+        c = (args, dict(kwargs))
+        if self.has_dtype:
             c = _map_dtype(c, dtype)
-        for arg, value in (("eps", eps), ("weight", weight), ("bias", bias)):
+        for name, value in (("eps", eps), ("weight", weight), ("bias", bias)):
             if value is not None:
-                c = _with_arg(node, c, arg, value)
+                c = _with_arg(self.node, c, name, value)
         return c
 
-    def run(ins: list, dtype: torch.dtype, **over) -> list:
-        args, kwargs = call(ins, dtype, **over)
-        return [target(*args, **kwargs)]
+    def __call__(self, ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> list:
+        args, kwargs = self.arguments(ins, dtype, eps, weight, bias)
+        return [self.target(*args, **kwargs)]
 
-    row, kind = op_of(node), layer_kind(node)
-    step = Step(node.name, name, [i.name for i in inputs], [node.name], run, label=module_path(node))
-    step.mutates = bool(getattr(getattr(target, "_schema", None), "is_mutable", False))
-    if row is not None:
-        step.rounding, step.fp16_class = row.rounding or "round", row.fp16
+
+class _LayerCall(_Call):
+    """A layer's :class:`_Call`, which also runs with fp16 accumulation (the step's ``accumulated``)."""
+
+    __slots__ = ("kind", "name")
+
+    def __init__(self, node: torch.fx.Node, inputs: list[torch.fx.Node], kind: str, name: str):
+        super().__init__(node, inputs)
+        self.kind, self.name = kind, name
+
+    def accumulated(self, ins: list, chunk: int) -> torch.Tensor:
+        kw = _by_name(self.node, *self.arguments(ins, torch.float32))
+        if self.kind in ("linear", "matmul"):
+            return accumulate.linear(self.name, kw, chunk)
+        return accumulate.conv(self.target, kw, chunk, self.kind == "conv_transpose")
+
+
+def _named(node: torch.fx.Node, name: str) -> Any:
+    """The argument ``name`` of ``node``'s call as given (by keyword, else by position), else None."""
+    if name in node.kwargs:
+        return node.kwargs[name]
+    names = _schema_of(node.target)[0]
+    i = names.index(name) if name in names else len(node.args)
+    return node.args[i] if i < len(node.args) else None
+
+
+class _Target(NamedTuple):
+    """What the steps of one op target share, read once per target of a program: the step's op name and facts
+    (from the op table's row; an op without one keeps :class:`~.runner.Step`'s defaults), and whether its nodes
+    may be layers and batch norms (``layer_kind`` / ``running_stats_norm`` are None for every node of another
+    target)."""
+
+    name: str
+    facts: dict[str, Any]
+    layers: bool
+    norms: bool
+
+    @classmethod
+    def of(cls, node: torch.fx.Node) -> _Target:
+        target, name = node.target, op_name(node.target)
+        if name.endswith("_copy") and name != "_to_copy":  # edge dialect view_copy etc. behave like view
+            name = name[: -len("_copy")]
+        facts = {"mutates": bool(getattr(getattr(target, "_schema", None), "is_mutable", False))}
+        row = op_of(node)
+        if row is not None:
+            facts.update(rounding=row.rounding or "round", fp16_class=row.fp16)
+        return cls(name, facts, reads_layers(target), reads_norms(target))
+
+
+def _step(node: torch.fx.Node, op: _Target) -> Step:
+    """``node`` as a step of the runner (``op``: what it shares with the other nodes of its target)."""
+    inputs = node.all_input_nodes
+    kind = layer_kind(node) if op.layers else None
+    run = _Call(node, inputs) if kind is None else _LayerCall(node, inputs, kind, op.name)
+    step = Step(node.name, op.name, [i.name for i in inputs], [node.name], run, label=module_path(node), **op.facts)
     if kind is not None:
-        layer = _by_name(node, node.args, node.kwargs)
-        w, b = layer.get("weight"), layer.get("bias")
-        step.layer = kind
+        w, b = _named(node, "weight"), _named(node, "bias")
+        step.layer, step.accumulated = kind, run.accumulated
         step.weight = w.name if isinstance(w, torch.fx.Node) else None
         step.bias = b.name if isinstance(b, torch.fx.Node) else None
-
-        def accumulated(ins: list, chunk: int) -> torch.Tensor:
-            kw = _by_name(node, *call(ins, torch.float32))
-            if kind in ("linear", "matmul"):
-                return accumulate.linear(name, kw, chunk)
-            return accumulate.conv(target, kw, chunk, kind == "conv_transpose")
-
-        step.accumulated = accumulated
-    bn = running_stats_norm(node)
+    bn = running_stats_norm(node) if op.norms else None
     if bn is not None:
         params = tuple(p.name if isinstance(p, torch.fx.Node) else None for p in (bn.weight, bn.bias, bn.mean, bn.var))
-        returns = len(target._schema.returns)
+        returns = len(node.target._schema.returns)
         output = bn.output.name if bn.output is not None else None
         step.norm = StepNorm(bn.input.name, params, bn.eps, bn.axis, returns, output)
     return step
@@ -142,7 +169,7 @@ def _step(node: torch.fx.Node) -> Step:
 def fx_program(ep: torch.export.ExportedProgram) -> Program:
     """``ep`` as the runner's :class:`~.runner.Program`."""
     lifted, user = lifted_tensors(ep)
-    nodes = list(ep.graph_module.graph.nodes)
+    nodes = ep.graph_module.graph.nodes
     for node in nodes:
         if node.op not in ("placeholder", "call_function", "output"):
             raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
@@ -152,10 +179,21 @@ def fx_program(ep: torch.export.ExportedProgram) -> Program:
     out_node = next(n for n in nodes if n.op == "output")
     outs = [o for o, k in zip(out_node.args[0], kinds) if k == OutputKind.USER_OUTPUT]
     shapes = {}  # static input shapes (None for a dynamic dim): a batch of another shape would fail mid-graph
+    steps = []
+    targets: dict[Any, _Target] = {}  # what the nodes of each op target share, read at its first node
     for node in nodes:
-        val = node.meta.get("val") if node.op == "placeholder" else None
-        if node.name in user and isinstance(val, torch.Tensor):
-            shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
+        if node.op == "call_function":
+            try:
+                op = targets.get(node.target)
+                if op is None:
+                    op = targets[node.target] = _Target.of(node)
+            except TypeError:  # an unhashable target: read at each node
+                op = _Target.of(node)
+            steps.append(_step(node, op))
+        elif node.op == "placeholder":
+            val = node.meta.get("val")
+            if node.name in user and isinstance(val, torch.Tensor):
+                shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
 
     def feed(xs: tuple) -> list:
         flat = tree_flatten(xs)[0]
@@ -174,7 +212,6 @@ def fx_program(ep: torch.export.ExportedProgram) -> Program:
                 )
         return flat
 
-    steps = [_step(n) for n in nodes if n.op == "call_function"]
     return Program(steps, consts, user, [o.name for o in outs], feed)
 
 

@@ -9,6 +9,7 @@ adds only what the emulator needs on top:
 * ``layer_kind``: the layer kind of a node (the frontend's parse, or the op table's ``Op.layer``:
   a matrix product no fold can change is still a layer to the audit and to fp16 accumulation);
 * ``running_stats_norm``: ``parse_norm`` narrowed to eval-mode norms;
+* ``reads_layers`` / ``reads_norms``: whether an op's nodes may be either (the others need no parse);
 * ``lifted_tensors``: the values behind lifted placeholders.
 """
 
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 from torch.export.graph_signature import InputKind
 
-from ..torch_export.ops import Norm, op_of, parse_layer, parse_norm
+from ..torch_export.ops import LAYERS, NORMS, OPS, Norm, op_key, op_of, parse_layer, parse_norm
 
 _LIFTED_KINDS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ)
 
@@ -36,6 +37,19 @@ def layer_kind(node: torch.fx.Node) -> str | None:
         return layer.kind
     row = op_of(node)
     return "matmul" if row is not None and row.layer == "matmul" else None
+
+
+def reads_layers(target: Any) -> bool:
+    """Whether a node calling ``target`` may be a layer: :func:`layer_kind` is None for every node of another op."""
+    key = op_key(target)
+    row = OPS.get(key)
+    return key in LAYERS or (row is not None and row.layer == "matmul")
+
+
+def reads_norms(target: Any) -> bool:
+    """Whether a node calling ``target`` may be a batch norm: :func:`running_stats_norm` is None for every node of
+    another op."""
+    return op_key(target) in NORMS
 
 
 def running_stats_norm(node: torch.fx.Node) -> Norm | None:
