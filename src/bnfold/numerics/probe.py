@@ -67,12 +67,3 @@ class NormProbe:
         self.lo_emu = torch.minimum(self.lo_emu, other.lo_emu)
         self.hi_emu = torch.maximum(self.hi_emu, other.hi_emu)
         self.nan_emu += other.nan_emu
-
-
-def affine_max_abs(scale: torch.Tensor, shift: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> float:
-    """``max |scale_c * x + shift_c|`` over channels ``c`` and ``x`` in ``[lo_c, hi_c]`` (inf when a bound is)."""
-    with torch.no_grad():
-        a = (scale * lo + shift).abs()
-        b = (scale * hi + shift).abs()
-        both = torch.maximum(torch.nan_to_num(a, nan=torch.inf), torch.nan_to_num(b, nan=torch.inf))
-        return float(both.max()) if both.numel() else 0.0
