@@ -140,21 +140,8 @@ class NormStats:
 
     def fits(self) -> tuple[bool, bool, bool, bool]:
         """Per per-channel tensor (var, gamma, beta, layer_bias): absent or of the statistics' channel count."""
-        c, var, gamma, beta, layer_bias = self.mean.numel(), self.var, self.gamma, self.beta, self.layer_bias
-        return (
-            var is None or var.numel() == c,
-            gamma is None or gamma.numel() == c,
-            beta is None or beta.numel() == c,
-            layer_bias is None or layer_bias.numel() == c,
-        )
-
-    def consistent(self) -> bool:
-        """Every per-channel tensor has the statistics' channel count."""
-        return all(self.fits())
-
-    def predictable(self) -> bool:
-        """The risk model applies: gamma and beta are known and every per-channel tensor fits."""
-        return self.gamma_known and self.beta_known and self.consistent()
+        c = self.mean.numel()
+        return tuple(t is None or t.numel() == c for t in (self.var, self.gamma, self.beta, self.layer_bias))
 
 
 class NormBatch:
