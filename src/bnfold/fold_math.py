@@ -31,7 +31,8 @@ CHANNELS = Code.CHANNEL_MISMATCH
 
 @dataclass(frozen=True)
 class Affine:
-    """A per-channel affine ``x * scale + shift`` in float64 (1-D tensors)."""
+    """A per-channel affine ``x * scale + shift`` in float64 (1-D tensors; :func:`batch_norm_affines`, for
+    analysis only, gives several at once: leading dims, channels last)."""
 
     scale: torch.Tensor
     shift: torch.Tensor
