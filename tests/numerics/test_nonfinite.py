@@ -15,6 +15,7 @@ from torch import nn
 
 import bnfold
 from bnfold.numerics.errors import SMALL, Meter, TensorError, measure, reference_stats
+from bnfold.numerics.probe import NormProbe
 from bnfold.numerics.table import sqnr
 
 
@@ -84,9 +85,26 @@ def test_a_reference_measured_before_is_not_measured_again(exact):
     again = measure("b", "op", e2, r, exact, ref_stats=reference_stats(first))
     assert again == measure("b", "op", e2, r, exact)
     assert again.signal == first.signal and again.max_abs_ref == first.max_abs_ref and again.noise > first.noise
+    told = measure("b", "op", e2, r, exact, ref_stats=(1.0, 2.0))  # what it is told is what it reports
+    assert (told.signal, told.max_abs_ref, told.noise) == (1.0, 2.0, again.noise)
     e1[0, 0] = math.nan
     assert reference_stats(measure("a", "op", e1, r, exact)) is None
     assert reference_stats(measure("a", "op", e2[:1, :8], r[:1, :8], exact)) is None  # small: measured together
+
+
+def test_a_probe_counts_nan_and_leaves_it_out_of_the_ranges():
+    """A batch norm's probe: per-channel ranges of its input in the reference and the emulated run; NaN in the
+    emulated input is counted and left out of its ranges (inf kept), the reference's ranges unchanged."""
+    ref = torch.arange(24.0).reshape(2, 3, 4) - 10  # channels on axis 1
+    emulated = ref.clone()
+    emulated[0, 1, 2], emulated[1, 1, 0], emulated[1, 2, 3] = math.nan, math.nan, math.inf
+    p = NormProbe.of("bn", emulated, ref, 1)
+    want_lo, want_hi = ref.amin(dim=(0, 2)).double(), ref.amax(dim=(0, 2)).double()
+    assert torch.equal(p.lo_ref, want_lo) and torch.equal(p.hi_ref, want_hi)
+    assert p.nan_emu == 2 and torch.equal(p.lo_emu, want_lo)
+    assert p.hi_emu.tolist() == [want_hi[0].item(), want_hi[1].item(), math.inf]
+    clean = NormProbe.of("bn", ref, ref, 1)  # no NaN: the one-table path, the same ranges
+    assert clean.nan_emu == 0 and torch.equal(clean.lo_emu, want_lo) and torch.equal(clean.hi_ref, want_hi)
 
 
 def test_all_nan_output_is_not_exact():

@@ -58,11 +58,16 @@ def norm_numbers(nb: NormBatch, bn_eps: float | None) -> list[dict]:
     return out
 
 
+def _other_eps(bn_eps, prof) -> float | None:
+    """The eps predicted beside the model's: the runtime's (``bn_eps``), else under ``htp`` the QNN builder's
+    (the what-if), else none."""
+    return bn_eps if bn_eps is not None else QNN_EPS if prof.htp_batch_norm else None
+
+
 def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list) -> list[Risk | None]:
     """Predicted and measured risk of each norm of ``nb`` (see :mod:`bnfold.numerics.risk`), all at once: None
     where its gamma or beta is unknown."""
-    stats, none = nb.stats, [None] * len(nb.stats)
-    other = bn_eps if bn_eps is not None else QNN_EPS if prof.htp_batch_norm else None
+    stats, none, other = nb.stats, [None] * len(nb.stats), _other_eps(bn_eps, prof)
     model, *at_other = predict_at(nb, prof, [None] if other is None else [None, other])
     runtime = at_other[0] if bn_eps is not None else none
     what_if = at_other[0] if bn_eps is None and at_other else none
@@ -122,8 +127,7 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
     out_errs = [unfolded.errors.get(step.norm.output) if step.norm.output else None for step in found]
     with torch.inference_mode():  # plain arithmetic on constants: no op needs autograd's bookkeeping
         nb = NormBatch(stats)
-        # every eps the rows read, computed at once: the model's, and bn_eps or else the QNN what-if's
-        other = bn_eps if bn_eps is not None else QNN_EPS if prof.htp_batch_norm else None
+        other = _other_eps(bn_eps, prof)  # every eps the rows read, computed at once: the model's and this one
         nb.prepare([nb.model_eps] + ([[other] * nb.seg.n] if other is not None else []))
         numbers = _numbers_of(nb, bn_eps)
         risks = _risks(nb, prof, bn_eps, [unfolded.probes.get(step.name) for step in found], rows, out_errs)

@@ -28,12 +28,10 @@ def _channel_range(x: torch.Tensor, axis: int) -> tuple[torch.Tensor, torch.Tens
     if x.numel() == 0:
         lo = torch.full((channels,), torch.inf, dtype=torch.float64)
         return lo, -lo, 0
-    others = tuple(d for d in range(x.dim()) if d != axis % x.dim())
     nan = torch.isnan(x)
-    n_nan = int(nan.sum())
-    lo = x.masked_fill(nan, torch.inf).amin(dim=others) if others else x.masked_fill(nan, torch.inf)
-    hi = x.masked_fill(nan, -torch.inf).amax(dim=others) if others else x.masked_fill(nan, -torch.inf)
-    return lo.to(torch.float64).reshape(channels), hi.to(torch.float64).reshape(channels), n_nan
+    lo = _extrema(x.masked_fill(nan, torch.inf), axis)[0]
+    hi = _extrema(x.masked_fill(nan, -torch.inf), axis)[1]
+    return lo.to(torch.float64).reshape(channels), hi.to(torch.float64).reshape(channels), int(nan.sum())
 
 
 @dataclass
