@@ -79,8 +79,8 @@ class TensorError:
             "node": self.node,
             "op": self.op,
             "shape": list(self.shape),
-            "sqnr_db": json_db(self.sqnr_db),
-            "finite_sqnr_db": json_db(self.finite_sqnr_db),
+            "sqnr_db": json_float(self.sqnr_db),  # null: NaN/inf in the tensor; "inf": no error at all
+            "finite_sqnr_db": json_float(self.finite_sqnr_db),
             "max_abs_err": json_float(self.max_abs_err),
             "max_abs_ref": json_float(self.max_abs_ref),
             "elements": self.count,
@@ -97,11 +97,6 @@ def json_float(x: float):
     if math.isnan(x):
         return None
     return x if math.isfinite(x) else str(x)
-
-
-def json_db(x: float):
-    """An SQNR for JSON: null when undefined (NaN/inf in the tensor), "inf" for no error at all."""
-    return json_float(x)
 
 
 def _abs_max(t: torch.Tensor) -> float:
@@ -143,17 +138,11 @@ def measure(
     if ref.dtype != dtype:
         ref = ref.to(dtype)
     diff = (emulated if emulated.dtype == dtype else emulated.to(dtype)) - ref
+    found = [torch.linalg.vector_norm(diff), *_extrema(diff)]
     if ref_stats is None:
-        r_lo, r_hi = _extrema(ref)
-        d_lo, d_hi = _extrema(diff)
-        noise, signal, r_lo, r_hi, d_lo, d_hi = torch.stack(
-            (torch.linalg.vector_norm(diff), torch.linalg.vector_norm(ref), r_lo, r_hi, d_lo, d_hi)
-        ).tolist()  # one conversion to Python numbers
-        signal, max_ref = signal * signal, max(-r_lo, r_hi)
-    else:
-        d_lo, d_hi = _extrema(diff)
-        noise, d_lo, d_hi = torch.stack((torch.linalg.vector_norm(diff), d_lo, d_hi)).tolist()
-        signal, max_ref = ref_stats
+        found += [torch.linalg.vector_norm(ref), *_extrema(ref)]
+    noise, d_lo, d_hi, *rest = torch.stack(found).tolist()  # one conversion to Python numbers
+    signal, max_ref = ref_stats or (rest[0] * rest[0], max(-rest[1], rest[2]))
     noise *= noise
     err.max_abs_ref = max_ref
     if math.isfinite(noise):

@@ -15,8 +15,6 @@ a folded chain's result under the chain's output name).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 import onnx
 import torch
@@ -59,32 +57,7 @@ class OpFailed(ValueError):
 def _tensor(arr: np.ndarray) -> torch.Tensor:
     """A constant as the runner holds it: floats as stored (the runner casts them once), booleans bool,
     integers int64."""
-    if arr.dtype.kind == "f":
-        return torch.from_numpy(np.array(arr))
-    if arr.dtype == np.bool_:
-        return torch.from_numpy(np.array(arr))
-    return torch.from_numpy(np.array(arr, dtype=np.int64))
-
-
-@dataclass
-class OnnxNorm:
-    """An eval-mode BatchNormalization whose scale, bias, mean and var are constants."""
-
-    node: str
-    input: str
-    output: str
-    eps: float
-
-
-def constants(model: onnx.ModelProto) -> dict[str, np.ndarray]:
-    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
-    (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
-    a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
-    (over the budget is a WorkError, before anything is made), counting what is alive: a computed value
-    that only constant ops read is dropped once they are computed (the runner computes it again if a batch
-    needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
-    read by a node that is no constant op and stays)."""
-    return _constants(model, _node_fields(model))
+    return torch.from_numpy(np.array(arr, dtype=None if arr.dtype.kind in "fb" else np.int64))
 
 
 def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
@@ -97,11 +70,19 @@ def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list
     return out
 
 
-def _constants(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, np.ndarray]:
-    """:func:`constants` over the fields of the nodes (:func:`_node_fields`)."""
+def constants(model: onnx.ModelProto, nodes: list[tuple] | None = None) -> dict[str, np.ndarray]:
+    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
+    (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
+    a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
+    (over the budget is a WorkError, before anything is made), counting what is alive: a computed value
+    that only constant ops read is dropped once they are computed (the runner computes it again if a batch
+    needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
+    read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
+    they are at hand."""
     from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
+    nodes = _node_fields(model) if nodes is None else nodes
     out = {t.name: array(t) for t in model.graph.initializer}
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
@@ -152,24 +133,25 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     return [i for i in model.graph.input if i.name not in init]
 
 
-def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, OnnxNorm]:
-    """``{node name: OnnxNorm}`` for every eval-mode BatchNormalization with constant statistics, over the node
-    fields :func:`_node_fields` read and the constants :func:`constants` found."""
+def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, float]:
+    """``{node name: eps}`` of every eval-mode BatchNormalization whose scale, bias, mean and var are constants,
+    over the node fields :func:`_node_fields` read and the constants :func:`constants` found."""
     out = {}
-    for node, op, ins, outs, name in nodes:
+    for node, op, ins, _, name in nodes:
         if op != "BatchNormalization" or len(ins) < 5:
             continue
         a = attrs(node)
         if a.get("training_mode", 0) or not all(i in consts for i in ins[1:5]):
             continue
-        out[name] = OnnxNorm(name, ins[0], outs[0], float(a.get("epsilon", 1e-5)))
+        out[name] = float(a.get("epsilon", 1e-5))
     return out
 
 
 def _step(
-    node: onnx.NodeProto, fields: tuple, name: str, opset: int | None, norm: OnnxNorm | None, consts: dict
+    node: onnx.NodeProto, fields: tuple, name: str, opset: int | None, norm_eps: float | None, consts: dict
 ) -> Step:
-    """``node`` as a step of the runner (``fields``: its op type, inputs and outputs, :func:`_node_fields`)."""
+    """``node`` as a step of the runner (``fields``: its op type, inputs and outputs, :func:`_node_fields`;
+    ``norm_eps``: the eps of a batch norm :func:`norms_of` found, else None)."""
     op, ins, outs = fields
     if node.domain not in ("", "ai.onnx"):
         raise UnsupportedOp(f"{node.domain}.{node.op_type}", name, "custom domain")
@@ -200,8 +182,8 @@ def _step(
         step.weight = ins[1] if len(ins) > 1 and ins[1] in consts else None
         step.bias = ins[2] if len(ins) > 2 and ins[2] else None
         step.accumulated = lambda ins, chunk: _accumulated(node, a, run, ins, chunk)
-    if norm is not None:
-        step.norm = StepNorm(norm.input, tuple(ins[1:5]), norm.eps, output=norm.output)
+    if norm_eps is not None:
+        step.norm = StepNorm(ins[0], tuple(ins[1:5]), norm_eps, output=outs[0])
     return step
 
 
@@ -223,10 +205,10 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
     return round_fp16(run(ins, torch.float32)[0])
 
 
-def onnx_program(model: onnx.ModelProto) -> tuple[Program, dict[str, OnnxNorm]]:
-    """``model`` as the runner's :class:`~.runner.Program`, and its constant-statistics batch norms."""
+def onnx_program(model: onnx.ModelProto) -> Program:
+    """``model`` as the runner's :class:`~.runner.Program`."""
     nodes = _node_fields(model)
-    consts = _constants(model, nodes)
+    consts = constants(model, nodes)
     norms = norms_of(nodes, consts)
     opset = opset_of(model)
     steps = [
@@ -242,7 +224,7 @@ def onnx_program(model: onnx.ModelProto) -> tuple[Program, dict[str, OnnxNorm]]:
         return [torch.as_tensor(x) for x in xs]
 
     floats = {k: _tensor(v) for k, v in consts.items()}
-    return Program(steps, floats, inputs, [o.name for o in model.graph.output], feed), norms
+    return Program(steps, floats, inputs, [o.name for o in model.graph.output], feed)
 
 
 class OnnxEmulator(Runner):
@@ -251,8 +233,7 @@ class OnnxEmulator(Runner):
 
     def __init__(self, model: onnx.ModelProto, profile: str | Profile = "fp16", bn_eps=None, segments=None):
         self.model = model
-        program, self.norms = onnx_program(model)
-        super().__init__(program, profile, bn_eps, segments)
+        super().__init__(onnx_program(model), profile, bn_eps, segments)
 
 
 def input_shapes_of(model: onnx.ModelProto, input_shapes: dict[str, tuple] | None = None) -> dict[str, list]:
@@ -329,4 +310,4 @@ def _output_rank(model) -> int | None:
     return len(outs[0].type.tensor_type.shape.dim)
 
 
-ONNX_AUDIT = AuditFormat(_prepare, lambda model: onnx_program(model)[0], _output_rank)
+ONNX_AUDIT = AuditFormat(_prepare, onnx_program, _output_rank)

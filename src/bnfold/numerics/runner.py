@@ -257,14 +257,6 @@ class Runner:
         ``(node, op type, why)``."""
         return [(s.name, s.op, s.not_emulated) for s in self.program.steps if s.not_emulated]
 
-    @property
-    def inputs(self) -> list[str]:
-        return self.program.inputs
-
-    @property
-    def outputs(self) -> list[str]:
-        return self.program.outputs
-
     def _ort_fusion(self, readers: dict) -> dict[str, Any]:
         """ONNX Runtime's Conv+BatchNormalization fusion on fp16 weights (:mod:`.ort_fusion`): ``{conv step:
         (weight, bias)}`` and ``{batch norm step: the conv's output}`` for each conv of constant weights whose

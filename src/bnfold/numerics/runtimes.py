@@ -24,7 +24,7 @@ RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
 
 def torch_half(model: onnx.ModelProto, batch: tuple) -> list[torch.Tensor]:
     """``model``'s outputs run by PyTorch eager in float16 on CPU (returned as float32)."""
-    prog, _ = onnx_program(model)
+    prog = onnx_program(model)
     env = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in prog.constants.items()}
     for name, x in zip(prog.inputs, prog.feed(batch)):
         env[name] = x.to(torch.float16) if x.is_floating_point() else x
