@@ -19,6 +19,9 @@ in each round, after one untimed warm-up call of each; a forward is timed ``FORW
                 value of both programs measured against its reference;
 * ``ratio``     ``(audit - fold) / fp32 fwd`` (goal <= 10: ``PASS`` / ``MISS``), and the same for ``json``.
 
+``--watched``: the audit and the fold inside the CLI's watchdog (``bnfold.io.runtime.watch``), as ``bnfold audit``
+runs them: the run-time check then sizes each op the plan did not before it runs (:func:`bnfold.io.runtime.before_op`).
+
 ``--ops``: the same three runs counted in ATen ops dispatched (``TorchDispatchMode``) instead of timed: a count
 that does not move from run to run or machine to machine (this virtual machine's times do, by 10-30%), for
 comparing two versions of the audit; an op on a tiny tensor costs ~1-3 us here, a forward's convolutions more.
@@ -42,6 +45,7 @@ from numerics_helpers import onnx_keeping_batch_norms
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bnfold
+from bnfold.io.runtime import watch
 from bnfold.numerics.onnx_emulator import OnnxEmulator
 
 GOAL = 10.0
@@ -75,7 +79,19 @@ def _onnx(net, x) -> onnx.ModelProto:
     return onnx_keeping_batch_norms(net, x)  # TorchScript exporter, BatchNorm nodes kept
 
 
-def _row(name: str, model, x, rounds: int, profile: str) -> list:
+def _watched(fn, watched: bool):
+    """``fn`` run inside the CLI's watchdog when ``watched`` (see the module docstring)."""
+    if not watched:
+        return fn
+
+    def run():
+        with watch():
+            return fn()
+
+    return run
+
+
+def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) -> list:
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
         forward = lambda: fp32.run(x, reference=False)  # noqa: E731
@@ -91,9 +107,9 @@ def _row(name: str, model, x, rounds: int, profile: str) -> list:
     fwd, fold, audit, full = _min_times(
         [
             forwards,
-            lambda: bnfold.fold(model),
-            lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False),
-            lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=True),
+            _watched(lambda: bnfold.fold(model), watched),
+            _watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False), watched),
+            _watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=True), watched),
         ],
         rounds,
     )
@@ -128,7 +144,7 @@ def _ops(fn) -> int:
     return count.n
 
 
-def _ops_row(name: str, model, x, rounds: int, profile: str) -> list:
+def _ops_row(name: str, model, x, rounds: int, profile: str, watched: bool = False) -> list:
     """The row of ``--ops``: ATen ops per forward, fold and audit (``rounds`` unused: a count does not vary)."""
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
@@ -137,8 +153,8 @@ def _ops_row(name: str, model, x, rounds: int, profile: str) -> list:
         module = model.module()
         with torch.no_grad():
             fwd = _ops(lambda: module(x))
-    fold = _ops(lambda: bnfold.fold(model))
-    audit = _ops(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False))
+    fold = _ops(_watched(lambda: bnfold.fold(model), watched))
+    audit = _ops(_watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False), watched))
     return [name, fwd, fold, audit, f"{(audit - fold) / fwd:.1f}x"]
 
 
@@ -148,6 +164,7 @@ def main(argv=None) -> int:
     p.add_argument("--profile", default="fp16")
     p.add_argument("--quick", action="store_true", help="the suite's small shapes, no rapidocr models")
     p.add_argument("--only", default="", help="comma-separated model keys (resnet, efficientnet, audio, v4-rec, ...)")
+    p.add_argument("--watched", action="store_true", help="inside the CLI's watchdog, as `bnfold audit` runs")
     p.add_argument("--ops", action="store_true", help="count ATen ops instead of timing (a count does not vary)")
     args = p.parse_args(argv)
     row = _ops_row if args.ops else _row
@@ -163,9 +180,16 @@ def main(argv=None) -> int:
         (x,) = b["example"]
         shape = "x".join(map(str, x.shape))
         rows.append(
-            row(f"{arch} (torch program) {shape}", torch.export.export(b["model"], (x,)), x, args.rounds, args.profile)
+            row(
+                f"{arch} (torch program) {shape}",
+                torch.export.export(b["model"], (x,)),
+                x,
+                args.rounds,
+                args.profile,
+                args.watched,
+            )
         )
-        rows.append(row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
+        rows.append(row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile, args.watched))
     if not args.quick:
         try:
             from paddleocr_models import model_path
@@ -180,7 +204,8 @@ def main(argv=None) -> int:
                 print(f"rapidocr model {key} is not installed: skipped", file=sys.stderr)
                 continue
             x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-            rows.append(row(f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}", model, x, args.rounds, args.profile))
+            label = f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}"
+            rows.append(row(label, model, x, args.rounds, args.profile, args.watched))
     headers = ["model", "fp32 fwd s", "fold s", "audit s", "(audit-fold)/fwd", f"goal <= {GOAL:g}x", "json s", "ratio"]
     if args.ops:
         headers = ["model", "fwd ops", "fold ops", "audit ops", "(audit-fold)/fwd"]
