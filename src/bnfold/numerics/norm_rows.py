@@ -27,34 +27,30 @@ def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
     return status
 
 
-def norm_numbers(nb: NormBatch, bn_eps: float | None) -> list[dict]:
-    """Per member of ``nb``, ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at
-    ``bn_eps``) and the bn_eps scale, from ``fold_math.batch_norm_affines`` (:meth:`NormBatch.extremes`).
-    Numbers it cannot give (undefined statistics, an unknown gamma) are NaN; the scale does not depend on
-    beta.  kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``."""
-    seg, nan = nb.seg, math.nan
-    if seg.n == 0:
-        return []
-    (_, kappa_ok, scale_ok), model = nb.defined(nb.model_eps), nb.extremes(nb.model_eps)
-    if bn_eps is not None:
-        rt = [bn_eps] * seg.n
-        (_, rt_kappa_ok, rt_scale_ok), runtime = nb.defined(rt), nb.extremes(rt)
-    out = []
-    for i, (scale_min, scale_max, kappa, channel) in enumerate(model):
-        known = nb.stats[nb.members[i]].gamma_known
-        numbers = {
-            "channels": seg.sizes[i],
-            "scale_min": scale_min if scale_ok[i] and known else nan,
-            "scale_max": scale_max if scale_ok[i] and known else nan,
-            "kappa": kappa if kappa_ok[i] else nan,
-            "kappa_channel": channel if kappa_ok[i] else -1,
-            "runtime_scale_max": None,
-            "runtime_kappa": None,
-        }
-        if bn_eps is not None:
-            numbers["runtime_scale_max"] = runtime[i][1] if rt_scale_ok[i] and known else nan
-            numbers["runtime_kappa"] = runtime[i][2] if rt_kappa_ok[i] else nan
-        out.append(numbers)
+def _numbers_of(nb: NormBatch, bn_eps: float | None) -> list[dict]:
+    """Per norm of ``nb``, ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at
+    ``bn_eps``) and the bn_eps scale, from ``fold_math.batch_norm_affines`` (:meth:`NormBatch.at`).
+    Numbers it cannot give (channel counts that disagree, undefined statistics, an unknown gamma) are NaN; the
+    scale does not depend on beta.  kappa is the shift of the bare normalization (gamma = 1, beta = 0):
+    ``|mean| / sqrt(var + eps)``."""
+    nan, runtime_nan = math.nan, None if bn_eps is None else math.nan
+    out = [
+        {"channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
+         "runtime_scale_max": runtime_nan, "runtime_kappa": runtime_nan}
+        for st in nb.stats
+    ]  # fmt: skip
+    model = nb.at(nb.model_eps)
+    runtime = nb.at([bn_eps] * nb.seg.n) if bn_eps is not None else None
+    for i, m in enumerate(nb.members):
+        numbers, known = out[m], nb.stats[m].gamma_known
+        if model.scaled[i] and known:
+            numbers["scale_min"], numbers["scale_max"] = model.extremes[i][:2]
+        if model.bare[i]:
+            numbers["kappa"], numbers["kappa_channel"] = model.extremes[i][2:]
+        if runtime is not None and runtime.scaled[i] and known:
+            numbers["runtime_scale_max"] = runtime.extremes[i][1]
+        if runtime is not None and runtime.bare[i]:
+            numbers["runtime_kappa"] = runtime.extremes[i][2]
     return out
 
 
@@ -164,17 +160,6 @@ def _input_max_abs(steps: list, probes: dict) -> list[float]:
         for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
             out[i] = top
     return out
-
-
-def _numbers_of(nb: NormBatch, bn_eps) -> list[dict]:
-    """:func:`norm_numbers` of every norm of ``nb``, NaN numbers where its statistics' channel counts disagree."""
-    numbers = nb.out(norm_numbers(nb, bn_eps))
-    nan = math.nan
-    blank = lambda st: {  # noqa: E731
-        "channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
-        "runtime_scale_max": None if bn_eps is None else nan, "runtime_kappa": None if bn_eps is None else nan,
-    }  # fmt: skip
-    return [n if n is not None else blank(st) for n, st in zip(numbers, nb.stats)]
 
 
 def _smallest_headroom(risk: Risk | None, x_max: float) -> float:
