@@ -251,17 +251,12 @@ def headroom(profile: Profile, values: dict[str, float]) -> float:
     return (FP16_MAX if profile.fp16_storage else FP32_MAX) / top if top > 0 else math.inf
 
 
-#: the causes the unfolded error's terms add up to: roundings of values near the mean, multiplied by the scale
-#: (they grow with kappa^2), the runtime eps (a systematic change of the scale), and plain fp16 rounding
+#: the unfolded error's terms by the cause they add up to: roundings of values near the mean, multiplied by the
+#: scale (they grow with kappa^2), the runtime eps (a systematic change of the scale), and plain fp16 rounding
 CAUSES = {
-    "input rounding x scale": "kappa",
-    "x*scale rounding": "kappa",
-    "stored scale": "kappa",
-    "stored bias'": "kappa",
-    "stored statistics": "kappa",
-    "runtime eps": "runtime eps",
-    "output rounding": "fp16 rounding",
-    "weights": "fp16 rounding",
+    "kappa": ("input rounding x scale", "x*scale rounding", "stored scale", "stored bias'", "stored statistics"),
+    "runtime eps": ("runtime eps",),
+    "fp16 rounding": ("output rounding", "weights"),
 }
 
 
@@ -345,7 +340,7 @@ def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) 
     unf, fold, signal = _noise_terms(nb, profile, var, s, b, model.scale, model.shift)
     sums = seg.sum(torch.stack([*unf.values(), sum(fold.values()), signal])).permute(1, 2, 0).tolist()
     values_at = torch.stack(list(inter.values())).permute(1, 2, 0).tolist()
-    k, causes = len(unf), [CAUSES.get(name, name) for name in unf]
+    k, causes = len(unf), [next(c for c, terms in CAUSES.items() if name in terms) for name in unf]
     out = []
     for eps, a, values_v, sums_v in zip(rows, at, values_at, sums):
         valid = map(all, zip(a.defined, a.bare, model.defined, nb.predictable))
