@@ -70,11 +70,10 @@ def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list
     eps = [st.eps if st is not None and bn_eps is None else bn_eps for st in stats]
     measured = measure_intermediates(nb, prof, eps, probes)
     out = []
-    for i, st in enumerate(stats):
+    for i, (st, m, row, out_err) in enumerate(zip(stats, measured, rows, out_errs)):
         if st is None or not (st.gamma_known and st.beta_known):
             out.append(None)
             continue
-        m, row, out_err = measured[i], rows[i], out_errs[i]
         if m is not None:
             m.output_nonfinite = out_err.nonfinite if out_err is not None else 0
             if row is not None and row.local_unfolded is not None and row.local_folded is not None:
@@ -130,13 +129,12 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
         inputs = _input_max_abs(found, unfolded.probes)
     out = []
     for step, nums, risk, row, x_max in zip(found, numbers, risks, rows, inputs):
-        norm = step.norm
         folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
         out.append(
             NormAudit(
                 node=step.name,
                 name=label or step.label or step.name,
-                eps=norm.eps,
+                eps=step.norm.eps,
                 input_max_abs=x_max,
                 headroom=_smallest_headroom(risk, x_max),
                 folded=folded,
@@ -154,21 +152,16 @@ def _input_max_abs(steps: list, probes: dict) -> list[float]:
     left out, inf kept; NaN without a probe), for all norms at once."""
     have = [(i, probes[s.name]) for i, s in enumerate(steps) if s.name in probes]
     out = [math.nan] * len(steps)
-    if have:
-        seg = Segments([p.lo_ref.numel() for _, p in have])
-        lo, hi = seg.stack([[getattr(p, k) for _, p in have] for k in ("lo_ref", "hi_ref")], [0.0, 0.0])
-        for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
-            out[i] = top
+    seg = Segments([p.lo_ref.numel() for _, p in have])
+    lo, hi = seg.stack([[getattr(p, k) for _, p in have] for k in ("lo_ref", "hi_ref")], [0.0, 0.0])
+    for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
+        out[i] = top
     return out
 
 
 def _smallest_headroom(risk: Risk | None, x_max: float) -> float:
     """The smallest headroom of any intermediate: measured (reference and emulated) and predicted."""
-    found = []
-    if risk is not None and risk.measured is not None:
-        found += [risk.measured.headroom_reference, risk.measured.headroom_emulated]
-    if risk is not None and risk.effective is not None:
-        found.append(risk.effective.headroom)
-    if not found:
-        return FP16_MAX / x_max if x_max > 0 else math.inf
-    return min(found)
+    meas, pred = (risk.measured, risk.effective) if risk is not None else (None, None)
+    found = [meas.headroom_reference, meas.headroom_emulated] if meas is not None else []
+    found += [pred.headroom] if pred is not None else []
+    return min(found) if found else FP16_MAX / x_max if x_max > 0 else math.inf
