@@ -60,8 +60,7 @@ class Segments:
         if self._starts.size == self.n:
             return ufunc.reduceat(v, self._starts, axis=-1)
         out = np.full((*v.shape[:-1], self.n), empty, dtype=v.dtype)
-        if self._starts.size:
-            out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
+        out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
         return out
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
