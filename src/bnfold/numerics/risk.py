@@ -296,9 +296,8 @@ def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[
     if profile.fp16_storage:  # the folded layer's stored bias
         roundings["folded bias"] = (b_m + s_m * layer_bias, zero, bits)
     noise = _rounding_noises(roundings)
-    out = noise["output"]
-    unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
-    fold = {"output rounding": out}
+    unf = {"output rounding": noise["output"], "runtime eps": (s - s_m) ** 2 * var}
+    fold = {"output rounding": noise["output"]}
     # the stored input (and the layer's stored bias), times the scale: kappa's share
     stored = noise["input"] + noise["layer bias"] if nb.has_layer_bias else noise["input"]
     unf["input rounding x scale"] = rounded * s2 * stored
