@@ -146,7 +146,7 @@ def test_risk_of_many_norms_at_once_is_each_norms_own():
     statistics are undefined (var + eps < 0) and one with inconsistent channel counts."""
     from bnfold.numerics.probe import NormProbe
     from bnfold.numerics.profiles import get_profile
-    from bnfold.numerics.risk import NormBatch, NormStats, measure_intermediates, predict
+    from bnfold.numerics.risk import NormBatch, NormStats, measure_intermediates, predict_at
 
     g = torch.Generator().manual_seed(3)
     f64 = dict(dtype=torch.float64)
@@ -167,10 +167,10 @@ def test_risk_of_many_norms_at_once_is_each_norms_own():
     ]
     for name in ("fp16", "htp", "fp32"):
         prof = get_profile(name)
-        together = predict(NormBatch(norms), prof), predict(NormBatch(norms), prof, 1e-9)
+        together = predict_at(NormBatch(norms), prof, [None, 1e-9])  # both eps in one call
         measured = measure_intermediates(NormBatch(norms), prof, [1e-5] * len(norms), probes)
         for i, st in enumerate(norms):
-            alone = predict(NormBatch([st]), prof)[0], predict(NormBatch([st]), prof, 1e-9)[0]
+            alone = [predict_at(NormBatch([st]), prof, [eps])[0][0] for eps in (None, 1e-9)]
             for a, b in zip(together, alone):
                 assert (a[i] is None) == (b is None) == (i in (1, 3, 4)), (name, i)
                 if b is not None:

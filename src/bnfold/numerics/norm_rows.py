@@ -27,34 +27,30 @@ def _fold_status(fold_report) -> dict[str, tuple[bool, str, str]]:
     return status
 
 
-def norm_numbers(nb: NormBatch, bn_eps: float | None) -> list[dict]:
-    """Per member of ``nb``, ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at
-    ``bn_eps``) and the bn_eps scale, from ``fold_math.batch_norm_affines`` (:meth:`NormBatch.extremes`).
-    Numbers it cannot give (undefined statistics, an unknown gamma) are NaN; the scale does not depend on
-    beta.  kappa is the shift of the bare normalization (gamma = 1, beta = 0): ``|mean| / sqrt(var + eps)``."""
-    seg, nan = nb.seg, math.nan
-    if seg.n == 0:
-        return []
-    (_, kappa_ok, scale_ok), model = nb.defined(nb.model_eps), nb.extremes(nb.model_eps)
-    if bn_eps is not None:
-        rt = [bn_eps] * seg.n
-        (_, rt_kappa_ok, rt_scale_ok), runtime = nb.defined(rt), nb.extremes(rt)
-    out = []
-    for i, (scale_min, scale_max, kappa, channel) in enumerate(model):
-        known = nb.stats[nb.members[i]].gamma_known
-        numbers = {
-            "channels": seg.sizes[i],
-            "scale_min": scale_min if scale_ok[i] and known else nan,
-            "scale_max": scale_max if scale_ok[i] and known else nan,
-            "kappa": kappa if kappa_ok[i] else nan,
-            "kappa_channel": channel if kappa_ok[i] else -1,
-            "runtime_scale_max": None,
-            "runtime_kappa": None,
-        }
-        if bn_eps is not None:
-            numbers["runtime_scale_max"] = runtime[i][1] if rt_scale_ok[i] and known else nan
-            numbers["runtime_kappa"] = runtime[i][2] if rt_kappa_ok[i] else nan
-        out.append(numbers)
+def _numbers_of(nb: NormBatch, bn_eps: float | None) -> list[dict]:
+    """Per norm of ``nb``, ``NormAudit``'s channels, ``|scale|`` range, kappa (at the model's eps and at
+    ``bn_eps``) and the bn_eps scale, from ``fold_math.batch_norm_affines`` (:meth:`NormBatch.at`).
+    Numbers it cannot give (channel counts that disagree, undefined statistics, an unknown gamma) are NaN; the
+    scale does not depend on beta.  kappa is the shift of the bare normalization (gamma = 1, beta = 0):
+    ``|mean| / sqrt(var + eps)``."""
+    nan, runtime_nan = math.nan, None if bn_eps is None else math.nan
+    out = [
+        {"channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
+         "runtime_scale_max": runtime_nan, "runtime_kappa": runtime_nan}
+        for st in nb.stats
+    ]  # fmt: skip
+    model = nb.at(nb.model_eps)
+    runtime = nb.at([bn_eps] * nb.seg.n) if bn_eps is not None else None
+    for i, m in enumerate(nb.members):
+        numbers, known = out[m], nb.stats[m].gamma_known
+        if model.scaled[i] and known:
+            numbers["scale_min"], numbers["scale_max"] = model.extremes[i][:2]
+        if model.bare[i]:
+            numbers["kappa"], numbers["kappa_channel"] = model.extremes[i][2:]
+        if runtime is not None and runtime.scaled[i] and known:
+            numbers["runtime_scale_max"] = runtime.extremes[i][1]
+        if runtime is not None and runtime.bare[i]:
+            numbers["runtime_kappa"] = runtime.extremes[i][2]
     return out
 
 
@@ -74,11 +70,10 @@ def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list
     eps = [st.eps if st is not None and bn_eps is None else bn_eps for st in stats]
     measured = measure_intermediates(nb, prof, eps, probes)
     out = []
-    for i, st in enumerate(stats):
+    for i, (st, m, row, out_err) in enumerate(zip(stats, measured, rows, out_errs)):
         if st is None or not (st.gamma_known and st.beta_known):
             out.append(None)
             continue
-        m, row, out_err = measured[i], rows[i], out_errs[i]
         if m is not None:
             m.output_nonfinite = out_err.nonfinite if out_err is not None else 0
             if row is not None and row.local_unfolded is not None and row.local_folded is not None:
@@ -134,13 +129,12 @@ def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, 
         inputs = _input_max_abs(found, unfolded.probes)
     out = []
     for step, nums, risk, row, x_max in zip(found, numbers, risks, rows, inputs):
-        norm = step.norm
         folded, fold, label = status.get(step.name, (False, "not audited (no fold report)", None))
         out.append(
             NormAudit(
                 node=step.name,
                 name=label or step.label or step.name,
-                eps=norm.eps,
+                eps=step.norm.eps,
                 input_max_abs=x_max,
                 headroom=_smallest_headroom(risk, x_max),
                 folded=folded,
@@ -158,32 +152,16 @@ def _input_max_abs(steps: list, probes: dict) -> list[float]:
     left out, inf kept; NaN without a probe), for all norms at once."""
     have = [(i, probes[s.name]) for i, s in enumerate(steps) if s.name in probes]
     out = [math.nan] * len(steps)
-    if have:
-        seg = Segments([p.lo_ref.numel() for _, p in have])
-        lo, hi = seg.stack([[getattr(p, k) for _, p in have] for k in ("lo_ref", "hi_ref")], [0.0, 0.0])
-        for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
-            out[i] = top
+    seg = Segments([p.lo_ref.numel() for _, p in have])
+    lo, hi = seg.stack([[getattr(p, k) for _, p in have] for k in ("lo_ref", "hi_ref")], [0.0, 0.0])
+    for (i, _), top in zip(have, seg.max(torch.maximum(-lo, hi), floor=0.0).tolist()):
+        out[i] = top
     return out
-
-
-def _numbers_of(nb: NormBatch, bn_eps) -> list[dict]:
-    """:func:`norm_numbers` of every norm of ``nb``, NaN numbers where its statistics' channel counts disagree."""
-    numbers = nb.out(norm_numbers(nb, bn_eps))
-    nan = math.nan
-    blank = lambda st: {  # noqa: E731
-        "channels": st.mean.numel(), "scale_min": nan, "scale_max": nan, "kappa": nan, "kappa_channel": -1,
-        "runtime_scale_max": None if bn_eps is None else nan, "runtime_kappa": None if bn_eps is None else nan,
-    }  # fmt: skip
-    return [n if n is not None else blank(st) for n, st in zip(numbers, nb.stats)]
 
 
 def _smallest_headroom(risk: Risk | None, x_max: float) -> float:
     """The smallest headroom of any intermediate: measured (reference and emulated) and predicted."""
-    found = []
-    if risk is not None and risk.measured is not None:
-        found += [risk.measured.headroom_reference, risk.measured.headroom_emulated]
-    if risk is not None and risk.effective is not None:
-        found.append(risk.effective.headroom)
-    if not found:
-        return FP16_MAX / x_max if x_max > 0 else math.inf
-    return min(found)
+    meas, pred = (risk.measured, risk.effective) if risk is not None else (None, None)
+    found = [meas.headroom_reference, meas.headroom_emulated] if meas is not None else []
+    found += [pred.headroom] if pred is not None else []
+    return min(found) if found else FP16_MAX / x_max if x_max > 0 else math.inf

@@ -53,8 +53,7 @@ class NormProbe:
         if emulated.dim() and emulated.numel() and ref.numel():
             table = torch.stack((*_extrema(ref, axis), *_extrema(emulated, axis)))  # the runner's: no grad
             if not bool(table.isnan().any()):
-                lo_r, hi_r, lo_e, hi_e = table.to(torch.float64).unbind()
-                return cls(node, lo_r, hi_r, lo_e, hi_e, 0)
+                return cls(node, *table.to(torch.float64).unbind(), 0)  # lo_ref, hi_ref, lo_emu, hi_emu
         lo_r, hi_r, _ = _channel_range(ref, axis)
         lo_e, hi_e, nan = _channel_range(emulated, axis)
         return cls(node, lo_r, hi_r, lo_e, hi_e, nan)

@@ -31,11 +31,12 @@ together: ``input NaN`` / ``overflows`` / ``degrades`` (by about N dB) / ``safe`
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from ..fold_math import batch_norm_affines
+from .errors import json_float
 from .probe import NormProbe
 from .profiles import FP16_MAX, Profile
 from .segments import F64, Segments
@@ -57,15 +58,6 @@ def _ulp(v: torch.Tensor, mant_bits: int) -> torch.Tensor:
     """The spacing of floating-point numbers with ``mant_bits`` fraction bits at ``|v|`` (fp16: 10)."""
     a = v.abs().clamp_min(2.0**-14)
     return torch.exp2(torch.floor(torch.log2(a)) - mant_bits)
-
-
-def rounding_noise(const: torch.Tensor, var: torch.Tensor, mant_bits: int = 10) -> torch.Tensor:
-    """Expected squared error of rounding values of mean ``const`` and variance ``var`` (per channel)."""
-    const, var = torch.as_tensor(const, dtype=torch.float64), torch.as_tensor(var, dtype=torch.float64)
-    u = 2.0 ** -(mant_bits + 1)
-    spread = SPREAD * u * u * (const * const + var)
-    tight = _ulp(const, mant_bits) ** 2 / 12
-    return torch.where(var.sqrt() * 8 < const.abs(), tight, spread)
 
 
 @dataclass
@@ -91,13 +83,7 @@ class EpsRisk:
         return self.headroom < 1.0
 
     def to_dict(self) -> dict:
-        from .errors import json_float
-
-        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
-        out["intermediates"] = {k: json_float(v) for k, v in self.intermediates.items()}
-        out["loss_db"] = json_float(self.loss_db)
-        out["overflows"] = self.overflows
-        return out
+        return _json({**self.__dict__, "loss_db": self.loss_db, "overflows": self.overflows})
 
 
 @dataclass
@@ -113,12 +99,14 @@ class Measured:
     nan_input: int = 0
 
     def to_dict(self) -> dict:
-        from .errors import json_float
+        return _json(self.__dict__)
 
-        out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items()}
-        out["reference"] = {k: json_float(v) for k, v in self.reference.items()}
-        out["emulated"] = {k: json_float(v) for k, v in self.emulated.items()}
-        return out
+
+def _json(v):
+    """``v`` for JSON: a float through ``json_float``, a dict (of fields, or of floats) value by value."""
+    if isinstance(v, dict):
+        return {k: _json(x) for k, x in v.items()}
+    return json_float(v) if isinstance(v, float) else v
 
 
 @dataclass
@@ -142,6 +130,21 @@ class NormStats:
         """Per per-channel tensor (var, gamma, beta, layer_bias): absent or of the statistics' channel count."""
         c = self.mean.numel()
         return tuple(t is None or t.numel() == c for t in (self.var, self.gamma, self.beta, self.layer_bias))
+
+
+@dataclass
+class AtEps:
+    """What :class:`NormBatch` gives at one eps per member (:meth:`NormBatch.at`)."""
+
+    scale: torch.Tensor  # fold_math.batch_norm_affines' scale and shift, with gamma and beta
+    shift: torch.Tensor
+    #: per member, whether its statistics define the affine (finite, ``var + eps > 0`` on every channel): with
+    #: gamma and beta, bare (gamma 1, beta 0: kappa's) and with gamma (the scale's)
+    defined: list[bool]
+    bare: list[bool]
+    scaled: list[bool]
+    #: per member: ``min |scale|``, ``max |scale|``, kappa (``max |shift|`` of the bare affine) and its first channel
+    extremes: list[tuple[float, float, float, int]]
 
 
 class NormBatch:
@@ -169,13 +172,15 @@ class NormBatch:
         self.model_eps = [st.eps for st, _ in kept]
         self.predictable = [st.gamma_known and st.beta_known and all(f) for st, f in kept]
         self.has_layer_bias = any(lb is not None for lb in columns[4])
-        self._at: dict[tuple, tuple] = {}  # eps -> (scale, shift, defined, extremes)
-        self._max_abs: dict[str, list[float]] = {}
+        self._at: dict[tuple, AtEps] = {}
+        #: per member, the largest ``|value|`` of its ``mean``, ``var``, ``gamma`` and ``beta`` (NaN: it holds one),
+        #: by statistic (set by :meth:`prepare`)
+        self.max_abs: dict[str, list[float]] = {}
 
     def prepare(self, eps_list: list[list[float]]) -> None:
-        """Compute what :meth:`affine`, :meth:`defined` and :meth:`extremes` give at each of ``eps_list`` (one eps
-        per member each) not computed yet, all in one call of ``fold_math.batch_norm_affines`` and one reduction
-        (which also gives :meth:`max_abs`): each op then runs once for every eps."""
+        """Compute what :meth:`at` gives at each of ``eps_list`` (one eps per member each) not computed yet, all in
+        one call of ``fold_math.batch_norm_affines`` and one reduction (which also gives :attr:`max_abs`): each op
+        then runs once for every eps."""
         todo = list(dict.fromkeys(e for e in map(tuple, eps_list) if e not in self._at))
         if not todo:
             return
@@ -195,8 +200,8 @@ class NormBatch:
         top = seg.max(torch.cat([scale_abs, kappa, -scale_abs, self._columns[:4].abs(), -self.var[None]]))
         channels = seg.argmax(kappa, top[r : 2 * r]).tolist()
         table = top.tolist()
-        self._max_abs = dict(zip(("mean", "var", "gamma", "beta"), table[3 * r : 3 * r + 4]))
-        finite = [[v < math.inf for v in row] for row in self._max_abs.values()]  # per norm; not NaN either
+        self.max_abs = dict(zip(("mean", "var", "gamma", "beta"), table[3 * r : 3 * r + 4]))
+        finite = [[v < math.inf for v in row] for row in self.max_abs.values()]  # per norm; not NaN either
         min_var = [-v for v in table[3 * r + 4]]
         for k, (e, s, b) in enumerate(zip(todo, scale.unbind(0), shift.unbind(0))):
             # defined (as fold_math.batch_norm_affine checks): bare (kappa's), with gamma (the scale's), with beta
@@ -204,37 +209,17 @@ class NormBatch:
             scaled = [ok and g for ok, g in zip(bare, finite[2])]
             full = [ok and b_ok for ok, b_ok in zip(scaled, finite[3])]
             extremes = list(zip((-v for v in table[2 * r + k]), table[k], table[r + k], channels[k]))
-            self._at[e] = (s, b, (full, bare, scaled), extremes)
+            self._at[e] = AtEps(s, b, full, bare, scaled, extremes)
 
-    def max_abs(self, statistic: str) -> list[float]:
-        """Per member, the largest ``|value|`` of its ``mean``, ``var``, ``gamma`` or ``beta`` (NaN: it holds one)."""
-        self.prepare([self.model_eps])
-        return self._max_abs[statistic]
-
-    def affine(self, eps: list[float]) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(scale, shift)`` of ``fold_math.batch_norm_affines`` at one eps per member, with gamma and beta
-        (computed once per eps: :meth:`prepare`)."""
+    def at(self, eps: list[float]) -> AtEps:
+        """What the statistics give at one eps per member (computed once per eps: :meth:`prepare`)."""
         self.prepare([eps])
-        return self._at[tuple(eps)][:2]
-
-    def defined(self, eps: list[float]) -> tuple[list[bool], list[bool], list[bool]]:
-        """Per member at one eps per member, whether its statistics define the affine (finite, ``var + eps > 0``
-        on every channel): with gamma and beta, bare (gamma 1, beta 0: kappa's) and with gamma (the scale's)."""
-        self.prepare([eps])
-        return self._at[tuple(eps)][2]
-
-    def extremes(self, eps: list[float]) -> list[tuple[float, float, float, int]]:
-        """Per member at one eps per member: ``min |scale|``, ``max |scale|``, kappa (``max |shift|`` of the bare
-        affine) and the first channel of that kappa."""
-        self.prepare([eps])
-        return self._at[tuple(eps)][3]
+        return self._at[tuple(eps)]
 
     def out(self, values: list) -> list:
         """Per-member ``values`` placed at their norms' positions (None elsewhere)."""
-        full = [None] * len(self.stats)
-        for i, v in zip(self.members, values):
-            full[i] = v
-        return full
+        at = dict(zip(self.members, values))
+        return [at.get(i) for i in range(len(self.stats))]
 
 
 def _intermediates(profile: Profile, seg: Segments, s, b, bounds) -> dict[str, torch.Tensor]:
@@ -259,35 +244,34 @@ def _affine_max_abs(seg: Segments, scale, shift, bounds) -> torch.Tensor:
 
 
 def headroom(profile: Profile, values: dict[str, float]) -> float:
+    """The storage's largest finite value over the largest of ``values`` (0 if that is NaN, inf if 0)."""
     top = max(values.values(), default=0.0)
-    limit = FP16_MAX if profile.fp16_storage else FP32_MAX
     if math.isnan(top):
         return 0.0
-    return limit / top if top > 0 else math.inf
+    return (FP16_MAX if profile.fp16_storage else FP32_MAX) / top if top > 0 else math.inf
 
 
-#: the causes the unfolded error's terms add up to: roundings of values near the mean, multiplied by the scale
-#: (they grow with kappa^2), the runtime eps (a systematic change of the scale), and plain fp16 rounding
+#: the unfolded error's terms by the cause they add up to: roundings of values near the mean, multiplied by the
+#: scale (they grow with kappa^2), the runtime eps (a systematic change of the scale), and plain fp16 rounding
 CAUSES = {
-    "input rounding x scale": "kappa",
-    "x*scale rounding": "kappa",
-    "stored scale": "kappa",
-    "stored bias'": "kappa",
-    "stored statistics": "kappa",
-    "runtime eps": "runtime eps",
-    "output rounding": "fp16 rounding",
-    "weights": "fp16 rounding",
+    "kappa": ("input rounding x scale", "x*scale rounding", "stored scale", "stored bias'", "stored statistics"),
+    "runtime eps": ("runtime eps",),
+    "fp16 rounding": ("output rounding", "weights"),
 }
 
 
 def _rounding_noises(values: dict[str, tuple]) -> dict[str, torch.Tensor]:
-    """:func:`rounding_noise` of each ``(value, variance, mantissa bits)``, in one call per mantissa width (the
-    values of one width stacked: the same elementwise arithmetic, its ops run once)."""
+    """Expected squared error (per channel) of rounding each ``(const, var, mantissa bits)``: values of mean
+    ``const`` and variance ``var`` (float64), ``ulp^2 / 12`` where nearly constant, else ``SPREAD u^2`` of their
+    mean square.  One computation per mantissa width (the values of one width stacked: its ops run once)."""
     out = {}
     for bits in dict.fromkeys(v[2] for v in values.values()):
         names = [k for k, v in values.items() if v[2] == bits]
         const, var = (torch.stack([values[k][j] for k in names]) for j in (0, 1))
-        out.update(zip(names, rounding_noise(const, var, bits).unbind(0)))
+        u = 2.0 ** -(bits + 1)
+        spread = SPREAD * u * u * (const * const + var)
+        tight = _ulp(const, bits) ** 2 / 12
+        out.update(zip(names, torch.where(var.sqrt() * 8 < const.abs(), tight, spread).unbind(0)))
     return out
 
 
@@ -312,9 +296,8 @@ def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[
     if profile.fp16_storage:  # the folded layer's stored bias
         roundings["folded bias"] = (b_m + s_m * layer_bias, zero, bits)
     noise = _rounding_noises(roundings)
-    out = noise["output"]
-    unf = {"output rounding": out, "runtime eps": (s - s_m) ** 2 * var}
-    fold = {"output rounding": out}
+    unf = {"output rounding": noise["output"], "runtime eps": (s - s_m) ** 2 * var}
+    fold = {"output rounding": noise["output"]}
     # the stored input (and the layer's stored bias), times the scale: kappa's share
     stored = noise["input"] + noise["layer bias"] if nb.has_layer_bias else noise["input"]
     unf["input rounding x scale"] = rounded * s2 * stored
@@ -332,49 +315,42 @@ def _noise_terms(nb: NormBatch, profile: Profile, var, s, b, s_m, b_m) -> tuple[
     return unf, fold, beta**2 + s_m2_var
 
 
-def predict(nb: NormBatch, profile: Profile, eps: float | None = None) -> list[EpsRisk | None]:
-    """Per norm of ``nb``, its risk at ``eps`` (None: each norm's own) under ``profile``, from its statistics
-    alone (None where they do not define the normalization, or it is not ``predictable``)."""
-    return predict_at(nb, profile, [eps])[0]
-
-
 def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) -> list[list[EpsRisk | None]]:
-    """:func:`predict` at each of ``eps_values``, computed together (one row per eps in each tensor op)."""
+    """Per eps of ``eps_values`` (None: each norm's own), per norm of ``nb``, its risk at that eps under
+    ``profile``, from its statistics alone (None where they do not define the normalization, or it is not
+    ``predictable``); every eps computed together (one row per eps in each tensor op)."""
     seg, n = nb.seg, nb.seg.n
     if n == 0:
         return [nb.out([]) for _ in eps_values]
     rows = [nb.model_eps if e is None else [float(e)] * n for e in eps_values]
     nb.prepare([nb.model_eps, *rows])
-    s, b = (torch.stack(t) for t in zip(*(nb.affine(e) for e in rows)))
-    s_m, b_m = nb.affine(nb.model_eps)
+    model, at = nb.at(nb.model_eps), [nb.at(e) for e in rows]
+    s, b = torch.stack([a.scale for a in at]), torch.stack([a.shift for a in at])
     var = nb.var.clamp_min(0)
     # x in mean +- SIGMAS sd
     inter = _intermediates(profile, seg, s, b, nb.mean + torch.tensor([[-SIGMAS], [SIGMAS]], dtype=F64) * var.sqrt())
     names = list(inter)
-    stored = []  # the same at every eps
+    stored = [[]] * n  # the same at every eps
     if profile.fp16_storage and not profile.htp_batch_norm:
         # the fp16 form stores the running statistics themselves (``model.half()``): a var past 65504
         # becomes inf and the scale 0 (PP-OCRv4's detector has var ~1.2e7)
         names += ["stored var", "stored mean"]
-        stored = [list(v) for v in zip(nb.max_abs("var"), nb.max_abs("mean"))]
-    unf, fold, signal = _noise_terms(nb, profile, var, s, b, s_m, b_m)
+        stored = [list(v) for v in zip(nb.max_abs["var"], nb.max_abs["mean"])]
+    unf, fold, signal = _noise_terms(nb, profile, var, s, b, model.scale, model.shift)
     sums = seg.sum(torch.stack([*unf.values(), sum(fold.values()), signal])).permute(1, 2, 0).tolist()
     values_at = torch.stack(list(inter.values())).permute(1, 2, 0).tolist()
-    labels = list(dict.fromkeys(CAUSES.get(k, k) for k in unf))
-    causes = [(label, [j for j, k in enumerate(unf) if CAUSES.get(k, k) == label]) for label in labels]
-    ok_m, k = nb.defined(nb.model_eps)[0], len(unf)
+    k, causes = len(unf), [next(c for c, terms in CAUSES.items() if name in terms) for name in unf]
     out = []
-    for v, eps in enumerate(rows):
-        (ok, ok_bare, _), risks = nb.defined(eps), []
-        valid = [a and b and c and d for a, b, c, d in zip(ok, ok_bare, ok_m, nb.predictable)]
-        for good, e, (_, scale_max, kappa, channel), at, row, more in zip(
-            valid, eps, nb.extremes(eps), values_at[v], sums[v], stored or [[]] * n
+    for eps, a, values_v, sums_v in zip(rows, at, values_at, sums):
+        valid = map(all, zip(a.defined, a.bare, model.defined, nb.predictable))
+        risks = []
+        for good, e, (_, scale_max, kappa, channel), at_i, more, row in zip(
+            valid, eps, a.extremes, values_v, stored, sums_v
         ):
             if not good:
                 risks.append(None)
                 continue
-            values = dict(zip(names, at + more))
-            terms, fold_noise, total = row[:k], row[k], row[k + 1]
+            values, terms, fold_noise, total = dict(zip(names, at_i + more)), row[:k], row[k], row[k + 1]
             risks.append(
                 EpsRisk(
                     eps=float(e),
@@ -392,16 +368,12 @@ def predict_at(nb: NormBatch, profile: Profile, eps_values: list[float | None]) 
     return out
 
 
-def _largest(causes: list[tuple[str, list[int]]], terms: list[float]) -> str:
-    """The cause whose terms add up to the most, the first of equals (``max`` over a dict of the sums)."""
-    best, top = "", 0.0
-    for label, which in causes:
-        total = 0.0
-        for j in which:
-            total += terms[j]
-        if not best or total > top:
-            best, top = label, total
-    return best
+def _largest(causes: list[str], terms: list[float]) -> str:
+    """The cause whose terms (each of ``causes``) add up to the most, the first of equals."""
+    totals: dict[str, float] = {}
+    for cause, term in zip(causes, terms):
+        totals[cause] = totals.get(cause, 0.0) + term
+    return max(totals, key=totals.get)
 
 
 def _db(signal: float, noise: float) -> float:
@@ -425,21 +397,19 @@ def measure_intermediates(
         mine.append(p if fit else None)
     if all(p is None for p in mine):
         return nb.out([])
-    run = [eps[i] for i in nb.members]
-    s, b = nb.affine(run)
+    at = nb.at([eps[i] for i in nb.members])
     # lo and hi, each with a row for the reference and one for the emulated range
     bounds = [[None if p is None else getattr(p, k) for p in mine] for k in ("lo_ref", "lo_emu", "hi_ref", "hi_emu")]
     bounds = seg.stack(bounds, [math.nan] * 4).view(2, 2, seg.total)
-    inter = _intermediates(profile, seg, s.expand(2, -1), b.expand(2, -1), bounds)
+    inter = _intermediates(profile, seg, at.scale.expand(2, -1), at.shift.expand(2, -1), bounds)
     names = list(inter)
     table = torch.stack(list(inter.values())).permute(2, 1, 0).tolist()  # per norm: reference, emulated
-    valid = nb.defined(run)[0]
     out: list[Measured | None] = []
-    for i, p in enumerate(mine):
-        if p is None or not valid[i]:
+    for p, ok, (ref, emu) in zip(mine, at.defined, table):
+        if p is None or not ok:
             out.append(None)
             continue
-        r, e = dict(zip(names, table[i][0])), dict(zip(names, table[i][1]))
+        r, e = dict(zip(names, ref)), dict(zip(names, emu))
         out.append(Measured(r, e, headroom(profile, r), headroom(profile, e), nan_input=p.nan_emu))
     return nb.out(out)
 
@@ -457,7 +427,6 @@ class Risk:
     detail: str = ""
     cause: str = ""  # what overflows, or the largest term of the error
     risky_at_what_if: bool = False
-    notes: list = field(default_factory=list)
 
     @property
     def effective(self) -> EpsRisk | None:
@@ -466,11 +435,9 @@ class Risk:
     @property
     def loss_db(self) -> float:
         """The local SQNR loss the verdict stands on: the larger of predicted and measured."""
-        found = [self.effective.loss_db] if self.effective is not None else []
-        if self.measured is not None and self.measured.loss_db is not None:
-            found.append(self.measured.loss_db)
-        found = [x for x in found if math.isfinite(x)]
-        return max(found) if found else 0.0
+        pred = self.effective.loss_db if self.effective is not None else None
+        meas = self.measured.loss_db if self.measured is not None else None
+        return max((x for x in (pred, meas) if x is not None and math.isfinite(x)), default=0.0)
 
     def to_dict(self) -> dict:
         return {
@@ -491,38 +458,33 @@ def judge(risk: Risk) -> Risk:
     overflowed), so nothing about this norm can be measured.  ``degrades`` states the larger of
     the predicted and measured loss, and says which it is.
     """
-    pred, meas = risk.effective, risk.measured
+    pred, meas, what_if = risk.effective, risk.measured, risk.what_if
+    risk.risky_at_what_if = what_if is not None and (what_if.overflows or what_if.loss_db >= DEGRADE_DB)
     if meas is not None and meas.nan_input:
         risk.verdict = "input NaN"
         risk.detail = f"its input already holds {meas.nan_input} NaN/inf in the emulated run (an upstream overflow)"
         risk.cause = "NaN/inf upstream"
-        if risk.what_if is not None:
-            risk.risky_at_what_if = risk.what_if.overflows or risk.what_if.loss_db >= DEGRADE_DB
         return risk
+    meas_room = min(meas.headroom_reference, meas.headroom_emulated) if meas is not None else math.inf
+    meas_loss = meas.loss_db if meas is not None else None
     over_pred = pred is not None and pred.overflows
-    over_meas = meas is not None and (
-        min(meas.headroom_reference, meas.headroom_emulated) < 1 or meas.output_nonfinite > 0
-    )
+    over_meas = meas is not None and (meas_room < 1 or meas.output_nonfinite > 0)
     if over_pred or over_meas:
         risk.verdict = "overflows"
-        which = []
-        if over_pred:
-            which.append(f"predicted headroom {pred.headroom:.2g}x")
+        which = [f"predicted headroom {pred.headroom:.2g}x"] if over_pred else []
         if meas is not None:
-            which.append(
-                f"measured headroom {min(meas.headroom_reference, meas.headroom_emulated):.2g}x"
-                + (f", {meas.output_nonfinite} NaN/inf in its output" if meas.output_nonfinite else "")
-            )
+            nonfinite = f", {meas.output_nonfinite} NaN/inf in its output" if meas.output_nonfinite else ""
+            which.append(f"measured headroom {meas_room:.2g}x{nonfinite}")
         risk.detail = "; ".join(which)
         values = dict(pred.intermediates) if over_pred else {}
         if meas is not None:
-            for k, v in list(meas.reference.items()) + list(meas.emulated.items()):
+            for k, v in [*meas.reference.items(), *meas.emulated.items()]:
                 values[k] = max(values.get(k, 0.0), v)
         top = max(values, key=values.get, default="")
         risk.cause = f"{top} overflows" if top and values[top] > FP16_MAX else "NaN/inf in the output"
-    elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas and meas.loss_db and meas.loss_db >= DEGRADE_DB)):
+    elif pred is not None and (pred.loss_db >= DEGRADE_DB or (meas_loss is not None and meas_loss >= DEGRADE_DB)):
         risk.verdict = "degrades"
-        measured = meas is not None and meas.loss_db is not None and meas.loss_db > pred.loss_db
+        measured = meas_loss is not None and meas_loss > pred.loss_db
         if measured and pred.loss_db < DEGRADE_DB:  # the statistics did not predict it: the inputs did it
             risk.detail = (
                 f"by ~{risk.loss_db:.0f} dB measured (predicted {pred.loss_db:.0f} dB from the running statistics: "
@@ -536,8 +498,6 @@ def judge(risk: Risk) -> Risk:
     elif pred is not None:
         risk.verdict = "safe"
         risk.detail = f"predicted loss {pred.loss_db:.1f} dB"
-    if risk.what_if is not None:
-        risk.risky_at_what_if = risk.what_if.overflows or risk.what_if.loss_db >= DEGRADE_DB
     return risk
 
 
@@ -549,8 +509,8 @@ def norm_severity(n) -> tuple:
     first, that does not move with the host's rounding: the verdict, then the predicted loss (from the
     statistics alone: the same on every CPU), then the measured one.  A measured loss moves by tenths
     of a dB with the inputs and with the CPU's float32 kernels (PP-OCRv6 rec: 1.35 against 1.18 dB on
-    two CPUs), so it orders only what the prediction
-    ties; it still decides the verdict where it reaches ``degrades``."""
+    two CPUs), so it orders only what the prediction ties; it still decides the verdict where it reaches
+    ``degrades``."""
     r = n.risk
     pred = r.effective.loss_db if r is not None and r.effective is not None else math.nan
     meas = r.measured.loss_db if r is not None and r.measured is not None else None

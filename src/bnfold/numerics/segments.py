@@ -14,6 +14,8 @@ sizes); sums stay in torch (:meth:`Segments.sum` adds in channel order).
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 
@@ -40,21 +42,13 @@ class Segments:
         # the fills in the parts' dtype (0, 1 and NaN are exact in any): torch.cat of mixed dtypes is ~10x slower
         dtype = next((p.dtype for parts in rows for p in parts if p is not None), F64)
         dtype = dtype if dtype.is_floating_point else F64
-        filled: dict[tuple, torch.Tensor] = {}  # one fill tensor per (channel count, value)
+        full = functools.cache(lambda n, fill: torch.full((n,), fill, dtype=dtype))  # one per (channels, value)
         pieces = []
         for parts, fill in zip(rows, fills):
-            missing = [p is None for p in parts]
-            if all(missing):  # one fill for the row (no normalization: empty)
-                pieces.append(torch.full((self.total,), fill, dtype=dtype))
-            elif not any(missing):
-                pieces += parts
+            if all(p is None for p in parts):  # one fill for the row (no normalization: empty)
+                pieces.append(full(self.total, fill))
             else:
-                for p, n in zip(parts, self.sizes):
-                    if p is None:
-                        p = filled.get((n, fill))
-                        if p is None:
-                            p = filled[(n, fill)] = torch.full((n,), fill, dtype=dtype)
-                    pieces.append(p)
+                pieces += [full(n, fill) if p is None else p for p, n in zip(parts, self.sizes)]
         return torch.cat(pieces).detach().to(F64).view(len(rows), self.total)
 
     def spread(self, per_norm) -> torch.Tensor:
@@ -66,8 +60,7 @@ class Segments:
         if self._starts.size == self.n:
             return ufunc.reduceat(v, self._starts, axis=-1)
         out = np.full((*v.shape[:-1], self.n), empty, dtype=v.dtype)
-        if self._starts.size:
-            out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
+        out[..., self._filled] = ufunc.reduceat(v, self._starts, axis=-1)
         return out
 
     def sum(self, v: torch.Tensor) -> torch.Tensor:
