@@ -140,3 +140,12 @@ def test_plot_marks_nan_layers(tmp_path):
     png = tmp_path / "nan.png"
     rep.plot(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_an_sqnr_whose_ratio_underflows_is_minus_inf():
+    """signal / noise rounding to 0 (or an infinite noise) is no signal left: -inf dB, not a math domain error."""
+    from bnfold.numerics.risk import _db
+
+    assert TensorError("x", "op", (2,), count=2, signal=1e-300, noise=1e300).sqnr_db == -math.inf
+    assert _db(1e-300, 1e300) == -math.inf and _db(1.0, math.inf) == -math.inf
+    assert math.isnan(_db(math.inf, math.inf)) and _db(100.0, 1.0) == 20.0

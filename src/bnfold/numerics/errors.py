@@ -53,7 +53,8 @@ class TensorError:
             return math.inf
         if self.signal == 0.0:
             return -math.inf
-        return 10.0 * math.log10(self.signal / self.noise)
+        ratio = self.signal / self.noise  # 0 when it underflows: no signal left
+        return -math.inf if ratio == 0 else 10.0 * math.log10(ratio)
 
     @property
     def nonfinite(self) -> int:

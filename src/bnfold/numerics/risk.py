@@ -381,7 +381,8 @@ def _db(signal: float, noise: float) -> float:
         return math.inf
     if signal <= 0:
         return -math.inf
-    return 10 * math.log10(signal / noise)
+    ratio = signal / noise  # 0 when it underflows, or the noise is inf: no signal left
+    return -math.inf if ratio == 0 else 10 * math.log10(ratio)
 
 
 def measure_intermediates(
