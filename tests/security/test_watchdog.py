@@ -157,3 +157,69 @@ def test_strides_an_as_strided_reads_are_checked_like_shapes():
             fx_shapes.recompute(ep, where="lying.pt2")
     finally:
         source.meta["val"] = real
+
+
+def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(monkeypatch):
+    """In a watched run the runner's check (``Runner._check``) runs a step's meta kernels once per input signature
+    (a second batch of the same shapes reads what the first found; other shapes are sized again: ``MatMul``), and
+    not at all for an op whose table row bounds its outputs by its inputs' shapes within the budget (``Mul``:
+    broadcast, ``Sigmoid``: same); a broadcast past the budget is still sized by the meta kernels, and refused before
+    it allocates."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    f = TensorProto.FLOAT
+    nodes = [
+        helper.make_node("Mul", ["a", "b"], ["p"], name="mul"),
+        helper.make_node("MatMul", ["p", "p"], ["q"], name="mm"),
+        helper.make_node("Sigmoid", ["q"], ["y"], name="sig"),
+    ]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("a", f, [1, None]), helper.make_tensor_value_info("b", f, [None, 1])],
+        [helper.make_tensor_value_info("y", f, [None, None])],
+    )
+    emu = OnnxEmulator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "fp16")
+    onnx.checker.check_model(emu.model)
+    sized = []
+    real = runtime.meta_outputs
+    monkeypatch.setattr(runtime, "meta_outputs", lambda fn, *a: sized.append(fn) or real(fn, *a))
+    op_of = {s.run: s.op for s in emu.program.steps}
+
+    def run(n: int) -> list[str]:
+        sized.clear()
+        emu.run(torch.ones(1, n), torch.ones(n, 1), reference=False)
+        return [op_of[fn] for fn in sized]
+
+    with runtime.watch():
+        runtime.expect(cost.Budget(1 << 20, 1 << 40), 0, "m.onnx")
+        assert run(8) == ["MatMul"]  # Mul: 8 x 8 elements, bounded by its inputs' shapes; Sigmoid: its input's
+        assert run(8) == []  # the same shapes: sized already
+        assert run(16) == ["MatMul"]
+        with pytest.raises(cost.WorkError, match=r"m.onnx: Mul 'mul' would create 4 MiB, over the budget of 1 MiB"):
+            run(1024)
+        assert sized == [emu.program.steps[0].run]
+    assert run(8) == []  # not watched: nothing is sized
+
+
+def test_the_bound_of_a_shape_fact_holds_whatever_the_other_inputs():
+    """``runner._bound`` bounds outputs only where no input can make them larger than it says: a ``same`` op whose
+    other inputs hold one element each, a batch norm with one parameter per channel, a broadcast; a LayerNorm scale
+    that could broadcast its input up, or a batch norm's statistics per element (ONNX ``spatial=0``), leave it to the
+    meta kernels (None)."""
+    from bnfold.numerics.runner import Step, StepNorm, _bound
+
+    x = torch.ones(1, 4, 3, 1)
+    ln = Step("ln", "LayerNormalization", ["x", "s"], ["y"], None, shape="same")
+    assert _bound(ln, [x, torch.ones(())]) == 12 * 16
+    assert _bound(ln, [x, torch.ones(4)]) is None  # [1, 4, 3, 1] * [4] is [1, 4, 3, 4]
+    params = ("g", "b", "m", "v")
+    bn = Step("bn", "BatchNormalization", ["x", *params], ["y"], None, norm=StepNorm("x", params, 1e-5))
+    assert _bound(bn, [x] + [torch.ones(4)] * 4) == 12 * 16
+    assert _bound(bn, [x] + [torch.ones(4, 3)] * 4) is None
+    mul = Step("mul", "Mul", ["a", "b"], ["p"], None, shape="broadcast")
+    assert _bound(mul, [torch.ones(5, 1), torch.ones(1, 7)]) == 35 * 16
+    assert _bound(mul, [torch.ones(5), torch.ones(7)]) is None

@@ -25,10 +25,10 @@ class Op:
     its ``NORM_KINDS`` kind, for a binary op the name of its row in ``fold_math.BINARY_AFFINES``, for a
     hop the name of its axis rule (the format's ``axes.AXIS_RULES``).  ``shape``: ``same`` (the output
     has the first input's shape), ``broadcast`` (the largest rank of the inputs), ``permuted`` (the
-    first input's rank), "" (op-specific).  ``affine``: for a norm whose elementwise affine alone
-    folds (ONNX), or a ``plain_norm``, its axis and the input slots of its scale and bias (None: no
-    bias input).  ``type_only``: input slots whose dtype alone is read (ONNX ``CastLike``'s second): a
-    reader there is no user.
+    first input's rank), ``reduced`` (a reduction: at most the first input's elements), "" (op-specific).
+    ``affine``: for a norm whose elementwise affine alone folds (ONNX), or a ``plain_norm``, its axis and
+    the input slots of its scale and bias (None: no bias input).  ``type_only``: input slots whose dtype
+    alone is read (ONNX ``CastLike``'s second): a reader there is no user.
     ``monotone``: a hop that takes a maximum (max-pool): a per-channel affine crosses it only
     with a scale ``>= 0`` (``bnfold.engine.graph.Hop.monotone``).
 

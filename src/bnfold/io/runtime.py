@@ -94,6 +94,12 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
         run.release()
 
 
+def budget_now() -> Budget | None:
+    """The budget :func:`before_op` sizes the ops of the watched run by (None: no watched run, or no plan yet)."""
+    run = _RUN.get()
+    return run.budget if run is not None else None
+
+
 def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
     """The plan of the run about to start (``cost.audit_plan``): its byte budget bounds each op, its
     FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:
@@ -199,6 +205,24 @@ def meta_outputs(fn: Callable[..., Any], args: Any, kwargs: dict) -> list[Out] |
         except Exception:  # noqa: BLE001 - no meta kernel, or a value only the real run has
             continue
     return None
+
+
+def meta_signature(values: list) -> tuple | None:
+    """What a meta run (:func:`meta_outputs`) reads of ``values``, an op's tensor inputs: each one's dtype, shape
+    and strides, and the elements of those it keeps real; None when a value is neither a tensor nor None.  Two
+    runs of one op on values of the same signature find the same outputs."""
+    import torch
+
+    sig = []
+    for v in values:
+        if isinstance(v, torch.Tensor):
+            small = tuple(v.reshape(-1).tolist()) if v.numel() <= SMALL_REAL else None
+            sig.append((v.dtype, tuple(v.shape), v.stride(), small))
+        elif v is None:
+            sig.append(None)
+        else:
+            return None
+    return tuple(sig)
 
 
 def _on_meta(fn: Callable[..., Any], args: Any, kwargs: dict, keep: int) -> Any:

@@ -142,7 +142,7 @@ class _Target(NamedTuple):
         facts = {"mutates": bool(getattr(getattr(target, "_schema", None), "is_mutable", False))}
         row = op_of(node)
         if row is not None:
-            facts.update(rounding=row.rounding or "round", fp16_class=row.fp16)
+            facts.update(rounding=row.rounding or "round", fp16_class=row.fp16, shape=row.shape)
         return cls(name, facts, reads_layers(target), reads_norms(target))
 
 

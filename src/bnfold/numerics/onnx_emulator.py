@@ -175,6 +175,7 @@ def _step(
     step = Step(name, op, ins, outs, run, not_emulated="" if bound.emulated else bound.why)
     if row is not None:
         step.rounding, step.fp16_class, step.layer = row.rounding or "round", row.fp16, row.layer or None
+        step.shape = row.shape
     mode = a.get("mode", "nearest")
     if op == "Resize" and (mode.decode() if isinstance(mode, bytes) else mode) != "nearest":
         step.rounding = "round"  # only nearest picks input values

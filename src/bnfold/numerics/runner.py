@@ -16,13 +16,14 @@ check belongs there).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from ..io.runtime import before_op
+from ..io.runtime import before_op, budget_now, meta_signature
 from .errors import Meter, TensorError
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
@@ -64,7 +65,10 @@ class Step:
     statistics), ``round`` (rounded to the storage format); ``layer`` the layer kind (conv, conv_transpose,
     linear, matmul) and ``weight``/``bias`` its constant inputs' names; ``fp16_class`` the ops a runtime
     keeps in fp16 (``movement``, ``softmax``); ``accumulated(ins, chunk)`` the layer with fp16 accumulation;
-    ``mutates``: the op writes an input in place (the runner runs it so, as the program says)."""
+    ``mutates``: the op writes an input in place (the runner runs it so, as the program says); ``shape`` the op
+    table's (``same``: the output has the first input's shape; ``broadcast``: the inputs' broadcast shape;
+    ``reduced``: at most the first input's elements): it bounds the outputs' size without a meta run
+    (:func:`_bound`)."""
 
     name: str
     op: str
@@ -81,6 +85,7 @@ class Step:
     not_emulated: str = ""  # why it has no rounding rule (it runs in float32 through a reference implementation)
     label: str = ""  # the name the report shows (a module path), "" for ``name``
     mutates: bool = False  # its op writes one of its inputs in place (torch's ``relu_``, ``add_``, ``out=``)
+    shape: str = ""
 
 
 @dataclass
@@ -184,6 +189,31 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, t
     return out
 
 
+def _bound(step: Step, ins: list) -> int | None:
+    """An upper bound on the bytes of ``step``'s outputs where its facts tell, at 16 bytes an element (the widest
+    dtype): the inputs' broadcast shape (``shape`` ``broadcast``); the first input's elements for a reduction
+    (``reduced``), and where every other input holds at most one element (``same``) or, for a batch norm, one
+    element per channel; else None."""
+    tensors = [t for t in ins if isinstance(t, torch.Tensor)]
+    x = ins[0] if ins and isinstance(ins[0], torch.Tensor) else None
+    others = tensors[1:] if x is not None else ()
+    if x is not None and (step.shape == "reduced" or step.shape == "same" and all(t.numel() <= 1 for t in others)):
+        n = x.numel()  # a reduction's other inputs name its axes: they add no element
+    elif x is not None and step.norm is not None and step.ins[0] == step.norm.input and x.dim() > step.norm.axis:
+        channels = x.shape[step.norm.axis]
+        if not all(t.dim() == 1 and t.numel() == channels for t in others):
+            return None
+        n = x.numel()
+    elif step.shape == "broadcast" and tensors:
+        try:
+            n = math.prod(torch.broadcast_shapes(*(t.shape for t in tensors)))
+        except RuntimeError:  # no broadcast shape: the op fails, as the meta run would say
+            return None
+    else:
+        return None
+    return len(step.outs) * n * 16
+
+
 def _copy_aliases(kept: dict, ins: list) -> None:
     """Replace each value in ``kept`` that shares memory with one of ``ins`` by a copy (an in-place op is about to
     write one of them: what was kept is the value as it was made)."""
@@ -248,6 +278,7 @@ class Runner:
             if v not in keep:
                 self._free_after.setdefault(i, []).append(v)
         self._labels = [f"{s.op} {s.label or s.name!r}" for s in program.steps]  # what before_op records
+        self._sizes: dict[int, tuple] = {}  # step index -> (input signature, its outputs' bytes): _check
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
 
@@ -281,11 +312,31 @@ class Runner:
 
     # -- one op -------------------------------------------------------------------------------------
 
-    def _emulate(self, step: Step, ins: list, env: dict, label: str) -> list:
-        """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated);
-        ``label`` names it to the run-time check."""
-        sized = step.outs if self.planned else ()  # the plan's names: the run-time check may know their sizes
-        before_op(label, step.run, (ins, torch.float32), values=sized)  # checked before it allocates
+    def _check(self, i: int, step: Step, ins: list) -> None:
+        """The run-time check of step ``i`` before it runs emulated on ``ins`` (:func:`bnfold.io.runtime.before_op`,
+        which refuses an op whose outputs would pass the budget before it allocates).  Where it sizes ops, their
+        size is known without a meta run for the outputs the plan sized (``planned``), for an op whose facts bound
+        them by the inputs' shapes within the budget (:func:`_bound`), and for the same step on inputs of the same
+        signature as before (an earlier batch of the same shapes: the meta kernels read nothing else)."""
+        label, sized, budget = self._labels[i], step.outs if self.planned else (), budget_now()
+        if budget is None:  # the op is recorded (an allocator failure names it); nothing to size
+            before_op(label, values=sized)
+            return
+        sig = meta_signature(ins)
+        known = self._sizes.get(i)
+        if known is not None and known[0] == sig:  # known[1] None: no meta kernel tells, as before
+            before_op(label, values=sized, nbytes=known[1])
+            return
+        bound = _bound(step, ins)
+        if bound is not None and bound <= budget.bytes:
+            before_op(label, values=sized)
+            return
+        outs = before_op(label, step.run, (ins, torch.float32), values=sized)
+        if sig is not None:
+            self._sizes[i] = (sig, None if outs is None else sum(o.nbytes for o in outs))
+
+    def _emulate(self, step: Step, ins: list, env: dict) -> list:
+        """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
         prof, norm, eps = self.profile, step.norm, self.bn_eps
         fused = self._fused.get(step.name)
         if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
@@ -363,14 +414,16 @@ class Runner:
                 env_e[name] = x
                 if reference:
                     env_r[name] = x
-        n, labels = len(prog.steps), self._labels
+        n = len(prog.steps)
         for i, step in enumerate(prog.steps):
             if on_node is not None:
                 on_node(i, n)
             if step.mutates:  # an in-place op: what is held of its inputs is read before they change
                 meter.flush()
                 _copy_aliases(kept, [env_r.get(v) for v in step.ins if v])
-            outs_e = self._emulate(step, [env_e[v] if v else None for v in step.ins], env_e, labels[i])
+            ins = [env_e[v] if v else None for v in step.ins]
+            self._check(i, step, ins)  # before it allocates
+            outs_e = self._emulate(step, ins, env_e)
             if reference:
                 outs_r = step.run([env_r[v] if v else None for v in step.ins], self._ref_dtype)
             norm = step.norm

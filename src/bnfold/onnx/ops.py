@@ -91,6 +91,26 @@ _NUMERICS = {
 }
 for _k in "Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split():
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
+#: The shape of the output of the elementwise ops (``Op.shape``): the audit's run-time check bounds their outputs'
+#: size by it (``numerics.runner.Runner._check``), and the axis rules read it
+_SHAPES = {
+    **dict.fromkeys(
+        "Neg Abs Sign Reciprocal Sqrt Exp Log Floor Ceil Round Erf Sin Cos Tan Asin Acos Atan Sinh Cosh Sigmoid Tanh "
+        "Softplus Softsign Mish HardSwish HardSigmoid LeakyRelu ThresholdedRelu Selu Elu Celu Gelu Clip Cast Not IsNaN "
+        "IsInf Softmax LogSoftmax".split(),
+        "same",
+    ),
+    **dict.fromkeys(
+        "Mean Max Min PRelu Where Equal Less LessOrEqual Greater GreaterOrEqual And Or Xor Mod Pow".split(), "broadcast"
+    ),
+    **dict.fromkeys(
+        "ReduceSum ReduceMean ReduceMax ReduceMin ReduceProd ReduceL1 ReduceL2 ReduceLogSum ReduceLogSumExp "
+        "ReduceSumSquare ArgMax ArgMin".split(),
+        "reduced",
+    ),
+}
+for _k, _shape in _SHAPES.items():
+    _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape=_shape)
 for _k, _facts in _NUMERICS.items():
     OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 

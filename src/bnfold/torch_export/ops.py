@@ -696,6 +696,16 @@ _NUMERICS: dict[str, dict] = {
 }
 for _k in _overloads(_MOVEMENT):
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
+#: Elementwise ops whose output has their first input's shape (``Op.shape``: the audit's run-time check bounds
+#: their outputs' size by it, ``numerics.runner.Runner._check``)
+_SAME_SHAPE = (
+    "relu relu6 sigmoid silu hardswish hardsigmoid hardtanh gelu tanh elu leaky_relu softplus mish clamp neg abs "
+    "exp log sqrt rsqrt reciprocal erf sin cos _softmax _log_softmax clone"
+)
+for _k in _overloads(_SAME_SHAPE):
+    _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape="same")
+for _k in _overloads("mean sum amax amin prod argmax argmin"):  # reductions: at most their input's elements
+    _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape="reduced")
 for _k, _facts in _NUMERICS.items():
     OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 
