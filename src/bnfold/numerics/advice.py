@@ -8,24 +8,20 @@ import math
 from .risk import DEGRADE_DB, QNN_EPS, norm_severity
 
 
-def _names(norms, n: int = 4) -> str:
-    shown = ", ".join(x.name for x in norms[:n])
+def _names(norms, text=lambda n: n.name, n: int = 4) -> str:
+    shown = ", ".join(text(x) for x in norms[:n])
     return shown + (f" and {len(norms) - n} more" if len(norms) > n else "")
 
 
 def _cost(norms) -> str:
-    """``name (verdict, ~N dB)`` for each norm, the worst first."""
+    """``name (verdict, ~N dB, cause)`` for each norm, the worst first."""
+    return _names(sorted(norms, key=norm_severity), _with_cost)
 
-    def loss(n):
-        return n.risk.loss_db if n.risk is not None else 0.0
 
-    worst = sorted(norms, key=norm_severity)
-    parts = []
-    for n in worst[:4]:
-        extra = f", ~{loss(n):.0f} dB" if n.verdict == "degrades" else ""
-        extra += f", {n.risk.cause}" if n.risk is not None and n.risk.cause else ""
-        parts.append(f"{n.name} ({n.verdict}{extra})")
-    return ", ".join(parts) + (f" and {len(norms) - 4} more" if len(norms) > 4 else "")
+def _with_cost(n) -> str:
+    extra = f", ~{n.risk.loss_db if n.risk is not None else 0.0:.0f} dB" if n.verdict == "degrades" else ""
+    extra += f", {n.risk.cause}" if n.risk is not None and n.risk.cause else ""
+    return f"{n.name} ({n.verdict}{extra})"
 
 
 def _e2e(e) -> str:
@@ -43,13 +39,11 @@ def _task(report) -> str | None:
     from .table import task_rows
 
     u, f = report.unfolded, report.folded
-    parts = []
-    for label, cell in task_rows(u):
-        label = label.replace(" w/ fp32", "")
-        parts.append(f"{label} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else ""))
-    if not parts:
-        return None
-    return f"on these inputs, agreement with fp32: {'; '.join(parts)}."
+    parts = [
+        f"{label.replace(' w/ fp32', '')} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else "")
+        for label, cell in task_rows(u)
+    ]
+    return f"on these inputs, agreement with fp32: {'; '.join(parts)}." if parts else None
 
 
 def advice(report) -> list[str]:
@@ -82,10 +76,7 @@ def advice(report) -> list[str]:
             + ": a folded norm is computed into the layer's weights in float64, so the backend never sees "
             "a BatchNorm (no runtime eps, no fp16 scale or bias')."
         )
-        if kept:
-            lines.append(f"{len(kept)} stay after folding: {_cost(kept)}.")
-        else:
-            lines.append("none stays after folding.")
+        lines.append(f"{len(kept)} stay after folding: {_cost(kept)}." if kept else "none stays after folding.")
     if report.folded is not None:
         lines.append(f"end to end: unfolded {_e2e(report.unfolded)}, folded {_e2e(report.folded)}.")
         better = report.unfolded.output.nonfinite > report.folded.output.nonfinite or (
@@ -108,14 +99,9 @@ def advice(report) -> list[str]:
                 "unfolded model (predicted from the statistics)."
             )
     elif report.bn_eps is not None and norms:
-        model_bad = [
-            n
-            for n in norms
-            if n.risk is not None
-            and n.risk.model is not None
-            and (n.risk.model.overflows or n.risk.model.loss_db >= DEGRADE_DB)
-        ]
-        model_over = [n for n in model_bad if n.risk.model.overflows]
+        at_model_eps = [n.risk.model for n in norms if n.risk is not None and n.risk.model is not None]
+        model_bad = [m for m in at_model_eps if m.overflows or m.loss_db >= DEGRADE_DB]
+        model_over = [m for m in model_bad if m.overflows]
         counts = (
             f"{len(bad)} norm(s) at risk ({len(over)} overflow), against {len(model_bad)} "
             f"({len(model_over)} overflow) at the model's eps (predicted)"
