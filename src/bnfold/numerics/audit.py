@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
-from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
+from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, _top1, check_class_axis, task
 from .errors import reference_stats
 from .norm_rows import _norms
 from .profiles import get_profile
@@ -57,16 +57,6 @@ def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, prog
         if progress is not None:
             progress(done, len(batches))
     return kept
-
-
-def _top1(reference: list) -> list:
-    """The float64 model's top-1 per batch (classifiers: a first output of shape [N, classes])."""
-    out = []
-    for outs in reference:
-        first = outs[0] if outs else None
-        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
-            out.append(first.argmax(1))
-    return out if len(out) == len(reference) else []
 
 
 def audit(
@@ -117,16 +107,16 @@ def audit(
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
     """
-    spec = task(class_axis, threshold, metric)
-    check_class_axis(spec.class_axis, first_output_rank(model))
     from ..frontends import frontend_for
 
+    spec = task(class_axis, threshold, metric)
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
         raise TypeError(
             f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
         )
     fmt = fe.numerics()
+    check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     model, batches, name, random_inputs = fmt.prepare(
         model, inputs, input_shapes=input_shapes, name=name, random_inputs=random_inputs, runtime=runtime, fold=fold
@@ -166,9 +156,6 @@ def audit(
     label_batches = _split_labels(labels, batches)
     top1 = _top1(unfolded.reference)
     layer_rows = layers(row_list, unfolded, folded)
-    errors = {"unfolded": unfolded.errors}
-    if folded is not None:
-        errors["folded"] = folded.errors
     rep = AuditReport(
         profile=prof.name,
         bn_eps=bn_eps,
@@ -180,7 +167,7 @@ def audit(
         folded=None if folded is None else _end_to_end(folded, unfolded.reference, top1, label_batches, spec),
         fp32_accuracy=_fp32_accuracy(unfolded.reference, top1, label_batches, spec),
         fold_report=report,
-        errors=errors,
+        errors={k: r.errors for k, r in (("unfolded", unfolded), ("folded", folded)) if r is not None},
         all_tensors=tensors,
         name=name or "model",
         random_inputs=random_inputs,

@@ -122,12 +122,8 @@ def rows(g: Graph, fg: Graph | None, report) -> list[Row]:
     merged = set().union(*(r.merged for r in out))
     for step in prog.steps:
         if step.norm is not None and step.norm.output and step.name not in merged:
-            value = step.norm.output
-            out.append(
-                Row(
-                    step.name, "batch_norm", step.name, value, step.label or step.name, _unchanged(g, fg, value, chains)
-                )
-            )
+            value, label = step.norm.output, step.label or step.name
+            out.append(Row(step.name, "batch_norm", step.name, value, label, _unchanged(g, fg, value, chains)))
     return sorted(out, key=lambda r: g.order[r.name])
 
 
