@@ -79,10 +79,8 @@ def advice(report) -> list[str]:
         lines.append(f"{len(kept)} stay after folding: {_cost(kept)}." if kept else "none stays after folding.")
     if report.folded is not None:
         lines.append(f"end to end: unfolded {_e2e(report.unfolded)}, folded {_e2e(report.folded)}.")
-        better = report.unfolded.output.nonfinite > report.folded.output.nonfinite or (
-            not report.folded.output.nonfinite and report.folded.output.sqnr_db >= report.unfolded.output.sqnr_db
-        )
-        if better and report.folded.output.nonfinite == 0:
+        uo, fo = report.unfolded.output, report.folded.output
+        if not fo.nonfinite and (uo.nonfinite or fo.sqnr_db >= uo.sqnr_db):  # no NaN/inf, and no worse
             lines.append("deploy the folded model.")
     what_if = [n for n in norms if n.risk is not None and n.risk.risky_at_what_if]
     if report.bn_eps is None and report.profile == "htp" and norms:

@@ -92,12 +92,10 @@ def audit(
     the dims the model leaves open) shapes random batches; ``runtime`` (``"torch"`` /
     ``"onnxruntime"``) also runs that real runtime in half precision and reports it next to the emulation.
 
-    Beside the SQNR, the end-to-end numbers give the outputs' agreement with the float model (the
-    unfolded model in float64, as float32) on the task (see :class:`bnfold.numerics.end_to_end.Task`):
-    ``class_axis`` (top-1 agreement along that axis of the first output; default: axis 1 of an
-    ``[N, classes]`` output), ``threshold`` in (0, 1) (``mask_iou``: the IoU of the first output's
-    above-threshold mask with the float model's; 1.0 when both are empty) and ``metric``
-    (``fn(output, reference) -> float`` per batch, averaged over batches weighted by sample count).
+    ``class_axis``, ``threshold`` in (0, 1) and ``metric`` add the outputs' agreement with the float model
+    (the unfolded model in float64, as float32) on the task: top-1 along that axis of the first output
+    (default: axis 1 of an ``[N, classes]`` output), the IoU of the above-threshold masks, and
+    ``metric(output, reference) -> float`` per batch (:class:`bnfold.numerics.end_to_end.Task` says how).
 
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'

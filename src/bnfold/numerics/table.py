@@ -7,13 +7,7 @@ import math
 
 def db(x) -> str:
     """A dB figure for a table: one decimal, 'exact' for no error at all, 'n/a' when undefined."""
-    if x is None:
-        return "-"
-    if math.isinf(x) and x > 0:
-        return "exact"
-    if math.isnan(x):
-        return "n/a"
-    return f"{x:.1f}"
+    return "exact" if x == math.inf else num(x, ".1f")
 
 
 def sqnr(err) -> str:
@@ -108,10 +102,10 @@ def task_rows(e2e, short: bool = False) -> list:
 
 
 def num(x, spec: str) -> str:
-    """A task number's cell: ``spec``-formatted, 'n/a' when undefined."""
+    """A number's cell: ``spec``-formatted, 'n/a' when undefined ('-' for None)."""
     if x is None:
         return "-"
-    return "n/a" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+    return "n/a" if math.isnan(x) else format(x, spec)
 
 
 def _norm_rows(report) -> list[str]:
