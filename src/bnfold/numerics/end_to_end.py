@@ -193,9 +193,8 @@ def _accuracy(preds: torch.Tensor | None, labels: list | None) -> float | None:
 
 
 def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
-    """The float model's accuracy against ``labels``: its argmax along ``spec.class_axis`` (of the first
-    reference output), else the float32 top-1 of an ``[N, classes]`` output; None without labels or
-    when the predictions and labels differ in shape."""
+    """The float model's accuracy against ``labels`` (see :func:`_accuracy`): its argmax along
+    ``spec.class_axis`` (of the first reference output), else the float32 top-1 of an ``[N, classes]`` output."""
     if labels is None:
         return None
     if spec is not None and spec.class_axis is not None:
@@ -209,6 +208,5 @@ def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
     if labels is None:
         return None
     if isinstance(labels, torch.Tensor):
-        sizes = [b[0].shape[0] for b in batches]
-        return list(torch.as_tensor(labels).split(sizes))
+        return list(torch.as_tensor(labels).split([b[0].shape[0] for b in batches]))
     return [torch.as_tensor(t) for t in labels]
