@@ -34,8 +34,8 @@ def _e2e(e) -> str:
     return f"{out.sqnr_db:.1f} ± {max(spread, 0.1):.1f} dB" if math.isfinite(spread) else f"{out.sqnr_db:.1f} dB"
 
 
-def _task(report) -> str | None:
-    """The agreement with fp32 on the task, unfolded and folded (None when there is none to cite)."""
+def _task(report) -> list[str]:
+    """The agreement with fp32 on the task, unfolded and folded, as a line (none when there is none to cite)."""
     from .table import task_rows
 
     u, f = report.unfolded, report.folded
@@ -43,15 +43,12 @@ def _task(report) -> str | None:
         f"{label.replace(' w/ fp32', '')} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else "")
         for label, cell in task_rows(u)
     ]
-    return f"on these inputs, agreement with fp32: {'; '.join(parts)}." if parts else None
+    return [f"on these inputs, agreement with fp32: {'; '.join(parts)}."] if parts else []
 
 
 def advice(report) -> list[str]:
     norms = report.norms
-    lines = []
-    task = None if report.random_inputs else _task(report)
-    if task is not None:  # real inputs: the task's number comes first
-        lines.append(task)
+    lines = [] if report.random_inputs else _task(report)  # real inputs: the task's number comes first
     bad = [n for n in norms if n.verdict in ("overflows", "degrades", "input NaN")]
     over = [n for n in norms if n.verdict == "overflows"]
     eps = "the model's eps" if report.bn_eps is None else f"runtime eps {report.bn_eps:g}"
@@ -104,8 +101,7 @@ def advice(report) -> list[str]:
             f"{len(bad)} norm(s) at risk ({len(over)} overflow), against {len(model_bad)} "
             f"({len(model_over)} overflow) at the model's eps (predicted)"
         )
-        if len(over) > len(model_over) or len(bad) > len(model_bad):
-            lines.append(f"the runtime eps {report.bn_eps:g} breaks the unfolded model: {counts}.")
-        else:
-            lines.append(f"the runtime eps {report.bn_eps:g} adds no risk over the model's eps: {counts}.")
+        worse = len(over) > len(model_over) or len(bad) > len(model_bad)
+        effect = "breaks the unfolded model" if worse else "adds no risk over the model's eps"
+        lines.append(f"the runtime eps {report.bn_eps:g} {effect}: {counts}.")
     return lines

@@ -119,15 +119,15 @@ def audit(
     model, batches, name, random_inputs = fmt.prepare(
         model, inputs, input_shapes=input_shapes, name=name, random_inputs=random_inputs, runtime=runtime, fold=fold
     )
-    fold_result = None
+    folded_model = report = None
     if fold:
         from ..api import fold as bnfold_fold
 
         _stage(progress, "fold")
         fold_result = bnfold_fold(model)
-    report = fold_result.report if fold_result is not None else None
+        folded_model, report = fold_result.model, fold_result.report
     prog = fmt.program(model)
-    fprog = fmt.program(fold_result.model) if fold_result is not None else None
+    fprog = fmt.program(folded_model) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
     _stage(progress, "emulate unfolded")
@@ -174,7 +174,5 @@ def audit(
         from .runtimes import runtime_run
 
         _stage(progress, f"run {runtime}")
-        rep.runtime = runtime_run(
-            runtime, model, fold_result.model if fold_result is not None else None, batches, unfolded.reference, spec
-        )
+        rep.runtime = runtime_run(runtime, model, folded_model, batches, unfolded.reference, spec)
     return rep
