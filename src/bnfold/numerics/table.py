@@ -45,11 +45,9 @@ def pct(x) -> str:
 
 
 def sci(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if x is None:
         return "n/a"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
+    return "inf" if math.isinf(x) else num(x, ".3g")
 
 
 def _short(s: str, n: int) -> str:
