@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..io.atomic import write_bytes
 from .risk import SPREAD, U_FP16
+from .table import pct
 
 #: SQNR of one fp16 rounding of values spread over binades: what a perfect fp16 layer reaches
 FP16_FLOOR_DB = -10 * math.log10(SPREAD * U_FP16**2)
@@ -52,9 +53,9 @@ def title_of(rep) -> str:
     if rep.folded is not None:
         text += f", folded {_e2e(rep.folded)}"
     if rep.unfolded.top1_agreement is not None:
-        agree = f"{100 * rep.unfolded.top1_agreement:.1f}%"
+        agree = pct(rep.unfolded.top1_agreement)
         if rep.folded is not None and rep.folded.top1_agreement is not None:
-            agree += f" / {100 * rep.folded.top1_agreement:.1f}%"
+            agree += f" / {pct(rep.folded.top1_agreement)}"
         text += f"; top-1 agreement {agree}" + (" (random inputs)" if rep.random_inputs else "")
     return text
 

@@ -32,8 +32,7 @@ class Progress:
         self.every = every
         self.label = label
         self.current = ""
-        self._t0 = time.monotonic()
-        self._last = self._t0
+        self._t0 = self._last = time.monotonic()
         self._open = False  # a terminal line is being redrawn
         self._printed = False
 
