@@ -8,24 +8,20 @@ import math
 from .risk import DEGRADE_DB, QNN_EPS, norm_severity
 
 
-def _names(norms, n: int = 4) -> str:
-    shown = ", ".join(x.name for x in norms[:n])
+def _names(norms, text=lambda n: n.name, n: int = 4) -> str:
+    shown = ", ".join(text(x) for x in norms[:n])
     return shown + (f" and {len(norms) - n} more" if len(norms) > n else "")
 
 
 def _cost(norms) -> str:
-    """``name (verdict, ~N dB)`` for each norm, the worst first."""
+    """``name (verdict, ~N dB, cause)`` for each norm, the worst first."""
+    return _names(sorted(norms, key=norm_severity), _with_cost)
 
-    def loss(n):
-        return n.risk.loss_db if n.risk is not None else 0.0
 
-    worst = sorted(norms, key=norm_severity)
-    parts = []
-    for n in worst[:4]:
-        extra = f", ~{loss(n):.0f} dB" if n.verdict == "degrades" else ""
-        extra += f", {n.risk.cause}" if n.risk is not None and n.risk.cause else ""
-        parts.append(f"{n.name} ({n.verdict}{extra})")
-    return ", ".join(parts) + (f" and {len(norms) - 4} more" if len(norms) > 4 else "")
+def _with_cost(n) -> str:
+    extra = f", ~{n.risk.loss_db if n.risk is not None else 0.0:.0f} dB" if n.verdict == "degrades" else ""
+    extra += f", {n.risk.cause}" if n.risk is not None and n.risk.cause else ""
+    return f"{n.name} ({n.verdict}{extra})"
 
 
 def _e2e(e) -> str:
@@ -38,26 +34,21 @@ def _e2e(e) -> str:
     return f"{out.sqnr_db:.1f} ± {max(spread, 0.1):.1f} dB" if math.isfinite(spread) else f"{out.sqnr_db:.1f} dB"
 
 
-def _task(report) -> str | None:
-    """The agreement with fp32 on the task, unfolded and folded (None when there is none to cite)."""
+def _task(report) -> list[str]:
+    """The agreement with fp32 on the task, unfolded and folded, as a line (none when there is none to cite)."""
     from .table import task_rows
 
     u, f = report.unfolded, report.folded
-    parts = []
-    for label, cell in task_rows(u):
-        label = label.replace(" w/ fp32", "")
-        parts.append(f"{label} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else ""))
-    if not parts:
-        return None
-    return f"on these inputs, agreement with fp32: {'; '.join(parts)}."
+    parts = [
+        f"{label.replace(' w/ fp32', '')} unfolded {cell(u)}" + (f", folded {cell(f)}" if f is not None else "")
+        for label, cell in task_rows(u)
+    ]
+    return [f"on these inputs, agreement with fp32: {'; '.join(parts)}."] if parts else []
 
 
 def advice(report) -> list[str]:
     norms = report.norms
-    lines = []
-    task = None if report.random_inputs else _task(report)
-    if task is not None:  # real inputs: the task's number comes first
-        lines.append(task)
+    lines = [] if report.random_inputs else _task(report)  # real inputs: the task's number comes first
     bad = [n for n in norms if n.verdict in ("overflows", "degrades", "input NaN")]
     over = [n for n in norms if n.verdict == "overflows"]
     eps = "the model's eps" if report.bn_eps is None else f"runtime eps {report.bn_eps:g}"
@@ -82,16 +73,11 @@ def advice(report) -> list[str]:
             + ": a folded norm is computed into the layer's weights in float64, so the backend never sees "
             "a BatchNorm (no runtime eps, no fp16 scale or bias')."
         )
-        if kept:
-            lines.append(f"{len(kept)} stay after folding: {_cost(kept)}.")
-        else:
-            lines.append("none stays after folding.")
+        lines.append(f"{len(kept)} stay after folding: {_cost(kept)}." if kept else "none stays after folding.")
     if report.folded is not None:
         lines.append(f"end to end: unfolded {_e2e(report.unfolded)}, folded {_e2e(report.folded)}.")
-        better = report.unfolded.output.nonfinite > report.folded.output.nonfinite or (
-            not report.folded.output.nonfinite and report.folded.output.sqnr_db >= report.unfolded.output.sqnr_db
-        )
-        if better and report.folded.output.nonfinite == 0:
+        uo, fo = report.unfolded.output, report.folded.output
+        if not fo.nonfinite and (uo.nonfinite or fo.sqnr_db >= uo.sqnr_db):  # no NaN/inf, and no worse
             lines.append("deploy the folded model.")
     what_if = [n for n in norms if n.risk is not None and n.risk.risky_at_what_if]
     if report.bn_eps is None and report.profile == "htp" and norms:
@@ -108,20 +94,14 @@ def advice(report) -> list[str]:
                 "unfolded model (predicted from the statistics)."
             )
     elif report.bn_eps is not None and norms:
-        model_bad = [
-            n
-            for n in norms
-            if n.risk is not None
-            and n.risk.model is not None
-            and (n.risk.model.overflows or n.risk.model.loss_db >= DEGRADE_DB)
-        ]
-        model_over = [n for n in model_bad if n.risk.model.overflows]
+        at_model_eps = [n.risk.model for n in norms if n.risk is not None and n.risk.model is not None]
+        model_bad = [m for m in at_model_eps if m.overflows or m.loss_db >= DEGRADE_DB]
+        model_over = [m for m in model_bad if m.overflows]
         counts = (
             f"{len(bad)} norm(s) at risk ({len(over)} overflow), against {len(model_bad)} "
             f"({len(model_over)} overflow) at the model's eps (predicted)"
         )
-        if len(over) > len(model_over) or len(bad) > len(model_bad):
-            lines.append(f"the runtime eps {report.bn_eps:g} breaks the unfolded model: {counts}.")
-        else:
-            lines.append(f"the runtime eps {report.bn_eps:g} adds no risk over the model's eps: {counts}.")
+        worse = len(over) > len(model_over) or len(bad) > len(model_bad)
+        effect = "breaks the unfolded model" if worse else "adds no risk over the model's eps"
+        lines.append(f"the runtime eps {report.bn_eps:g} {effect}: {counts}.")
     return lines

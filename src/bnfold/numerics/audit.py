@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
-from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, check_class_axis, first_output_rank, task
+from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, _top1, check_class_axis, task
 from .errors import reference_stats
 from .norm_rows import _norms
 from .profiles import get_profile
@@ -59,16 +59,6 @@ def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, prog
     return kept
 
 
-def _top1(reference: list) -> list:
-    """The float64 model's top-1 per batch (classifiers: a first output of shape [N, classes])."""
-    out = []
-    for outs in reference:
-        first = outs[0] if outs else None
-        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
-            out.append(first.argmax(1))
-    return out if len(out) == len(reference) else []
-
-
 def audit(
     model,
     inputs=None,
@@ -102,12 +92,10 @@ def audit(
     the dims the model leaves open) shapes random batches; ``runtime`` (``"torch"`` /
     ``"onnxruntime"``) also runs that real runtime in half precision and reports it next to the emulation.
 
-    Beside the SQNR, the end-to-end numbers give the outputs' agreement with the float model (the
-    unfolded model in float64, as float32) on the task (see :class:`bnfold.numerics.end_to_end.Task`):
-    ``class_axis`` (top-1 agreement along that axis of the first output; default: axis 1 of an
-    ``[N, classes]`` output), ``threshold`` in (0, 1) (``mask_iou``: the IoU of the first output's
-    above-threshold mask with the float model's; 1.0 when both are empty) and ``metric``
-    (``fn(output, reference) -> float`` per batch, averaged over batches weighted by sample count).
+    ``class_axis``, ``threshold`` in (0, 1) and ``metric`` add the outputs' agreement with the float model
+    (the unfolded model in float64, as float32) on the task: top-1 along that axis of the first output
+    (default: axis 1 of an ``[N, classes]`` output), the IoU of the above-threshold masks, and
+    ``metric(output, reference) -> float`` per batch (:class:`bnfold.numerics.end_to_end.Task` says how).
 
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'
@@ -117,29 +105,29 @@ def audit(
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
     """
-    spec = task(class_axis, threshold, metric)
-    check_class_axis(spec.class_axis, first_output_rank(model))
     from ..frontends import frontend_for
 
+    spec = task(class_axis, threshold, metric)
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
         raise TypeError(
             f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
         )
     fmt = fe.numerics()
+    check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     model, batches, name, random_inputs = fmt.prepare(
         model, inputs, input_shapes=input_shapes, name=name, random_inputs=random_inputs, runtime=runtime, fold=fold
     )
-    fold_result = None
+    folded_model = report = None
     if fold:
         from ..api import fold as bnfold_fold
 
         _stage(progress, "fold")
         fold_result = bnfold_fold(model)
-    report = fold_result.report if fold_result is not None else None
+        folded_model, report = fold_result.model, fold_result.report
     prog = fmt.program(model)
-    fprog = fmt.program(fold_result.model) if fold_result is not None else None
+    fprog = fmt.program(folded_model) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
     _stage(progress, "emulate unfolded")
@@ -166,9 +154,6 @@ def audit(
     label_batches = _split_labels(labels, batches)
     top1 = _top1(unfolded.reference)
     layer_rows = layers(row_list, unfolded, folded)
-    errors = {"unfolded": unfolded.errors}
-    if folded is not None:
-        errors["folded"] = folded.errors
     rep = AuditReport(
         profile=prof.name,
         bn_eps=bn_eps,
@@ -180,7 +165,7 @@ def audit(
         folded=None if folded is None else _end_to_end(folded, unfolded.reference, top1, label_batches, spec),
         fp32_accuracy=_fp32_accuracy(unfolded.reference, top1, label_batches, spec),
         fold_report=report,
-        errors=errors,
+        errors={k: r.errors for k, r in (("unfolded", unfolded), ("folded", folded)) if r is not None},
         all_tensors=tensors,
         name=name or "model",
         random_inputs=random_inputs,
@@ -189,7 +174,5 @@ def audit(
         from .runtimes import runtime_run
 
         _stage(progress, f"run {runtime}")
-        rep.runtime = runtime_run(
-            runtime, model, fold_result.model if fold_result is not None else None, batches, unfolded.reference, spec
-        )
+        rep.runtime = runtime_run(runtime, model, folded_model, batches, unfolded.reference, spec)
     return rep

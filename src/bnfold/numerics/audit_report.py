@@ -40,7 +40,7 @@ class NormAudit:
 
     def to_dict(self) -> dict:
         out = {k: json_float(v) if isinstance(v, float) else v for k, v in self.__dict__.items() if k != "risk"}
-        out["risk"] = None if self.risk is None else self.risk.to_dict()
+        out["risk"] = _dict(self.risk)
         return out
 
 
@@ -73,14 +73,8 @@ class LayerAudit:
             "kind": self.kind,
             "norm": self.norm,
             "norms": list(self.norms),
-            "cumulative": {
-                "unfolded": self.unfolded.to_dict(),
-                "folded": None if self.folded is None else self.folded.to_dict(),
-            },
-            "local": {
-                "unfolded": None if self.local_unfolded is None else self.local_unfolded.to_dict(),
-                "folded": None if self.local_folded is None else self.local_folded.to_dict(),
-            },
+            "cumulative": {"unfolded": self.unfolded.to_dict(), "folded": _dict(self.folded)},
+            "local": {"unfolded": _dict(self.local_unfolded), "folded": _dict(self.local_folded)},
         }
 
 
@@ -156,8 +150,12 @@ class AuditReport:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
         error each layer adds by itself instead of the cumulative one."""
         attr = ("local_" if local else "") + which
-        rows = [r for r in self.layers if getattr(r, attr) is not None]
-        return sorted(rows, key=lambda r: (-getattr(r, attr).nonfinite, _sort_db(getattr(r, attr).sqnr_db)))[:n]
+
+        def key(row):
+            e = getattr(row, attr)
+            return -e.nonfinite, -1e9 if math.isnan(e.sqnr_db) else e.sqnr_db
+
+        return sorted((r for r in self.layers if getattr(r, attr) is not None), key=key)[:n]
 
     def worst_norms(self, n: int = 3) -> list[NormAudit]:
         """The ``n`` normalizations in order of :func:`norm_severity`, the worst first."""
@@ -179,11 +177,11 @@ class AuditReport:
             "samples": self.samples,
             "batches": self.batches,
             "fp32_accuracy": self.fp32_accuracy,
-            "end_to_end": {"unfolded": self.unfolded.to_dict(), "folded": self.folded and self.folded.to_dict()},
+            "end_to_end": {"unfolded": self.unfolded.to_dict(), "folded": _dict(self.folded)},
             "normalizations": [n.to_dict() for n in self.norms],
             "layers": [r.to_dict() for r in self.layers],
-            "fold_report": None if self.fold_report is None else self.fold_report.to_dict(),
-            "runtime": None if self.runtime is None else self.runtime.to_dict(),
+            "fold_report": _dict(self.fold_report),
+            "runtime": _dict(self.runtime),
             "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
             "all_tensors": self.all_tensors,
         }
@@ -214,14 +212,8 @@ class RuntimeRun:
     folded: EndToEnd | None = None
 
     def to_dict(self) -> dict:
-        return {
-            "runtime": self.runtime,
-            "matches_profile": self.matches_profile,
-            "unfolded": self.unfolded.to_dict(),
-            "folded": None if self.folded is None else self.folded.to_dict(),
-        }
+        return {k: v if isinstance(v, str) else _dict(v) for k, v in self.__dict__.items()}
 
 
-#: Verdicts from the worst.
-def _sort_db(db: float) -> float:
-    return -1e9 if math.isnan(db) else db
+def _dict(x) -> dict | None:
+    return None if x is None else x.to_dict()

@@ -144,62 +144,69 @@ def _end_to_end(
     res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None = None
 ) -> EndToEnd:
     spec = spec or Task()
-    total = None
-    preds, per_batch = [], []
+    per_batch = []  # each batch's output error, its float outputs together
     agreement = _Agreement(spec)
     for outs, refs in zip(res.outputs, ref_outputs):
-        batch = None
-        for o, r in zip(outs, refs):
-            if isinstance(r, torch.Tensor) and r.is_floating_point():
-                m = measure("output", "output", o, r, exact_diff=True)
-                if batch is None:
-                    batch = m
-                else:
-                    batch.merge(m)
-        if batch is not None:
-            per_batch.append(batch.sqnr_db)
-            if total is None:
-                total = replace(batch)
-            else:
-                total.merge(batch)
+        floats = [(o, r) for o, r in zip(outs, refs) if isinstance(r, torch.Tensor) and r.is_floating_point()]
+        if floats:
+            per_batch.append(_total([measure("output", "output", o, r, exact_diff=True) for o, r in floats]))
         agreement.add(outs, refs)
-        first = outs[0] if outs else None
-        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
-            preds.append(first.argmax(1))
-    e2e = EndToEnd(total or TensorError("output", "output", ()), batch_sqnr_db=per_batch)
-    if spec.class_axis is None and preds and len(preds) == len(fp32_top1):
-        p = torch.cat(preds)
-        e2e.predictions = p
+    e2e = EndToEnd(
+        _total(per_batch) if per_batch else TensorError("output", "output", ()),
+        batch_sqnr_db=[b.sqnr_db for b in per_batch],
+    )
+    preds = _top1(res.outputs) if spec.class_axis is None else []
+    if preds and len(preds) == len(fp32_top1):
+        e2e.predictions = torch.cat(preds)
         e2e.class_axis = 1
-        e2e.top1_agreement = float((p == torch.cat(fp32_top1)).double().mean())
+        e2e.top1_agreement = float((e2e.predictions == torch.cat(fp32_top1)).double().mean())
     agreement.into(e2e)
-    if labels is not None and e2e.predictions is not None:
-        lab = torch.cat([torch.as_tensor(t).flatten() for t in labels])
-        if lab.shape == e2e.predictions.shape:
-            e2e.accuracy = float((e2e.predictions == lab).double().mean())
+    e2e.accuracy = _accuracy(e2e.predictions, labels)
     return e2e
 
 
+def _total(errs: list[TensorError]) -> TensorError:
+    """A new error over all of ``errs`` (merged in order)."""
+    total = replace(errs[0])
+    for e in errs[1:]:
+        total.merge(e)
+    return total
+
+
+def _top1(outputs: list) -> list:
+    """Per batch, the top-1 of a classifier's outputs (a first output of shape [N, classes]); [] unless every
+    batch has one."""
+    out = []
+    for outs in outputs:
+        first = outs[0] if outs else None
+        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
+            out.append(first.argmax(1))
+    return out if len(out) == len(outputs) else []
+
+
+def _accuracy(preds: torch.Tensor | None, labels: list | None) -> float | None:
+    """The share of ``preds`` equal to ``labels``; None without either or when their shapes differ."""
+    if preds is None or labels is None:
+        return None
+    lab = torch.cat([torch.as_tensor(t).flatten() for t in labels])
+    return float((preds == lab).double().mean()) if preds.shape == lab.shape else None
+
+
 def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
-    """The float model's accuracy against ``labels``: its argmax along ``spec.class_axis`` (of the first
-    reference output), else the float32 top-1 of an ``[N, classes]`` output; None without labels or
-    when the predictions and labels differ in shape."""
+    """The float model's accuracy against ``labels`` (see :func:`_accuracy`): its argmax along
+    ``spec.class_axis`` (of the first reference output), else the float32 top-1 of an ``[N, classes]`` output."""
     if labels is None:
         return None
     if spec is not None and spec.class_axis is not None:
         preds = [refs[0].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if refs]
     else:
         preds = fp32_top1
-    if not preds:
-        return None
-    p, lab = torch.cat(preds), torch.cat([torch.as_tensor(t).flatten() for t in labels])
-    return float((p == lab).double().mean()) if p.shape == lab.shape else None
+    return _accuracy(torch.cat(preds) if preds else None, labels)
 
 
 def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
     if labels is None:
         return None
     if isinstance(labels, torch.Tensor):
-        sizes = [b[0].shape[0] for b in batches]
-        return list(torch.as_tensor(labels).split(sizes))
+        return list(torch.as_tensor(labels).split([b[0].shape[0] for b in batches]))
     return [torch.as_tensor(t) for t in labels]

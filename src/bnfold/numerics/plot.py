@@ -22,6 +22,7 @@ from pathlib import Path
 
 from ..io.atomic import write_bytes
 from .risk import SPREAD, U_FP16
+from .table import pct
 
 #: SQNR of one fp16 rounding of values spread over binades: what a perfect fp16 layer reaches
 FP16_FLOOR_DB = -10 * math.log10(SPREAD * U_FP16**2)
@@ -52,9 +53,9 @@ def title_of(rep) -> str:
     if rep.folded is not None:
         text += f", folded {_e2e(rep.folded)}"
     if rep.unfolded.top1_agreement is not None:
-        agree = f"{100 * rep.unfolded.top1_agreement:.1f}%"
+        agree = pct(rep.unfolded.top1_agreement)
         if rep.folded is not None and rep.folded.top1_agreement is not None:
-            agree += f" / {100 * rep.folded.top1_agreement:.1f}%"
+            agree += f" / {pct(rep.folded.top1_agreement)}"
         text += f"; top-1 agreement {agree}" + (" (random inputs)" if rep.random_inputs else "")
     return text
 
@@ -85,9 +86,8 @@ def _references(ax, horizontal: bool) -> None:
     line = ax.axhline if horizontal else ax.axvline
     line(FP16_FLOOR_DB, color="gray", ls="--", lw=1)
     line(DANGER_DB, color="darkorange", ls=":", lw=1.2)
-    kw = dict(fontsize=7, color="gray")
     if horizontal:
-        ax.text(0, FP16_FLOOR_DB + 1, f"fp16 floor {FP16_FLOOR_DB:.0f} dB", **kw)
+        ax.text(0, FP16_FLOOR_DB + 1, f"fp16 floor {FP16_FLOOR_DB:.0f} dB", fontsize=7, color="gray")
         ax.text(0, DANGER_DB + 1, f"danger {DANGER_DB:.0f} dB (noise 10%)", fontsize=7, color="darkorange")
 
 
@@ -95,11 +95,10 @@ def _worst_panel(ax, rep, worst: int) -> None:
     rows = rep.worst_layers(worst, "unfolded", local=True)[::-1]  # worst at the top
     ys = list(range(len(rows)))
     h = 0.4 if rep.folded is not None else 0.8
-    un = [_db(r.local_unfolded) for r in rows]
-    ax.barh([y + h / 2 for y in ys], [0 if math.isnan(v) else v for v in un], h, color="tab:red", label="unfolded")
-    if rep.folded is not None:
-        fo = [_db(r.local_folded) for r in rows]
-        ax.barh([y - h / 2 for y in ys], [0 if math.isnan(v) else v for v in fo], h, color="tab:blue", label="folded")
+    for which, shift, color in (("unfolded", h / 2, "tab:red"), ("folded", -h / 2, "tab:blue")):
+        if which == "unfolded" or rep.folded is not None:
+            v = [_db(getattr(r, "local_" + which)) for r in rows]
+            ax.barh([y + shift for y in ys], [0 if math.isnan(x) else x for x in v], h, color=color, label=which)
     for y, r in zip(ys, rows):
         e = r.local_unfolded
         if e is not None and e.nonfinite:
@@ -122,34 +121,25 @@ def plot_reports(reports, path, titles=None, worst: int = 25) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    with matplotlib.rc_context():  # restored after the plot
-        matplotlib.rcParams.update(builtin_defaults(matplotlib))
-        return _plot(plt, reports, path, titles, worst)
-
-
-def builtin_defaults(matplotlib) -> dict:
-    """matplotlib's built-in settings, whatever ``matplotlibrc`` the current folder, ``MATPLOTLIBRC`` or
-    the user's config holds (a crafted one can ask for a canvas of gigabytes); the backend stays Agg."""
-    return {k: v for k, v in matplotlib.rcParamsDefault.items() if k not in ("backend", "backend_fallback")}
-
-
-def _plot(plt, reports, path, titles, worst: int) -> Path:
-    n = len(reports)
+    # matplotlib's built-in settings, whatever ``matplotlibrc`` the current folder, ``MATPLOTLIBRC`` or the
+    # user's config holds (a crafted one can ask for a canvas of gigabytes); the backend stays Agg
+    builtin = {k: v for k, v in matplotlib.rcParamsDefault.items() if k not in ("backend", "backend_fallback")}
     shown = min(worst, max((len(r.layers) for r in reports), default=1))
     height = max(4.0, 0.2 * shown + 1.8)
-    fig = plt.figure(figsize=(15, (height + 0.5) * n), layout="constrained")
-    rows = fig.subfigures(n, 1, squeeze=False)[:, 0]
-    for i, (row, rep) in enumerate(zip(rows, reports)):
-        left, right = row.subplots(1, 2, width_ratios=[1.4, 1])
-        _depth_panel(left, rep)
-        _worst_panel(right, rep, worst)
-        row.suptitle(titles[i] if titles else title_of(rep), fontsize=10, fontweight="bold")
     path = Path(path)
-    fmt = path.suffix[1:].lower()
-    if fmt not in fig.canvas.get_supported_filetypes():
-        fmt = "png"
-    try:
-        write_bytes(path, lambda f: fig.savefig(f, dpi=100, format=fmt))
-    finally:
-        plt.close(fig)
+    with matplotlib.rc_context(builtin):  # restored after the plot
+        fig = plt.figure(figsize=(15, (height + 0.5) * len(reports)), layout="constrained")
+        rows = fig.subfigures(len(reports), 1, squeeze=False)[:, 0]
+        for i, (row, rep) in enumerate(zip(rows, reports)):
+            left, right = row.subplots(1, 2, width_ratios=[1.4, 1])
+            _depth_panel(left, rep)
+            _worst_panel(right, rep, worst)
+            row.suptitle(titles[i] if titles else title_of(rep), fontsize=10, fontweight="bold")
+        fmt = path.suffix[1:].lower()
+        if fmt not in fig.canvas.get_supported_filetypes():
+            fmt = "png"
+        try:
+            write_bytes(path, lambda f: fig.savefig(f, dpi=100, format=fmt))
+        finally:
+            plt.close(fig)
     return path

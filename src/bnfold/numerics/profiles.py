@@ -86,9 +86,7 @@ class Profile:
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
         """The storage rounding of this profile applied to a float tensor."""
-        if not self.fp16_storage:
-            return t.to(torch.float32)
-        return round_fp16(t)
+        return round_fp16(t) if self.fp16_storage else t.to(torch.float32)
 
     def round_const(self, t: torch.Tensor) -> torch.Tensor:
         """How this profile stores a constant (weight, statistic, scalar)."""

@@ -32,10 +32,12 @@ class Progress:
         self.every = every
         self.label = label
         self.current = ""
-        self._t0 = time.monotonic()
-        self._last = self._t0
+        self._t0 = self._last = time.monotonic()
         self._open = False  # a terminal line is being redrawn
         self._printed = False
+
+    def _head(self) -> str:
+        return f"{self.label}: {self.current}" if self.current else f"{self.label}:"
 
     def _elapsed(self) -> str:
         return f"{time.monotonic() - self._t0:.0f}s"
@@ -70,17 +72,11 @@ class Progress:
     def node(self, index: int, total: int) -> None:
         """Within a batch: node ``index`` of ``total``; shown at most every 0.5 s on a terminal (every
         ``every`` seconds elsewhere), so a long batch still shows it is moving."""
-        if not self.enabled:
-            return
         now = time.monotonic()
-        if self.tty and now - self._last < 0.5:
-            return
-        if not self._due():
+        if (self.tty and now - self._last < 0.5) or not self._due():
             return
         self._last = now
-        stage = f" {self.current}" if self.current else ""
-        text = f"{self.label}:{stage}: node {index + 1}/{total} of the batch [{self._elapsed()}]"
-        self._write(text, final=not self.tty)
+        self._write(f"{self._head()}: node {index + 1}/{total} of the batch [{self._elapsed()}]", final=not self.tty)
 
     def __call__(self, done: int, total: int) -> None:
         last = done >= total
@@ -89,8 +85,7 @@ class Progress:
         width = 24
         filled = int(width * done / total) if total else width
         bar = "#" * filled + "-" * (width - filled)
-        stage = f" {self.current}" if self.current else ""
-        self._write(f"{self.label}:{stage} [{bar}] {done}/{total} batches [{self._elapsed()}]", final=last)
+        self._write(f"{self._head()} [{bar}] {done}/{total} batches [{self._elapsed()}]", final=last)
 
     def close(self) -> None:
         if self.enabled and self._open:

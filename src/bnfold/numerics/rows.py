@@ -122,12 +122,8 @@ def rows(g: Graph, fg: Graph | None, report) -> list[Row]:
     merged = set().union(*(r.merged for r in out))
     for step in prog.steps:
         if step.norm is not None and step.norm.output and step.name not in merged:
-            value = step.norm.output
-            out.append(
-                Row(
-                    step.name, "batch_norm", step.name, value, step.label or step.name, _unchanged(g, fg, value, chains)
-                )
-            )
+            value, label = step.norm.output, step.label or step.name
+            out.append(Row(step.name, "batch_norm", step.name, value, label, _unchanged(g, fg, value, chains)))
     return sorted(out, key=lambda r: g.order[r.name])
 
 
@@ -141,19 +137,15 @@ def _unchanged(g: Graph, fg: Graph | None, value: str, chains: dict) -> str | No
 def ref_names(g: Graph, fg: Graph, row_list: list[Row], report) -> dict[str, str]:
     """``{folded value: unfolded value}`` holding the same tensor: each row's pair, and every value whose
     step stays and computes what it did (not a layer a chain or a merge went into)."""
-    prog, folded = g.prog, fg.prog
     changed = {f.into_node or f.into for f in (report.folded if report is not None else ()) if f.side == "output"}
     changed |= {m.into_node for m in getattr(report, "merged", ()) if m.into_node}
-    out = {}
-    for v, s in fg.producer.items():
-        if v in g.producer and s.name not in changed and g.producer[v].name == s.name:
-            out[v] = v
-    for v in folded.inputs:
-        if v in prog.inputs:
-            out[v] = v
-    for r in row_list:
-        if r.folded is not None:
-            out[r.folded] = r.output
+    out = {
+        v: v
+        for v, s in fg.producer.items()
+        if v in g.producer and s.name not in changed and g.producer[v].name == s.name
+    }
+    out.update((v, v) for v in fg.prog.inputs if v in g.prog.inputs)
+    out.update((r.folded, r.output) for r in row_list if r.folded is not None)
     return out
 
 

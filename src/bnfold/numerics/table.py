@@ -7,13 +7,7 @@ import math
 
 def db(x) -> str:
     """A dB figure for a table: one decimal, 'exact' for no error at all, 'n/a' when undefined."""
-    if x is None:
-        return "-"
-    if math.isinf(x) and x > 0:
-        return "exact"
-    if math.isnan(x):
-        return "n/a"
-    return f"{x:.1f}"
+    return "exact" if x == math.inf else num(x, ".1f")
 
 
 def sqnr(err) -> str:
@@ -31,8 +25,7 @@ def sqnr_spread(e2e) -> str:
     """An end-to-end SQNR cell with its spread over batches (``43.4 ± 0.8``), as :func:`sqnr` when the
     spread is undefined (one batch, NaN/inf).  The spread gets the value's precision, at least its last
     digit, so a reader (and the README test) can tell which digits the inputs move."""
-    cell = sqnr(e2e.output)
-    spread = getattr(e2e, "sqnr_spread_db", math.nan)
+    cell, spread = sqnr(e2e.output), e2e.sqnr_spread_db
     if not math.isfinite(spread) or not math.isfinite(e2e.output.sqnr_db):
         return cell
     return f"{cell} ± {max(spread, 0.1):.1f}"
@@ -52,11 +45,9 @@ def pct(x) -> str:
 
 
 def sci(x: float) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
+    if x is None:
         return "n/a"
-    if math.isinf(x):
-        return "inf"
-    return f"{x:.3g}"
+    return "inf" if math.isinf(x) else num(x, ".3g")
 
 
 def _short(s: str, n: int) -> str:
@@ -64,27 +55,24 @@ def _short(s: str, n: int) -> str:
 
 
 def _end_to_end(report) -> list[str]:
+    def line(label: str, cell, u, f) -> str:
+        return f"  {label:<26} {cell(u):>14} {cell(f) if f else '-':>14}"
+
+    def nan_inf(e) -> str:
+        return nonfinite(e.output)
+
     u, f = report.unfolded, report.folded
-    out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}"]
-    out.append(f"  {'output SQNR (dB)':<26} {sqnr_spread(u):>14} {sqnr_spread(f) if f else '-':>14}")
+    out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}", line("output SQNR (dB)", sqnr_spread, u, f)]
     star = "*" if report.random_inputs else ""
-    for label, cell in task_rows(u):
-        label += star
-        out.append(f"  {label:<26} {cell(u):>14} {cell(f) if f else '-':>14}")
+    out += [line(label + star, cell, u, f) for label, cell in task_rows(u)]
     if u.accuracy is not None:
-        acc = f"accuracy (fp32 {pct(report.fp32_accuracy)})"
-        out.append(f"  {acc:<26} {pct(u.accuracy):>14} {pct(f.accuracy) if f else '-':>14}")
-    out.append(f"  {'output NaN/inf':<26} {nonfinite(u.output):>14} {nonfinite(f.output) if f else '-':>14}")
+        out.append(line(f"accuracy (fp32 {pct(report.fp32_accuracy)})", lambda e: pct(e.accuracy), u, f))
+    out.append(line("output NaN/inf", nan_inf, u, f))
     rt = report.runtime
     if rt is not None:
-        ru, rf = rt.unfolded, rt.folded
-        label = f"real {rt.runtime} SQNR (dB)"
-        out.append(f"  {label:<26} {sqnr_spread(ru):>14} {sqnr_spread(rf) if rf else '-':>14}")
-        label = f"real {rt.runtime} NaN/inf"
-        out.append(f"  {label:<26} {nonfinite(ru.output):>14} {nonfinite(rf.output) if rf else '-':>14}")
-        for label, cell in task_rows(ru, short=True):
-            label = _short(f"real {rt.runtime} {label}", 26)
-            out.append(f"  {label:<26} {cell(ru):>14} {cell(rf) if rf else '-':>14}")
+        ru, rf, real = rt.unfolded, rt.folded, f"real {rt.runtime}"
+        out += [line(f"{real} SQNR (dB)", sqnr_spread, ru, rf), line(f"{real} NaN/inf", nan_inf, ru, rf)]
+        out += [line(_short(f"{real} {label}", 26), cell, ru, rf) for label, cell in task_rows(ru, short=True)]
         out.append(f"  (the {rt.runtime} run is what the {rt.matches_profile} profile emulates)")
     if "±" in "".join(out):
         out.append(f"  (x ± s: the SQNR over all {report.batches} batches ± the standard deviation of each batch's)")
@@ -112,10 +100,10 @@ def task_rows(e2e, short: bool = False) -> list:
 
 
 def num(x, spec: str) -> str:
-    """A task number's cell: ``spec``-formatted, 'n/a' when undefined."""
+    """A number's cell: ``spec``-formatted, 'n/a' when undefined ('-' for None)."""
     if x is None:
         return "-"
-    return "n/a" if isinstance(x, float) and math.isnan(x) else format(x, spec)
+    return "n/a" if math.isnan(x) else format(x, spec)
 
 
 def _norm_rows(report) -> list[str]:
@@ -127,12 +115,9 @@ def _norm_rows(report) -> list[str]:
         "smallest of predicted and measured)",
         "  loss = local SQNR of the folded layer minus that of the unfolded one: predicted from the statistics "
         "| measured by the emulated run",
+        f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {'kappa@rt' if rt else '':>9} {'headroom':>9} "
+        f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold",
     ]
-    k_rt = "kappa@rt" if rt else ""
-    out.append(
-        f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {k_rt:>9} {'headroom':>9} "
-        f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold"
-    )
     for n in report.norms:
         r = n.risk
         pred = r.effective.loss_db if r is not None and r.effective is not None else None
@@ -154,12 +139,10 @@ def _layer_rows(report) -> list[str]:
         f"  layers ({len(report.layers)}): SQNR (dB) against the reference run (float64; float32 under the "
         "profiles that store fp16, its own error 8192x below fp16's).  cumulative: this output against the "
         "reference run of the whole model (carries upstream error); local: the error this layer adds by itself "
-        "(its inputs as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR"
-    ]
-    out.append(
+        "(its inputs as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR",
         f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
-        f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}"
-    )
+        f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}",
+    ]
     for r in report.layers:
         kind = r.kind + ("+bn" if r.norm and r.kind != "batch_norm" else "")
         out.append(
@@ -173,17 +156,10 @@ def _layer_rows(report) -> list[str]:
 def audit_table(report) -> str:
     eps = "model eps" if report.bn_eps is None else f"runtime bn_eps={report.bn_eps:g}"
     rand = ", random inputs" if report.random_inputs else ""
-    lines = [
+    head = (
         f"bnfold audit: {report.name}, profile {report.profile}, {eps}, {report.samples} samples in "
-        f"{report.batches} batch(es){rand}",
-        "",
-    ]
-    lines += _end_to_end(report)
-    lines.append("")
-    lines += _norm_rows(report)
-    lines.append("")
-    lines += _layer_rows(report)
-    lines.append("")
-    lines.append("  what to do:")
-    lines += [f"  - {a}" for a in report.advice()]
-    return "\n".join(lines)
+        f"{report.batches} batch(es){rand}"
+    )
+    advice = ["  what to do:"] + [f"  - {a}" for a in report.advice()]
+    blocks = [[head], _end_to_end(report), _norm_rows(report), _layer_rows(report), advice]
+    return "\n\n".join("\n".join(b) for b in blocks)
