@@ -206,20 +206,16 @@ def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(
 
 
 def test_the_bound_of_a_shape_fact_holds_whatever_the_other_inputs():
-    """``runner._bound`` bounds outputs only where no input can make them larger than it says: a ``same`` op whose
-    other inputs hold one element each, a batch norm with one parameter per channel, a broadcast; a LayerNorm scale
-    that could broadcast its input up, or a batch norm's statistics per element (ONNX ``spatial=0``), leave it to the
-    meta kernels (None)."""
-    from bnfold.numerics.runner import Step, StepNorm, _bound
-
-    x = torch.ones(1, 4, 3, 1)
-    ln = Step("ln", "LayerNormalization", ["x", "s"], ["y"], None, shape="same")
-    assert _bound(ln, [x, torch.ones(())]) == 12 * 16
-    assert _bound(ln, [x, torch.ones(4)]) is None  # [1, 4, 3, 1] * [4] is [1, 4, 3, 4]
-    params = ("g", "b", "m", "v")
-    bn = Step("bn", "BatchNormalization", ["x", *params], ["y"], None, norm=StepNorm("x", params, 1e-5))
-    assert _bound(bn, [x] + [torch.ones(4)] * 4) == 12 * 16
-    assert _bound(bn, [x] + [torch.ones(4, 3)] * 4) is None
-    mul = Step("mul", "Mul", ["a", "b"], ["p"], None, shape="broadcast")
-    assert _bound(mul, [torch.ones(5, 1), torch.ones(1, 7)]) == 35 * 16
-    assert _bound(mul, [torch.ones(5), torch.ones(7)]) is None
+    """``runtime.shape_bound`` bounds outputs only where no input can make them larger than it says: a ``same`` op
+    whose other inputs hold one element each, a reduction, a batch norm with one parameter per channel, a broadcast;
+    a LayerNorm scale that could broadcast its input up, or a batch norm's statistics per element (ONNX
+    ``spatial=0``), leave it to the meta kernels (None)."""
+    x, bound = torch.ones(1, 4, 3, 1), runtime.shape_bound
+    assert bound("same", [x, torch.ones(())], 1) == 12 * 16
+    assert bound("same", [x, torch.ones(4)], 1) is None  # [1, 4, 3, 1] * [4] is [1, 4, 3, 4]
+    assert bound("reduced", [x, torch.tensor([1, 2])], 1) == 12 * 16
+    assert bound("", [x] + [torch.ones(4)] * 4, 3, channel_axis=1) == 3 * 12 * 16
+    assert bound("", [x] + [torch.ones(4, 3)] * 4, 1, channel_axis=1) is None
+    assert bound("broadcast", [torch.ones(5, 1), torch.ones(1, 7)], 1) == 35 * 16
+    assert bound("broadcast", [torch.ones(5), torch.ones(7)], 1) is None
+    assert bound("", [x], 1) is None

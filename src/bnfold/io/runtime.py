@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .budget import MAX_WORK_HINT, Budget, WorkError, _size
+from .sizes import elements
 
 CPU_FLOOR_S = 120.0  # seconds of CPU any audit may take, whatever its plan
 CPU_FLOPS_PER_S = 1e8  # the plan's FLOPs at this rate (far below any CPU) on top of the floor
@@ -92,12 +93,6 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
     finally:
         _RUN.reset(token)
         run.release()
-
-
-def budget_now() -> Budget | None:
-    """The budget :func:`before_op` sizes the ops of the watched run by (None: no watched run, or no plan yet)."""
-    run = _RUN.get()
-    return run.budget if run is not None else None
 
 
 def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
@@ -185,6 +180,63 @@ def before_op(
             f"{where}{label} would create {_size(nbytes)}, over the budget of {_size(limit.bytes)}; {MAX_WORK_HINT}"
         )
     return outs
+
+
+class OpSizes:
+    """:func:`before_op` for the ops of one program, run batch after batch (the numerics runner's), with the meta
+    run only where nothing else sizes an op's outputs: the plan (``values`` it sized), a bound from the op's shape
+    fact (:func:`shape_bound`) within the budget, or the meta run of the same op (``key``) on inputs of the same
+    signature (:func:`meta_signature`: it would find what it found).  The same decisions as :func:`before_op`'s."""
+
+    def __init__(self):
+        self._found: dict[Any, tuple] = {}  # key -> (input signature, its outputs' bytes or None: no meta kernel tells)
+
+    def check(self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None) -> None:
+        """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs."""
+        run = _RUN.get()
+        if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
+            before_op(label, values=values)
+            return
+        sig = meta_signature(ins)
+        found = self._found.get(key)
+        if found is not None and found[0] == sig:
+            before_op(label, values=values, nbytes=found[1])
+            return
+        bound = shape_bound(shape, ins, outs, channel_axis)
+        if bound is not None and bound <= run.budget.bytes:
+            before_op(label, values=values)
+            return
+        outs = before_op(label, fn, args, values=values)
+        if sig is not None:
+            self._found[key] = (sig, None if outs is None else sum(o.nbytes for o in outs))
+
+
+def shape_bound(shape: str, ins: list, outs: int, channel_axis: int | None = None) -> int | None:
+    """An upper bound on the bytes of the ``outs`` outputs of an op on ``ins`` (values; the first its main input) from
+    its op table's ``shape`` fact (``bnfold.engine.optable.Op``), at 16 bytes an element (the widest dtype): the
+    inputs' broadcast shape (``broadcast``); the first input's elements for a reduction (``reduced``), where every
+    other input holds at most one element (``same``), or where each is a vector of one element per channel along
+    ``channel_axis`` (a batch norm's parameters); else None (an input could make the outputs larger)."""
+    import torch
+
+    tensors = [t for t in ins if isinstance(t, torch.Tensor)]
+    x = ins[0] if ins and isinstance(ins[0], torch.Tensor) else None
+    others = tensors[1:] if x is not None else ()
+    if x is not None and (shape == "reduced" or shape == "same" and all(t.numel() <= 1 for t in others)):
+        n = x.numel()  # a reduction's other inputs name its axes: they add no element
+    elif x is not None and channel_axis is not None and -x.dim() <= channel_axis < x.dim():
+        channels = x.shape[channel_axis]
+        if not all(t.dim() == 1 and t.numel() == channels for t in others):
+            return None
+        n = x.numel()
+    elif shape == "broadcast" and tensors:
+        try:
+            n = elements(torch.broadcast_shapes(*(t.shape for t in tensors)))
+        except RuntimeError:  # no broadcast shape: the op fails, as the meta run would say
+            return None
+    else:
+        return None
+    return outs * n * 16
 
 
 @dataclass(frozen=True)

@@ -16,14 +16,13 @@ check belongs there).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 
-from ..io.runtime import before_op, budget_now, meta_signature
+from ..io.runtime import OpSizes
 from .errors import Meter, TensorError
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
@@ -68,7 +67,7 @@ class Step:
     ``mutates``: the op writes an input in place (the runner runs it so, as the program says); ``shape`` the op
     table's (``same``: the output has the first input's shape; ``broadcast``: the inputs' broadcast shape;
     ``reduced``: at most the first input's elements): it bounds the outputs' size without a meta run
-    (:func:`_bound`)."""
+    (:func:`bnfold.io.runtime.shape_bound`)."""
 
     name: str
     op: str
@@ -189,31 +188,6 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, t
     return out
 
 
-def _bound(step: Step, ins: list) -> int | None:
-    """An upper bound on the bytes of ``step``'s outputs where its facts tell, at 16 bytes an element (the widest
-    dtype): the inputs' broadcast shape (``shape`` ``broadcast``); the first input's elements for a reduction
-    (``reduced``), and where every other input holds at most one element (``same``) or, for a batch norm, one
-    element per channel; else None."""
-    tensors = [t for t in ins if isinstance(t, torch.Tensor)]
-    x = ins[0] if ins and isinstance(ins[0], torch.Tensor) else None
-    others = tensors[1:] if x is not None else ()
-    if x is not None and (step.shape == "reduced" or step.shape == "same" and all(t.numel() <= 1 for t in others)):
-        n = x.numel()  # a reduction's other inputs name its axes: they add no element
-    elif x is not None and step.norm is not None and step.ins[0] == step.norm.input and x.dim() > step.norm.axis:
-        channels = x.shape[step.norm.axis]
-        if not all(t.dim() == 1 and t.numel() == channels for t in others):
-            return None
-        n = x.numel()
-    elif step.shape == "broadcast" and tensors:
-        try:
-            n = math.prod(torch.broadcast_shapes(*(t.shape for t in tensors)))
-        except RuntimeError:  # no broadcast shape: the op fails, as the meta run would say
-            return None
-    else:
-        return None
-    return len(step.outs) * n * 16
-
-
 def _copy_aliases(kept: dict, ins: list) -> None:
     """Replace each value in ``kept`` that shares memory with one of ``ins`` by a copy (an in-place op is about to
     write one of them: what was kept is the value as it was made)."""
@@ -278,7 +252,7 @@ class Runner:
             if v not in keep:
                 self._free_after.setdefault(i, []).append(v)
         self._labels = [f"{s.op} {s.label or s.name!r}" for s in program.steps]  # what before_op records
-        self._sizes: dict[int, tuple] = {}  # step index -> (input signature, its outputs' bytes): _check
+        self._sizes = OpSizes()  # what the run-time check found of each step (_check)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
 
@@ -313,27 +287,14 @@ class Runner:
     # -- one op -------------------------------------------------------------------------------------
 
     def _check(self, i: int, step: Step, ins: list) -> None:
-        """The run-time check of step ``i`` before it runs emulated on ``ins`` (:func:`bnfold.io.runtime.before_op`,
-        which refuses an op whose outputs would pass the budget before it allocates).  Where it sizes ops, their
-        size is known without a meta run for the outputs the plan sized (``planned``), for an op whose facts bound
-        them by the inputs' shapes within the budget (:func:`_bound`), and for the same step on inputs of the same
-        signature as before (an earlier batch of the same shapes: the meta kernels read nothing else)."""
-        label, sized, budget = self._labels[i], step.outs if self.planned else (), budget_now()
-        if budget is None:  # the op is recorded (an allocator failure names it); nothing to size
-            before_op(label, values=sized)
-            return
-        sig = meta_signature(ins)
-        known = self._sizes.get(i)
-        if known is not None and known[0] == sig:  # known[1] None: no meta kernel tells, as before
-            before_op(label, values=sized, nbytes=known[1])
-            return
-        bound = _bound(step, ins)
-        if bound is not None and bound <= budget.bytes:
-            before_op(label, values=sized)
-            return
-        outs = before_op(label, step.run, (ins, torch.float32), values=sized)
-        if sig is not None:
-            self._sizes[i] = (sig, None if outs is None else sum(o.nbytes for o in outs))
+        """The run-time check of step ``i`` before it runs emulated on ``ins`` (:class:`bnfold.io.runtime.OpSizes`:
+        the plan's sizes where ``planned``, else the bound of its ``shape`` fact or of a batch norm's per-channel
+        parameters, else its meta kernels, once per input signature)."""
+        norm, sized = step.norm, step.outs if self.planned else ()
+        axis = norm.axis if norm is not None and step.ins[0] == norm.input else None
+        self._sizes.check(
+            i, self._labels[i], step.run, (ins, torch.float32), ins, len(step.outs), sized, step.shape, axis
+        )
 
     def _emulate(self, step: Step, ins: list, env: dict) -> list:
         """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
