@@ -95,6 +95,27 @@ def test_audit_table_labels_and_advice(run, models):
     assert "conv_bn.pt2" in stdout.splitlines()[0]
 
 
+def test_the_audit_freezes_what_is_loaded_and_leaves_the_collector_as_it_was(run, models, monkeypatch):
+    """``bnfold audit`` freezes the objects loaded before it emulates (a full collection need not walk torch and the
+    model again) and unfreezes them when it ends; a caller's own frozen objects are left as they are."""
+    import gc
+
+    from bnfold.cli import audit as cli_audit
+
+    seen = []
+    real = cli_audit._audit
+    monkeypatch.setattr(cli_audit, "_audit", lambda *a, **k: seen.append(gc.get_freeze_count()) or real(*a, **k))
+    assert run("audit", models["conv_bn"], "--random", "1")[0] == 0
+    assert seen[0] > 0 and gc.get_freeze_count() == 0
+    gc.freeze()  # a caller that froze its own objects
+    try:
+        mine = gc.get_freeze_count()  # (frozen objects still go when nothing refers to them: it may only shrink)
+        assert run("audit", models["conv_bn"], "--random", "1")[0] == 0
+        assert 0 < seen[1] <= mine and 0 < gc.get_freeze_count() <= mine
+    finally:
+        gc.unfreeze()
+
+
 def test_audit_refuses_a_training_mode_program(run, tmp_path):
     path = tmp_path / "train.pt2"
     ep = torch.export.export(h.randomize_bn(h.ConvBN()).train(), (torch.randn(h.EXAMPLE_SHAPE),))
