@@ -6,8 +6,9 @@ ops.  What it cannot size beforehand (a Resize whose scales the graph computes, 
 tensor, an op with no meta kernel) is checked here, when the op is about to run and its arguments
 are real: :func:`before_op` runs the op's own meta kernels (``device="meta"``: shapes, no data, no
 memory) on those arguments and refuses an op whose outputs would exceed the budget, *before* it
-allocates.  The numerics runners (torch and ONNX) and the constant evaluators (torch and ONNX)
-call it at one point each.
+allocates.  The numerics runner (torch and ONNX programs, through :class:`OpSizes`, which skips the meta
+run where a shape fact's bound or an earlier batch of the same signature already answers) and the
+constant evaluators (torch and ONNX) call it at one point each.
 
 :func:`watch` wraps a command (the CLI wraps each one):
 
