@@ -75,9 +75,11 @@ def norm_nodes(ep) -> list:
     return [n for n in ep.graph.nodes if n.op == "call_function" and "batch_norm" in str(n.target)]
 
 
-def export(module: nn.Module, inputs: tuple, ir: str = "default"):
-    """Export ``module`` to the IR a user meets: ``default``, ``decomposed`` or ``edge``."""
-    ep = torch.export.export(module, inputs)
+def export(module: nn.Module, inputs: tuple, ir: str = "default", base=None):
+    """Export ``module`` to the IR a user meets: ``default``, ``decomposed`` or ``edge``.  ``base``: the module's
+    default export, already made on ``inputs``: the other IRs then start from a copy of it, as a user's pipeline
+    does (exporting a model again costs seconds)."""
+    ep = torch.export.export(module, inputs) if base is None else copy.deepcopy(base)
     if ir == "decomposed":
         return ep.run_decompositions()
     if ir == "edge":

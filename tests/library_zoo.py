@@ -127,8 +127,13 @@ def _left(report: dict, folded, ir: str) -> tuple[int, int, int]:
     return bn, len(report["skipped"]) - bn, std
 
 
-def _program(model, x, ir: str):
-    return onnx_export(model, x) if ir == "onnx" else export(model, (x,), ir)
+def _program(model, x, ir: str, exported: dict):
+    """``model`` in ``ir``; ``exported`` keeps each model's default export: the other IRs start from it."""
+    if ir == "onnx":
+        return onnx_export(model, x)
+    if model not in exported:
+        exported[model] = export(model, (x,))
+    return export(model, (x,), ir, base=exported[model])
 
 
 def _counts(program, ir: str) -> dict:
@@ -165,15 +170,27 @@ def _fold_file(program, ir: str, folder: Path, row: Row):
 
 
 def check_ir(
-    name: str, model, x, ref, plain_err: float, deploy, keeps: tuple[int, int], ir: str, folder: Path, cli_checks=True
+    name: str,
+    model,
+    x,
+    ref,
+    plain_err: float,
+    deploy,
+    keeps: tuple[int, int],
+    ir: str,
+    folder: Path,
+    cli_checks=True,
+    exported: dict | None = None,
 ):
-    """One IR's row; ``keeps``: (BatchNorms, other normalizations) the hand-made deploy form keeps."""
+    """One IR's row; ``keeps``: (BatchNorms, other normalizations) the hand-made deploy form keeps; ``exported``:
+    the default exports of ``model`` and ``deploy`` made for an earlier row, by module (filled here)."""
+    exported = {} if exported is None else exported
     import bnfold
 
     row = Row(name, ir, keeps=keeps[0], keeps_other=keeps[1])
     t0 = time.perf_counter()
     try:
-        program = _program(model, x, ir)
+        program = _program(model, x, ir, exported)
         if ir == "edge":  # no file format the CLI reads: the API, in memory
             result = bnfold.fold(program)
             folded, report = result.model, result.report.to_dict()
@@ -189,7 +206,7 @@ def check_ir(
         row.tol = max(REL, 4 * plain_err)
         del folded
         if deploy is not None:
-            row.own = _counts(bnfold.fold(_program(deploy, x, ir)).model, ir)
+            row.own = _counts(bnfold.fold(_program(deploy, x, ir, exported)).model, ir)
         if cli_checks and src is not None:
             strict = ("--strict",) if keeps == (0, 0) else ()
             code, last = cli("check", *strict, out, "-q")
@@ -260,7 +277,8 @@ def check_model(name: str, folder: Path, irs=IRS, cli_checks: bool = True) -> li
     except Exception as e:
         return [Row(name, ir, failures=[f"build: {_first_line(e)}"], seconds=time.perf_counter() - t0) for ir in irs]
     keeps = (total - fused, norms - folded)
-    rows = [check_ir(name, model, x, ref, plain_err, deploy, keeps, ir, folder, cli_checks) for ir in irs]
+    exported: dict = {}  # each module's default export, which the other IRs start from
+    rows = [check_ir(name, model, x, ref, plain_err, deploy, keeps, ir, folder, cli_checks, exported) for ir in irs]
     fewer = fewer_folds({r.ir: r.folded for r in rows if r.counts})
     for r in rows:
         if r.ir in fewer:
