@@ -127,7 +127,7 @@ def audit(
         fold_result = bnfold_fold(model)
         folded_model, report = fold_result.model, fold_result.report
     prog = fmt.program(model)
-    fprog = fmt.program(folded_model) if folded_model is not None else None
+    fprog = fmt.program(folded_model, prog) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
     _stage(progress, "emulate unfolded")
@@ -135,7 +135,8 @@ def audit(
     names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
     norm_outs = {st.norm.output for st in prog.steps if st.norm is not None and st.norm.output}
-    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True)
+    rounded: dict = {}  # the constants both programs hold (a weight the fold left as it was) are rounded once
+    runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True, shared=rounded)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
     refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None
@@ -147,7 +148,7 @@ def audit(
             for k, st in refs
         ]
         fouts = {r.folded for r in row_list if r.folded is not None}
-        runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts)
+        runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts, shared=rounded)
         folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
         _execute(runner, batches, folded, progress, against=against)
     del refs

@@ -166,8 +166,9 @@ def _step(node: torch.fx.Node, op: _Target) -> Step:
     return step
 
 
-def fx_program(ep: torch.export.ExportedProgram) -> Program:
-    """``ep`` as the runner's :class:`~.runner.Program`."""
+def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) -> Program:
+    """``ep`` as the runner's :class:`~.runner.Program` (``like``, the program of the model this one was folded from,
+    is not needed: a folded program holds the tensors the fold left as they were)."""
     lifted, user = lifted_tensors(ep)
     nodes = ep.graph_module.graph.nodes
     for node in nodes:

@@ -15,6 +15,9 @@ a folded chain's result under the chain's output name).
 
 from __future__ import annotations
 
+import math
+from collections import Counter
+
 import numpy as np
 import onnx
 import torch
@@ -70,7 +73,7 @@ def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list
     return out
 
 
-def constants(model: onnx.ModelProto, nodes: list[tuple] | None = None) -> dict[str, np.ndarray]:
+def constants(model: onnx.ModelProto, nodes: list | None = None, read: dict | None = None) -> dict[str, np.ndarray]:
     """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
     (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
     a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
@@ -78,12 +81,13 @@ def constants(model: onnx.ModelProto, nodes: list[tuple] | None = None) -> dict[
     that only constant ops read is dropped once they are computed (the runner computes it again if a batch
     needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
     read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
-    they are at hand."""
+    they are at hand; ``read``: initializers' arrays already read, by name."""
     from ..io.cost import Budget, Meter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
     nodes = _node_fields(model) if nodes is None else nodes
-    out = {t.name: array(t) for t in model.graph.initializer}
+    read = read or {}
+    out = {t.name: read[t.name] if t.name in read else array(t) for t in model.graph.initializer}
     opset = opset_of(model)
     meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
     readers: dict[str, int] = {}
@@ -206,10 +210,15 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
     return round_fp16(run(ins, torch.float32)[0])
 
 
-def onnx_program(model: onnx.ModelProto) -> Program:
-    """``model`` as the runner's :class:`~.runner.Program`."""
+def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program:
+    """``model`` as the runner's :class:`~.runner.Program` (``stored``: its large initializers' protos and tensors).
+    ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
+    fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share."""
     nodes = _node_fields(model)
-    consts = constants(model, nodes)
+    mine, before = _large_initializers(model, nodes), like.stored if like is not None else {}
+    reused = {k: before[k][1] for k, t in mine.items() if k in before and before[k][0] == t}
+    read = {k: v.numpy() for k, v in reused.items()}
+    consts = constants(model, nodes, read)
     norms = norms_of(nodes, consts)
     opset = opset_of(model)
     steps = [
@@ -224,8 +233,15 @@ def onnx_program(model: onnx.ModelProto) -> Program:
             raise ValueError(f"the model takes {len(inputs)} input(s), got {len(xs)}")
         return [torch.as_tensor(x) for x in xs]
 
-    floats = {k: _tensor(v) for k, v in consts.items()}
-    return Program(steps, floats, inputs, [o.name for o in model.graph.output], feed)
+    floats = {k: reused[k] if v is read.get(k) else _tensor(v) for k, v in consts.items()}
+    stored = {k: (t, floats[k]) for k, t in mine.items() if k in floats}
+    return Program(steps, floats, inputs, [o.name for o in model.graph.output], feed, stored)
+
+
+def _large_initializers(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, onnx.TensorProto]:
+    """The initializers larger than the constants the runner rounds together whose name nothing else writes."""
+    names = Counter([t.name for t in model.graph.initializer] + [o for *_, outs, _ in nodes for o in outs])
+    return {t.name: t for t in model.graph.initializer if names[t.name] == 1 and math.prod(t.dims) > 1 << 12}
 
 
 class OnnxEmulator(Runner):

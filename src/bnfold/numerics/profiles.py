@@ -85,7 +85,7 @@ class Profile:
     const_clamp: tuple[float, float] | None = None
 
     def round(self, t: torch.Tensor) -> torch.Tensor:
-        """The storage rounding of this profile applied to a float tensor."""
+        """The storage rounding of this profile applied to a float tensor (a model input, an op's output)."""
         return round_fp16(t) if self.fp16_storage else t.to(torch.float32)
 
     def round_const(self, t: torch.Tensor) -> torch.Tensor:
@@ -96,10 +96,6 @@ class Profile:
             t = torch.where((mag > 0) & (mag < lo), torch.sign(t) * lo, t)
             t = torch.where(mag > hi, torch.sign(t) * hi, t)
         return round_fp16(t) if self.fp16_storage or self.fp16_constants else t.to(torch.float32)
-
-    def round_input(self, t: torch.Tensor) -> torch.Tensor:
-        """How this profile stores a model input."""
-        return self.round(t)
 
 
 def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:

@@ -91,20 +91,23 @@ class Step:
 class Program:
     """A format's executor: ``steps`` in graph order, ``constants`` (floats in the dtype the model stores,
     integers as they are), ``inputs`` / ``outputs`` (value names), ``feed(xs)`` checking and converting one
-    batch's inputs."""
+    batch's inputs; ``stored``: what a format keeps of how the model stores its large constants, by name (for a
+    program of a model folded from this one to recognize them: ``AuditFormat.program``'s ``like``)."""
 
     steps: list[Step]
     constants: dict[str, Any]
     inputs: list[str]
     outputs: list[str]
     feed: Callable[[tuple], list]
+    stored: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class AuditFormat:
     """A format's audit hooks (``Frontend.numerics``): ``prepare(model, inputs, *, input_shapes, name,
     random_inputs, runtime, fold) -> (model, batches, name, random_inputs)`` checks what the audit is
-    given (and exports an nn.Module); ``program(model)`` is the model as a :class:`Program`;
+    given (and exports an nn.Module); ``program(model, like=None)`` is the model as a :class:`Program` (``like``:
+    the program of the model it was folded from, whose unchanged constants it may hold);
     ``output_rank(model)`` the rank of its first output where the model states it (else None)."""
 
     prepare: Callable
@@ -163,14 +166,21 @@ _ROUNDED_TOGETHER = 1 << 12
 _ALIGN = 16
 
 
-def _round_constants(prof: Profile, f32: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict | None = None) -> dict:
     """``prof.round_const`` of each float32 constant.  The rounding is elementwise, so the small contiguous ones
     (most of a model's constants by count: biases, statistics, scalars) are rounded in one call over their
     concatenation, each then a view of its part (no op for a vector), each part starting at a 64-byte boundary as
     an allocation of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or
-    strided one (whose layout a kernel may read) is rounded alone."""
+    strided one (whose layout a kernel may read) is rounded alone, once per tensor over the runners that share
+    ``shared`` (keyed by the tensor's memory, layout and version, holding the tensor: its memory is not reused)."""
     together = [k for k, v in f32.items() if v.numel() <= _ROUNDED_TOGETHER and v.is_contiguous()]
-    out = {k: prof.round_const(f32[k]) for k in f32.keys() - set(together)}
+    out, shared = {}, {} if shared is None else shared
+    for k in f32.keys() - set(together):
+        t = f32[k]
+        key = (prof.name, t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
+        if key not in shared:
+            shared[key] = (t, prof.round_const(t))
+        out[k] = shared[key][1]
     if not together:
         return out
     zeros = torch.zeros(_ALIGN - 1)
@@ -209,7 +219,9 @@ class Runner:
     of a segment; the audit asks for its rows' outputs, the others are computed only to reach them).
     ``measured``: the values compared with their reference (default: every floating value).  ``planned``:
     ``program`` is the one the audit's cost plan sized (the run-time check then skips the meta run of an op
-    whose outputs the plan sized, :func:`bnfold.io.runtime.before_op`).
+    whose outputs the plan sized, :func:`bnfold.io.runtime.before_op`).  ``shared``: a dict given to the runners
+    of one audit under the same profile (the unfolded and the folded program): a large constant both programs hold
+    (a weight the fold left as it was) is rounded once.
     """
 
     def __init__(
@@ -221,6 +233,7 @@ class Runner:
         local_measured: set | None = None,
         measured: set | None = None,
         planned: bool = False,
+        shared: dict | None = None,
     ):
         self.program = program
         self.planned = planned
@@ -231,7 +244,7 @@ class Runner:
         self.segments = dict(segments or {})
         consts = program.constants
         f32 = {k: v if v.dtype == torch.float32 else v.to(torch.float32) for k, v in consts.items() if is_float(v)}
-        rounded = _round_constants(prof, f32)
+        rounded = _round_constants(prof, f32, shared)
         self._const_e = {k: rounded[k] if k in f32 else v for k, v in consts.items()}
         # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
         # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
@@ -366,7 +379,7 @@ class Runner:
         kept: dict[str, Any] = {}
         for name, x in zip(prog.inputs, feed):
             if is_float(x):
-                env_e[name] = prof.round_input(x.detach().to(torch.float32))
+                env_e[name] = prof.round(x.detach().to(torch.float32))
                 if reference:
                     env_r[name] = x.detach().to(self._ref_dtype)
                 if name in refs:
