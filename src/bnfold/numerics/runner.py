@@ -111,7 +111,7 @@ class AuditFormat:
     ``output_rank(model)`` the rank of its first output where the model states it (else None)."""
 
     prepare: Callable
-    program: Callable[[Any], Program]
+    program: Callable[..., Program]
     output_rank: Callable[[Any], int | None]
 
 
@@ -177,7 +177,7 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
     out, shared = {}, {} if shared is None else shared
     for k in f32.keys() - set(together):
         t = f32[k]
-        key = (prof.name, t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)
+        key = (prof, t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)  # a profile is hashed by its settings
         if key not in shared:
             shared[key] = (t, prof.round_const(t))
         out[k] = shared[key][1]
