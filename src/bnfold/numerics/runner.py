@@ -169,10 +169,10 @@ _ALIGN = 16
 def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict | None = None) -> dict:
     """``prof.round_const`` of each float32 constant.  The rounding is elementwise, so the small contiguous ones
     (most of a model's constants by count: biases, statistics, scalars) are rounded in one call over their
-    concatenation, each then a view of its part (no op for a vector), each part starting at a 64-byte boundary as
-    an allocation of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or
-    strided one (whose layout a kernel may read) is rounded alone, once per tensor over the runners that share
-    ``shared`` (keyed by the tensor's memory, layout and version, holding the tensor: its memory is not reused)."""
+    concatenation, each then a view of its part (its own strides) starting at a 64-byte boundary as an allocation
+    of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or strided one
+    (whose layout a kernel may read) is rounded alone, once per tensor over the runners that share ``shared``
+    (keyed by the tensor's memory, layout and version, holding the tensor: its memory is not reused)."""
     together = [k for k, v in f32.items() if v.numel() <= _ROUNDED_TOGETHER and v.is_contiguous()]
     out, shared = {}, {} if shared is None else shared
     for k in f32.keys() - set(together):
@@ -185,16 +185,15 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
         return out
     zeros = torch.zeros(_ALIGN - 1)
     fills = [zeros[:n] for n in range(_ALIGN)]  # the padding after a part, by its length
-    pieces, sizes = [], []
+    pieces, starts = [], [0]
     for k in together:
         t = f32[k]
         pad = -t.numel() % _ALIGN
         pieces += [t if t.dim() == 1 else t.reshape(-1), fills[pad]]
-        sizes += [t.numel(), pad]
-    parts = prof.round_const(torch.cat(pieces)).split(sizes)
-    for k, part in zip(together, parts[::2]):
-        shape = f32[k].shape
-        out[k] = part if len(shape) == 1 else part.view(shape)
+        starts.append(starts[-1] + t.numel() + pad)
+    flat = prof.round_const(torch.cat(pieces))
+    for k, at in zip(together, starts):
+        out[k] = flat.as_strided(f32[k].shape, f32[k].stride(), at)  # one op a view (split then view: two)
     return out
 
 
