@@ -68,8 +68,8 @@ def test_unknown_profile_is_refused():
 @pytest.mark.parametrize("name", ["fp32", "fp16", "ort-cpu"])
 def test_constants_rounded_together_equal_one_by_one_and_stay_aligned(name):
     """The runner rounds a model's small constants in one call over their concatenation: each comes out as the
-    profile rounds it alone, in its shape, and starts on a 64-byte boundary as an allocation of its own does (a
-    1x1 conv computes other float32 bits from a weight 4 bytes off)."""
+    profile rounds it alone, in its shape and strides, and starts on a 64-byte boundary as an allocation of its own
+    does (a 1x1 conv computes other float32 bits from a weight 4 bytes off)."""
     from bnfold.numerics.runner import _ROUNDED_TOGETHER, _round_constants
 
     g = torch.Generator().manual_seed(0)
@@ -77,13 +77,14 @@ def test_constants_rounded_together_equal_one_by_one_and_stay_aligned(name):
     f32 = {f"c{i}": torch.randn(s, generator=g) * 3e4 for i, s in enumerate(shapes)}
     f32["strided"] = torch.randn(6, 4, generator=g).t()
     f32["tiny"] = torch.tensor([1e-9, -3e-8, 0.0])  # under ort-cpu's clamp
+    f32["odd"] = torch.randn(3, generator=g).as_strided((3, 1), (1, 7))  # contiguous, a size-1 dim's stride is free
     prof = get_profile(name)
     out = _round_constants(prof, f32)
     assert out.keys() == f32.keys()
     for k, v in f32.items():
         alone = prof.round_const(v)
         assert out[k].shape == v.shape and torch.equal(out[k], alone), k
-        assert out[k].data_ptr() % 64 == 0, k
+        assert out[k].stride() == v.stride() and out[k].data_ptr() % 64 == 0, k
     w, b = torch.randn(96, 6, 1, 1, generator=g), torch.randn(96, generator=g)
     together = _round_constants(prof, {"s": torch.randn(3, generator=g), "w": w, "b": b})  # w after 3 floats
     x = torch.randn(1, 6, 1, 1, generator=g)

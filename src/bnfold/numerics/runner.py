@@ -193,7 +193,7 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
         starts.append(starts[-1] + t.numel() + pad)
     flat = prof.round_const(torch.cat(pieces))
     for k, at in zip(together, starts):
-        out[k] = flat.as_strided(f32[k].shape, f32[k].stride(), at)  # one op a view (split then view: two)
+        out[k] = flat.as_strided(f32[k].shape, f32[k].stride(), at)  # one op (a split part, then a view: two)
     return out
 
 
