@@ -52,3 +52,27 @@ def test_a_long_constant_chain_is_judged_by_what_it_holds():
 def test_live_values_over_the_budget_are_still_refused():
     with max_work(SIDE * SIDE * 4 // 2), pytest.raises(WorkError, match="constant evaluation"):
         constants(_chain_model())
+
+
+def test_a_bfloat16_initializer_keeps_its_values():
+    """A bfloat16 initializer (numpy reads it as ml_dtypes' bfloat16, which torch does not take) is held as the
+    float32 values it stores, not cast to integers: an op that reads it directly computes on its values."""
+    import torch
+
+    from bnfold.numerics.onnx_emulator import OnnxEmulator
+
+    g = torch.Generator().manual_seed(0)
+    w, x = (torch.randn(1, 8, generator=g) * 3).bfloat16(), torch.randn(1, 8, generator=g).bfloat16()
+    raw = w.view(torch.int16).numpy().tobytes()
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "w"], ["y"])],
+        "bf16",
+        [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [1, 8])],
+        [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [1, 8])],
+        [helper.make_tensor("w", TensorProto.BFLOAT16, [1, 8], raw, raw=True)],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    emulator = OnnxEmulator(model, "fp32")
+    assert emulator.program.constants["w"].dtype == torch.float32
+    assert torch.equal(emulator.program.constants["w"], w.float())
+    assert torch.equal(emulator.run(x).outputs[0], x.float() + w.float())  # float32 sums of bfloat16 values: exact

@@ -29,7 +29,7 @@ from ..onnx.semantics.values import array
 from . import accumulate
 from .batches import as_batches
 from .profiles import Profile
-from .runner import AuditFormat, Program, Runner, Step, StepNorm, round_fp16
+from .runner import _ROUNDED_TOGETHER, AuditFormat, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -58,9 +58,12 @@ class OpFailed(ValueError):
 
 
 def _tensor(arr: np.ndarray) -> torch.Tensor:
-    """A constant as the runner holds it: floats as stored (the runner casts them once), booleans bool,
-    integers int64."""
-    return torch.from_numpy(np.array(arr, dtype=None if arr.dtype.kind in "fb" else np.int64))
+    """A constant as the runner holds it: floats as stored (the runner casts them once; bfloat16 and float8, numpy
+    dtypes of ml_dtypes torch does not read, as float32, which holds their values), booleans bool, integers int64."""
+    custom = arr.dtype.kind not in "fbiu" and arr.dtype.name.startswith(("bfloat", "float"))
+    return torch.from_numpy(
+        arr.astype(np.float32) if custom else np.array(arr, dtype=None if arr.dtype.kind in "fb" else np.int64)
+    )
 
 
 def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
@@ -241,7 +244,7 @@ def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program
 def _large_initializers(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, onnx.TensorProto]:
     """The initializers larger than the constants the runner rounds together whose name nothing else writes."""
     names = Counter([t.name for t in model.graph.initializer] + [o for *_, outs, _ in nodes for o in outs])
-    return {t.name: t for t in model.graph.initializer if names[t.name] == 1 and math.prod(t.dims) > 1 << 12}
+    return {t.name: t for t in model.graph.initializer if names[t.name] == 1 and math.prod(t.dims) > _ROUNDED_TOGETHER}
 
 
 class OnnxEmulator(Runner):
