@@ -6,7 +6,7 @@ Models: the suite's architectures (``benchmarks/models.py``: calibrated BatchNor
 the default shape, ``--quick``: the small shapes), each as a torch program and as ONNX (TorchScript
 exporter, BatchNorm kept), and the trained PaddleOCR models of the rapidocr wheels installed in the venv.
 
-Per model (1 torch thread; the least process CPU time over ``--rounds`` rounds, the four measurements interleaved
+Per model (1 torch thread; the least process CPU time over ``--rounds`` rounds, the five measurements interleaved
 in each round, after one untimed warm-up call of each; a forward is timed ``FORWARDS`` at a time):
 
 * ``fp32 fwd``  the float32 forward: ``ep.module()(x)`` for a torch program; for ONNX the same graph run
@@ -17,7 +17,10 @@ in each round, after one untimed warm-up call of each; a forward is timed ``FORW
                 that store fp16) and local errors, the folded one, the values the rows read measured, risk;
 * ``json``      the same with ``tensors=True`` (``bnfold audit --json``, the API's default): every floating
                 value of both programs measured against its reference;
-* ``ratio``     ``(audit - fold) / fp32 fwd`` (goal <= 10: ``PASS`` / ``MISS``), and the same for ``json``.
+* ``no-local``  the same as ``audit`` with ``local=False`` (``bnfold audit --no-local``): no local run of the layers'
+                segments (the table's local columns, a fold's measured loss);
+* ``ratio``     ``(audit - fold) / fp32 fwd`` (goal <= 10: ``PASS`` / ``MISS``), and the same for ``json`` and
+                ``no-local``.
 
 ``--watched``: the audit and the fold inside the CLI's watchdog (``bnfold.io.runtime.watch``), as ``bnfold audit``
 runs them: the run-time check then sizes each op the plan did not before it runs (:func:`bnfold.io.runtime.before_op`).
@@ -109,17 +112,18 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) 
             for _ in range(FORWARDS):
                 forward()
 
-    fwd, fold, audit, full = _min_times(
+    fwd, fold, audit, full, fast = _min_times(
         [
             forwards,
             _watched(lambda: bnfold.fold(model), watched),
             _watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False), watched),
             _watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=True), watched),
+            _watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False, local=False), watched),
         ],
         rounds,
     )
     fwd /= FORWARDS
-    ratio, ratio_full = (audit - fold) / fwd, (full - fold) / fwd
+    ratio, ratio_full, ratio_fast = (audit - fold) / fwd, (full - fold) / fwd, (fast - fold) / fwd
     return [
         name,
         f"{fwd:.4f}",
@@ -129,6 +133,8 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) 
         "PASS" if ratio <= GOAL else "MISS",
         f"{full:.3f}",
         f"{ratio_full:.1f}x",
+        f"{fast:.3f}",
+        f"{ratio_fast:.1f}x",
     ]
 
 
@@ -220,6 +226,7 @@ def main(argv=None) -> int:
 
 def _print(rows: list, ops: bool) -> None:
     headers = ["model", "fp32 fwd s", "fold s", "audit s", "(audit-fold)/fwd", f"goal <= {GOAL:g}x", "json s", "ratio"]
+    headers += ["no-local s", "ratio"]
     if ops:
         headers = ["model", "fwd ops", "fold ops", "audit ops", "(audit-fold)/fwd"]
     widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]

@@ -95,6 +95,19 @@ def test_audit_table_labels_and_advice(run, models):
     assert "conv_bn.pt2" in stdout.splitlines()[0]
 
 
+def test_audit_without_local_runs(run, models, tmp_path):
+    """``--no-local``: the table's local columns are empty ('-'); a plot needs them (its worst layers are the
+    lowest local SQNRs): the two flags exclude each other."""
+    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--no-local")
+    assert code == 0, err
+    header, *rows = stdout.split("\n\n")[3].splitlines()[1:]
+    assert header.split()[6:10] == ["local", "unf", "local", "fold"] and rows
+    assert all(row.split()[4:6] == ["-", "-"] for row in rows)
+    code, _, err = run("audit", models["conv_bn"], "--no-local", "--plot", tmp_path / "sqnr.png")
+    assert code == 2 and "not allowed with" in err
+    assert h.listing(tmp_path) == set()
+
+
 def test_the_audit_freezes_what_is_loaded_and_leaves_the_collector_as_it_was(run, models, monkeypatch):
     """``bnfold audit`` freezes the objects loaded before it emulates (a full collection need not walk torch and the
     model again) and unfreezes them when it ends; a caller's own frozen objects are left as they are."""

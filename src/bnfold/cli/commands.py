@@ -70,6 +70,7 @@ COMMANDS: tuple[Command, ...] = (
             "class_axis",
             "threshold",
             "plot",
+            "no_local",
         ),
         run=audit.run,
         epilog=texts.AUDIT_EPILOG,

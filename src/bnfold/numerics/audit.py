@@ -33,8 +33,7 @@ from .runner import EmulationResult, Runner
 
 def _stage(progress, name: str) -> None:
     """Tell ``progress`` that a stage begins, when it understands stages (``progress.stage(name)``)."""
-    stage = getattr(progress, "stage", None)
-    if callable(stage):
+    if callable(stage := getattr(progress, "stage", None)):
         stage(name)
 
 
@@ -75,6 +74,7 @@ def audit(
     threshold: float | None = None,
     metric: Callable | None = None,
     tensors: bool = True,
+    local: bool = True,
 ) -> AuditReport:
     """Audit ``model`` (an ExportedProgram, an nn.Module exported here in eval mode, or an ONNX ModelProto)
     under ``profile``.
@@ -100,7 +100,9 @@ def audit(
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'
     outputs; a normalization's input range comes from its probe), 5-15% of the audit's time less on the
-    suite's models (BENCHMARKS.md part I): ``bnfold audit`` without ``--json``.
+    suite's models (BENCHMARKS.md part I): ``bnfold audit`` without ``--json``.  ``local``: the error each layer
+    adds by itself (its segment run again from its emulated inputs: the local columns, a fold's measured loss);
+    False skips those runs, 13-41% of the time after the fold there (``--no-local``: verdicts on the predicted loss).
 
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
@@ -131,7 +133,7 @@ def audit(
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
     _stage(progress, "emulate unfolded")
-    seg = segments(g, [(r.name, r.name, r.output) for r in row_list])
+    seg = segments(g, [(r.name, r.name, r.output) for r in row_list]) if local else {}
     names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
     norm_outs = {st.norm.output for st in prog.steps if st.norm is not None and st.norm.output}
@@ -142,7 +144,7 @@ def audit(
     folded = None
     if fprog is not None:
         _stage(progress, "emulate folded")
-        fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None])
+        fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None]) if local else {}
         against = [
             ({f: k[u] for f, u in names.items() if u in k}, {f: st[u] for f, u in names.items() if u in st})
             for k, st in refs

@@ -1,0 +1,60 @@
+"""``audit(local=False)`` (``bnfold audit --no-local``): no local run of any segment, in either program and either
+format, and the rest of the report as the full audit's: the same cumulative errors, end-to-end numbers and predicted
+risk; the local errors and the measured loss of a fold are absent, and a verdict says it rests on the prediction."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from numerics_helpers import onnx_keeping_batch_norms
+from test_risk import analytic_conv_bn
+from torch import nn
+
+import bnfold
+from bnfold.numerics.runner import Runner
+
+
+def _net():
+    """The analytic conv + BatchNorm of ``test_risk`` (a norm that degrades by ~40 dB under fp16) and a second
+    conv + BatchNorm after a ReLU, in eval mode with calibrated statistics."""
+    first, x = analytic_conv_bn(0)
+    net = nn.Sequential(first, nn.ReLU(), nn.Conv2d(64, 16, 3, padding=1), nn.BatchNorm2d(16))
+    net.train()
+    with torch.no_grad():
+        net[2:](torch.relu(first(x)))  # the second norm's running statistics
+    return net.eval(), x[:8]
+
+
+def _without_local(d: dict) -> dict:
+    """``to_dict()`` less what the local runs add: the layers' local errors and the norms' measured loss and
+    verdicts (which the measured loss may move); and less the fold's time."""
+    d["fold_report"]["summary"].pop("seconds")
+    for layer in d["layers"]:
+        layer.pop("local")
+    for norm in d["normalizations"]:
+        risk = norm.pop("risk")
+        norm["predicted"] = risk["predicted_model_eps"]
+        norm["measured"] = {k: v for k, v in risk["measured"].items() if k != "loss_db"}
+    d.pop("what_to_do")
+    return d
+
+
+@pytest.mark.parametrize("fmt", ["module", "onnx"])
+def test_no_local_run_and_the_rest_of_the_report_unchanged(fmt, monkeypatch):
+    net, x = _net()
+    model = net if fmt == "module" else onnx_keeping_batch_norms(net, x)
+    full = bnfold.audit(model, [(x,)], profile="fp16")
+    assert all(r.local_unfolded is not None and r.local_folded is not None for r in full.layers)
+    assert all(n.risk.measured.loss_db is not None for n in full.norms)
+
+    def no_local_run(*_):
+        raise AssertionError("a local run")
+
+    monkeypatch.setattr(Runner, "_local", no_local_run)
+    fast = bnfold.audit(model, [(x,)], profile="fp16", local=False)
+    assert len(fast.layers) == len(full.layers) == 2
+    assert all(r.local_unfolded is None and r.local_folded is None for r in fast.layers)
+    assert all(n.risk.measured.loss_db is None for n in fast.norms)
+    degrades = [n for n in fast.norms if n.verdict == "degrades"]
+    assert len(degrades) == 1 and "(predicted)" in degrades[0].risk.detail
+    assert _without_local(fast.to_dict()) == _without_local(full.to_dict())
