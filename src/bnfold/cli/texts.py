@@ -93,7 +93,7 @@ verdict (safe / degrades by ~N dB / overflows) predicted from the statistics
 next to what the emulated run measured. Per layer: SQNR against the reference
 run (float64; float32 under the profiles that store fp16), cumulative and local
 (the error the layer adds by itself; --no-local skips its runs), with NaN/inf
-shown as counts and shares, never as an SQNR. It ends with what to do. A program exported in training mode
-is refused (exit 2). Progress goes to stderr: a bar on a terminal, a line every
-10 s otherwise.
+shown as counts and shares, never as an SQNR. It ends with what to do. A
+program exported in training mode is refused (exit 2). Progress goes to
+stderr: a bar on a terminal, a line every 10 s otherwise.
 """
