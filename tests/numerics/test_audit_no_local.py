@@ -1,6 +1,7 @@
 """``audit(local=False)`` (``bnfold audit --no-local``): no local run of any segment, in either program and either
 format, and the rest of the report as the full audit's: the same cumulative errors, end-to-end numbers and predicted
-risk; the local errors and the measured loss of a fold are absent, and a verdict says it rests on the prediction."""
+risk; the local errors and the measured loss of a fold are absent, and a verdict says it rests on the prediction.
+The plot's worst layers are then those of the lowest cumulative SQNR."""
 
 from __future__ import annotations
 
@@ -58,3 +59,23 @@ def test_no_local_run_and_the_rest_of_the_report_unchanged(fmt, monkeypatch):
     degrades = [n for n in fast.norms if n.verdict == "degrades"]
     assert len(degrades) == 1 and "(predicted)" in degrades[0].risk.detail
     assert _without_local(fast.to_dict()) == _without_local(full.to_dict())
+
+
+def test_the_plot_of_an_audit_without_local_runs_shows_the_worst_cumulative_layers():
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from bnfold.numerics.plot import _worst_panel
+
+    net, x = _net()
+    for local, kind in ((True, "local"), (False, "cumulative")):
+        rep = bnfold.audit(net, [(x,)], local=local)
+        worst = rep.worst_layers(2, local=local)[::-1]  # the panel's rows, bottom up
+        prefix = "local_" if local else ""
+        bars = [getattr(r, prefix + w).sqnr_db for w in ("unfolded", "folded") for r in worst]
+        fig, ax = plt.subplots()
+        try:
+            _worst_panel(ax, rep, 25)
+            assert ax.get_title() == f"worst 2 layers (lowest {kind} SQNR, unfolded)"
+            assert [t.get_text() for t in ax.get_yticklabels()] == [r.title for r in worst]
+            assert [b.get_width() for b in ax.patches] == bars  # all below the axis top (100 dB)
+        finally:
+            plt.close(fig)

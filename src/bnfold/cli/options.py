@@ -143,14 +143,12 @@ OPTIONS: dict[str, Option] = {
         ("--plot",),
         "write the SQNR chart (whole model and worst layers) to FILE.png",
         {"metavar": "FILE.png"},
-        group="local",
     ),
     "no_local": Option(
         ("--no-local",),
         "skip the local runs (the error each layer adds by itself): the local columns and the measured loss of "
         "a fold are left out, the verdicts rest on the predicted loss; 13-41%% less time after the fold",
         {"action": "store_true"},
-        group="local",
     ),
     # demo
     "out": Option(("--out",), "folder for the demo's files (default: .)", {"metavar": "DIR", "default": "."}),

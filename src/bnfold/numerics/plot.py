@@ -2,17 +2,14 @@
 
 One row of two panels per report:
 
-* left, the whole model: the cumulative SQNR of every layer in graph order,
-  unfolded and folded, on a fixed 0-100 dB axis (extended down to -40 dB when
-  a layer is worse than 0 dB) with two reference lines (the
-  fp16 floor: one fp16 rounding; the danger level: noise at 10% of the signal)
-  and red marks at layers whose output holds NaN/inf;
-* right, the worst layers: the ``worst`` layers with the lowest local SQNR
-  (the error each adds by itself), unfolded next to folded, named as in the
-  table.
+* left, the whole model: the cumulative SQNR of every layer in graph order, unfolded and folded, on a fixed
+  0-100 dB axis (extended down to -40 dB when a layer is worse than 0 dB) with two reference lines (the fp16
+  floor: one fp16 rounding; the danger level: noise at 10% of the signal) and red marks at layers whose output
+  holds NaN/inf;
+* right, the worst layers: the ``worst`` layers with the lowest local SQNR (the error each adds by itself;
+  the cumulative one when the audit ran without local runs), unfolded next to folded, named as in the table.
 
-The title carries the model's name, the profile and eps, and the end-to-end
-numbers.
+The title carries the model's name, the profile and eps, and the end-to-end numbers.
 """
 
 from __future__ import annotations
@@ -92,23 +89,25 @@ def _references(ax, horizontal: bool) -> None:
 
 
 def _worst_panel(ax, rep, worst: int) -> None:
-    rows = rep.worst_layers(worst, "unfolded", local=True)[::-1]  # worst at the top
+    local = any(r.local_unfolded is not None for r in rep.layers)  # False: an audit without local runs
+    pre, kind = ("local_", "local") if local else ("", "cumulative")
+    rows = rep.worst_layers(worst, "unfolded", local=local)[::-1]  # worst at the top
     ys = list(range(len(rows)))
     h = 0.4 if rep.folded is not None else 0.8
     for which, shift, color in (("unfolded", h / 2, "tab:red"), ("folded", -h / 2, "tab:blue")):
         if which == "unfolded" or rep.folded is not None:
-            v = [_db(getattr(r, "local_" + which)) for r in rows]
+            v = [_db(getattr(r, pre + which)) for r in rows]
             ax.barh([y + shift for y in ys], [0 if math.isnan(x) else x for x in v], h, color=color, label=which)
     for y, r in zip(ys, rows):
-        e = r.local_unfolded
+        e = getattr(r, pre + "unfolded")
         if e is not None and e.nonfinite:
             ax.text(1, y + h / 2, f"NaN/inf {100 * e.nonfinite_share:.3g}%", va="center", fontsize=7, color="darkred")
     ax.set_yticks(ys)
     ax.set_yticklabels([r.title for r in rows], fontsize=7)
     _references(ax, horizontal=False)
     ax.set_xlim(0, TOP_DB)
-    ax.set_xlabel("local SQNR: error the layer adds by itself (dB)")
-    ax.set_title(f"worst {len(rows)} layers (lowest local SQNR, unfolded)", fontsize=9)
+    ax.set_xlabel("local SQNR: error the layer adds by itself (dB)" if local else "cumulative SQNR (dB)")
+    ax.set_title(f"worst {len(rows)} layers (lowest {kind} SQNR, unfolded)", fontsize=9)
     ax.grid(alpha=0.3, axis="x")
     ax.legend(fontsize=7, loc="lower right")
 
