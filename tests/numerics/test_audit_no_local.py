@@ -61,6 +61,21 @@ def test_no_local_run_and_the_rest_of_the_report_unchanged(fmt, monkeypatch):
     assert _without_local(fast.to_dict()) == _without_local(full.to_dict())
 
 
+def test_the_same_on_a_trained_paddleocr_model():
+    """PP-OCR cls (the rapidocr wheel's ONNX: 54 layer rows, 35 batch norms, hundreds of small values measured in
+    batches beside the local errors): the report without the local runs is the full one less what they add."""
+    import onnx
+    from paddleocr_models import model_path
+
+    model = onnx.load(model_path("cls"))
+    x = torch.randn(1, 3, 48, 192, generator=torch.Generator().manual_seed(0))
+    full = bnfold.audit(model, [(x,)], tensors=False)
+    fast = bnfold.audit(model, [(x,)], tensors=False, local=False)
+    assert sum(r.local_unfolded is not None for r in full.layers) > 50
+    assert all(r.local_unfolded is None and r.local_folded is None for r in fast.layers)
+    assert _without_local(fast.to_dict()) == _without_local(full.to_dict())
+
+
 def test_the_plot_of_an_audit_without_local_runs_shows_the_worst_cumulative_layers():
     plt = pytest.importorskip("matplotlib.pyplot")
     from bnfold.numerics.plot import _worst_panel
