@@ -228,3 +228,25 @@ def test_einsum_costs_its_inner_products():
     assert einsum_flops("...ij, ...jk", [[7, 2, 3, 4], [7, 2, 4, 5]], [7, 2, 3, 5]) == 2 * 7 * 2 * 3 * 5 * 4
     assert einsum_flops("ii->", [[3, 3]], []) == 2 * 3
     assert einsum_flops("ij,jk->ik", [[2, 3]], [2, 2]) >= 2 * 6
+
+
+def test_a_constant_node_costs_the_onnx_plan_its_bytes_only():
+    """A ``Constant`` node is never run (the audit's runners hold its value with the weights): the plan counts its
+    bytes, no FLOPs and no temporaries of a run, the same as for the weight as an initializer but one node's fixed
+    cost per run."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    from bnfold.io.cost import NODE_FLOPS, onnx_plan
+
+    weight = numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w")
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    conv = helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])
+    as_node = helper.make_graph([helper.make_node("Constant", [], ["w"], value=weight), conv], "g", [x], [y])
+    as_init = helper.make_graph([conv], "g", [x], [y], initializer=[weight])
+    plans = [
+        onnx_plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m", audit=True)
+        for g in (as_node, as_init)
+    ]
+    assert plans[0].flops == plans[1].flops + 3 * NODE_FLOPS  # three runs (audit=True, one batch), no FLOPs of its own
+    assert plans[1].flops > 3 * 2 * 8 * 16 * 16 * 4 * 9  # the conv's are counted

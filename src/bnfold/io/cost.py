@@ -637,6 +637,12 @@ def _onnx_steps(
     so far, each node's outputs added as they are counted)."""
     steps = []
     for node, op in zip(nodes, ops):
+        if op == "Constant" and len(node.output) == 1 and node.output[0] not in outs:
+            o = node.output[0]  # the runners hold its value as a constant, never run it: no FLOPs, no temporaries
+            d, _, _, nb = info(o)
+            dims[o] = d
+            steps.append(Step(f"Constant {(node.name or o)!r}", [o], [], nb, 0))
+            continue
         outputs = list(node.output)
         label = f"{op} {(node.name or (outputs[0] if outputs else ''))!r}"
         reads = [i for i in node.input if i]
