@@ -95,16 +95,20 @@ def test_audit_table_labels_and_advice(run, models):
     assert "conv_bn.pt2" in stdout.splitlines()[0]
 
 
-def test_audit_without_local_runs(run, models, tmp_path):
-    """``--no-local``: the table's local columns are empty ('-'); the plot's worst layers are then those of the
-    lowest cumulative SQNR."""
+def test_audit_runs_the_local_runs_only_when_asked(run, models, tmp_path):
+    """Without ``--local`` the table's local columns are empty ('-'), its header says they did not run, and the plot's
+    worst layers are those of the lowest cumulative SQNR; with ``--local`` every row has both local SQNRs."""
     pytest.importorskip("matplotlib")
-    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--no-local", "--plot", tmp_path / "s.png")
+    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--plot", tmp_path / "s.png")
     assert code == 0, err
-    header, *rows = stdout.split("\n\n")[3].splitlines()[1:]
+    about, header, *rows = stdout.split("\n\n")[3].splitlines()
     assert header.split()[6:10] == ["local", "unf", "local", "fold"] and rows
-    assert all(row.split()[4:6] == ["-", "-"] for row in rows)
+    assert all(row.split()[4:6] == ["-", "-"] for row in rows) and "(not run: --local)" in about
     assert (tmp_path / "s.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    code, stdout, err = run("audit", models["conv_bn"], "--random", "2", "--local")
+    assert code == 0, err
+    about, header, *rows = stdout.split("\n\n")[3].splitlines()
+    assert rows and all(float(cell) for row in rows for cell in row.split()[4:6]) and "(not run" not in about
 
 
 def test_the_audit_freezes_what_is_loaded_and_leaves_the_collector_as_it_was(run, models, monkeypatch):

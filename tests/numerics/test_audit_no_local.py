@@ -1,7 +1,7 @@
-"""``audit(local=False)`` (``bnfold audit --no-local``): no local run of any segment, in either program and either
-format, and the rest of the report as the full audit's: the same cumulative errors, end-to-end numbers and predicted
-risk; the local errors and the measured loss of a fold are absent, and a verdict says it rests on the prediction.
-The plot's worst layers are then those of the lowest cumulative SQNR."""
+"""``audit(local=False)`` (``bnfold audit`` without ``--local``): no local run of any segment, in either program and
+either format, and the rest of the report as the full audit's: the same cumulative errors, end-to-end numbers and
+predicted risk; the local errors and the measured loss of a fold are absent, and a verdict says it rests on the
+prediction.  The plot's worst layers are then those of the lowest cumulative SQNR."""
 
 from __future__ import annotations
 
@@ -28,8 +28,9 @@ def _net():
 
 def _without_local(d: dict) -> dict:
     """``to_dict()`` less what the local runs add: the layers' local errors and the norms' measured loss and
-    verdicts (which the measured loss may move); and less the fold's time."""
+    verdicts (which the measured loss may move); and less the fold's time and whether the local runs ran."""
     d["fold_report"]["summary"].pop("seconds")
+    d.pop("local_runs")
     for layer in d["layers"]:
         layer.pop("local")
     for norm in d["normalizations"]:
@@ -58,6 +59,7 @@ def test_no_local_run_and_the_rest_of_the_report_unchanged(fmt, monkeypatch):
     assert all(n.risk.measured.loss_db is None for n in fast.norms)
     degrades = [n for n in fast.norms if n.verdict == "degrades"]
     assert len(degrades) == 1 and "(predicted)" in degrades[0].risk.detail
+    assert (fast.to_dict()["local_runs"], full.to_dict()["local_runs"]) == (False, True)
     assert _without_local(fast.to_dict()) == _without_local(full.to_dict())
 
 

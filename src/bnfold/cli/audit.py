@@ -109,7 +109,7 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
                 name=os.path.basename(args.input),
                 random_inputs=not args.batches,
                 tensors=bool(opt(args, "json")),  # every value's error: only the JSON lists them
-                local=not args.no_local,
+                local=bool(opt(args, "local")),  # the local runs: only when asked (--local)
                 **extra,
             )
     except (NotImplementedError, ValueError) as e:  # an op the audit cannot run, inputs that do not fit

@@ -70,7 +70,7 @@ COMMANDS: tuple[Command, ...] = (
             "class_axis",
             "threshold",
             "plot",
-            "no_local",
+            "local",
         ),
         run=audit.run,
         epilog=texts.AUDIT_EPILOG,

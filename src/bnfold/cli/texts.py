@@ -68,7 +68,7 @@ AUDIT_EPILOG = f"""\
 examples:
   bnfold audit model.pt2                      # {DEFAULT_RANDOM_BATCHES} random batches, fp16 profile
   bnfold audit model.pt2 --profile htp --bn-eps 1e-9 --random 32 --plot sqnr.png
-  bnfold audit model.pt2 --inputs batches.npz --json
+  bnfold audit model.pt2 --inputs batches.npz --local --json
 
 --inputs FILE.npz holds one array per program input, named arr_0, arr_1, ... or
 by input name, batch axis first: [N, *example_shape] is N batches, and
@@ -91,9 +91,11 @@ that ignores the model's eps: ExecuTorch's QNN builder uses 1e-9), the fp16
 headroom of everything the profile stores (input, x*scale, bias', sum), and a
 verdict (safe / degrades by ~N dB / overflows) predicted from the statistics
 next to what the emulated run measured. Per layer: SQNR against the reference
-run (float64; float32 under the profiles that store fp16), cumulative and local
-(the error the layer adds by itself; --no-local skips its runs), with NaN/inf
-shown as counts and shares, never as an SQNR. It ends with what to do. A
+run (float64; float32 under the profiles that store fp16), cumulative, with
+NaN/inf shown as counts and shares, never as an SQNR. --local also runs each
+layer again from its emulated inputs: the error it adds by itself (the local
+columns) and the measured loss of a fold, which a verdict then weighs too
+(16-35% more time after the fold). It ends with what to do. A
 program exported in training mode is refused (exit 2). Progress goes to
 stderr: a bar on a terminal, a line every 10 s otherwise.
 """

@@ -100,9 +100,9 @@ def audit(
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'
     outputs; a normalization's input range comes from its probe), 5-15% of the audit's time less on the
-    suite's models (BENCHMARKS.md part I): ``bnfold audit`` without ``--json``.  ``local``: the error each layer
-    adds by itself (its segment run again from its emulated inputs: the local columns, a fold's measured loss);
-    False skips those runs, 13-41% of the time after the fold there (``--no-local``: verdicts on the predicted loss).
+    suite's models (BENCHMARKS.md part I): ``bnfold audit`` without ``--json``.  ``local``: also run each layer's
+    segment from its emulated inputs (the error it adds by itself, a fold's measured loss): 16-35% more time after the
+    fold there; False (``bnfold audit`` without ``--local``): verdicts on the predicted loss.
 
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
@@ -126,8 +126,7 @@ def audit(
         from ..api import fold as bnfold_fold
 
         _stage(progress, "fold")
-        fold_result = bnfold_fold(model)
-        folded_model, report = fold_result.model, fold_result.report
+        folded_model, report = (result := bnfold_fold(model)).model, result.report
     prog = fmt.program(model)
     fprog = fmt.program(folded_model, prog) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
@@ -170,6 +169,7 @@ def audit(
         fold_report=report,
         errors={k: r.errors for k, r in (("unfolded", unfolded), ("folded", folded)) if r is not None},
         all_tensors=tensors,
+        local_runs=local,
         name=name or "model",
         random_inputs=random_inputs,
     )

@@ -139,9 +139,9 @@ class AuditReport:
     folded: EndToEnd | None
     fp32_accuracy: float | None = None
     fold_report: Any = None
-    # the tensors measured, per program: every floating value, or (``all_tensors`` False) those the rows read
-    errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)
-    all_tensors: bool = True
+    errors: dict[str, dict[str, TensorError]] = field(default_factory=dict)  # the tensors measured, per program
+    all_tensors: bool = True  # ``errors`` holds every floating value (else those the rows read)
+    local_runs: bool = True  # the layers' local errors were measured (``audit(local=True)``, ``bnfold audit --local``)
     name: str = "model"
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
     runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
@@ -184,6 +184,7 @@ class AuditReport:
             "runtime": _dict(self.runtime),
             "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
             "all_tensors": self.all_tensors,
+            "local_runs": self.local_runs,
         }
 
     def table(self) -> str:

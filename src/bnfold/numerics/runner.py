@@ -270,8 +270,7 @@ class Runner:
 
     @property
     def not_emulated(self) -> list[tuple[str, str, str]]:
-        """The steps with no rounding rule here (run in float32 by a reference implementation):
-        ``(node, op type, why)``."""
+        """``(node, op type, why)``: the steps with no rounding rule (run in float32 by a reference implementation)."""
         return [(s.name, s.op, s.not_emulated) for s in self.program.steps if s.not_emulated]
 
     def _ort_fusion(self, readers: dict) -> dict[str, Any]:

@@ -135,11 +135,12 @@ def _norm_rows(report) -> list[str]:
 
 
 def _layer_rows(report) -> list[str]:
+    local = "(its inputs as emulated)" if report.local_runs else "(not run: --local)"
     out = [
         f"  layers ({len(report.layers)}): SQNR (dB) against the reference run (float64; float32 under the "
         "profiles that store fp16, its own error 8192x below fp16's).  cumulative: this output against the "
         "reference run of the whole model (carries upstream error); local: the error this layer adds by itself "
-        "(its inputs as emulated).  'NaN x%': the output holds NaN/inf and has no SQNR",
+        f"{local}.  'NaN x%': the output holds NaN/inf and has no SQNR",
         f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
         f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}",
     ]
