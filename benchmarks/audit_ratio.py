@@ -74,10 +74,10 @@ def _min_times(fns: list, rounds: int) -> list[float]:
     seconds of it that do not count, see :func:`_less_fold`), the calls interleaved (each round calls every function
     once), so that a change of the machine's speed between minutes (another guest on the host, the clock) weighs on
     the forward and the audit alike; one untimed warm-up call of each first (oneDNN builds its kernels on first use of
-    a shape and dtype).  Round ``r`` starts at function ``r`` (mod their number): the call right after the fold pays
-    for the memory the fold gave back to the system (a page fault per 4 KiB it touches again: the zoo's weight-heavy
-    ONNX rows read 2-4x in that place), and no function stays there.  One thread: a shared machine's other load
-    inflates wall-clock time, hardly the process's own CPU time; the least time is the least disturbed."""
+    a shape and dtype).  Round ``r`` starts at function ``r`` (mod their number), so that no function always runs
+    right after the fold: the zoo's weight-heavy ONNX rows read 2-4x in that place (likely the page faults of the
+    memory the fold gave back, touched again).  One thread: a shared machine's other load inflates wall-clock time,
+    hardly the process's own CPU time; the least time is the least disturbed."""
     for fn in fns:
         fn()
     best = [float("inf")] * len(fns)
