@@ -25,6 +25,10 @@ less the time of the fold it runs, both timed in the same call (``_less_fold``))
                 ``local``: ``fold`` the audit's own, not the ``fold`` column (the fold of PP-OCR cls takes twice
                 the rest of its audit; two minima taken apart moved its ratio by 3x from run to run).
 
+``--batches N``: the audits get N batches (the example and N - 1 random ones of its shape) and the ratio is per batch,
+``(audit - fold) / (N x fp32 fwd)``: ``bnfold audit`` runs 8 by default, over which the per-model work (the cost plan,
+both programs' build, the runners' setup, the normalization rows) is paid once.
+
 ``--watched``: the audit and the fold inside the CLI's watchdog (``bnfold.io.runtime.watch``), as ``bnfold audit``
 runs them: the run-time check then sizes each op the plan did not before it runs (:func:`bnfold.io.runtime.before_op`).
 
@@ -44,6 +48,7 @@ A benchmark, not a test: nothing asserts on a time.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import sys
 import time
@@ -133,7 +138,14 @@ def _watched(fn, watched: bool):
     return run
 
 
-def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) -> list:
+def _batches(x: torch.Tensor, n: int) -> list[tuple]:
+    """``x`` and ``n - 1`` more random batches of its shape (``--batches``; a fixed seed)."""
+    g = torch.Generator().manual_seed(1)
+    return [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(n - 1)]
+
+
+def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1) -> list:
+    inputs = _batches(x, batches)
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
         forward = lambda: fp32.run(x, reference=False)  # noqa: E731
@@ -147,7 +159,7 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) 
                 forward()
 
     def less_fold(**kw):
-        return _less_fold(_watched(lambda: bnfold.audit(model, [(x,)], profile=profile, **kw), watched))
+        return _less_fold(_watched(lambda: bnfold.audit(model, inputs, profile=profile, **kw), watched))
 
     fwd, fold, audit, full, local = _min_times(  # each audit less its own fold
         [
@@ -160,7 +172,7 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False) 
         rounds,
     )
     fwd /= FORWARDS
-    ratio, ratio_full, ratio_local = audit / fwd, full / fwd, local / fwd
+    ratio, ratio_full, ratio_local = (t / (fwd * batches) for t in (audit, full, local))  # per batch
     return [
         name,
         f"{fwd:.4f}",
@@ -192,7 +204,7 @@ def _ops(fn) -> int:
     return count.n
 
 
-def _ops_row(name: str, model, x, rounds: int, profile: str, watched: bool = False) -> list:
+def _ops_row(name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1) -> list:
     """The row of ``--ops``: ATen ops per forward, fold, audit and audit with the local runs (``rounds``
     unused: a count does not vary)."""
     if isinstance(model, onnx.ModelProto):
@@ -203,9 +215,10 @@ def _ops_row(name: str, model, x, rounds: int, profile: str, watched: bool = Fal
         with torch.no_grad():
             fwd = _ops(lambda: module(x))
     fold = _ops(_watched(lambda: bnfold.fold(model), watched))
-    audit = _ops(_watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False, local=False), watched))
-    local = _ops(_watched(lambda: bnfold.audit(model, [(x,)], profile=profile, tensors=False, local=True), watched))
-    return [name, fwd, fold, audit, local, f"{(audit - fold) / fwd:.1f}x"]
+    inputs = _batches(x, batches)
+    audit = _ops(_watched(lambda: bnfold.audit(model, inputs, profile=profile, tensors=False, local=False), watched))
+    local = _ops(_watched(lambda: bnfold.audit(model, inputs, profile=profile, tensors=False, local=True), watched))
+    return [name, fwd, fold, audit, local, f"{(audit - fold) / (fwd * batches):.1f}x"]
 
 
 def main(argv=None) -> int:
@@ -217,8 +230,9 @@ def main(argv=None) -> int:
     p.add_argument("--watched", action="store_true", help="inside the CLI's watchdog, as `bnfold audit` runs")
     p.add_argument("--ops", action="store_true", help="count ATen ops instead of timing (a count does not vary)")
     p.add_argument("--zoo", action="store_true", help="the library zoo's torchvision/timm classes instead")
+    p.add_argument("--batches", type=int, default=1, help="audit N batches (the ratio per batch; `bnfold audit`: 8)")
     args = p.parse_args(argv)
-    row = _ops_row if args.ops else _row
+    row = functools.partial(_ops_row if args.ops else _row, batches=max(args.batches, 1))
     torch.set_num_threads(1)
     if args.zoo:
         return _zoo(args, row)
