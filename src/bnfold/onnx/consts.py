@@ -111,7 +111,7 @@ def _elements(dims) -> int:
 
 
 def _is_float(dtype: np.dtype) -> bool:
-    return dtype.kind == "f" or dtype.name == "bfloat16"
+    return dtype.kind == "f" or dtype.kind == "V" and dtype.name == "bfloat16"  # a name costs ~1.4 us, a kind 0.05
 
 
 def _as_f64(x: np.ndarray) -> np.ndarray:
@@ -143,13 +143,18 @@ def _same_size(node: NodeProto, inputs: list) -> int:
 
 def _torch(v: np.ndarray, f64: bool = False) -> torch.Tensor:
     """``v``'s memory as a tensor (floats as :func:`_as_f64`'s copy when ``f64``)."""
-    if _is_float(v.dtype) and f64:
+    if f64 and _is_float(v.dtype):
         v = _as_f64(v)
-    with warnings.catch_warnings():  # a read-only initializer is only read here
-        warnings.simplefilter("ignore", UserWarning)
-        if v.dtype.name == "bfloat16":
-            return torch.from_numpy(v.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(v)
+    bf16 = v.dtype.kind == "V" and v.dtype.name == "bfloat16"
+    if bf16:
+        v = v.view(np.int16)  # torch reads its bits as int16, then views them as bfloat16
+    if v.flags.writeable:  # a catch_warnings costs ~1.3 us: only where torch warns (read-only memory)
+        t = torch.from_numpy(v)
+    else:
+        with warnings.catch_warnings():  # a read-only initializer is only read here
+            warnings.simplefilter("ignore", UserWarning)
+            t = torch.from_numpy(v)
+    return t.view(torch.bfloat16) if bf16 else t
 
 
 def _numpy(t: torch.Tensor, dtype: np.dtype) -> np.ndarray:

@@ -154,7 +154,7 @@ def tensor(v, float_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     if isinstance(v, torch.Tensor):
         return v
     a = np.asarray(v)
-    if a.dtype.kind == "f" or a.dtype.name == "bfloat16":
+    if a.dtype.kind == "f" or a.dtype.kind == "V" and a.dtype.name == "bfloat16":  # a name costs ~1.4 us
         return torch.from_numpy(a.astype(np.float64)).to(float_dtype)
     if a.dtype == np.bool_:
         return torch.from_numpy(a.copy())
