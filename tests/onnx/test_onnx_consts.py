@@ -270,3 +270,20 @@ def test_an_omitted_trailing_input_is_absent():
     g.output(g.node("Add", [g.input("x", [1]), mean], "y"))
     index = _index(g)
     _same(index.constant(index.graphs[0], "m", "value").value, torch.mean(_t(t)), np.float32)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "int64"])
+def test_read_only_and_writable_arrays_evaluate_alike_and_quietly(dtype, recwarn):
+    """An initializer's array is read-only memory (``np.frombuffer`` over the protobuf's bytes): evaluated as a writable
+    copy is, bfloat16 included (ml_dtypes' type, which torch reads through int16), and torch's warning about
+    read-only memory does not reach the caller."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    dt = np.dtype(ml_dtypes.bfloat16) if dtype == "bfloat16" else np.dtype(dtype)
+    writable = np.arange(8).astype(dt)
+    read_only = np.frombuffer(writable.tobytes(), dtype=dt)
+    node = h.make_node("Reshape", ["a", "s"], ["y"])
+    shape = np.array([2, 4], np.int64)
+    out = [evaluate(node, [a, shape], None, 17) for a in (writable, read_only)]
+    assert [o.dtype for o in out] == [dt, dt] and np.array_equal(out[0], out[1]) and out[0].shape == (2, 4)
+    assert np.array_equal(out[1].astype(np.float64).ravel(), np.arange(8))
+    assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
