@@ -89,7 +89,7 @@ def _references(ax, horizontal: bool) -> None:
 
 
 def _worst_panel(ax, rep, worst: int) -> None:
-    local = any(r.local_unfolded is not None for r in rep.layers)  # False: an audit without local runs
+    local = rep.local_runs  # False: an audit without local runs (audit(local=False), bnfold audit without --local)
     pre, kind = ("local_", "local") if local else ("", "cumulative")
     rows = rep.worst_layers(worst, "unfolded", local=local)[::-1]  # worst at the top
     ys = list(range(len(rows)))
