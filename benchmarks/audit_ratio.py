@@ -29,8 +29,9 @@ less the time of the fold it runs, both timed in the same call (``_less_fold``))
 ``(audit - fold) / (N x fp32 fwd)``: ``bnfold audit`` runs 8 by default, over which the per-model work (the cost plan,
 both programs' build, the runners' setup, the normalization rows) is paid once.
 
-``--watched``: the audit and the fold inside the CLI's watchdog (``bnfold.io.runtime.watch``), as ``bnfold audit``
-runs them: the run-time check then sizes each op the plan did not before it runs (:func:`bnfold.io.runtime.before_op`).
+``--watched``: the audit and the fold inside the CLI's watchdog (``bnfold.io.run_checks.watch``), as ``bnfold
+audit`` runs them: the run-time check then sizes each op the plan did not before it runs
+(:func:`bnfold.io.run_checks.before_op`).
 
 ``--zoo``: instead, the library zoo's torchvision and timm classes (``tests/library_models.py``, the models of
 ``make zoo``: random weights, calibrated BatchNorm statistics, the zoo's input shapes), each as a torch program and as
@@ -62,8 +63,8 @@ from numerics_helpers import onnx_keeping_batch_norms
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import bnfold
-from bnfold.io.runtime import watch
-from bnfold.numerics.onnx_emulator import OnnxEmulator
+from bnfold.io.run_checks import watch
+from bnfold.numerics.onnx_program import OnnxEmulator
 
 GOAL = 10.0
 #: the rapidocr models and the input each audits on (a text line, a page crop, a cls crop)

@@ -116,13 +116,13 @@ def _save_pt2(model: Any, path: str) -> None:
 
 
 def _onnx_numerics() -> Any:
-    from .numerics.onnx_emulator import ONNX_AUDIT
+    from .numerics.onnx_program import ONNX_AUDIT
 
     return ONNX_AUDIT
 
 
 def _fx_numerics() -> Any:
-    from .numerics.emulator import FX_AUDIT
+    from .numerics.fx_program import FX_AUDIT
 
     return FX_AUDIT
 

@@ -1,4 +1,4 @@
-"""The audit's constant evaluation (``numerics.onnx_emulator.constants``) is metered by what is alive: a weight
+"""The audit's constant evaluation (``numerics.onnx_program.constants``) is metered by what is alive: a weight
 computed through a long chain of constant ops (weight standardization in a dynamo export, NF-nets) is judged by
 the values it holds at once, not by the sum of every intermediate; a chain whose live values exceed the budget
 is still refused."""
@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from bnfold.io.cost import WorkError, max_work  # noqa: E402
-from bnfold.numerics.onnx_emulator import constants  # noqa: E402
+from bnfold.numerics.onnx_program import constants  # noqa: E402
 
 STEPS = 12
 SIDE = 256  # a 256x256 float32 weight: 256 KiB; the chain makes STEPS values of that size
@@ -59,7 +59,7 @@ def test_a_bfloat16_initializer_keeps_its_values():
     float32 values it stores, not cast to integers: an op that reads it directly computes on its values."""
     import torch
 
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     g = torch.Generator().manual_seed(0)
     w, x = (torch.randn(1, 8, generator=g) * 3).bfloat16(), torch.randn(1, 8, generator=g).bfloat16()

@@ -14,9 +14,9 @@ from test_risk import DeadChannel
 from torch import nn
 
 import bnfold
-from bnfold.numerics.errors import SMALL, Meter, TensorError, measure, reference_stats
 from bnfold.numerics.probe import NormProbe
 from bnfold.numerics.table import sqnr
+from bnfold.numerics.tensor_error import SMALL, Meter, TensorError, measure, reference_stats
 
 
 class Summed(nn.Module):

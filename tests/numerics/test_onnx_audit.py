@@ -91,7 +91,7 @@ def test_fp32_profile_matches_onnx_runtime():
     (want,) = sess.run(None, {"x": x.numpy()})
     np.testing.assert_allclose(res.outputs[0].numpy(), want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(res.reference[0].numpy(), want, rtol=1e-5, atol=1e-5)  # float64 vs ORT's float32
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     direct = OnnxEmulator(model, "fp32").run(x)  # the emulator the ONNX audit runs
     np.testing.assert_allclose(direct.outputs[0].numpy(), want, rtol=1e-5, atol=1e-5)
@@ -106,7 +106,7 @@ def test_unsupported_ops_are_named():
         [onnx.helper.make_tensor_value_info("x", 1, [2, 2])],
         [onnx.helper.make_tensor_value_info("y", 1, [2, 2])],
     )
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     opsets = [onnx.helper.make_opsetid("", 17), onnx.helper.make_opsetid("com.example", 1)]
     with pytest.raises(NotImplementedError, match="com.example.Det"):
@@ -118,7 +118,7 @@ def test_gelu_runs_as_torch_computes_it(approximate):
     """Opset 20's Gelu (the dynamo exporter writes it for nn.GELU: timm's FastViT, ConvNeXt, PoolFormer)."""
     from onnx import helper
 
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     node = helper.make_node("Gelu", ["x"], ["y"], name="gelu", approximate=approximate)
     graph = helper.make_graph(
@@ -138,7 +138,7 @@ def test_castlike_of_a_constant_runs_like_a_cast():
     from onnx import helper
     from onnx import numpy_helper as nh
 
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     nodes = [
         helper.make_node("CastLike", ["c", "x"], ["c_like"], name="cast"),

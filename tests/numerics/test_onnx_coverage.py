@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from bnfold.cli import main
-from bnfold.numerics.onnx_emulator import OnnxEmulator
+from bnfold.numerics.onnx_program import OnnxEmulator
 
 onnx = pytest.importorskip("onnx")
 ort = pytest.importorskip("onnxruntime")

@@ -122,7 +122,7 @@ def test_fp32_emulation_is_onnxruntime(key):
     import onnxruntime as ort
     import torch
 
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     path = model_path(key)
     x = torch.from_numpy(np.random.default_rng(1).uniform(-1, 1, SHAPES[key]).astype(np.float32))

@@ -30,7 +30,7 @@ def _ort_map(model, x: np.ndarray) -> np.ndarray:
 
 
 def test_ort_cpu_mask_iou_predicts_onnx_runtime_on_the_float16_model():
-    from bnfold.numerics.runtimes import float16_model
+    from bnfold.numerics.real_runtimes import float16_model
 
     model = onnx.load(model_path("v4-det"))
     x = det_input(render_page(0, lines=1, size=(64, 256)).image)

@@ -23,7 +23,7 @@ from torch_half_path import fp16_steps, probe
 
 import bnfold
 from bnfold.numerics import Emulator
-from bnfold.numerics.errors import measure
+from bnfold.numerics.tensor_error import measure
 
 onnx = pytest.importorskip("onnx")
 
@@ -174,8 +174,8 @@ def ocr_models():
 )
 def test_ort_cpu_profile_is_onnxruntime_fp16(ocr_models, key, shape):
     # onnxruntime and onnxconverter-common are test dependencies: a missing one fails here, never skips
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
-    from bnfold.numerics.runtimes import onnxruntime_fp16
+    from bnfold.numerics.onnx_program import OnnxEmulator
+    from bnfold.numerics.real_runtimes import onnxruntime_fp16
 
     torch.manual_seed(0)
     x = torch.randn(*shape)

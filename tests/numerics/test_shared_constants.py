@@ -16,7 +16,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import numpy_helper  # noqa: E402
 
 import bnfold  # noqa: E402
-from bnfold.numerics.onnx_emulator import onnx_program  # noqa: E402
+from bnfold.numerics.onnx_program import onnx_program  # noqa: E402
 
 
 def test_runners_that_share_their_rounding_round_a_tensor_once():

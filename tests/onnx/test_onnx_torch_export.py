@@ -143,7 +143,7 @@ def test_dynamo_export_of_a_channel_split_folds_and_audits(tmp_path):
     them, and the audit emulates them (a sequence is a list of tensors to its runner)."""
     pytest.importorskip("onnxscript", reason="the dynamo exporter needs onnxscript (not in bnfold's extras)")
     from bnfold.cli import main
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     torch.manual_seed(0)
     net = ChannelSplit().eval()

@@ -1,4 +1,4 @@
-"""Issue 28: the run-time check and the watchdog (``bnfold.io.runtime``), and the decision to refuse a
+"""Issue 28: the run-time check and the watchdog (``bnfold.io.run_checks``), and the decision to refuse a
 file whose stored metadata disagrees with what its ops compute (``bnfold.io.fx_shapes``).  In-process
 and cheap: nothing here allocates more than a few KB."""
 
@@ -11,7 +11,7 @@ import crafted_lies as lies
 import pytest
 import torch
 
-from bnfold.io import cost, fx_shapes, models, runtime
+from bnfold.io import cost, fx_shapes, models, run_checks
 
 
 def test_recomputed_shapes_agree_with_honest_metadata(programs):
@@ -70,9 +70,9 @@ def test_before_op_sizes_an_op_by_its_meta_kernels():
     """The run-time check sizes ``zeros([2**16, 2**16])`` (16 GiB) without allocating it, and refuses it."""
     budget = cost.Budget(1 << 20, 1 << 28)
     with pytest.raises(cost.WorkError, match=r"zeros 'z' would create 16 GiB, over the budget of 1 MiB"):
-        runtime.before_op("zeros 'z'", torch.ops.aten.zeros.default, ([1 << 16, 1 << 16],), budget=budget)
+        run_checks.before_op("zeros 'z'", torch.ops.aten.zeros.default, ([1 << 16, 1 << 16],), budget=budget)
     a = torch.ones(3, 5)
-    outs = runtime.before_op("mm 'm'", torch.ops.aten.mm.default, (a, a.t()), budget=budget)
+    outs = run_checks.before_op("mm 'm'", torch.ops.aten.mm.default, (a, a.t()), budget=budget)
     assert [o.dims for o in outs] == [(3, 3)] and outs[0].nbytes == 36
 
 
@@ -81,13 +81,13 @@ def test_values_the_plan_sized_are_not_sized_again(monkeypatch):
     program's checked metadata) is not run on meta tensors again; any other output still is, and is refused
     over the budget.  The audit's plan of a torch program names its nodes."""
     calls = []
-    monkeypatch.setattr(runtime, "meta_outputs", lambda *a: calls.append(a) or [runtime.Out((1 << 40,), 1 << 42)])
+    monkeypatch.setattr(run_checks, "meta_outputs", lambda *a: calls.append(a) or [run_checks.Out((1 << 40,), 1 << 42)])
     zeros = torch.ops.aten.zeros.default
-    with runtime.watch():
-        runtime.expect(cost.Budget(1 << 20, 1 << 28), 0, "m.pt2", sized=frozenset({"conv", "bn"}))
-        assert runtime.before_op("conv 'conv'", zeros, ([2],), values=["conv"]) is None and not calls
+    with run_checks.watch():
+        run_checks.expect(cost.Budget(1 << 20, 1 << 28), 0, "m.pt2", sized=frozenset({"conv", "bn"}))
+        assert run_checks.before_op("conv 'conv'", zeros, ([2],), values=["conv"]) is None and not calls
         with pytest.raises(cost.WorkError, match=r"m.pt2: zeros 'z' would create .* GiB, over the budget of 1 MiB"):
-            runtime.before_op("zeros 'z'", zeros, ([2],), values=["conv", "z"])  # one output not sized
+            run_checks.before_op("zeros 'z'", zeros, ([2],), values=["conv", "z"])  # one output not sized
         assert len(calls) == 1
     ep = torch.export.export(crafted.ConvBN().eval(), (torch.randn(1, 3, 8, 8),))
     (x,) = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
@@ -96,41 +96,41 @@ def test_values_the_plan_sized_are_not_sized_again(monkeypatch):
 
 
 def test_cpu_time_bound_stops_the_op_loop(monkeypatch):
-    monkeypatch.setattr(runtime, "CPU_FLOOR_S", -1.0)  # a deadline already past
-    with runtime.watch():
-        runtime.before_op("conv 'c'")  # no plan yet: no bound
-        runtime.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
+    monkeypatch.setattr(run_checks, "CPU_FLOOR_S", -1.0)  # a deadline already past
+    with run_checks.watch():
+        run_checks.before_op("conv 'c'")  # no plan yet: no bound
+        run_checks.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
         with pytest.raises(cost.WorkError, match=r"m.pt2: the run passed its CPU-time bound at conv 'c'"):
-            runtime.before_op("conv 'c'")
+            run_checks.before_op("conv 'c'")
 
 
 def test_allocator_failure_becomes_one_line_naming_the_op():
     with pytest.raises(cost.WorkError, match=r"m.pt2: out of memory while running mm 'm3'"):
-        with runtime.watch():
-            runtime.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
-            runtime.before_op("mm 'm3'")
+        with run_checks.watch():
+            run_checks.expect(cost.Budget(1 << 30, 1 << 38), 0, "m.pt2")
+            run_checks.before_op("mm 'm3'")
             raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
     with pytest.raises(cost.WorkError, match=r"out of memory while running Mul 'scale'"):
-        with runtime.watch():
-            runtime.before_op("Mul 'scale'")
+        with run_checks.watch():
+            run_checks.before_op("Mul 'scale'")
             raise MemoryError
     with pytest.raises(RuntimeError, match="shapes do not match"):  # any other error is left alone
-        with runtime.watch():
+        with run_checks.watch():
             raise RuntimeError("shapes do not match")
 
 
 def test_address_space_cap_is_set_for_the_audit_and_restored():
     before = resource.getrlimit(resource.RLIMIT_AS)
     budget = cost.Budget(1 << 28, 1 << 36)
-    with runtime.watch(address_cap=True) as run:
-        runtime.expect(budget, 0, "m.pt2")
+    with run_checks.watch(address_cap=True) as run:
+        run_checks.expect(budget, 0, "m.pt2")
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         if run.saved_limit is not None:  # the OS allowed it
             assert soft != resource.RLIM_INFINITY and hard == before[1]
-            assert soft <= runtime._mapped_bytes() + 2 * budget.bytes + runtime.ADDRESS_HEADROOM
+            assert soft <= run_checks._mapped_bytes() + 2 * budget.bytes + run_checks.ADDRESS_HEADROOM
     assert resource.getrlimit(resource.RLIMIT_AS) == before
-    with runtime.watch():  # fold / check: no cap
-        runtime.expect(budget, 0, "m.pt2")
+    with run_checks.watch():  # fold / check: no cap
+        run_checks.expect(budget, 0, "m.pt2")
         assert resource.getrlimit(resource.RLIMIT_AS) == before
 
 
@@ -168,7 +168,7 @@ def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(
     import onnx
     from onnx import TensorProto, helper
 
-    from bnfold.numerics.onnx_emulator import OnnxEmulator
+    from bnfold.numerics.onnx_program import OnnxEmulator
 
     f = TensorProto.FLOAT
     nodes = [
@@ -185,8 +185,8 @@ def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(
     emu = OnnxEmulator(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), "fp16")
     onnx.checker.check_model(emu.model)
     sized = []
-    real = runtime.meta_outputs
-    monkeypatch.setattr(runtime, "meta_outputs", lambda fn, *a: sized.append(fn) or real(fn, *a))
+    real = run_checks.meta_outputs
+    monkeypatch.setattr(run_checks, "meta_outputs", lambda fn, *a: sized.append(fn) or real(fn, *a))
     op_of = {s.run: s.op for s in emu.program.steps}
 
     def run(n: int) -> list[str]:
@@ -194,8 +194,8 @@ def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(
         emu.run(torch.ones(1, n), torch.ones(n, 1), reference=False)
         return [op_of[fn] for fn in sized]
 
-    with runtime.watch():
-        runtime.expect(cost.Budget(1 << 20, 1 << 40), 0, "m.onnx")
+    with run_checks.watch():
+        run_checks.expect(cost.Budget(1 << 20, 1 << 40), 0, "m.onnx")
         assert run(8) == ["MatMul"]  # Mul: 8 x 8 elements, bounded by its inputs' shapes; Sigmoid: its input's
         assert run(8) == []  # the same shapes: sized already
         assert run(16) == ["MatMul"]
@@ -206,11 +206,11 @@ def test_the_runner_sizes_a_step_once_per_input_signature_and_by_its_shape_fact(
 
 
 def test_the_bound_of_a_shape_fact_holds_whatever_the_other_inputs():
-    """``runtime.shape_bound`` bounds outputs only where no input can make them larger than it says: a ``same`` op
+    """``run_checks.shape_bound`` bounds outputs only where no input can make them larger than it says: a ``same`` op
     whose other inputs hold one element each, a reduction, a batch norm with one parameter per channel, a broadcast;
     a LayerNorm scale that could broadcast its input up, or a batch norm's statistics per element (ONNX
     ``spatial=0``), leave it to the meta kernels (None)."""
-    x, bound = torch.ones(1, 4, 3, 1), runtime.shape_bound
+    x, bound = torch.ones(1, 4, 3, 1), run_checks.shape_bound
     assert bound("same", [x, torch.ones(())], 1) == 12 * 16
     assert bound("same", [x, torch.ones(4)], 1) is None  # [1, 4, 3, 1] * [4] is [1, 4, 3, 4]
     assert bound("reduced", [x, torch.tensor([1, 2])], 1) == 12 * 16

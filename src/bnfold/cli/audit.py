@@ -80,7 +80,7 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
             raise BnfoldError(f"{flag}: {e}") from None
     extra: dict = {"class_axis": args.class_axis, "threshold": args.threshold}
     if onnx:
-        from ..numerics.onnx_emulator import random_batches
+        from ..numerics.onnx_program import random_batches
 
         extra["input_shapes"] = shapes.input_shapes(getattr(args, "input_shape", None))
         extra["runtime"] = args.runtime

@@ -17,7 +17,7 @@ from .parser import build_parser
 def _run(args: argparse.Namespace) -> int:
     """The command, its output flushed (so that a closed pipe shows up here, not at exit)."""
     from ..io.cost import max_work
-    from ..io.runtime import watch
+    from ..io.run_checks import watch
 
     # --max-work: the budget of the cost model; the watchdog (address-space cap for the audit, CPU-time
     # bound, allocator failures named by op): SECURITY.md

@@ -41,15 +41,15 @@ def runner(model: onnx.ModelProto, how: str, bn_eps: float | None = None) -> Cal
         name = sess.get_inputs()[0].name
         return lambda x: sess.run(None, {name: np.ascontiguousarray(x, dtype=np.float32)})[0]
     if how == "ort-fp16":
-        from ..numerics.runtimes import onnxruntime_fp16
+        from ..numerics.real_runtimes import onnxruntime_fp16
 
         run = onnxruntime_fp16(model)
         return lambda x: run((torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),))[0].numpy()
     if how == "torch-half":
-        from ..numerics.runtimes import torch_half
+        from ..numerics.real_runtimes import torch_half
 
         return lambda x: torch_half(model, (torch.from_numpy(np.ascontiguousarray(x, dtype=np.float32)),))[0].numpy()
-    from ..numerics.onnx_emulator import OnnxEmulator
+    from ..numerics.onnx_program import OnnxEmulator
 
     emu = OnnxEmulator(model, how, bn_eps)
 

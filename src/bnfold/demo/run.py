@@ -26,10 +26,10 @@ import torch
 
 from ..io.atomic import write_text
 from ..numerics import audit
-from ..numerics.errors import json_float
 from ..numerics.plot import plot_reports
 from ..numerics.risk import QNN_EPS
 from ..numerics.table import db, pct, sci, sqnr, sqnr_spread
+from ..numerics.tensor_error import json_float
 from .data import load_split
 from .model import DigitNet
 

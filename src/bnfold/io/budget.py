@@ -1,6 +1,6 @@
 """The work budget: how many bytes live at once and FLOPs in all one model may make bnfold use, and the
 ``--max-work`` override (shared by the cost model, :mod:`bnfold.io.cost`, and the run-time checks,
-:mod:`bnfold.io.runtime`)."""
+:mod:`bnfold.io.run_checks`)."""
 
 from __future__ import annotations
 

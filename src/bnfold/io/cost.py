@@ -5,7 +5,7 @@ beforehand from its op and arguments, never read from the file: the program's
 ops run on meta kernels over its real weights (:mod:`bnfold.io.fx_shapes`; a
 file whose ``meta["val"]`` disagrees is refused), ONNX shape inference without
 the file's stated shapes; what only running tells is checked just before the op
-runs (:mod:`bnfold.io.runtime`).
+runs (:mod:`bnfold.io.run_checks`).
 :func:`fx_plan` / :func:`onnx_plan` add up, in graph order, the bytes live at
 once (a value is freed after its last reader) and the FLOPs of the plan, and
 refuse with one line naming the op and its size (:class:`WorkError`, exit 2)
@@ -124,7 +124,7 @@ class Step:
 class Plan:
     """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits; ``sized``: the
     values whose sizes the plan read from sizes the same meta kernels give (a torch program's load-checked
-    metadata), whose run-time check need not run them again (:func:`bnfold.io.runtime.before_op`)."""
+    metadata), whose run-time check need not run them again (:func:`bnfold.io.run_checks.before_op`)."""
 
     peak: int
     flops: int
@@ -287,7 +287,7 @@ def higher_order_ops(ep: Any) -> list[tuple[str, str]]:
     return found
 
 
-#: What the audit holds per element of a floating value while it runs (``numerics.emulator``): the
+#: What the audit holds per element of a floating value while it runs (``numerics.fx_program``): the
 #: emulated value (float32), the float64 reference, and the float64 local run of a layer's segment.
 AUDIT_FLOAT_BYTES = 4 + 8 + 8
 #: ... of an integer / bool value: the emulated and the reference runs compute it each.
@@ -369,7 +369,7 @@ def fx_plan(
     metadata: a file whose metadata disagrees is refused.  With ``batches``, the sizes are those of
     :func:`bnfold.io.fx_shapes.specs` (a file's metadata only where it was checked).  A value that only
     running tells (``nonzero``, a size read from a tensor) is counted as 0 here and checked when it
-    runs (:func:`bnfold.io.runtime.before_op`).  With ``audit``, the values count what the audit holds of
+    runs (:func:`bnfold.io.run_checks.before_op`).  With ``audit``, the values count what the audit holds of
     them (:class:`AuditHold`)."""
     import torch
     from torch.export.graph_signature import InputKind
@@ -573,7 +573,7 @@ def onnx_plan(
     ``batch`` first, 1 elsewhere; ``input_dims`` sets whole inputs' dims) and return the plan.  Sizes come
     from ONNX shape inference over the ops (:class:`bnfold.onnx.shapes.Shapes` does not believe stated
     ``value_info`` or output shapes); a dim that inference cannot size (a Resize whose scales the graph
-    computes) is not counted here but checked when the op runs (:func:`bnfold.io.runtime.before_op`).
+    computes) is not counted here but checked when the op runs (:func:`bnfold.io.run_checks.before_op`).
     With ``audit``, values count what the ONNX audit holds of them (:class:`AuditHold`, ``batches``
     batches)."""
     from ..onnx.shapes import Shapes
@@ -674,8 +674,8 @@ _ONNX_FLOATS = frozenset({1, 10, 11, 16})  # FLOAT, FLOAT16, DOUBLE, BFLOAT16
 def onnx_run_plan(model: Any, batches: list, where: str) -> Plan:
     """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
     check before it runs: dims the file leaves open are then those of the real inputs), counting what
-    the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.runtime.expect`)."""
-    from .runtime import expect
+    the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.run_checks.expect`)."""
+    from .run_checks import expect
 
     init = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in init]
@@ -759,6 +759,6 @@ def audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = N
         )
     check_indices(model, batches)
     plan = fx_plan(model, batches, where=where, runs=runs, audit=True)
-    from .runtime import expect
+    from .run_checks import expect
 
-    expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.runtime)
+    expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.run_checks)

@@ -14,7 +14,7 @@ metadata lies cannot be folded or run faithfully (see SECURITY.md).
 
 A value whose shape no meta kernel can tell before the op runs (``nonzero``, an ``item()``
 used as a size, an op without a meta kernel) is ``None`` here: its size is checked when it
-runs (:func:`bnfold.io.runtime.before_op`).
+runs (:func:`bnfold.io.run_checks.before_op`).
 
 Which program is recomputed (:func:`specs`): a program bnfold loaded from a file (:func:`from_file`) is
 recomputed and compared at load, at its own example shapes; on a batch of those shapes its metadata is

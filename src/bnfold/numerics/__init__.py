@@ -6,15 +6,15 @@ together with the fold report into an :class:`AuditReport`: per normalization
 a risk verdict predicted from its statistics (:mod:`.risk`) and confirmed by
 the run, per layer cumulative and local SQNR (NaN/inf as counts and shares),
 and what to do (:mod:`.advice`).  One lockstep runner (:mod:`.runner`) runs every format through a
-thin executor (:mod:`.emulator` for torch programs, :mod:`.onnx_emulator` for ONNX); an ONNX model is
-audited with the ONNX that ``bnfold.fold`` writes, in the same pipeline; :mod:`.runtimes` runs the real
+thin executor (:mod:`.fx_program` for torch programs, :mod:`.onnx_program` for ONNX); an ONNX model is
+audited with the ONNX that ``bnfold.fold`` writes, in the same pipeline; :mod:`.real_runtimes` runs the real
 fp16 runtimes the profiles stand for; :mod:`.progress` reports long audits on stderr.
 """
 
 from .audit import AuditReport, audit
-from .emulator import BatchResult, EmulationResult, Emulator, emulate
-from .errors import TensorError
+from .fx_program import BatchResult, EmulationResult, Emulator, emulate
 from .profiles import FP16_MAX, PROFILE_NAMES, Profile, get_profile, round_fp16
+from .tensor_error import TensorError
 
 __all__ = [
     "audit",

@@ -24,11 +24,11 @@ import torch
 
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, _top1, check_class_axis, task
-from .errors import reference_stats
 from .norm_rows import _norms
 from .profiles import get_profile
 from .rows import Graph, layers, ref_names, rows, segments
 from .runner import EmulationResult, Runner
+from .tensor_error import reference_stats
 
 
 def _stage(progress, name: str) -> None:
@@ -41,7 +41,7 @@ def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, prog
     """Run ``runner`` on every batch into ``result`` (the one place where the audit executes a program);
     ``against``: per batch, the float64 values to measure against (no reference run) and what is known of
     them (``Runner.run``'s ``against_stats``).  Returns, per batch, the reference values named in ``keep`` and
-    what their measurement found of them (:func:`.errors.reference_stats`)."""
+    what their measurement found of them (:func:`.tensor_error.reference_stats`)."""
     on_node = getattr(progress, "node", None)
     kept = []
     for done, batch in enumerate(batches, 1):
@@ -174,7 +174,7 @@ def audit(
         random_inputs=random_inputs,
     )
     if runtime is not None:
-        from .runtimes import runtime_run
+        from .real_runtimes import runtime_run
 
         _stage(progress, f"run {runtime}")
         rep.runtime = runtime_run(runtime, model, folded_model, batches, unfolded.reference, spec)

@@ -9,8 +9,8 @@ from typing import Any
 
 import torch
 
-from .errors import TensorError, json_float
 from .risk import VERDICTS, Risk, norm_severity  # noqa: F401 (norm_severity: re-exported)
+from .tensor_error import TensorError, json_float
 
 
 @dataclass

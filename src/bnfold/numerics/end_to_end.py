@@ -17,8 +17,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from .audit_report import EndToEnd
-from .errors import TensorError, measure
 from .runner import EmulationResult
+from .tensor_error import TensorError, measure
 
 
 @dataclass(frozen=True)

@@ -36,10 +36,10 @@ from dataclasses import dataclass
 import torch
 
 from ..fold_math import batch_norm_affines
-from .errors import json_float
 from .probe import NormProbe
 from .profiles import FP16_MAX, Profile
 from .segments import F64, Segments
+from .tensor_error import json_float
 
 U_FP16 = 2.0**-11
 FP32_MAX = float(torch.finfo(torch.float32).max)

@@ -1,7 +1,7 @@
 """The lockstep runner: a graph run node by node under a precision profile, next to a high-precision reference.
 
 One runner for every format.  A format gives it a :class:`Program` (its executor, kept thin:
-:func:`~.emulator.fx_program` for a torch program, :func:`~.onnx_emulator.onnx_program` for ONNX):
+:func:`~.fx_program.fx_program` for a torch program, :func:`~.onnx_program.onnx_program` for ONNX):
 the values in graph order as :class:`Step` s (a node: the value names it reads and writes, how to
 run its op in a given float dtype, and its op's facts), the constants, the inputs and outputs.
 Everything a profile does happens here, once: fp16 storage, exact and same-error ops, fp16
@@ -22,10 +22,10 @@ from typing import Any
 
 import torch
 
-from ..io.runtime import OpSizes
-from .errors import Meter, TensorError
+from ..io.run_checks import OpSizes
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
+from .tensor_error import Meter, TensorError
 
 
 def is_float(t: Any) -> bool:
@@ -67,7 +67,7 @@ class Step:
     ``mutates``: the op writes an input in place (the runner runs it so, as the program says); ``shape`` the op
     table's (``same``: the output has the first input's shape; ``broadcast``: the inputs' broadcast shape;
     ``reduced``: at most the first input's elements): it bounds the outputs' size without a meta run
-    (:func:`bnfold.io.runtime.shape_bound`)."""
+    (:func:`bnfold.io.run_checks.shape_bound`)."""
 
     name: str
     op: str
@@ -218,7 +218,7 @@ class Runner:
     of a segment; the audit asks for its rows' outputs, the others are computed only to reach them).
     ``measured``: the values compared with their reference (default: every floating value).  ``planned``:
     ``program`` is the one the audit's cost plan sized (the run-time check then skips the meta run of an op
-    whose outputs the plan sized, :func:`bnfold.io.runtime.before_op`).  ``shared``: a dict given to the runners
+    whose outputs the plan sized, :func:`bnfold.io.run_checks.before_op`).  ``shared``: a dict given to the runners
     of one audit under the same profile (the unfolded and the folded program): a large constant both programs hold
     (a weight the fold left as it was) is rounded once.
     """
@@ -298,7 +298,7 @@ class Runner:
     # -- one op -------------------------------------------------------------------------------------
 
     def _check(self, i: int, step: Step, ins: list) -> None:
-        """The run-time check of step ``i`` before it runs emulated on ``ins`` (:class:`bnfold.io.runtime.OpSizes`:
+        """The run-time check of step ``i`` before it runs emulated on ``ins`` (:class:`bnfold.io.run_checks.OpSizes`:
         the plan's sizes where ``planned``, else the bound of its ``shape`` fact or of a batch norm's per-channel
         parameters, else its meta kernels, once per input signature)."""
         norm, sized = step.norm, step.outs if self.planned else ()
@@ -360,7 +360,7 @@ class Runner:
         """Run one batch.  ``reference``: run the reference too (else only the emulated outputs
         come back).  ``against``: measure against these reference values (by name: a run of the unfolded
         model) instead of a reference run here; ``against_stats``: what is known of some of them (``(signal,
-        max_abs_ref)`` by name, :func:`.errors.reference_stats`), not measured again.  ``keep_reference``: the
+        max_abs_ref)`` by name, :func:`.tensor_error.reference_stats`), not measured again.  ``keep_reference``: the
         reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
         meter = Meter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))

@@ -328,7 +328,7 @@ class ModelIndex:
                 values.append(shape_carrier(dims))
             else:
                 values.append(None)
-        from ..io.runtime import before_op
+        from ..io.run_checks import before_op
 
         before_op(f"{node.op_type} '{node.name or node.output[0]}'")  # the op an allocator failure names
         meter = self.meter()

@@ -92,7 +92,7 @@ _NUMERICS = {
 for _k in "Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split():
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
 #: The shape of the output of the elementwise ops and the reductions (``Op.shape``): the audit's run-time check
-#: bounds their outputs' size by it (``io.runtime.shape_bound``), and the axis rules read it
+#: bounds their outputs' size by it (``io.run_checks.shape_bound``), and the axis rules read it
 _SHAPES = {
     **dict.fromkeys(
         "Neg Abs Sign Reciprocal Sqrt Exp Log Floor Ceil Round Erf Sin Cos Tan Asin Acos Atan Sinh Cosh Sigmoid Tanh "

@@ -697,7 +697,7 @@ _NUMERICS: dict[str, dict] = {
 for _k in _overloads(_MOVEMENT):
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
 #: Elementwise ops whose output has their first input's shape (``Op.shape``: the audit's run-time check bounds
-#: their outputs' size by it, ``io.runtime.shape_bound``)
+#: their outputs' size by it, ``io.run_checks.shape_bound``)
 _SAME_SHAPE = (
     "relu relu6 sigmoid silu hardswish hardsigmoid hardtanh gelu tanh elu leaky_relu softplus mish clamp neg abs "
     "exp log sqrt rsqrt reciprocal erf sin cos _softmax _log_softmax clone"

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 
-from ..io import cost, runtime
+from ..io import cost, run_checks
 
 
 class FxTensors:
@@ -79,7 +79,7 @@ class FxTensors:
 
         Iterative (an explicit stack, so a chain of any length evaluates), and
         metered: each value's bytes and FLOPs, from the op's meta kernels on its
-        real arguments (``bnfold.io.runtime.before_op``), are counted before it is
+        real arguments (``bnfold.io.run_checks.before_op``), are counted before it is
         computed (``bnfold.io.cost``); past the budget that the program's weights
         justify, ``WorkError``.
         """
@@ -149,8 +149,8 @@ class FxTensors:
         try:
             value = node.target(*args, **kwargs)
         except Exception as e:  # an op that cannot run eagerly on these tensors: not a constant we can use
-            if runtime.allocator_failure(e):
-                raise  # out of memory: the watchdog names the op (bnfold.io.runtime.watch)
+            if run_checks.allocator_failure(e):
+                raise  # out of memory: the watchdog names the op (bnfold.io.run_checks.watch)
             value = None
         if isinstance(value, (tuple, list)):  # a multi-output op: its getitems read it
             self._tuples[node] = tuple(value)
@@ -183,8 +183,8 @@ class FxTensors:
 
     def _cost(self, node: Node, label: str, args: tuple, kwargs: dict) -> tuple[int, int] | None:
         """Bytes and FLOPs of ``node``'s value, from the op's meta kernels on its real (float64)
-        arguments (``bnfold.io.runtime.before_op``, the run-time check), never from the metadata."""
-        outs = runtime.before_op(label, node.target, args, kwargs, budget=self._meter().budget)
+        arguments (``bnfold.io.run_checks.before_op``, the run-time check), never from the metadata."""
+        outs = run_checks.before_op(label, node.target, args, kwargs, budget=self._meter().budget)
         if not outs:
             return None
         ins = [list(t.shape) for t in _tensors(args)]

@@ -1,6 +1,6 @@
 """ONNX op semantics, written once: the table :data:`OPS` (one row per op type: its implementation
 and the facts about it that do not depend on a precision), read by the fp16 emulator
-(:mod:`bnfold.numerics.onnx_emulator`), the constant evaluator (:mod:`bnfold.onnx.consts`) and the
+(:mod:`bnfold.numerics.onnx_program`), the constant evaluator (:mod:`bnfold.onnx.consts`) and the
 tests' float64 interpreter.
 
 An implementation is ``fn(inputs, attributes, ctx)``: torch tensors in (floats in the run's dtype,

@@ -22,7 +22,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
 from .batches import as_batches
-from .graph import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
+from .fx_nodes import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
 from .profiles import Profile
 from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
 

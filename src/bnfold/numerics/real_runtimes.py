@@ -16,7 +16,7 @@ import torch
 
 from .audit_report import RuntimeRun
 from .end_to_end import _end_to_end
-from .onnx_emulator import onnx_program
+from .onnx_program import onnx_program
 from .runner import EmulationResult
 
 RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
