@@ -16,7 +16,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bnfold.engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, ShapeInfo, Step
+from bnfold.engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, ShapeInfo
 from bnfold.report import Code
 
 LAYERS = {"conv": "conv", "conv_transpose": "conv_transpose", "linear": "linear", "bmm": "linear"}
@@ -261,7 +261,7 @@ class FakeAdapter:
                 n.inputs = [new if v == old else v for v in n.inputs]
         self.g.outputs = [new if v == old else v for v in self.g.outputs]
 
-    def remove_node(self, step: Step, source) -> bool:
+    def remove_node(self, step: ChainStep, source) -> bool:
         self.removed.append(step.node.name)
         step.node.dead = True
         self._replace_uses(step.output, source)

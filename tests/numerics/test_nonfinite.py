@@ -16,7 +16,7 @@ from torch import nn
 import bnfold
 from bnfold.numerics.probe import NormProbe
 from bnfold.numerics.table import sqnr
-from bnfold.numerics.tensor_error import SMALL, Meter, TensorError, measure, reference_stats
+from bnfold.numerics.tensor_error import SMALL, ErrorMeter, TensorError, measure, reference_stats
 
 
 class Summed(nn.Module):
@@ -60,7 +60,7 @@ def test_meter_measures_small_tensors_together_as_measure_does(exact):
         r = torch.randn(shape, generator=g, dtype=ref_dtype) * 3
         pairs.append((r.to(torch.float32) + 1e-3 * torch.randn(shape, generator=g), r))
     pairs[-1][0][2] = math.inf  # a small tensor with inf: measured on its own (counts), not in the batch
-    into, meter = {}, Meter(exact)
+    into, meter = {}, ErrorMeter(exact)
     for i, (e, r) in enumerate(pairs):
         meter.add(into, f"v{i}", "op", e, r)
     assert list(into) == [f"v{i}" for i in range(len(pairs))]  # the order of the calls, before the flush too

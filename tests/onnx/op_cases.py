@@ -1,4 +1,4 @@
-"""Generated cases for every op of ``bnfold.onnx.semantics.OPS``: attributes, broadcasting and opset
+"""Generated cases for every op of ``bnfold.onnx.semantics.IMPLS``: attributes, broadcasting and opset
 versions, each a one-node model with its inputs (``test_onnx_semantics.py`` runs them).
 
 A case's inputs: a shape tuple (random floats), ``POS(shape)`` (positive floats), ``SEQ(shapes)`` (a

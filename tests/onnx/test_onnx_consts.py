@@ -9,7 +9,7 @@ import torch
 from onnx import helper as h
 from onnx_testkit import G, check_fold
 
-from bnfold.io.cost import NODE_FLOPS, Budget, Meter, WorkError
+from bnfold.io.cost import NODE_FLOPS, Budget, WorkError, WorkMeter
 from bnfold.onnx.consts import evaluate, result_bytes
 from bnfold.onnx.index import ModelIndex, Tracker
 from bnfold.report import Code
@@ -161,10 +161,10 @@ def test_result_bytes_count_the_float64_temporaries():
 def test_the_meter_refuses_before_anything_is_made():
     """A broadcast Mul whose float64 result would take 32 GiB: refused by the meter, naming the node."""
     a, b = np.ones((1 << 16, 1), np.float32), np.ones((1, 1 << 16), np.float32)
-    meter = Meter(Budget.for_content(0), "constant evaluation")
+    meter = WorkMeter(Budget.for_content(0), "constant evaluation")
     with pytest.raises(WorkError, match="computing the constant Mul 'mul'"):
         evaluate(_node("Mul", 2), [a, b], meter)
-    small = Meter(Budget.for_content(0), "constant evaluation")
+    small = WorkMeter(Budget.for_content(0), "constant evaluation")
     evaluate(_node("ReduceMean", 1, keepdims=0), [np.ones((8, 8), np.float32)], small)
     assert (small.bytes, small.flops) == (12, 64 + NODE_FLOPS)  # the float64 mean and its cast; it read 64 elements
 

@@ -1,4 +1,4 @@
-"""Every op of ``bnfold.onnx.semantics.OPS`` against ``onnx.reference.ReferenceEvaluator`` and ONNX
+"""Every op of ``bnfold.onnx.semantics.IMPLS`` against ``onnx.reference.ReferenceEvaluator`` and ONNX
 Runtime in float32, on the generated cases of ``op_cases.py``: ours runs in float64 on the same
 float32 inputs, and agrees with each oracle within a tolerance scaled to the output's magnitude.
 Also: every op of the table has a case, and an op with no row runs through the reference evaluator,
@@ -15,7 +15,7 @@ import torch
 from onnx import helper
 from op_cases import CASES, POS, SEQ, Case
 
-from bnfold.onnx.semantics import OPS, attrs, bind
+from bnfold.onnx.semantics import IMPLS, attrs, bind
 
 ort = pytest.importorskip("onnxruntime")
 
@@ -119,7 +119,7 @@ def test_op_matches_reference_and_onnxruntime(case: Case):
 
 
 def test_every_op_has_a_case():
-    assert set(OPS) - {c.op for c in CASES} == set()
+    assert set(IMPLS) - {c.op for c in CASES} == set()
 
 
 def test_op_without_a_row_runs_through_the_reference_evaluator():

@@ -9,7 +9,7 @@ questions and makes primitive edits; which edits a fold makes is decided here
 
 from .driver import RULES, fold_graph
 from .edit import broadcast_shape, remove_chain
-from .graph import Binary, ConvGeometry, GraphAdapter, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
+from .graph import Binary, ChainStep, ConvGeometry, GraphAdapter, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo
 
 __all__ = [
     "fold_graph",
@@ -21,7 +21,7 @@ __all__ = [
     "Binary",
     "Hop",
     "ShapeInfo",
-    "Step",
+    "ChainStep",
     "ConvGeometry",
     "Pool",
     "broadcast_shape",

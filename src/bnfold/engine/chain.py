@@ -17,7 +17,7 @@ from .. import fold_math
 from ..fold_math import FoldError
 from ..report import Code
 from .axes import channel_axis
-from .graph import GraphAdapter, Hop, Layer, Norm, Step
+from .graph import ChainStep, GraphAdapter, Hop, Layer, Norm
 
 #: A chain longer than this is cut (a fold is never worth an unbounded walk).
 MAX_CHAIN = 256
@@ -44,7 +44,7 @@ class Stop(Exception):
 
 def norm_step(
     graph: GraphAdapter, norm: Norm, axis: int | None, channels: int, rank: int | None, lost: str = ""
-) -> Step:
+) -> ChainStep:
     """The affine a batch norm applies along ``axis``, or Stop with the reason it cannot fold.
     ``axis`` None: a hop lost the channel axis, ``lost`` says which."""
     node = norm.node
@@ -89,10 +89,10 @@ def norm_step(
             node, f"it has {aff.channels} channels but the tensor it normalizes has {channels}", Code.CHANNEL_MISMATCH
         )
     operands = tuple(v for v in (norm.weight, norm.bias, norm.mean, norm.var) if v is not None)
-    return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
+    return ChainStep(node, norm.input, norm.output, aff, norm.op, norm, operands)
 
 
-def _norm_affine_step(graph: GraphAdapter, norm: Norm, axis: int, channels: int, rank: int | None) -> Step:
+def _norm_affine_step(graph: GraphAdapter, norm: Norm, axis: int, channels: int, rank: int | None) -> ChainStep:
     """The elementwise affine of a LayerNorm / RMSNorm / GroupNorm, which folds without the normalization."""
     node = norm.node
     if norm.statistics_used:
@@ -125,7 +125,7 @@ def _norm_affine_step(graph: GraphAdapter, norm: Norm, axis: int, channels: int,
             Code.CHANNEL_MISMATCH,
         )
     operands = tuple(v for v in (norm.weight, norm.bias) if v is not None)
-    return Step(node, norm.input, norm.output, aff, norm.op, norm, operands)
+    return ChainStep(node, norm.input, norm.output, aff, norm.op, norm, operands)
 
 
 def per_channel(const: torch.Tensor, rank: int | None, axis: int | None, channels: int) -> torch.Tensor | str:
@@ -152,7 +152,7 @@ def per_channel(const: torch.Tensor, rank: int | None, axis: int | None, channel
 
 def binary_step(
     graph: GraphAdapter, node: Any, x: Any, axis: int | None, channels: int, rank: int | None
-) -> Step | None:
+) -> ChainStep | None:
     """The elementwise op ``node`` as ``x * scale + shift`` along ``axis``; None when
     its other operand is not a constant (no affine op at all), Stop when it does not fold."""
     op = graph.binary(node)
@@ -176,12 +176,12 @@ def binary_step(
         aff = fold_math.binary_affine(op.op, vec, x_first, channels, float(alpha))
     except FoldError as err:
         raise Stop(node, f"{what}: {err}", err.code) from None
-    return Step(node, x, op.output, aff, name, operands=(other,))
+    return ChainStep(node, x, op.output, aff, name, operands=(other,))
 
 
-def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) -> tuple[Step, int | None, str]:
+def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) -> tuple[ChainStep, int | None, str]:
     """The hop as a step, the channel axis after it (None: lost) and, if lost here, why."""
-    step = Step(hop.node, hop.input, hop.output, None, hop.op, monotone=hop.monotone)
+    step = ChainStep(hop.node, hop.input, hop.output, None, hop.op, monotone=hop.monotone)
     if axis is None:
         return step, None, ""
     new_axis = graph.follow_axis(hop, axis, forward)
@@ -190,13 +190,13 @@ def _hop_step(graph: GraphAdapter, hop: Hop, axis: int | None, forward: bool) ->
     return step, new_axis, ""
 
 
-def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[Step], Stop | None]:
+def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[ChainStep], Stop | None]:
     """The steps that follow ``layer`` (each the only user of the one before), and
     the Stop that ended the walk, if one did."""
     x = layer.output
     rank = graph.shape_info(x).rank
     axis = channel_axis(layer.out_axis, rank)
-    steps: list[Step] = []
+    steps: list[ChainStep] = []
     lost = ""
     try:
         while len(steps) < MAX_CHAIN:
@@ -242,7 +242,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
     return steps, None
 
 
-def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[Step], Stop | None]:
+def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[ChainStep], Stop | None]:
     """The steps that lead to ``layer``'s input, nearest the layer last (each
     the only user of the one before it), and the Stop that ended the walk."""
     rank = graph.shape_info(layer.input).rank
@@ -252,11 +252,11 @@ def chain_before(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list
 
 def chain_up(
     graph: GraphAdapter, x: Any, axis: int | None, channels: int, fanout: bool = False
-) -> tuple[list[Step], Stop | None]:
+) -> tuple[list[ChainStep], Stop | None]:
     """The steps that lead to the value ``x`` (channels on ``axis``), nearest ``x`` last.
     ``fanout``: ``x`` itself may have several users (the caller folds into all of them)."""
     rank = graph.shape_info(x).rank
-    steps: list[Step] = []
+    steps: list[ChainStep] = []
     lost = ""
     try:
         while len(steps) < MAX_CHAIN:

@@ -19,10 +19,10 @@ from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
 from . import spelled
 from .axes import channel_axis
-from .graph import GraphAdapter, Layer, LayerWeights, Outcome, Step
+from .graph import ChainStep, GraphAdapter, Layer, LayerWeights, Outcome
 
 
-def compose(steps: list[Step]) -> Affine:
+def compose(steps: list[ChainStep]) -> Affine:
     """The one affine a chain applies, first step first."""
     affines = [s.affine for s in steps if s.affine is not None]
     total = affines[0]
@@ -51,7 +51,7 @@ def note(graph: GraphAdapter, out: Outcome, node: Any, reason: str, code: Code) 
         out.reasons.setdefault(node, (reason, code))
 
 
-def trim_hops(steps: list[Step], end: int) -> None:
+def trim_hops(steps: list[ChainStep], end: int) -> None:
     """Drop hops at the far end of the chain (index ``end``: -1 or 0): they stay as they are."""
     while steps and steps[end].affine is None:
         steps.pop(end)
@@ -66,7 +66,7 @@ def _resolve(value: Any, replaced: dict) -> Any:
     return value
 
 
-def remove_chain(graph: GraphAdapter, steps: list[Step]) -> Any:
+def remove_chain(graph: GraphAdapter, steps: list[ChainStep]) -> Any:
     """Take the affine steps of a chain out of the graph; returns the value that now stands where
     the chain ended.
 
@@ -90,7 +90,7 @@ def remove_chain(graph: GraphAdapter, steps: list[Step]) -> Any:
     return _resolve(steps[-1].output, replaced)
 
 
-def step_entries(graph: GraphAdapter, steps: list[Step]) -> list[FoldStep]:
+def step_entries(graph: GraphAdapter, steps: list[ChainStep]) -> list[FoldStep]:
     """The chain as report steps (named while it is still in the graph)."""
     out = []
     for s in steps:
@@ -113,7 +113,7 @@ Params = Callable[[Layer, LayerWeights, Affine], tuple]
 def fold_chain(
     graph: GraphAdapter,
     targets: list[tuple[Layer, LayerWeights]],
-    steps: list[Step],
+    steps: list[ChainStep],
     rule: str,
     params: Params,
     out: Outcome,
@@ -148,7 +148,7 @@ def fold_chain(
         return
 
 
-def negative_crossing(graph: GraphAdapter, steps: list[Step], side: str) -> str:
+def negative_crossing(graph: GraphAdapter, steps: list[ChainStep], side: str) -> str:
     """Why the chain cannot move to the layer through one of its maxima, or "".
 
     Folding moves every affine step farther from the layer than a max-pool across it, and
@@ -180,7 +180,7 @@ def _fails(params: Params, layer: Layer, w: LayerWeights, total: Affine) -> bool
     return False
 
 
-def _write(graph: GraphAdapter, targets: list, steps: list[Step], rule: str, side: str, new: list, out: Outcome):
+def _write(graph: GraphAdapter, targets: list, steps: list[ChainStep], rule: str, side: str, new: list, out: Outcome):
     layers = [layer for layer, _ in targets]
     label = fold_label(graph, steps)
     entries = fold_entries(graph, layers, steps, side, rule)  # named while the chain is still in the graph
@@ -219,14 +219,16 @@ def write_layer(
 # ------------------------------------------------------------------ report entries
 
 
-def fold_label(graph: GraphAdapter, steps: list[Step]) -> str:
+def fold_label(graph: GraphAdapter, steps: list[ChainStep]) -> str:
     """A short name for the fold, used to name private copies of shared tensors."""
     first = next(s for s in steps if s.affine is not None)
     name = graph.norm_label(first.norm) if first.norm is not None else graph.op_label(first.node)
     return name.replace(".", "_").replace("/", "_")
 
 
-def fold_entries(graph: GraphAdapter, layers: list[Layer], steps: list[Step], side: str, rule: str) -> list[Folded]:
+def fold_entries(
+    graph: GraphAdapter, layers: list[Layer], steps: list[ChainStep], side: str, rule: str
+) -> list[Folded]:
     """One entry per normalization of the chain, a plain one whose affine the chain's ops spell out
     included (``spelled``); one entry for a chain of elementwise ops alone."""
     layer = layers[0]

@@ -152,7 +152,7 @@ class ShapeInfo:
 
 
 @dataclass
-class Step:
+class ChainStep:
     """One node of an affine chain.  The step reads ``input`` and its result is
     ``output``; ``affine`` is None for a hop.  ``operands`` are the parameter
     values that may become dead when the step is removed.  ``axis`` and
@@ -264,7 +264,7 @@ class GraphAdapter(Protocol[N, V]):
     ) -> tuple[int, torch.Tensor | None]: ...
     # Remove the step's node; its output's users read ``source`` instead.  Returns True when the
     # output value itself lives on (it now holds ``source``'s data), False when it is gone.
-    def remove_node(self, step: Step, source: V) -> bool: ...
+    def remove_node(self, step: ChainStep, source: V) -> bool: ...
     def strip_affine(self, norm: Norm) -> None: ...  # a LayerNorm-like node keeps its normalization only
     def drop_unused(self, values: list) -> None: ...  # drop each parameter value nothing reads any more
     # Make every user of ``value`` read ``value + bias``; ``bias`` is already shaped to broadcast.

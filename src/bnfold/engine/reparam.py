@@ -103,7 +103,7 @@ def _output(graph: GraphAdapter, node: Any) -> Any:
 
 
 def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree: _Tree):
-    """The per-channel affine ``node`` applies to produce ``value`` (a Step), or None."""
+    """The per-channel affine ``node`` applies to produce ``value`` (a ChainStep), or None."""
     rank = graph.shape_info(value).rank
     axis = channel_axis(tree.axis, rank)
     try:

@@ -23,7 +23,7 @@ from ..fold_math import Affine, FoldError
 from ..report import Code
 from .chain import Stop, chain_after, chain_before
 from .edit import compose, fold_chain, note, trim_hops
-from .graph import GraphAdapter, Layer, LayerWeights, Outcome, Step
+from .graph import ChainStep, GraphAdapter, Layer, LayerWeights, Outcome
 
 __all__ = ["check_layer", "compose", "fold_input", "fold_output", "input_params", "output_params"]
 
@@ -87,7 +87,7 @@ def input_params(layer: Layer, w: LayerWeights, total: Affine):
     return _finish(layer, w, new_w, new_b)
 
 
-def _only_a_bias(layer: Layer, steps: list[Step]) -> bool:
+def _only_a_bias(layer: Layer, steps: list[ChainStep]) -> bool:
     """A lone shift after a layer that cannot hold a bias: folding it would only move the add."""
     affines = [s.affine for s in steps if s.affine is not None]
     return not layer.takes_bias and len(affines) == 1 and bool((affines[0].scale == 1).all())

@@ -20,7 +20,7 @@ when they exceed the :class:`Budget`:
 
 ``--max-work N`` (:func:`max_work`, a context, or ``load_model(max_work=)``)
 sets the byte budget to N (and the FLOPs to 256 N) for a model that is really
-that big.  :class:`Meter` is the running check for constant evaluators: the
+that big.  :class:`WorkMeter` is the running check for constant evaluators: the
 bytes of the values they hold (each freed when they drop it) and the FLOPs of
 all they computed; past the budget they stop.
 """
@@ -57,7 +57,7 @@ FREE_MIN_BYTES = 64 << 10
 # ----------------------------------------------------------------------------- running check
 
 
-class Meter:
+class WorkMeter:
     """The running check of a constant evaluator: the bytes of the values it holds now and the FLOPs of
     all it computed.
 
@@ -109,7 +109,7 @@ class Meter:
 
 
 @dataclass(slots=True)
-class Step:
+class PlanStep:
     """One op of a plan: what it creates and computes, and the values it reads."""
 
     op: str
@@ -132,7 +132,7 @@ class Plan:
     sized: frozenset = frozenset()
 
 
-def check_plan(steps: list[Step], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
+def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
     """Refuse the plan when one value, the bytes live at once, or the FLOPs of ``runs`` runs exceed ``budget``;
     else return it (:class:`Plan`).
 
@@ -449,7 +449,7 @@ def fx_plan(
                 temp = max(temp, hold.temp(name, s.dims, in_dims))
         if vals:
             firsts[node.name] = (vals[0].dims, ns[0])
-        steps.append(Step(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
+        steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     runs_all = runs * (len(batches) if batches else 1)
     plan = check_plan(steps, budget, where, live=live, runs=runs_all)
     return replace(plan, sized=frozenset(name for name, vals in rec.items() if vals is not None))
@@ -632,7 +632,7 @@ def _onnx_steps(
     budget: Budget,
     where: str,
     batches: int,
-) -> list[Step]:
+) -> list[PlanStep]:
     """``nodes`` (op types ``ops``) as the steps of :func:`onnx_plan` (``dims``: the dims of the values present
     so far, each node's outputs added as they are counted)."""
     steps = []
@@ -641,7 +641,7 @@ def _onnx_steps(
             o = node.output[0]  # the runners hold its value as a constant, never run it: no FLOPs, no temporaries
             d, _, _, nb = info(o)
             dims[o] = d
-            steps.append(Step(f"Constant {(node.name or o)!r}", [o], [], nb, 0))
+            steps.append(PlanStep(f"Constant {(node.name or o)!r}", [o], [], nb, 0))
             continue
         outputs = list(node.output)
         label = f"{op} {(node.name or (outputs[0] if outputs else ''))!r}"
@@ -664,7 +664,7 @@ def _onnx_steps(
             flops += _onnx_flops(node, op, ins, n)
             if hold:
                 temp = max(temp, hold.temp("conv2d" if op in ("Conv", "ConvTranspose") else op, d, ins, n))
-        steps.append(Step(label, out, reads, out_b, flops, temp))
+        steps.append(PlanStep(label, out, reads, out_b, flops, temp))
     return steps
 
 

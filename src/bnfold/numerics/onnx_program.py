@@ -23,7 +23,7 @@ import onnx
 import torch
 
 from ..onnx.ops import op_of
-from ..onnx.semantics import OPS, attrs, bind, constant, opset_of
+from ..onnx.semantics import IMPLS, attrs, bind, constant, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
 from ..onnx.semantics.values import array
 from . import accumulate
@@ -85,14 +85,14 @@ def constants(model: onnx.ModelProto, nodes: list | None = None, read: dict | No
     needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
     read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
     they are at hand; ``read``: initializers' arrays already read, by name."""
-    from ..io.cost import Budget, Meter
+    from ..io.cost import Budget, WorkMeter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
     nodes = _node_fields(model) if nodes is None else nodes
     read = read or {}
     out = {t.name: read[t.name] if t.name in read else array(t) for t in model.graph.initializer}
     opset = opset_of(model)
-    meter = Meter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
+    meter = WorkMeter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
     readers: dict[str, int] = {}
     for _, _, ins, _, _ in nodes:
         for n in set(ins):
@@ -165,7 +165,7 @@ def _step(
     if op in _SUBGRAPH_OPS:
         raise UnsupportedOp(op, name, "subgraphs")
     a, bound = attrs(node), bind(node, opset)
-    if not bound.emulated and op not in OPS and op not in REFERENCE_OPS:
+    if not bound.emulated and op not in IMPLS and op not in REFERENCE_OPS:
         raise UnsupportedOp(op, name, "no implementation, and not an op the reference evaluator may run")
 
     def run(ins: list, dtype: torch.dtype, eps=None, weight=None, bias=None) -> list:

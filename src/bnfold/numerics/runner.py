@@ -25,7 +25,7 @@ import torch
 from ..io.run_checks import OpSizes
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
-from .tensor_error import Meter, TensorError
+from .tensor_error import ErrorMeter, TensorError
 
 
 def is_float(t: Any) -> bool:
@@ -363,7 +363,7 @@ class Runner:
         max_abs_ref)`` by name, :func:`.tensor_error.reference_stats`), not measured again.  ``keep_reference``: the
         reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
-        meter = Meter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))
+        meter = ErrorMeter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))
         feed = prog.feed(xs)
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}

@@ -173,7 +173,7 @@ def reference_stats(err: TensorError | None) -> tuple[float, float] | None:
     return err.signal, err.max_abs_ref
 
 
-#: tensors of at most this many elements are measured together (:class:`Meter`): one set of ops for a batch of
+#: tensors of at most this many elements are measured together (:class:`ErrorMeter`): one set of ops for a batch of
 #: them costs ~3x less per tensor than a measurement each up to ~500 elements, more above (torch 2.13, x86);
 #: squeeze-excitation blocks and pooled features make a tenth to a third of a vision model's values this small
 SMALL = 256
@@ -181,7 +181,7 @@ SMALL = 256
 BATCH_ELEMENTS = 1 << 14
 
 
-class Meter:
+class ErrorMeter:
     """Measures emulated tensors against their references (:func:`measure`) into dicts of :class:`TensorError`.
 
     A tensor of more than :data:`SMALL` elements is measured at once; smaller ones wait (references to the

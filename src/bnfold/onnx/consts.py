@@ -56,7 +56,7 @@ def evaluate(
 
     ``inputs`` holds the constant inputs; for CastLike the second one may be an
     empty array that only carries the target dtype.  ``meter``
-    (``bnfold.io.cost.Meter``) is charged with the bytes of the result (and of the
+    (``bnfold.io.cost.WorkMeter``) is charged with the bytes of the result (and of the
     float64 temporaries) before they are made.  ``opset``: the model's default-domain
     opset (None: a current one), for the defaults that changed with it.
     """

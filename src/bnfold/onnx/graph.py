@@ -15,7 +15,7 @@ from typing import Any
 import onnx
 import torch
 
-from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
+from ..engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo
 from ..fold_math import FoldError, affine, in_channels, out_channels
 from ..report import Code
 from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
@@ -321,7 +321,7 @@ class OnnxGraph:
         index.set_input(gi, node, 1, out)
         return copy
 
-    def remove_node(self, step: Step, source: Any) -> bool:
+    def remove_node(self, step: ChainStep, source: Any) -> bool:
         """Remove the step's node, keeping every downstream name: returns whether the step's output
         name lives on (now holding ``source``'s data); if not, its users read ``source``."""
         self._edited()
@@ -359,7 +359,7 @@ class OnnxGraph:
                 self._filled[key] = filled_initializer(index, gi, base, tuple(c.value.shape), dtype, fill)
             index.set_input(gi, p, slot, self._filled[key])
 
-    def _take_name(self, source: Value, out: Value, step: Step) -> bool:
+    def _take_name(self, source: Value, out: Value, step: ChainStep) -> bool:
         """Let ``out`` stand for ``source`` now that the step between them is gone.  Returns whether
         the name ``out`` lives on; if not, its users now read ``source``."""
         index, gi = self.index, step.node.gi

@@ -382,13 +382,13 @@ class ModelIndex:
         return [d if start <= k < end else 1 for k, d in enumerate(dims)]
 
     def meter(self):
-        """The running check of constant evaluation (``bnfold.io.cost.Meter``), its budget from the weights:
+        """The running check of constant evaluation (``bnfold.io.cost.WorkMeter``), its budget from the weights:
         the values held in the memo of computed constants count until they are dropped."""
         if self._meter is None:
-            from ..io.cost import Budget, Meter
+            from ..io.cost import Budget, WorkMeter
 
             held = sum(tensors.nbytes(t) for g in self.graphs for t in g.inits.values())
-            self._meter = Meter(Budget.for_content(held), "constant evaluation")
+            self._meter = WorkMeter(Budget.for_content(held), "constant evaluation")
         return self._meter
 
     def declared_dtype(self, gi: GraphInfo, name: str) -> np.dtype | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
-from ..engine.graph import Binary, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo, Step
+from ..engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo
 from ..report import CONSTANT_NORM_REASON, Code
 from .axes import follow_axis
 from .geometry import conv_geometry, parse_inplace_sum, parse_pool
@@ -325,7 +325,7 @@ class FxGraph:
             source = copy
         return source
 
-    def remove_node(self, step: Step, source: Any) -> bool:
+    def remove_node(self, step: ChainStep, source: Any) -> bool:
         """Erase the step's node (and a batch norm's ``getitem`` outputs); its users read ``source``."""
         graph = self.graph
         step.output.replace_all_uses_with(source)

@@ -26,7 +26,7 @@ class FxTensors:
     def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
-        self._work = None  # the constant evaluator's Meter, made on first use
+        self._work = None  # the constant evaluator's WorkMeter, made on first use
         self._tuples: dict[Node, tuple] = {}  # the values of multi-output ops computed from constants
         self._fake_mode = next(
             (
@@ -192,14 +192,14 @@ class FxTensors:
         return sum(o.nbytes for o in outs), flops
 
     def _meter(self):
-        """The evaluator's running check (``bnfold.io.cost.Meter``), its budget from the graph's tensors."""
+        """The evaluator's running check (``bnfold.io.cost.WorkMeter``), its budget from the graph's tensors."""
         if self._work is None:
             held = 0
             for n in self.graph.nodes:
                 t = self.tensor(n) if n.op in ("placeholder", "get_attr") else None
                 if isinstance(t, torch.Tensor):
                     held += t.numel() * t.element_size()
-            self._work = cost.Meter(cost.Budget.for_content(held), "constant evaluation")
+            self._work = cost.WorkMeter(cost.Budget.for_content(held), "constant evaluation")
         return self._work
 
     def target(self, node: Node) -> str:

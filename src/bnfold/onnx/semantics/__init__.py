@@ -1,4 +1,4 @@
-"""ONNX op semantics, written once: the table :data:`OPS` (one row per op type: its implementation
+"""ONNX op semantics, written once: the table :data:`IMPLS` (one row per op type: its implementation
 and the facts about it that do not depend on a precision), read by the fp16 emulator
 (:mod:`bnfold.numerics.onnx_program`), the constant evaluator (:mod:`bnfold.onnx.consts`) and the
 tests' float64 interpreter.
@@ -26,16 +26,16 @@ from .reference import ReferenceNode
 from .resize import RESIZE
 from .sequences import SEQUENCES
 from .shapes import SHAPES
-from .values import Ctx, Op, attrs, constant, opset_of
+from .values import Ctx, OpImpl, attrs, constant, opset_of
 
-__all__ = ["OPS", "Op", "Bound", "Ctx", "bind", "attrs", "constant", "opset_of", "supported", "STATIC_ARGS"]
+__all__ = ["IMPLS", "OpImpl", "Bound", "Ctx", "bind", "attrs", "constant", "opset_of", "supported", "STATIC_ARGS"]
 
 
 #: Every op type implemented here -> its row.  Supporting another is one row (and its generated case).
-OPS: dict[str, Op] = {**ELEMENTWISE, **SHAPES, **LAYERS, **POOLS, **NORMS, **REDUCTIONS, **RESIZE, **SEQUENCES}
+IMPLS: dict[str, OpImpl] = {**ELEMENTWISE, **SHAPES, **LAYERS, **POOLS, **NORMS, **REDUCTIONS, **RESIZE, **SEQUENCES}
 
 #: ops whose inputs after the first are shapes, axes or bounds (read as Python numbers)
-STATIC_ARGS = frozenset(name for name, op in OPS.items() if op.static and 0 not in op.static)
+STATIC_ARGS = frozenset(name for name, op in IMPLS.items() if op.static and 0 not in op.static)
 
 
 class Bound:
@@ -44,7 +44,7 @@ class Bound:
 
     def __init__(self, node: onnx.NodeProto, opset: int | None):
         self.op_type, self.opset, self.n_out = node.op_type, opset, len(node.output)
-        row = OPS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
+        row = IMPLS.get(node.op_type) if node.domain in ("", "ai.onnx") else None
         why = None if row is not None else "no implementation"
         if row is not None and row.refuses is not None:
             why = row.refuses(attrs(node), node)
@@ -63,4 +63,4 @@ def bind(node: onnx.NodeProto, opset: int | None) -> Bound:
 
 def supported() -> list[str]:
     """The op types computed by an implementation of their own (sorted)."""
-    return sorted(OPS)
+    return sorted(IMPLS)

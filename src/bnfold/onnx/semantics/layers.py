@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .values import Ctx, Op, pads_same, s
+from .values import Ctx, OpImpl, pads_same, s
 
 
 def _torch_pad(pads: list[int], nd: int) -> list[int]:
@@ -82,11 +82,11 @@ def gemm(ins, a, c: Ctx):
     return y if C is None else y + (C * beta if beta != 1.0 else C)
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 LAYERS = {
-    "Conv": Op(conv),
-    "ConvTranspose": Op(conv_transpose),
-    "Gemm": Op(gemm),
-    "MatMul": Op(lambda ins, a, c: torch.matmul(ins[0], ins[1])),
-    "Einsum": Op(lambda ins, a, c: torch.einsum(s(a["equation"]).replace(" ", ""), *ins)),
+    "Conv": OpImpl(conv),
+    "ConvTranspose": OpImpl(conv_transpose),
+    "Gemm": OpImpl(gemm),
+    "MatMul": OpImpl(lambda ins, a, c: torch.matmul(ins[0], ins[1])),
+    "Einsum": OpImpl(lambda ins, a, c: torch.einsum(s(a["equation"]).replace(" ", ""), *ins)),
 }

@@ -8,7 +8,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .values import Ctx, Op, axis, since
+from .values import Ctx, OpImpl, axis, since
 
 
 def batch_norm(ins, a, c: Ctx):
@@ -101,15 +101,15 @@ def _hardmax(x: torch.Tensor, dim: int) -> torch.Tensor:
     return F.one_hot(x.argmax(dim=dim), x.shape[dim]).movedim(-1, dim).to(x.dtype)
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 NORMS = {
-    "BatchNormalization": Op(batch_norm),
-    "LayerNormalization": Op(layer_norm),
-    "RMSNormalization": Op(rms_norm),
-    "GroupNormalization": Op(group_norm),
-    "InstanceNormalization": Op(instance_norm),
-    "LRN": Op(lrn),
-    "Softmax": Op(_softmax_family(lambda x, d: torch.softmax(x, dim=d))),
-    "LogSoftmax": Op(_softmax_family(lambda x, d: torch.log_softmax(x, dim=d))),
-    "Hardmax": Op(_softmax_family(_hardmax)),
+    "BatchNormalization": OpImpl(batch_norm),
+    "LayerNormalization": OpImpl(layer_norm),
+    "RMSNormalization": OpImpl(rms_norm),
+    "GroupNormalization": OpImpl(group_norm),
+    "InstanceNormalization": OpImpl(instance_norm),
+    "LRN": OpImpl(lrn),
+    "Softmax": OpImpl(_softmax_family(lambda x, d: torch.softmax(x, dim=d))),
+    "LogSoftmax": OpImpl(_softmax_family(lambda x, d: torch.log_softmax(x, dim=d))),
+    "Hardmax": OpImpl(_softmax_family(_hardmax)),
 }

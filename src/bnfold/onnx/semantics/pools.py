@@ -13,7 +13,7 @@ import onnx
 import torch
 import torch.nn.functional as F
 
-from .values import Ctx, Op, pads_same, s
+from .values import Ctx, OpImpl, pads_same, s
 
 
 def _geometry(x: torch.Tensor, a: dict) -> tuple[list, list, list, list, list, list]:
@@ -134,12 +134,12 @@ def global_lp_pool(ins, a, c: Ctx):
     return (x.abs() ** p).sum(dim=_spatial(x), keepdim=True) ** (1.0 / p)
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 POOLS = {
-    "MaxPool": Op(max_pool, refuses=_max_pool_refuses),
-    "AveragePool": Op(average_pool),
-    "LpPool": Op(lp_pool),
-    "GlobalAveragePool": Op(lambda ins, a, c: ins[0].mean(dim=_spatial(ins[0]), keepdim=True)),
-    "GlobalMaxPool": Op(lambda ins, a, c: ins[0].amax(dim=_spatial(ins[0]), keepdim=True)),
-    "GlobalLpPool": Op(global_lp_pool),
+    "MaxPool": OpImpl(max_pool, refuses=_max_pool_refuses),
+    "AveragePool": OpImpl(average_pool),
+    "LpPool": OpImpl(lp_pool),
+    "GlobalAveragePool": OpImpl(lambda ins, a, c: ins[0].mean(dim=_spatial(ins[0]), keepdim=True)),
+    "GlobalMaxPool": OpImpl(lambda ins, a, c: ins[0].amax(dim=_spatial(ins[0]), keepdim=True)),
+    "GlobalLpPool": OpImpl(global_lp_pool),
 }

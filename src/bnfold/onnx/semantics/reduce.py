@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .values import Ctx, Op, axis, given, ints, scalar, since
+from .values import Ctx, OpImpl, axis, given, ints, scalar, since
 
 
 def _reduction(fn):
@@ -72,20 +72,20 @@ def cum_sum(ins, a, c: Ctx):
     return out.flip(ax) if a.get("reverse", 0) else out
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 REDUCTIONS = {
-    "ReduceSum": Op(_reduction(lambda x, d, k: x.sum(dim=d, keepdim=k)), static=(1,)),
-    "ReduceMean": Op(_reduction(lambda x, d, k: x.mean(dim=d, keepdim=k)), static=(1,)),
-    "ReduceMax": Op(_reduction(_amax), static=(1,)),
-    "ReduceMin": Op(_reduction(_amin), static=(1,)),
-    "ReduceProd": Op(_reduction(_prod), static=(1,)),
-    "ReduceL1": Op(_reduction(lambda x, d, k: x.abs().sum(dim=d, keepdim=k)), static=(1,)),
-    "ReduceL2": Op(_reduction(lambda x, d, k: torch.sqrt((x * x).sum(dim=d, keepdim=k))), static=(1,)),
-    "ReduceLogSum": Op(_reduction(lambda x, d, k: torch.log(x.sum(dim=d, keepdim=k))), static=(1,)),
-    "ReduceLogSumExp": Op(_reduction(lambda x, d, k: torch.logsumexp(x, dim=d, keepdim=k)), static=(1,)),
-    "ReduceSumSquare": Op(_reduction(lambda x, d, k: (x * x).sum(dim=d, keepdim=k)), static=(1,)),
-    "ArgMax": Op(_arg(True)),
-    "ArgMin": Op(_arg(False)),
-    "TopK": Op(top_k, static=(1,)),
-    "CumSum": Op(cum_sum, static=(1,)),
+    "ReduceSum": OpImpl(_reduction(lambda x, d, k: x.sum(dim=d, keepdim=k)), static=(1,)),
+    "ReduceMean": OpImpl(_reduction(lambda x, d, k: x.mean(dim=d, keepdim=k)), static=(1,)),
+    "ReduceMax": OpImpl(_reduction(_amax), static=(1,)),
+    "ReduceMin": OpImpl(_reduction(_amin), static=(1,)),
+    "ReduceProd": OpImpl(_reduction(_prod), static=(1,)),
+    "ReduceL1": OpImpl(_reduction(lambda x, d, k: x.abs().sum(dim=d, keepdim=k)), static=(1,)),
+    "ReduceL2": OpImpl(_reduction(lambda x, d, k: torch.sqrt((x * x).sum(dim=d, keepdim=k))), static=(1,)),
+    "ReduceLogSum": OpImpl(_reduction(lambda x, d, k: torch.log(x.sum(dim=d, keepdim=k))), static=(1,)),
+    "ReduceLogSumExp": OpImpl(_reduction(lambda x, d, k: torch.logsumexp(x, dim=d, keepdim=k)), static=(1,)),
+    "ReduceSumSquare": OpImpl(_reduction(lambda x, d, k: (x * x).sum(dim=d, keepdim=k)), static=(1,)),
+    "ArgMax": OpImpl(_arg(True)),
+    "ArgMin": OpImpl(_arg(False)),
+    "TopK": OpImpl(top_k, static=(1,)),
+    "CumSum": OpImpl(cum_sum, static=(1,)),
 }

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from .values import Ctx, Op, floats, given, ints, s, since
+from .values import Ctx, OpImpl, floats, given, ints, s, since
 
 
 def _coordinate(mode: str, out: torch.Tensor, scale: float, n_in: int, n_out: int, roi: tuple | None):
@@ -157,8 +157,8 @@ def upsample(ins, a, c: Ctx):
     return resize([x, scales], b, c._replace(opset=10))
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 RESIZE = {
-    "Resize": Op(resize, static=(1, 2, 3), refuses=_resize_refuses),
-    "Upsample": Op(upsample, static=(1,)),
+    "Resize": OpImpl(resize, static=(1, 2, 3), refuses=_resize_refuses),
+    "Upsample": OpImpl(upsample, static=(1,)),
 }

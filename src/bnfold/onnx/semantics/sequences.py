@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .values import Ctx, Op, axis, given, ints, scalar
+from .values import Ctx, OpImpl, axis, given, ints, scalar
 
 
 def _rank(v) -> int:
@@ -57,9 +57,9 @@ def concat_from_sequence(ins, a, c: Ctx):
 
 
 SEQUENCES = {
-    "SplitToSequence": Op(split_to_sequence, static=(1,)),
-    "SequenceAt": Op(sequence_at, static=(1,)),
-    "ConcatFromSequence": Op(concat_from_sequence),
-    "SequenceConstruct": Op(lambda ins, a, c: [list(ins)]),
-    "SequenceLength": Op(lambda ins, a, c: torch.tensor(len(_sequence(ins[0])), dtype=torch.int64)),
+    "SplitToSequence": OpImpl(split_to_sequence, static=(1,)),
+    "SequenceAt": OpImpl(sequence_at, static=(1,)),
+    "ConcatFromSequence": OpImpl(concat_from_sequence),
+    "SequenceConstruct": OpImpl(lambda ins, a, c: [list(ins)]),
+    "SequenceLength": OpImpl(lambda ins, a, c: torch.tensor(len(_sequence(ins[0])), dtype=torch.int64)),
 }

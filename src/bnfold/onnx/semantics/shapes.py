@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from onnx import numpy_helper
 
-from .values import Ctx, Op, axis, given, ints, s, scalar, since, tensor
+from .values import Ctx, OpImpl, axis, given, ints, s, scalar, since, tensor
 
 
 def reshape(ins, a, c: Ctx):
@@ -284,31 +284,31 @@ def dropout(ins, a, c: Ctx):
     return [x, torch.ones_like(x, dtype=torch.bool)][: max(c.n_out, 1)]
 
 
-#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.Op`)
+#: op type -> its row: implementation ``fn(inputs, attributes, ctx)`` and facts (see :class:`~.values.OpImpl`)
 SHAPES = {
-    "Identity": Op(lambda ins, a, c: ins[0]),
-    "Dropout": Op(dropout),
-    "Reshape": Op(reshape, static=(1,)),
-    "Unsqueeze": Op(unsqueeze, static=(1,)),
-    "Squeeze": Op(squeeze, static=(1,)),
-    "Flatten": Op(flatten),
-    "Transpose": Op(transpose),
-    "Slice": Op(slice_, static=(1, 2, 3, 4)),
-    "Concat": Op(concat),
-    "Split": Op(split, static=(1,)),
-    "Gather": Op(gather),
-    "GatherElements": Op(gather_elements),
-    "GatherND": Op(gather_nd),
-    "ScatterND": Op(scatter_nd),
-    "ScatterElements": Op(scatter_elements),
-    "Expand": Op(expand, static=(1,)),
-    "Tile": Op(tile, static=(1,)),
-    "Pad": Op(pad, static=(1, 2, 3)),
-    "Shape": Op(shape),
-    "Size": Op(lambda ins, a, c: torch.tensor(ins[0].numel(), dtype=torch.int64)),
-    "ConstantOfShape": Op(constant_of_shape, static=(0,)),
-    "Range": Op(range_, static=(0, 1, 2)),
-    "Trilu": Op(trilu, static=(1,)),
-    "DepthToSpace": Op(depth_to_space),
-    "SpaceToDepth": Op(space_to_depth),
+    "Identity": OpImpl(lambda ins, a, c: ins[0]),
+    "Dropout": OpImpl(dropout),
+    "Reshape": OpImpl(reshape, static=(1,)),
+    "Unsqueeze": OpImpl(unsqueeze, static=(1,)),
+    "Squeeze": OpImpl(squeeze, static=(1,)),
+    "Flatten": OpImpl(flatten),
+    "Transpose": OpImpl(transpose),
+    "Slice": OpImpl(slice_, static=(1, 2, 3, 4)),
+    "Concat": OpImpl(concat),
+    "Split": OpImpl(split, static=(1,)),
+    "Gather": OpImpl(gather),
+    "GatherElements": OpImpl(gather_elements),
+    "GatherND": OpImpl(gather_nd),
+    "ScatterND": OpImpl(scatter_nd),
+    "ScatterElements": OpImpl(scatter_elements),
+    "Expand": OpImpl(expand, static=(1,)),
+    "Tile": OpImpl(tile, static=(1,)),
+    "Pad": OpImpl(pad, static=(1, 2, 3)),
+    "Shape": OpImpl(shape),
+    "Size": OpImpl(lambda ins, a, c: torch.tensor(ins[0].numel(), dtype=torch.int64)),
+    "ConstantOfShape": OpImpl(constant_of_shape, static=(0,)),
+    "Range": OpImpl(range_, static=(0, 1, 2)),
+    "Trilu": OpImpl(trilu, static=(1,)),
+    "DepthToSpace": OpImpl(depth_to_space),
+    "SpaceToDepth": OpImpl(space_to_depth),
 }

@@ -25,7 +25,7 @@ class Ctx(NamedTuple):
 
 
 @dataclass(frozen=True)
-class Op:
+class OpImpl:
     """One op type's row: ``fn(inputs, attributes, ctx)``; ``static``: the inputs read as Python numbers
     (shapes, axes, pads, bounds: known ahead of time); ``refuses(attributes, node)``: why ``fn`` does not
     compute this form of the op (run by the reference evaluator instead), or None."""
