@@ -9,7 +9,8 @@ import torch
 from onnx import helper as h
 from onnx_testkit import G, check_fold
 
-from bnfold.io.cost import NODE_FLOPS, Budget, WorkError, WorkMeter
+from bnfold.io.cost import NODE_FLOPS, Budget, WorkError
+from bnfold.io.meter import WorkMeter
 from bnfold.onnx.consts import evaluate, result_bytes
 from bnfold.onnx.index import ModelIndex, Tracker
 from bnfold.report import Code

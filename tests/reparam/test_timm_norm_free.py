@@ -15,7 +15,7 @@ from reparam_onnx import onnx_export, run_onnx
 from timm_models import timm
 
 import bnfold
-from bnfold.io import cost
+from bnfold.io import cost, meter
 from bnfold.torch_export.ops import op_name
 from bnfold_testutil import assert_matches, export, reference
 
@@ -73,14 +73,14 @@ def test_constant_evaluation_counts_what_is_alive():
     proto = _onnx()
     weights = sum(len(t.raw_data) or 4 * len(t.float_data) for t in proto.graph.initializer)
     made = []
-    charge = cost.WorkMeter.charge
+    charge = meter.WorkMeter.charge
 
     def counting(self, op, nbytes, flops=0):
         made.append(nbytes)
         return charge(self, op, nbytes, flops)
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(cost.WorkMeter, "charge", counting)
+        mp.setattr(meter.WorkMeter, "charge", counting)
         with cost.max_work(8 * weights):
             result = bnfold.fold(proto)
     assert sum(made) > 8 * weights, (sum(made), weights)  # what a meter that never frees would count

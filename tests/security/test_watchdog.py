@@ -11,7 +11,8 @@ import crafted_lies as lies
 import pytest
 import torch
 
-from bnfold.io import cost, fx_shapes, models, run_checks
+from bnfold.io import cost, fx_cost, fx_shapes, models, run_checks
+from bnfold.numerics.audit_memory import AuditHold
 
 
 def test_recomputed_shapes_agree_with_honest_metadata(programs):
@@ -91,7 +92,7 @@ def test_values_the_plan_sized_are_not_sized_again(monkeypatch):
         assert len(calls) == 1
     ep = torch.export.export(crafted.ConvBN().eval(), (torch.randn(1, 3, 8, 8),))
     (x,) = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
-    plan = cost.fx_plan(ep, [(torch.randn(1, 3, 8, 8),)], runs=3, audit=True)
+    plan = fx_cost.fx_plan(ep, [(torch.randn(1, 3, 8, 8),)], runs=3, hold=AuditHold(3))
     assert {n.name for n in ep.graph.nodes if n.op == "call_function"} <= plan.sized and x in plan.sized
 
 

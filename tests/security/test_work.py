@@ -222,7 +222,7 @@ def test_einsum_costs_its_inner_products():
     """``einsum`` is costed by its equation (2 x output x summed indices), not as an elementwise op: a batched
     matrix product, the implicit form with an ellipsis, a trace; an equation that does not fit its operands
     costs an upper bound."""
-    from bnfold.io.cost import einsum_flops
+    from bnfold.io.fx_cost import einsum_flops
 
     assert einsum_flops("bij,bjk->bik", [[2, 3, 4], [2, 4, 5]], [2, 3, 5]) == 2 * 2 * 3 * 5 * 4
     assert einsum_flops("...ij, ...jk", [[7, 2, 3, 4], [7, 2, 4, 5]], [7, 2, 3, 5]) == 2 * 7 * 2 * 3 * 5 * 4
@@ -236,7 +236,9 @@ def test_a_constant_node_costs_the_onnx_plan_its_bytes_only():
     cost per run."""
     from onnx import TensorProto, helper, numpy_helper
 
-    from bnfold.io.cost import NODE_FLOPS, onnx_plan
+    from bnfold.io.cost import NODE_FLOPS
+    from bnfold.io.onnx_cost import onnx_plan
+    from bnfold.numerics.audit_memory import AuditHold
 
     weight = numpy_helper.from_array(np.ones((8, 4, 3, 3), np.float32), "w")
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 16, 16])
@@ -245,7 +247,7 @@ def test_a_constant_node_costs_the_onnx_plan_its_bytes_only():
     as_node = helper.make_graph([helper.make_node("Constant", [], ["w"], value=weight), conv], "g", [x], [y])
     as_init = helper.make_graph([conv], "g", [x], [y], initializer=[weight])
     plans = [
-        onnx_plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m", audit=True)
+        onnx_plan(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), "m", hold=AuditHold(3))
         for g in (as_node, as_init)
     ]
     assert plans[0].flops == plans[1].flops + 3 * NODE_FLOPS  # three runs (audit=True, one batch), no FLOPs of its own

@@ -66,7 +66,7 @@ def max_work(n: int | None) -> Iterator[None]:
         _OVERRIDE.reset(token)
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
     for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
         if n >= scale:
             return f"{n / scale:.3g} {unit}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BnfoldError, ModelFileError
-from . import cost
+from . import cost, fx_cost, onnx_cost
 from .atomic import atomic_path
 from .errors import naming, one_line
 from .files import PT2, model_kind
@@ -78,9 +78,9 @@ def check_cost(loaded: LoadedModel) -> None:
         from .fx_shapes import from_file
 
         from_file(loaded.model)  # its metadata is believed only where the plan's recomputation checked it
-        cost.fx_plan(loaded.model, where=loaded.path)
+        fx_cost.fx_plan(loaded.model, where=loaded.path)
     else:
-        cost.onnx_plan(loaded.model, loaded.path)
+        onnx_cost.onnx_plan(loaded.model, loaded.path)
 
 
 def save_model(

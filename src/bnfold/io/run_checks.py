@@ -15,7 +15,7 @@ constant evaluators (torch and ONNX) call it at one point each.
 * it records the op running now, so that an allocator failure inside the audit or a constant
   evaluator (``MemoryError``, torch's ``RuntimeError`` "can't allocate") becomes one line naming
   that op (:class:`~bnfold.io.cost.WorkError`, exit 2), never an internal error;
-* when the audit's plan is known (:func:`expect`, called by ``cost.audit_plan``), it bounds the
+* when the audit's plan is known (:func:`expect`, called by ``numerics.audit_memory``), it bounds the
   CPU time of the op loop (:data:`CPU_FLOOR_S` plus the plan's FLOPs at :data:`CPU_FLOPS_PER_S`),
   checked before each op, and, with ``address_cap``, caps the process's address space
   (``RLIMIT_AS``) at what it maps now plus twice the byte budget plus :data:`ADDRESS_HEADROOM`
@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from .budget import MAX_WORK_HINT, Budget, WorkError, _size
+from .budget import MAX_WORK_HINT, Budget, WorkError, size_text
 from .sizes import elements
 
 CPU_FLOOR_S = 120.0  # seconds of CPU any audit may take, whatever its plan
@@ -97,7 +97,7 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
 
 
 def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
-    """The plan of the run about to start (``cost.audit_plan``): its byte budget bounds each op, its
+    """The plan of the run about to start (``numerics.audit_memory``): its byte budget bounds each op, its
     FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:
     the values whose sizes it read from what the ops' meta kernels give (:attr:`bnfold.io.cost.Plan.sized`)."""
     run = _RUN.get()
@@ -178,7 +178,8 @@ def before_op(
     if limit is not None and nbytes is not None and nbytes > limit.bytes:
         where = f"{run.where}: " if run is not None and run.where else ""
         raise WorkError(
-            f"{where}{label} would create {_size(nbytes)}, over the budget of {_size(limit.bytes)}; {MAX_WORK_HINT}"
+            f"{where}{label} would create {size_text(nbytes)}, over the budget of {size_text(limit.bytes)}; "
+            f"{MAX_WORK_HINT}"
         )
     return outs
 

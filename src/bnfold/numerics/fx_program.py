@@ -249,9 +249,9 @@ def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False
             f"the program has batch norms in training mode ({', '.join(training[:3])}"
             f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
         )
-    from ..io.cost import audit_plan  # the cost check before anything runs (see bnfold.io.cost)
+    from .audit_memory import fx_audit_plan  # the cost check before anything runs
 
-    audit_plan(model, batches, runs=3 if fold else 2, name=name)
+    fx_audit_plan(model, batches, runs=3 if fold else 2, name=name)
     return model, batches, name, random_inputs
 
 

@@ -85,7 +85,8 @@ def constants(model: onnx.ModelProto, nodes: list | None = None, read: dict | No
     needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
     read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
     they are at hand; ``read``: initializers' arrays already read, by name."""
-    from ..io.cost import Budget, WorkMeter
+    from ..io.budget import Budget
+    from ..io.meter import WorkMeter
     from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
 
     nodes = _node_fields(model) if nodes is None else nodes
@@ -316,9 +317,9 @@ def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False
     else:
         batches = as_batches(inputs)
         check_batches(model, batches, input_shapes)
-    from ..io.cost import onnx_run_plan  # the cost check before anything runs (see bnfold.io.cost)
+    from .audit_memory import onnx_audit_plan  # the cost check before anything runs
 
-    onnx_run_plan(model, batches, name or "the model")
+    onnx_audit_plan(model, batches, name or "the model")
     return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
 
 

@@ -56,7 +56,7 @@ def evaluate(
 
     ``inputs`` holds the constant inputs; for CastLike the second one may be an
     empty array that only carries the target dtype.  ``meter``
-    (``bnfold.io.cost.WorkMeter``) is charged with the bytes of the result (and of the
+    (``bnfold.io.meter.WorkMeter``) is charged with the bytes of the result (and of the
     float64 temporaries) before they are made.  ``opset``: the model's default-domain
     opset (None: a current one), for the defaults that changed with it.
     """
@@ -106,7 +106,7 @@ def shape_carrier(dims) -> np.ndarray:
 
 
 def _elements(dims) -> int:
-    from ..io.cost import elements
+    from ..io.sizes import elements
 
     return elements(dims)
 

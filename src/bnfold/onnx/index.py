@@ -347,7 +347,7 @@ class ModelIndex:
         nothing will read them again unless they are computed anew (and metered anew).  Values under
         ``FREE_MIN_BYTES`` stay (still counted): a long chain of small ones, walked back by the clean-up,
         is not computed again for each of its nodes."""
-        from ..io.cost import FREE_MIN_BYTES
+        from ..io.meter import FREE_MIN_BYTES
 
         def computed(u: Use) -> bool:  # a constant op computed by now (``node`` is being memoized)
             return u.node is not None and is_onnx_op(u.node, *CONST_OPS) and (u.node is node or id(u.node) in memo)
@@ -382,10 +382,11 @@ class ModelIndex:
         return [d if start <= k < end else 1 for k, d in enumerate(dims)]
 
     def meter(self):
-        """The running check of constant evaluation (``bnfold.io.cost.WorkMeter``), its budget from the weights:
+        """The running check of constant evaluation (``bnfold.io.meter.WorkMeter``), its budget from the weights:
         the values held in the memo of computed constants count until they are dropped."""
         if self._meter is None:
-            from ..io.cost import Budget, WorkMeter
+            from ..io.budget import Budget
+            from ..io.meter import WorkMeter
 
             held = sum(tensors.nbytes(t) for g in self.graphs for t in g.inits.values())
             self._meter = WorkMeter(Budget.for_content(held), "constant evaluation")

@@ -17,7 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 
-from ..io import cost, run_checks
+from ..io import cost, fx_cost, meter, run_checks
 
 
 class FxTensors:
@@ -165,7 +165,7 @@ class FxTensors:
         """Drop the computed values ``node`` read whose every reader is computed by now (``node`` is being
         memoized): nothing reads them again unless they are computed anew (and metered anew).  Values
         under ``FREE_MIN_BYTES`` stay (still counted): a chain of small ones is never computed twice."""
-        from ..io.cost import FREE_MIN_BYTES
+        from ..io.meter import FREE_MIN_BYTES
 
         for a in node.all_input_nodes:
             value = self._computed.get(a)
@@ -188,18 +188,18 @@ class FxTensors:
         if not outs:
             return None
         ins = [list(t.shape) for t in _tensors(args)]
-        flops = sum(cost.op_flops(node.target, node.args, list(o.dims), ins) for o in outs)
+        flops = sum(fx_cost.op_flops(node.target, node.args, list(o.dims), ins) for o in outs)
         return sum(o.nbytes for o in outs), flops
 
     def _meter(self):
-        """The evaluator's running check (``bnfold.io.cost.WorkMeter``), its budget from the graph's tensors."""
+        """The evaluator's running check (``bnfold.io.meter.WorkMeter``), its budget from the graph's tensors."""
         if self._work is None:
             held = 0
             for n in self.graph.nodes:
                 t = self.tensor(n) if n.op in ("placeholder", "get_attr") else None
                 if isinstance(t, torch.Tensor):
                     held += t.numel() * t.element_size()
-            self._work = cost.WorkMeter(cost.Budget.for_content(held), "constant evaluation")
+            self._work = meter.WorkMeter(cost.Budget.for_content(held), "constant evaluation")
         return self._work
 
     def target(self, node: Node) -> str:

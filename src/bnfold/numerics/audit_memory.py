@@ -1,0 +1,122 @@
+"""The audit's memory model: what an audit holds of each value of a program while it runs (:class:`AuditHold`),
+and the checks it makes before anything runs (:func:`fx_audit_plan`, :func:`onnx_audit_plan`): the cost plan
+(:mod:`bnfold.io.fx_cost`, :mod:`bnfold.io.onnx_cost`) counted with what the audit holds, then the run-time
+checks armed (:func:`bnfold.io.run_checks.expect`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import ModelFileError
+from ..io.cost import Plan
+from ..io.fx_cost import check_indices, fx_plan, higher_order_ops
+from ..io.onnx_cost import onnx_plan
+from ..io.run_checks import expect
+from ..io.sizes import elements
+
+#: What the audit holds per element of a floating value while it runs (``numerics.fx_program``): the
+#: emulated value (float32), the float64 reference, and the float64 local run of a layer's segment.
+AUDIT_FLOAT_BYTES = 4 + 8 + 8
+#: ... of an integer / bool value: the emulated and the reference runs compute it each.
+AUDIT_OTHER_COPIES = 2
+#: ... per element of an op's output while it is measured (float64 differences, a norm's probe).
+AUDIT_TEMP_BYTES = 24
+#: What the items above leave out (the float32 forward pass, the allocator's slack, the phases of the
+#: audit), as a factor: measured peaks were 1.4-1.7x the itemized count (three conv nets, 1-4 batches;
+#: see SECURITY.md, "The cost model").
+AUDIT_SLACK = (3, 2)
+
+
+#: The audit's byte budget is this multiple of the content's: it holds every value three times (the
+#: float32 run, the float64 reference, the float64 local run: 20 bytes per float32 element, 5x) plus
+#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content.
+AUDIT_BUDGET_MULTIPLE = 8
+
+
+def _slack(n: int) -> int:
+    return n * AUDIT_SLACK[0] // AUDIT_SLACK[1]
+
+
+@dataclass(frozen=True)
+class AuditHold:
+    """What an audit of ``runs`` runs per batch keeps besides the values of the graph: each emulator
+    (unfolded and folded) holds its constants in float32 and float64, the folded program its own
+    weights, and every batch's outputs stay (emulated float32 and float64 reference, per emulator)."""
+
+    runs: int
+    #: the audit's byte budget is this multiple of the content's (:data:`AUDIT_BUDGET_MULTIPLE`)
+    budget_multiple: int = AUDIT_BUDGET_MULTIPLE
+
+    def value(self, s: Any) -> int:
+        """What the audit holds of a value of spec ``s`` (its ``dims``, ``nbytes``, ``is_float``)."""
+        return self.held(elements(s.dims), s.nbytes, s.is_float)
+
+    @staticmethod
+    def held(n: int, nbytes: int, is_float: bool) -> int:
+        """What the audit holds of a value of ``n`` elements in ``nbytes`` bytes."""
+        if is_float:
+            return _slack(n * AUDIT_FLOAT_BYTES)
+        return _slack(nbytes * AUDIT_OTHER_COPIES)
+
+    def constants(self, weights: int, float_elements: int) -> int:
+        emulators = 2 if self.runs > 2 else 1
+        return _slack(weights * emulators + emulators * float_elements * (4 + 8))
+
+    def outputs(self, out_elements: int, batches: int) -> int:
+        emulators = 2 if self.runs > 2 else 1
+        return _slack(emulators * batches * out_elements * (4 + 8))
+
+    @staticmethod
+    def temp(conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:
+        """What one op holds while it runs (``out``: ``out_dims``' element count, when the caller has it)."""
+        return _slack(AuditHold._temp(conv, out_dims, in_dims, elements(out_dims) if out is None else out))
+
+    @staticmethod
+    def _temp(conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
+        """What one op holds while it runs: the float64 reference convolution's im2col buffer (CPU:
+        each output position times the weight's fan-in, 8 bytes each; measured 162 MiB for a
+        [4, 32, 128, 128] input and a 3x3 kernel), else the float64 temporaries of the error
+        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe.  An input's
+        dims may be None (unknown: none counted)."""
+        measured = out * AUDIT_TEMP_BYTES
+        if conv and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
+            columns = out // out_dims[1] * elements((in_dims[1] or [])[1:]) * 8
+            return max(columns, measured)
+        return measured
+
+
+def onnx_audit_plan(model: Any, batches: list, where: str) -> Plan:
+    """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
+    check before it runs: dims the file leaves open are then those of the real inputs), counting what
+    the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.run_checks.expect`)."""
+
+    init = {t.name for t in model.graph.initializer}
+    inputs = [v for v in model.graph.input if v.name not in init]
+    largest: dict[str, tuple] = {}
+    for batch in batches:
+        for v, x in zip(inputs, batch):
+            shape = tuple(int(d) for d in getattr(x, "shape", ()))
+            if elements(shape) >= elements(largest.get(v.name, ())):
+                largest[v.name] = shape
+    plan = onnx_plan(model, where, hold=AuditHold(3), batches=max(len(batches), 1), input_dims=largest)
+    expect(plan.budget, plan.flops, where)
+    return plan
+
+
+def fx_audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = None) -> None:
+    """The check the audit makes before it runs a torch program (``model``, an ExportedProgram; an ONNX
+    model's is :func:`onnx_audit_plan`): no higher-order op (the audit cannot run one), indices inside their
+    tables, and the plan of ``runs`` runs per batch within the budget."""
+    where = name or "the model"
+    hops = higher_order_ops(model)
+    if hops:
+        op, node = hops[0]
+        raise ModelFileError(
+            f"{where}: the audit cannot run the higher-order op {op} (node {node!r}); "
+            "fold and check handle it, audit a program without it"
+        )
+    check_indices(model, batches)
+    plan = fx_plan(model, batches, where=where, runs=runs, hold=AuditHold(runs))
+
+    expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.run_checks)
