@@ -11,6 +11,7 @@ from onnx_testkit import G, check_fold
 
 from bnfold.io.cost import NODE_FLOPS, Budget, WorkError
 from bnfold.io.meter import WorkMeter
+from bnfold.onnx.const_eval import ConstantEvaluator
 from bnfold.onnx.consts import evaluate, result_bytes
 from bnfold.onnx.index import ModelIndex, Tracker
 from bnfold.report import Code
@@ -247,13 +248,13 @@ def test_a_long_residual_chain_folds_in_linear_work(monkeypatch):
     it, and the constant walks look at a value a bounded number of times per block (a walk back or forth
     along the chain on every query would make about ``BLOCKS ** 2 / 2`` look-ups)."""
     calls = {"find": 0}
-    find = ModelIndex._find
+    find = ConstantEvaluator._find
 
     def counted(self, *args):
         calls["find"] += 1
         return find(self, *args)
 
-    monkeypatch.setattr(ModelIndex, "_find", counted)
+    monkeypatch.setattr(ConstantEvaluator, "_find", counted)
     g = _residual_chain()
     result = check_fold(g.model(), g.feeds, folded=2 * BLOCKS)
     report = result.report

@@ -11,9 +11,11 @@ import onnx
 from ..engine import fold_graph
 from ..kinds import check_exclude, check_only
 from ..report import FoldResult
+from .clean_up import clean_up
+from .editor import ModelEditor
 from .functions import inline_norm_functions, skipped_in_functions
 from .graph import OnnxGraph
-from .index import ModelIndex, Tracker, clean_up
+from .index import Tracker
 from .shapes import Shapes
 
 
@@ -47,7 +49,7 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     model = onnx.ModelProto()
     model.CopyFrom(source)
     tracker = Tracker()
-    index = ModelIndex(model, tracker)
+    index = ModelEditor(model, tracker)
     shapes = Shapes(source)
     index.inferred_type = shapes.elem_type  # CastLike(constant, x): x's type, where only inference knows it
     index.inferred_dims = shapes.dims  # Shape(x): x's dims, where only inference knows them

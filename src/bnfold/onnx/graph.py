@@ -2,7 +2,7 @@
 
 It answers the engine's questions about a model (the main graph and every
 If/Loop/Scan body) through the op tables in ``ops.py``, the model index
-(``index.py``) and inferred shapes (``shapes.py``), and makes the few edits a
+(``index.py``, its edits ``editor.py``) and inferred shapes (``shapes.py``), and makes the few edits a
 fold needs.  Values are names in a graph scope, nodes are node protos (see
 ``handles.py``).  It decides nothing about folding.
 """
@@ -19,9 +19,10 @@ from ..engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWei
 from ..fold_math import FoldError, affine, in_channels, out_channels
 from ..report import Code
 from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
+from .const_eval import Const
+from .editor import ModelEditor
 from .geometry import conv_geometry, parse_pool
 from .handles import Node, Value, value
-from .index import Const, ModelIndex
 from .nodes import attr, is_onnx_op, remove_attr
 from .nodes import label as node_label
 from .ops import (
@@ -52,7 +53,7 @@ class OnnxGraph:
     #: new per-channel tensors are ``[C, 1, 1]``, trailing-aligned (ONNX broadcasting)
     full_rank_constants = False
 
-    def __init__(self, index: ModelIndex, shapes: Shapes):
+    def __init__(self, index: ModelEditor, shapes: Shapes):
         self.index = index
         self.shapes = shapes
         self._consts: dict[tuple, Const | str] = {}  # cleared by every edit

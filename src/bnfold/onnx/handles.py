@@ -3,7 +3,7 @@ a node is a ``NodeProto`` of one graph.
 
 Both are hashable and compare equal exactly when they name the same value or
 node, as the engine requires.  They stay valid for a whole fold: node protos
-leave their graph only in ``ModelIndex.compact``, after the engine is done.
+leave their graph only in ``ModelEditor.compact``, after the engine is done.
 """
 
 from __future__ import annotations

@@ -11,7 +11,8 @@ import onnx
 import torch
 from onnx import NodeProto
 
-from .index import GraphInfo, ModelIndex
+from .editor import ModelEditor
+from .index import GraphInfo
 from .nodes import label
 from .tensors import elem_type, from_torch, nbytes
 
@@ -22,7 +23,7 @@ def safe(s: str) -> str:
 
 
 def set_param(
-    index: ModelIndex, gi: GraphInfo, node: NodeProto, idx: int, value: torch.Tensor, owner: NodeProto | None = None
+    index: ModelEditor, gi: GraphInfo, node: NodeProto, idx: int, value: torch.Tensor, owner: NodeProto | None = None
 ) -> int:
     """Make ``node.input[idx]`` hold ``value`` (in its dtype); returns the bytes of a private copy, if one was made.
 
@@ -63,7 +64,7 @@ def set_param(
     return extra
 
 
-def add_initializer(index: ModelIndex, gi: GraphInfo, base: str, value: torch.Tensor) -> str:
+def add_initializer(index: ModelEditor, gi: GraphInfo, base: str, value: torch.Tensor) -> str:
     """A new initializer holding ``value``, named after ``base``; returns its name."""
     name = index.unique(safe(base))
     index.add_initializer(gi, from_torch(value, name, elem_type(value.dtype)))
@@ -71,14 +72,14 @@ def add_initializer(index: ModelIndex, gi: GraphInfo, base: str, value: torch.Te
 
 
 def filled_initializer(
-    index: ModelIndex, gi: GraphInfo, base: str, shape: tuple, dtype: torch.dtype, fill: float
+    index: ModelEditor, gi: GraphInfo, base: str, shape: tuple, dtype: torch.dtype, fill: float
 ) -> str:
     """A new initializer of ``shape`` and ``dtype`` holding ``fill`` everywhere; returns its name."""
     return add_initializer(index, gi, base, torch.full(shape, fill, dtype=dtype))
 
 
 def new_node(
-    index: ModelIndex, op_type: str, inputs: list[str], outputs: list[str], base: str, like: NodeProto | None = None
+    index: ModelEditor, op_type: str, inputs: list[str], outputs: list[str], base: str, like: NodeProto | None = None
 ) -> NodeProto:
     """A node with a model-unique name; ``like``: copy its attributes and domain."""
     node = onnx.helper.make_node(op_type, inputs, outputs, name=index.unique_node_name(safe(base)))
