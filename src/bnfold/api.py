@@ -65,8 +65,7 @@ def fold(
             raise TypeError("fold(module, example_inputs): an nn.Module needs example inputs (a tuple) to export")
         example_inputs = _check_inputs(example_inputs)
     elif example_inputs is not None:
-        what = "an ONNX model" if frontend.name == "onnx" else "an ExportedProgram"
-        raise TypeError(f"example_inputs is only for nn.Module input; {what} carries its own")
+        raise TypeError(f"example_inputs is only for nn.Module input; {frontend.what} carries its own")
     return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable)
 
 

@@ -17,7 +17,8 @@ import os
 from typing import Any
 
 from .errors import EXPORT_RECIPE, ModelFileError, NeedsExportError, TrainingModeError
-from .report import CheckResult, Code, FoldReport
+from .frontends import frontend_for
+from .report import CheckResult, FoldReport
 
 __all__ = [
     "CHECKPOINT_EXTENSIONS",
@@ -51,33 +52,12 @@ def check_model_path(path: str | os.PathLike) -> str:
 
 
 def training_norms(model: Any, report: FoldReport | None = None) -> list[str]:
-    """The names of the normalizations of ``model`` that run in training mode (module paths where known).
-
-    ``model`` is a ``torch.export.ExportedProgram`` (read with
-    ``bnfold.torch_export.parse_norm``) or an ONNX model (read from its fold
-    report: pass ``report`` when you already have one, else the model is folded
-    to get it).  Anything else holds none.
-    """
-    if type(model).__name__ == "ModelProto":
-        if report is None:
-            from .onnx import fold_onnx
-
-            report = fold_onnx(model).report
-        return [s.norm for s in report.skipped if s.code == Code.TRAINING_MODE]
-    if hasattr(model, "graph_module") and hasattr(model, "graph_signature"):
-        return _program_training_norms(model)
-    return []
-
-
-def _program_training_norms(ep: Any) -> list[str]:
-    from .torch_export.ops import module_path, parse_norm
-
-    names = []
-    for node in ep.graph.nodes:
-        norm = parse_norm(node) if node.op == "call_function" else None
-        if norm is not None and norm.problem and norm.problem_code == Code.TRAINING_MODE:
-            names.append(module_path(node))
-    return names
+    """The names of the normalizations of ``model`` that run in training mode (module paths where known),
+    as its frontend (:mod:`bnfold.frontends`) finds them: a ``torch.export.ExportedProgram`` from its
+    nodes, an ONNX model from its fold report (pass ``report`` when you already have one, else the model
+    is folded to get it).  Anything else holds none."""
+    fe = frontend_for(model)
+    return fe.training_norms(model, report) if fe is not None else []
 
 
 def refuse_training(model: Any, name: str, report: FoldReport | None = None) -> None:

@@ -1,10 +1,14 @@
-"""The registry of frontends: one entry per model kind bnfold folds, instead of ``isinstance`` dispatch.
+"""The registry of frontends: one entry per model kind bnfold folds, and the one place that tells formats apart.
 
 A :class:`Frontend` names a model kind and says how to recognise one (``matches``), fold it
-(``fold``), measure it (``measure``) and, for file formats, load and save it.  ``bnfold.fold``,
-``bnfold.check`` and ``bnfold.measure`` find the frontend with :func:`frontend_for`; a new model
-kind is one :func:`register` call.  ``matches`` never imports torch or onnx: a model object of
-those kinds exists only once its library is imported.
+(``fold``), measure it (``measure``), name it in a message (``what``), find its normalizations in
+training mode (``training_norms``) and audit it (``numerics``: the :class:`~bnfold.numerics.runner.AuditFormat`);
+a file format also says how to load, cost-check and save its files, which other files a model file reads
+or writes beside itself, and how to make input batches (random ones, or arrays from an ``.npz``) for the
+audit.  ``bnfold.fold``, ``bnfold.check``, ``bnfold.measure``, ``bnfold.audit``, the CLI and ``bnfold.io``
+find the frontend with :func:`frontend_for` (a model) or :func:`for_kind` (a file kind, ``bnfold.io.files``);
+a new model kind is one :func:`register` call.  ``matches`` never imports torch or onnx: a model object
+of those kinds exists only once its library is imported.
 """
 
 from __future__ import annotations
@@ -18,21 +22,66 @@ from .measure import Sizes, fx_sizes, onnx_sizes, timed
 from .report import FoldResult
 
 
+def _no_files(path: str) -> set[str]:
+    return set()
+
+
+def _no_training_norms(model: Any, report: Any = None) -> list[str]:
+    return []
+
+
+def _nothing_beside(path: str) -> list[tuple[str, str]]:
+    return []
+
+
+@dataclass(frozen=True)
+class FileFormat:
+    """How a model kind is stored: ``kind`` is ``bnfold.io.files``' name for it; ``load(path, *, trust, debug,
+    limits) -> (model, layout)``; ``check_cost(model, path)``: one run on its own shapes within the budget its
+    content justifies, before anything runs; ``save(model, path, layout)``; ``reads_beside(path)``: the real
+    paths of the files a model file reads besides itself (external data); ``writes_beside(path)``: the ``(what,
+    path)`` of the files saving it writes beside it."""
+
+    kind: str
+    load: Callable[..., tuple[Any, Any]]
+    check_cost: Callable[[Any, str], None]
+    save: Callable[..., None]
+    reads_beside: Callable[[str], set[str]] = _no_files
+    writes_beside: Callable[[str], list[tuple[str, str]]] = _nothing_beside
+
+
 @dataclass(frozen=True)
 class Frontend:
-    """One model kind.  ``fold(model, example_inputs, only, exclude, lower_unfoldable)`` returns a
-    :class:`FoldResult` with ``report.stats`` filled in; ``load(path, trust)`` / ``save(model, path)``
-    are None for a kind that has no file of its own (an ``nn.Module``)."""
+    """One model kind.
+
+    * ``fold(model, example_inputs, only, exclude, lower_unfoldable)`` returns a :class:`FoldResult` with
+      ``report.stats`` filled in; ``needs_inputs``: it needs example inputs (it exports the model).
+    * ``training_norms(model, report=None)``: the names of its normalizations in training mode (``report``:
+      the model's fold report, when the kind reads them from it).
+    * ``numerics()``: its audit hooks (:class:`bnfold.numerics.runner.AuditFormat`), imported when called;
+      ``batches(model, npz, n, seed, input_shapes)`` the audit's input batches: the arrays of the ``.npz`` file
+      ``npz``, else ``n`` random ones from ``seed``; ``open_dims``: its inputs may leave dims open, which
+      ``input_shapes`` (``--input-shape``) fixes; ``runtimes``: the real runtimes the audit can run it on.
+    * ``files``: its :class:`FileFormat` (None for a kind without a file of its own: an ``nn.Module``).
+    """
 
     name: str
     matches: Callable[[Any], bool]
     fold: Callable[..., FoldResult]
     measure: Callable[[Any], Sizes]
-    load: Callable[..., Any] | None = None
-    save: Callable[[Any, str], None] | None = None
-    needs_inputs: bool = False  #: ``fold`` needs example inputs (it exports the model)
-    #: the audit's hooks for this kind (``bnfold.numerics.runner.AuditFormat``), imported when called
+    noun: str  #: the model kind in a message ("ONNX model")
+    training_norms: Callable[..., list[str]] = _no_training_norms
     numerics: Callable[[], Any] | None = None
+    batches: Callable[..., list[tuple]] | None = None
+    files: FileFormat | None = None
+    needs_inputs: bool = False
+    open_dims: bool = False
+    runtimes: tuple[str, ...] = ()
+
+    @property
+    def what(self) -> str:
+        """The model kind with its article ("an ONNX model")."""
+        return f"an {self.noun}"
 
 
 FRONTENDS: list[Frontend] = []
@@ -49,11 +98,9 @@ def frontend_for(model: Any) -> Frontend | None:
     return next((f for f in FRONTENDS if f.matches(model)), None)
 
 
-def by_name(name: str) -> Frontend:
-    found = next((f for f in FRONTENDS if f.name == name), None)
-    if found is None:
-        raise KeyError(f"no frontend named {name!r}; known: {', '.join(f.name for f in FRONTENDS)}")
-    return found
+def for_kind(kind: str) -> Frontend:
+    """The frontend of the file kind ``kind`` (``bnfold.io.files.model_kind``'s answer)."""
+    return next(f for f in FRONTENDS if f.files is not None and f.files.kind == kind)
 
 
 # ----------------------------------------------------------------------------- the built-in frontends
@@ -91,28 +138,82 @@ def _fold_module(model, example_inputs, only, exclude, lower_unfoldable) -> Fold
     return fold_module(model, example_inputs, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)
 
 
-def _load_onnx(path: str, trust: bool = False) -> Any:
-    from .io.onnx import load_onnx
+def _onnx_training_norms(model: Any, report: Any = None) -> list[str]:
+    from .onnx.fold import training_norms
 
-    return load_onnx(path).model
-
-
-def _save_onnx(model: Any, path: str) -> None:
-    from .io.onnx import save_onnx
-
-    save_onnx(model, path)
+    return training_norms(model, report)
 
 
-def _load_pt2(path: str, trust: bool = False) -> Any:
-    from .io.pt2 import load_pt2
+def _program_training_norms(ep: Any, report: Any = None) -> list[str]:
+    from .torch_export.fold import training_norms
 
-    return load_pt2(path, trust=trust)
+    return training_norms(ep, report)
 
 
-def _save_pt2(model: Any, path: str) -> None:
+def _files() -> Any:
+    from .io import model_files
+
+    return model_files
+
+
+def _load_onnx(path: str, **options: Any) -> tuple[Any, Any]:
+    return _files().load_onnx_file(path, **options)
+
+
+def _load_pt2(path: str, **options: Any) -> tuple[Any, Any]:
+    return _files().load_pt2_file(path, **options)
+
+
+def _check_onnx_cost(model: Any, path: str) -> None:
+    from .io.onnx_cost import onnx_plan
+
+    onnx_plan(model, path)
+
+
+def _check_pt2_cost(model: Any, path: str) -> None:
+    from .io.fx_cost import fx_plan
+    from .io.fx_shapes import from_file
+
+    from_file(model)  # its metadata is believed only where the plan's recomputation checked it
+    fx_plan(model, where=path)
+
+
+def _save_onnx(model: Any, path: str, layout: Any = None) -> None:
+    _files().save_onnx_file(model, path, layout)
+
+
+def _save_pt2(model: Any, path: str, layout: Any = None) -> None:
     from .io.pt2 import save_pt2
 
     save_pt2(model, path)
+
+
+def _onnx_reads_beside(path: str) -> set[str]:
+    from .io.files import onnx_external_files
+
+    return onnx_external_files(path)
+
+
+def _onnx_writes_beside(path: str) -> list[tuple[str, str]]:
+    from .io.files import onnx_data_path
+
+    return [("external data", onnx_data_path(path))]
+
+
+def _onnx_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None) -> list[tuple]:
+    if npz:
+        from .io.batches import onnx_npz_batches
+
+        return onnx_npz_batches(model, npz)
+    from .numerics.onnx_program import random_batches
+
+    return random_batches(model, input_shapes, n, seed=seed)
+
+
+def _program_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None) -> list[tuple]:
+    from .io import batches
+
+    return batches.npz_batches(model, npz) if npz else batches.random_batches(model, n, seed=seed)
 
 
 def _onnx_numerics() -> Any:
@@ -121,14 +222,38 @@ def _onnx_numerics() -> Any:
     return ONNX_AUDIT
 
 
-def _fx_numerics() -> Any:
-    from .numerics.fx_program import FX_AUDIT
+def _program_numerics() -> Any:
+    from .numerics.fx_program import PROGRAM_AUDIT
 
-    return FX_AUDIT
+    return PROGRAM_AUDIT
 
 
-ONNX = register(Frontend("onnx", _is_onnx, _fold_onnx, onnx_sizes, _load_onnx, _save_onnx, numerics=_onnx_numerics))
-PROGRAM = register(
-    Frontend("exported_program", _is_program, _fold_program, fx_sizes, _load_pt2, _save_pt2, numerics=_fx_numerics)
+def _module_numerics() -> Any:
+    from .numerics.fx_program import MODULE_AUDIT
+
+    return MODULE_AUDIT
+
+
+ONNX_FILES = FileFormat("onnx", _load_onnx, _check_onnx_cost, _save_onnx, _onnx_reads_beside, _onnx_writes_beside)
+PT2_FILES = FileFormat("pt2", _load_pt2, _check_pt2_cost, _save_pt2)
+_ONNX_HOOKS = (_onnx_training_norms, _onnx_numerics, _onnx_batches, ONNX_FILES)
+_PROGRAM_HOOKS = (_program_training_norms, _program_numerics, _program_batches, PT2_FILES)
+
+ONNX = register(
+    Frontend(
+        "onnx",
+        _is_onnx,
+        _fold_onnx,
+        onnx_sizes,
+        "ONNX model",
+        *_ONNX_HOOKS,
+        open_dims=True,
+        runtimes=("torch", "onnxruntime"),
+    )
 )
-MODULE = register(Frontend("nn_module", _is_module, _fold_module, fx_sizes, needs_inputs=True, numerics=_fx_numerics))
+PROGRAM = register(
+    Frontend("exported_program", _is_program, _fold_program, fx_sizes, "ExportedProgram", *_PROGRAM_HOOKS)
+)
+MODULE = register(
+    Frontend("nn_module", _is_module, _fold_module, fx_sizes, "nn.Module", numerics=_module_numerics, needs_inputs=True)
+)

@@ -75,3 +75,21 @@ def test_only_and_exclude_are_validated_on_every_entry_point():
     assert fold_program(ep, only="linear").report.skipped[0].code == bnfold.Code.NOT_REQUESTED
     with pytest.raises(ValueError, match="unknown kind"):
         fold_program(ep, only="convolution")
+
+
+def test_the_registry_loads_saves_and_audits_each_file_format(tmp_path):
+    """Each file kind's frontend loads, cost-checks and saves its files (``bnfold.io.models`` goes through
+    them), finds the training-mode norms and gives the audit's hooks: one switch for the formats."""
+    from bnfold.io import files, models
+
+    module = randomize_bn(Pair(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4))).eval()
+    ep = torch.export.export(module, (torch.randn(1, 3, 8, 8),))
+    for model, name in ((ep, "m.pt2"), (onnx_conv_bn(), "m.onnx")):
+        fe = frontends.frontend_for(model)
+        assert frontends.for_kind(files.model_kind(name)) is fe and fe.files.kind == files.model_kind(name)
+        path = str(tmp_path / name)
+        fe.files.save(model, path, None)
+        loaded = models.load_model(path)
+        assert frontends.frontend_for(loaded.model) is fe and fe.training_norms(loaded.model) == []
+        assert fe.numerics().output_rank(loaded.model) == 4
+    assert frontends.MODULE.files is None and frontends.MODULE.numerics().output_rank(module) is None

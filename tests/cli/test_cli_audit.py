@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import cli_helpers as h
-from bnfold.cli import inputs as cli_inputs
+from bnfold.io import batches as cli_inputs
 from bnfold.numerics.progress import Progress
 
 
@@ -207,3 +207,28 @@ def test_progress_shows_nodes_within_a_long_batch():
     p = Progress(stream=quiet_log, every=3600.0)
     p.node(9, 200)
     assert quiet_log.getvalue() == ""
+
+
+@pytest.mark.parametrize("kind", ["pt2", "onnx"])
+def test_an_audit_folds_once(run, models, tmp_path, monkeypatch, kind):
+    """``bnfold audit`` folds a model once, in either format: the fold's report also tells the training-mode
+    norms (an ONNX model's training-mode refusal folded it once more before), and the task options are checked
+    once (a bad ``--class-axis`` still names the option)."""
+    import importlib
+
+    if kind == "onnx":
+        onnx = pytest.importorskip("onnx")
+        path = tmp_path / "model.onnx"
+        onnx.save(h.onnx_conv_bn(), str(path))
+    else:
+        path = models["conv_bn"]
+    calls = []
+    for name in ("bnfold.onnx.fold", "bnfold.torch_export.fold"):  # where the engine's fold_graph is called
+        module = importlib.import_module(name)
+        real = module.fold_graph
+        monkeypatch.setattr(module, "fold_graph", lambda *a, real=real, **k: calls.append(1) or real(*a, **k))
+    code, _, err = run("audit", path, "--random", "1", "--json")
+    assert code == 0, err
+    assert len(calls) == 1
+    code, _, err = run("audit", path, "--random", "1", "--class-axis", "5")
+    assert code == 2 and "--class-axis: class axis 5 is out of range" in err

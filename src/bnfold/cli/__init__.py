@@ -17,7 +17,6 @@ numerics are imported inside the commands, so ``--help`` does not load them.
     types.py      argument types (--only kinds, positive numbers)
     args.py       reading parsed arguments
     fold.py, check.py, audit.py, demo.py   the commands
-    inputs.py     input batches for audit (random or from an .npz)
     shapes.py     --input-shape: parsing, and fixing an ONNX model's open input dims
     verbosity.py  -q / -v
     progress.py   notes on stderr during a long fold

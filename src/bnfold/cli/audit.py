@@ -8,8 +8,8 @@ import os
 
 from ..checks import refuse_training
 from ..errors import BnfoldError
-from ..io import files, quiet
-from . import inputs, shapes, verbosity
+from ..io import quiet
+from . import shapes, verbosity
 from .args import opt
 from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
 from .fold import load
@@ -17,27 +17,26 @@ from .jsonout import print_json, versioned
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io.output import check_outputs
+    from ..io.output import check_outputs, check_side_file
     from ..numerics.progress import Progress
 
     debug = opt(args, "debug")
     check_outputs({"plot": args.plot}, inputs=[args.input, args.batches])
     if args.plot:
-        files.check_side_file(args.plot, not_same_as=[args.input], what="plot")
+        check_side_file(args.plot, not_same_as=[args.input], what="plot")
     progress = Progress(enabled=True)
     frozen = False
     try:
         progress.stage("load")
         loaded = load(args.input, args)
-        ep = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed
-        refuse_training(ep, args.input)
+        model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed
         # what is loaded by now (torch, onnx, the model: ~180k objects) stays until the audit ends: the full
         # collections its allocations set off (two or three) need not walk it again (~0.1 s each); a caller's
         # own frozen objects (a process that froze before) are left as they are
         frozen = gc.get_freeze_count() == 0
         if frozen:
             gc.freeze()
-        report = _audit(ep, args, progress, debug, onnx=files.model_kind(args.input) == files.ONNX)
+        report = _audit(model, args, progress, debug)
         if args.plot:
             progress.stage("plot")
             with quiet(not debug):
@@ -63,42 +62,28 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
-    """The audit of the loaded model on ``--inputs`` or ``--random`` batches.  An ONNX model is audited
-    with the ONNX ``fold`` writes, both emulated (``numerics.audit``); ``--runtime`` is ONNX only."""
+def _audit(model, args: argparse.Namespace, progress, debug: bool):
+    """The audit of the loaded model on ``--inputs`` or ``--random`` batches, folded once: the fold's report
+    also tells the normalizations in training mode (refused).  The model's frontend
+    (:mod:`bnfold.frontends`) makes the batches and says which real runtimes (``--runtime``) it has; an
+    ONNX model is audited with the ONNX ``fold`` writes, both emulated (``numerics.audit``)."""
+    from .. import fold
+    from ..frontends import FRONTENDS, frontend_for
     from ..numerics import audit
-    from ..numerics.end_to_end import check_class_axis, first_output_rank, task
+    from ..numerics.end_to_end import TaskError
 
-    # before anything runs: a bad --threshold / --class-axis is a one-line error
-    for flag, check in (
-        ("--threshold", lambda: task(threshold=args.threshold)),
-        ("--class-axis", lambda: check_class_axis(args.class_axis, first_output_rank(model))),
-    ):
-        try:
-            check()
-        except ValueError as e:
-            raise BnfoldError(f"{flag}: {e}") from None
-    extra: dict = {"class_axis": args.class_axis, "threshold": args.threshold}
-    if onnx:
-        from ..numerics.onnx_program import random_batches
-
-        extra["input_shapes"] = shapes.input_shapes(getattr(args, "input_shape", None))
-        extra["runtime"] = args.runtime
-        if args.batches:
-            batches = inputs.onnx_npz_batches(model, args.batches)
-        else:
-            n = args.random or DEFAULT_RANDOM_BATCHES
-            try:
-                batches = random_batches(model, extra["input_shapes"], n, seed=args.seed)
-            except ValueError as e:  # open dims that no --input-shape fixes
-                raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
-    elif args.runtime:
-        raise BnfoldError("--runtime is for ONNX models")
-    elif args.batches:
-        batches = inputs.npz_batches(model, args.batches)
-    else:
-        batches = inputs.random_batches(model, args.random or DEFAULT_RANDOM_BATCHES, seed=args.seed)
+    fe = frontend_for(model)
+    if args.runtime and args.runtime not in fe.runtimes:
+        raise BnfoldError(f"--runtime is for {' and '.join(f'{f.noun}s' for f in FRONTENDS if f.runtimes)}")
+    cannot_run = fe.numerics().cannot_run
+    input_shapes = shapes.input_shapes(getattr(args, "input_shape", None)) if fe.open_dims else None
+    progress.stage("fold")
+    with quiet(not debug):
+        folded = fold(model)
+    refuse_training(model, args.input, folded.report)
     try:
+        n = args.random or DEFAULT_RANDOM_BATCHES
+        batches = fe.batches(model, args.batches, n, args.seed, input_shapes)
         with quiet(not debug):
             return audit(
                 model,
@@ -106,16 +91,20 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, onnx: bool):
                 profile=args.profile,
                 bn_eps=args.bn_eps,
                 progress=progress,
+                fold=folded,
                 name=os.path.basename(args.input),
                 random_inputs=not args.batches,
+                input_shapes=input_shapes,
+                runtime=args.runtime,
+                class_axis=args.class_axis,
+                threshold=args.threshold,
                 tensors=bool(opt(args, "json")),  # every value's error: only the JSON lists them
                 local=bool(opt(args, "local")),  # the local runs: only when asked (--local)
-                **extra,
             )
-    except (NotImplementedError, ValueError) as e:  # an op the audit cannot run, inputs that do not fit
-        if not onnx:
-            raise
-        raise BnfoldError(f"{args.input}: cannot audit this ONNX model: {e}") from None
+    except TaskError as e:  # a bad --threshold / --class-axis: one line naming the option
+        raise BnfoldError(f"--{e.option.replace('_', '-')}: {e}") from None
+    except cannot_run as e:  # an op the audit cannot run, inputs that do not fit
+        raise BnfoldError(f"{args.input}: cannot audit this {fe.noun}: {e}") from None
 
 
 def summary(table: str) -> str:

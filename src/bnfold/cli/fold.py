@@ -7,7 +7,7 @@ import sys
 from typing import Any
 
 from ..checks import check_model_path, refuse_training
-from ..io import atomic, files, models, quiet
+from ..io import atomic, models, quiet
 from . import shapes, verbosity
 from .args import comma_list, opt
 from .constants import EXIT_OK
@@ -37,14 +37,14 @@ def report_payload(input_path: str, output: str | None, report) -> dict[str, Any
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..io.output import check_outputs, plan_output
+    from ..io.output import check_outputs, check_side_file, plan_output
 
     debug = opt(args, "debug")
     check_model_path(args.input)
     plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
     check_outputs({"output": plan.path, "report": args.report}, inputs=[args.input])
     if args.report:
-        files.check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
+        check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)
     model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
     result = fold_quietly(model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable)

@@ -68,6 +68,9 @@ def apply(loaded, args: argparse.Namespace):
     shapes = input_shapes(getattr(args, "input_shape", None))
     if not shapes:
         return loaded.model
-    if loaded.kind != "onnx":
-        raise BnfoldError(f"{loaded.path}: --input-shape is for ONNX models (a .pt2 program has its shapes)")
+    from ..frontends import FRONTENDS, for_kind
+
+    if not for_kind(loaded.kind).open_dims:
+        nouns = " and ".join(f"{f.noun}s" for f in FRONTENDS if f.open_dims)
+        raise BnfoldError(f"{loaded.path}: --input-shape is for {nouns} (a .pt2 program has its shapes)")
     return fix_input_shapes(loaded.model, shapes, loaded.path)

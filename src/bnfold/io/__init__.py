@@ -4,7 +4,9 @@
 
     atomic.py         the one atomic writer (temporary file, fsync, os.replace, cleanup on error)
     errors.py         one_line(): every error message as one line
-    files.py          model kind from the file name, reading a model file once, paths of side files
+    files.py          model kind from the file name, reading a model file once, an ONNX file's external data
+    model_files.py    each format's load and save (the frontends' hooks)
+    batches.py        the audit's input batches: random ones, or arrays from an .npz
     quiet.py          silencing torch / onnx warnings and logs
     pt2/              load_pt2 / save_pt2: the safe .pt2 loader (the archive's bytes inspected before
                       torch.export.load sees them: pickles, expressions, guards, treespecs, the
@@ -13,7 +15,7 @@
     onnx.py           load_onnx / save_onnx and the OnnxModel they pass around (needs onnx)
     onnx_external.py  ExternalLayout, reading external data safely, writing it out (needs onnx)
     onnx_graph.py     ONNX graph checks before any walk: order, cycles, depth, tensor sizes (needs onnx)
-    output.py         plan_output: where ``bnfold fold`` may write (-o, --force, --in-place)
+    output.py         plan_output: where ``bnfold fold`` may write (-o, --force, --in-place), side files
     models.py         load_model / save_model by file name, for the command line
     npz.py            read_npz: input arrays for ``bnfold audit``
 
@@ -27,7 +29,6 @@ from .errors import one_line
 from .files import (
     ONNX,
     PT2,
-    check_side_file,
     model_kind,
     onnx_data_path,
     read_model_bytes,
@@ -35,7 +36,7 @@ from .files import (
 )
 from .models import LoadedModel, load_model, save_model
 from .npz import read_npz
-from .output import OutputPlan, plan_output
+from .output import OutputPlan, check_side_file, plan_output
 from .pt2 import load_pt2, save_pt2
 from .quiet import quiet
 

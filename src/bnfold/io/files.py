@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import os
 
-from ..errors import BnfoldError, ModelFileError
+from ..errors import ModelFileError
 from .limits import read_regular_file
 
 PT2 = "pt2"
@@ -47,37 +47,11 @@ def same_file(a: str, b: str) -> bool:
         return False
 
 
-def check_side_file(path: str, *, not_same_as: list[str], what: str, force: bool | None = None) -> None:
-    """Where a report / plot may go: never a model file or a file the input model reads (its
-    external data), never an existing file without ``force``, and its folder must exist.
-
-    ``force=None`` is for a command without ``--force``: an existing file is refused.
-    """
-    for other in not_same_as:
-        if other and same_file(path, other):
-            raise BnfoldError(f"{path}: the {what} would overwrite a model file; write it elsewhere")
-        if other and os.path.realpath(path) in input_files(other):
-            raise BnfoldError(f"{path}: the {what} would overwrite the model's external data; write it elsewhere")
-    if os.path.isdir(path):
-        raise ModelFileError(f"{path}: is a directory; give a file name for the {what}")
-    parent = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(parent):
-        raise ModelFileError(f"{path}: the folder {parent} does not exist")
-    if os.path.lexists(path) and not force:
-        hint = "remove it or choose another name" if force is None else "pass --force to replace it"
-        raise BnfoldError(f"{path}: already exists; {hint}")
-
-
-def input_files(path: str) -> set[str]:
-    """Real paths of the files a model reads besides itself: an ONNX model's external data files.
-
-    Empty for a ``.pt2`` and for a file that cannot be read (that is reported
-    when it is loaded).  The file is read with the safe reader (regular files
-    only) and parsed, nothing more.
-    """
+def onnx_external_files(path: str) -> set[str]:
+    """Real paths of an ONNX model's external data files; empty for a file that cannot be read (that is
+    reported when it is loaded).  The file is read with the safe reader (regular files only) and parsed,
+    nothing more."""
     try:
-        if model_kind(path) != ONNX:
-            return set()
         import onnx
 
         from .onnx_external import all_tensors, is_external

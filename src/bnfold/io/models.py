@@ -15,13 +15,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import BnfoldError, ModelFileError
-from . import cost, fx_cost, onnx_cost
+from . import cost
 from .atomic import atomic_path
 from .errors import naming, one_line
-from .files import PT2, model_kind
+from .files import model_kind
 from .limits import MAX_BYTES_HINT, Limits
 from .output import OutputPlan
-from .pt2 import load_pt2, save_pt2
 from .quiet import quiet
 
 if TYPE_CHECKING:
@@ -55,14 +54,13 @@ def load_model(
     budget its weights justify, or ``max_work`` bytes (also ``--trust``: it
     is about work, not code).
     """
+    from ..frontends import for_kind
+
     path = os.fspath(path)
     kind = model_kind(path)
     limits = Limits(max_bytes=max_bytes or None)
     try:
-        if kind == PT2:
-            loaded = LoadedModel(path, kind, load_pt2(path, trust=trust, debug=debug, limits=limits))
-        else:
-            loaded = LoadedModel(path, kind, *_load_onnx(path, debug, limits))
+        loaded = LoadedModel(path, kind, *for_kind(kind).files.load(path, trust=trust, debug=debug, limits=limits))
         with cost.max_work(max_work or cost.current_override()):
             check_cost(loaded)
     except MemoryError:
@@ -73,14 +71,11 @@ def load_model(
 
 
 def check_cost(loaded: LoadedModel) -> None:
-    """Refuse a model whose one run (its own example shapes) costs more than its content justifies."""
-    if loaded.kind == PT2:
-        from .fx_shapes import from_file
+    """Refuse a model whose one run (its own example shapes) costs more than its content justifies
+    (its frontend's ``check_cost``)."""
+    from ..frontends import for_kind
 
-        from_file(loaded.model)  # its metadata is believed only where the plan's recomputation checked it
-        fx_cost.fx_plan(loaded.model, where=loaded.path)
-    else:
-        onnx_cost.onnx_plan(loaded.model, loaded.path)
+    for_kind(loaded.kind).files.check_cost(loaded.model, loaded.path)
 
 
 def save_model(
@@ -114,41 +109,14 @@ def _stage_text(staged: contextlib.ExitStack, path: str, text: str) -> None:
 
 
 def _write_model(model: Any, plan: OutputPlan, layout: ExternalLayout | None, debug: bool) -> None:
+    from ..frontends import for_kind
+
     try:
         with quiet(not debug):
-            if plan.kind == PT2:
-                save_pt2(model, plan.path)
-            else:
-                _onnx().save_onnx(model, plan.path, layout=layout)
+            for_kind(plan.kind).files.save(model, plan.path, layout)
     except BnfoldError as e:
         raise naming(e, plan.path) from None
     except Exception as e:  # torch and onnx raise many kinds; each is a failed write
         if debug:
             raise
         raise ModelFileError(f"{plan.path}: cannot write the model ({one_line(e)})") from None
-
-
-def _onnx():
-    """``bnfold.io.onnx``, or a one-line error saying how to install ONNX support."""
-    try:
-        from . import onnx as io_onnx
-    except ImportError as e:
-        raise BnfoldError(f"ONNX support is not available ({one_line(e)}); install bnfold[onnx]") from None
-    return io_onnx
-
-
-def _load_onnx(path: str, debug: bool, limits: Limits):
-    mod = _onnx()
-    try:
-        with quiet(not debug):
-            model, layout = mod.load_onnx(path, limits)
-    except BnfoldError as e:
-        raise naming(e, path) from None
-    except (MemoryError, RecursionError):
-        raise
-    except Exception as e:  # onnx raises many kinds for a bad file
-        if debug:
-            raise
-        raise ModelFileError(f"{path}: cannot load the ONNX model ({one_line(e)})") from None
-    mod.check_opset(model, path)
-    return model, layout

@@ -8,7 +8,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import BnfoldError, ModelFileError
-from .files import ONNX, input_files, model_kind, onnx_data_path, same_file
+from ..frontends import for_kind
+from .files import model_kind, same_file
 
 
 @dataclass
@@ -59,27 +60,29 @@ def plan_output(
         raise BnfoldError(f"{output}: already exists; pass --force to replace it")
     if not os.access(parent, os.W_OK):
         raise ModelFileError(f"{output}: cannot write to {parent} (permission denied)")
-    if kind == ONNX and not same:
-        _check_onnx_data_file(input_path, output, force)
+    if not same:
+        for what, beside in for_kind(kind).files.writes_beside(output):
+            _check_beside(input_path, beside, what, force)
     return OutputPlan(output, kind, same)
 
 
-def _check_onnx_data_file(input_path: str, output: str, force: bool) -> None:
-    """OUT.data belongs to OUT: replace it only with --force, and never when the input reads it."""
-    data = onnx_data_path(output)
-    if not os.path.lexists(data):
+def _check_beside(input_path: str, path: str, what: str, force: bool) -> None:
+    """A file the output writes beside itself (OUT.data: its external data) belongs to it: replace it only with
+    --force, and never when the input reads it."""
+    if not os.path.lexists(path):
         return
     if not force:
-        raise BnfoldError(f"{data}: already exists (it would hold the output's external data); pass --force")
-    if os.path.realpath(data) in input_files(input_path):
-        raise BnfoldError(f"{data}: holds the input's external data; write the output elsewhere")
+        raise BnfoldError(f"{path}: already exists (it would hold the output's {what}); pass --force")
+    if os.path.realpath(path) in input_files(input_path):
+        raise BnfoldError(f"{path}: holds the input's {what}; write the output elsewhere")
 
 
 def _written(role: str, path: str) -> list[tuple[str, str]]:
     """The files an output writes: an ONNX model also writes its external data file beside it."""
     found = [(role, path)]
-    if role == "output" and model_kind_or_none(path) == ONNX:
-        found.append((f"{role}'s external data file", onnx_data_path(path)))
+    kind = model_kind_or_none(path) if role == "output" else None
+    if kind is not None:
+        found += [(f"{role}'s {what} file", beside) for what, beside in for_kind(kind).files.writes_beside(path)]
     return found
 
 
@@ -121,3 +124,36 @@ def check_outputs(outputs: dict[str, str | None], inputs: list[str | None]) -> N
                     f"{p}: the {what} is another output of this run (the {seen[real]}); choose another name"
                 )
             seen[real] = what
+
+
+def check_side_file(path: str, *, not_same_as: list[str], what: str, force: bool | None = None) -> None:
+    """Where a report / plot may go: never a model file or a file the input model reads (its
+    external data), never an existing file without ``force``, and its folder must exist.
+
+    ``force=None`` is for a command without ``--force``: an existing file is refused.
+    """
+    for other in not_same_as:
+        if other and same_file(path, other):
+            raise BnfoldError(f"{path}: the {what} would overwrite a model file; write it elsewhere")
+        if other and os.path.realpath(path) in input_files(other):
+            raise BnfoldError(f"{path}: the {what} would overwrite the model's external data; write it elsewhere")
+    if os.path.isdir(path):
+        raise ModelFileError(f"{path}: is a directory; give a file name for the {what}")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise ModelFileError(f"{path}: the folder {parent} does not exist")
+    if os.path.lexists(path) and not force:
+        hint = "remove it or choose another name" if force is None else "pass --force to replace it"
+        raise BnfoldError(f"{path}: already exists; {hint}")
+
+
+def input_files(path: str) -> set[str]:
+    """Real paths of the files a model reads besides itself (its frontend's ``reads_beside``: an ONNX model's
+    external data files); empty for a file of no known kind."""
+    from ..frontends import for_kind
+
+    try:
+        kind = model_kind(path)
+    except BnfoldError:
+        return set()
+    return for_kind(kind).files.reads_beside(path)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..report import FoldResult
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, _top1, check_class_axis, task
 from .norm_rows import _norms
@@ -65,7 +66,7 @@ def audit(
     bn_eps: float | None = None,
     progress: Callable[[int, int], None] | None = None,
     labels=None,
-    fold: bool = True,
+    fold: bool | FoldResult = True,
     name: str | None = None,
     random_inputs: bool = False,
     input_shapes: dict[str, tuple] | None = None,
@@ -84,9 +85,10 @@ def audit(
     reference run, not in folding).  ``progress(done, total)`` is called after each emulated batch of
     a stage (``progress.stage(name)`` before folding and each emulation, when it has one).  ``labels``
     (one tensor for all samples, or one per batch) adds accuracy to the end-to-end numbers of
-    classifiers.  With ``fold=False`` only the unfolded program is audited.  ``name`` names the model in
-    the table and plot; ``random_inputs`` marks the batches as random (top-1 agreement on them is then
-    flagged as weak evidence).
+    classifiers.  With ``fold=False`` only the unfolded program is audited; ``fold`` may also be what
+    ``bnfold.fold`` returned for ``model`` (a program or an ONNX model), audited as it is instead of
+    folding again.  ``name`` names the model in the table and plot; ``random_inputs`` marks the batches
+    as random (top-1 agreement on them is then flagged as weak evidence).
 
     An ONNX model may come without ``inputs``: then ``input_shapes`` (``{input name: shape}``, fixing
     the dims the model leaves open) shapes random batches; ``runtime`` (``"torch"`` /
@@ -119,10 +121,18 @@ def audit(
     check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     model, batches, name, random_inputs = fmt.prepare(
-        model, inputs, input_shapes=input_shapes, name=name, random_inputs=random_inputs, runtime=runtime, fold=fold
+        model,
+        inputs,
+        input_shapes=input_shapes,
+        name=name,
+        random_inputs=random_inputs,
+        runtime=runtime,
+        fold=isinstance(fold, FoldResult) or bool(fold),
     )
     folded_model = report = None
-    if fold:
+    if isinstance(fold, FoldResult):
+        folded_model, report = fold.model, fold.report
+    elif fold:
         from ..api import fold as bnfold_fold
 
         _stage(progress, "fold")

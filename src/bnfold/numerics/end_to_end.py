@@ -48,8 +48,16 @@ class Task:
         return getattr(self.metric, "__name__", None) or type(self.metric).__name__
 
 
+class TaskError(ValueError):
+    """A task option that does not fit (one line); ``option`` names it (``threshold``, ``class_axis``)."""
+
+    def __init__(self, option: str, message: str):
+        super().__init__(message)
+        self.option = option
+
+
 def task(class_axis=None, threshold=None, metric=None) -> Task:
-    """A checked :class:`Task` (ValueError / TypeError with a one-line message)."""
+    """A checked :class:`Task` (:class:`TaskError` / TypeError with a one-line message)."""
     if class_axis is not None and (isinstance(class_axis, bool) or not isinstance(class_axis, int)):
         raise TypeError(f"class_axis must be an int, got {class_axis!r}")
     if threshold is not None:
@@ -58,7 +66,7 @@ def task(class_axis=None, threshold=None, metric=None) -> Task:
         except (TypeError, ValueError):
             raise TypeError(f"threshold must be a number, got {threshold!r}") from None
         if not 0.0 < t < 1.0:
-            raise ValueError(f"threshold must lie in (0, 1) (a probability map's cut), got {threshold!r}")
+            raise TaskError("threshold", f"threshold must lie in (0, 1) (a probability map's cut), got {threshold!r}")
         threshold = t
     if metric is not None and not callable(metric):
         raise TypeError(f"metric must be a function fn(output, reference) -> float, got {type(metric).__name__}")
@@ -66,22 +74,14 @@ def task(class_axis=None, threshold=None, metric=None) -> Task:
 
 
 def check_class_axis(axis: int | None, rank: int | None) -> None:
-    """``axis`` is an axis of a first output of ``rank`` dims (not checked when the rank is unknown)."""
+    """``axis`` is an axis of a first output of ``rank`` dims (not checked when the rank is unknown;
+    :class:`TaskError` else)."""
     if axis is None or rank is None:
         return
     if rank == 0:
-        raise ValueError(f"class axis {axis}: the model's first output is a scalar (no class axis)")
+        raise TaskError("class_axis", f"class axis {axis}: the model's first output is a scalar (no class axis)")
     if not -rank <= axis < rank:
-        raise ValueError(f"class axis {axis} is out of range for the model's first output ({rank} dims)")
-
-
-def first_output_rank(model) -> int | None:
-    """The rank of the model's first output where the model declares it (its frontend's audit hook
-    ``output_rank``), else None."""
-    from ..frontends import frontend_for
-
-    fe = frontend_for(model)
-    return fe.numerics().output_rank(model) if fe is not None and fe.numerics is not None else None
+        raise TaskError("class_axis", f"class axis {axis} is out of range for the model's first output ({rank} dims)")
 
 
 class _Agreement:

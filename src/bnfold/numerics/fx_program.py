@@ -19,12 +19,14 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..torch_export.fold import training_norms
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
+from .audit_memory import fx_audit_plan
 from .batches import as_batches
 from .fx_nodes import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
 from .profiles import Profile
-from .runner import AuditFormat, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
+from .runner import BatchResult, EmulationResult, Program, Runner, Step, StepNorm
 
 __all__ = ["BatchResult", "EmulationResult", "Emulator", "emulate", "fx_program"]
 
@@ -231,42 +233,58 @@ def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.Expor
         module.train(was_training)
 
 
-def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
-    """The audit's checks of a torch program or module and its batches (see ``AuditFormat``)."""
-    if inputs is None:
-        raise ValueError("audit needs input batches for a torch program or module")
-    if runtime is not None:
-        raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
-    batches = as_batches(inputs)
-    if isinstance(model, torch.nn.Module):
-        name = name or type(model).__name__
-        model = _export(model, batches)
-    from ..checks import training_norms
+class ProgramAudit:
+    """The audit hooks of a torch program (:class:`~.runner.AuditFormat`)."""
 
-    training = training_norms(model)
-    if training:
-        raise ValueError(
-            f"the program has batch norms in training mode ({', '.join(training[:3])}"
-            f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
-        )
-    from .audit_memory import fx_audit_plan  # the cost check before anything runs
+    cannot_run: tuple[type[Exception], ...] = ()  # a program's errors come as they are
 
-    fx_audit_plan(model, batches, runs=3 if fold else 2, name=name)
-    return model, batches, name, random_inputs
+    def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+        if inputs is None:
+            raise ValueError("audit needs input batches for a torch program or module")
+        if runtime is not None:
+            raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
+        batches = as_batches(inputs)
+        model, name = self._exported(model, batches, name)
+        training = training_norms(model)
+        if training:
+            raise ValueError(
+                f"the program has batch norms in training mode ({', '.join(training[:3])}"
+                f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
+            )
+        self.plan(model, batches, runs=3 if fold else 2, name=name)
+        return model, batches, name, random_inputs
+
+    def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
+        """The program to audit and its name."""
+        return model, name
+
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
+        fx_audit_plan(model, batches, runs=runs, name=name)
+
+    def program(self, model, like: Program | None = None) -> Program:
+        return fx_program(model, like)
+
+    def output_rank(self, model) -> int | None:
+        """The rank of a program's first output, from its metadata."""
+        out = next((n for n in model.graph.nodes if n.op == "output"), None)
+        vals = out.args[0] if out is not None and out.args else ()
+        first = vals[0] if isinstance(vals, (tuple, list)) and vals else None
+        val = getattr(first, "meta", {}).get("val") if first is not None else None
+        return val.dim() if isinstance(val, torch.Tensor) else None
 
 
-def _output_rank(model) -> int | None:
-    """The rank of a program's first output, from its metadata (a module states none: None)."""
-    if not isinstance(model, torch.export.ExportedProgram):
-        return None
-    out = next((n for n in model.graph.nodes if n.op == "output"), None)
-    vals = out.args[0] if out is not None and out.args else ()
-    first = vals[0] if isinstance(vals, (tuple, list)) and vals else None
-    val = getattr(first, "meta", {}).get("val") if first is not None else None
-    return val.dim() if isinstance(val, torch.Tensor) else None
+class ModuleAudit(ProgramAudit):
+    """The audit hooks of an ``nn.Module``: exported in eval mode on the first batch, then audited as a program."""
+
+    def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
+        return _export(model, batches), name or type(model).__name__
+
+    def output_rank(self, model) -> int | None:
+        return None  # a module states none
 
 
-FX_AUDIT = AuditFormat(_prepare, fx_program, _output_rank)
+PROGRAM_AUDIT = ProgramAudit()
+MODULE_AUDIT = ModuleAudit()
 
 
 class Emulator(Runner):

@@ -27,9 +27,10 @@ from ..onnx.semantics import IMPLS, attrs, bind, constant, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
 from ..onnx.semantics.values import array
 from . import accumulate
+from .audit_memory import onnx_audit_plan
 from .batches import as_batches
 from .profiles import Profile
-from .runner import _ROUNDED_TOGETHER, AuditFormat, Program, Runner, Step, StepNorm, round_fp16
+from .runner import _ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -309,26 +310,34 @@ def check_batches(model: onnx.ModelProto, batches: list[tuple], input_shapes: di
                 raise ValueError(f"input {name!r} takes shape {shown}; a batch holds {got}")
 
 
-def _prepare(model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
-    """The audit's checks of an ONNX model and its batches (random ones shaped by ``input_shapes`` when
-    ``inputs`` is None; see ``AuditFormat``)."""
-    if inputs is None:
-        batches = random_batches(model, input_shapes)
-    else:
-        batches = as_batches(inputs)
-        check_batches(model, batches, input_shapes)
-    from .audit_memory import onnx_audit_plan  # the cost check before anything runs
+class OnnxAudit:
+    """The audit hooks of an ONNX model (:class:`~.runner.AuditFormat`)."""
 
-    onnx_audit_plan(model, batches, name or "the model")
-    return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
+    #: an op the audit cannot run (:class:`UnsupportedOp`), inputs that do not fit the model, an op that fails
+    cannot_run: tuple[type[Exception], ...] = (NotImplementedError, ValueError)
+
+    def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+        """Random batches shaped by ``input_shapes`` when ``inputs`` is None."""
+        if inputs is None:
+            batches = random_batches(model, input_shapes)
+        else:
+            batches = as_batches(inputs)
+            check_batches(model, batches, input_shapes)
+        self.plan(model, batches, runs=3, name=name)
+        return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
+
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
+        onnx_audit_plan(model, batches, name or "the model")  # counts three runs, whatever ``runs`` says
+
+    def program(self, model, like: Program | None = None) -> Program:
+        return onnx_program(model, like)
+
+    def output_rank(self, model) -> int | None:
+        """The rank the graph declares for its first output (None: not declared)."""
+        outs = model.graph.output
+        if not outs or not outs[0].type.tensor_type.HasField("shape"):
+            return None
+        return len(outs[0].type.tensor_type.shape.dim)
 
 
-def _output_rank(model) -> int | None:
-    """The rank the graph declares for its first output (None: not declared)."""
-    outs = model.graph.output
-    if not outs or not outs[0].type.tensor_type.HasField("shape"):
-        return None
-    return len(outs[0].type.tensor_type.shape.dim)
-
-
-ONNX_AUDIT = AuditFormat(_prepare, onnx_program, _output_rank)
+ONNX_AUDIT = OnnxAudit()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -102,17 +102,41 @@ class Program:
     stored: dict[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class AuditFormat:
-    """A format's audit hooks (``Frontend.numerics``): ``prepare(model, inputs, *, input_shapes, name,
-    random_inputs, runtime, fold) -> (model, batches, name, random_inputs)`` checks what the audit is
-    given (and exports an nn.Module); ``program(model, like=None)`` is the model as a :class:`Program` (``like``:
-    the program of the model it was folded from, whose unchanged constants it may hold);
-    ``output_rank(model)`` the rank of its first output where the model states it (else None)."""
+class AuditFormat(Protocol):
+    """A format's audit hooks (``bnfold.frontends.Frontend.numerics()``)."""
 
-    prepare: Callable
-    program: Callable[..., Program]
-    output_rank: Callable[[Any], int | None]
+    #: the errors by which the audit says it cannot run a model of this format (an op it cannot compute, inputs
+    #: that do not fit it): the command line prints them as one line
+    cannot_run: tuple[type[Exception], ...]
+
+    def prepare(
+        self,
+        model: Any,
+        inputs: Any,
+        *,
+        input_shapes: dict[str, tuple] | None = None,
+        name: str | None = None,
+        random_inputs: bool = False,
+        runtime: str | None = None,
+        fold: bool = True,
+    ) -> tuple[Any, list[tuple], str | None, bool]:
+        """Check what the audit is given (an nn.Module is exported) and run :meth:`plan`: ``(model, batches,
+        name, random_inputs)``."""
+        ...
+
+    def plan(self, model: Any, batches: list[tuple], *, runs: int, name: str | None) -> None:
+        """The audit's cost check before anything runs (:mod:`.audit_memory`: ``runs`` runs per batch), which
+        arms the run-time checks of the op loop."""
+        ...
+
+    def program(self, model: Any, like: Program | None = None) -> Program:
+        """The model as a :class:`Program` (``like``: the program of the model it was folded from, whose
+        unchanged constants it may hold)."""
+        ...
+
+    def output_rank(self, model: Any) -> int | None:
+        """The rank of the model's first output where the model states it (else None)."""
+        ...
 
 
 @dataclass

@@ -10,7 +10,7 @@ import onnx
 
 from ..engine import fold_graph
 from ..kinds import check_exclude, check_only
-from ..report import FoldResult
+from ..report import Code, FoldReport, FoldResult
 from .clean_up import clean_up
 from .editor import ModelEditor
 from .functions import inline_norm_functions, skipped_in_functions
@@ -59,3 +59,11 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     index.compact()  # only now: node protos are the engine's handles while it runs
     clean_up(model, tracker, shapes)
     return FoldResult(model, report)
+
+
+def training_norms(model: onnx.ModelProto, report: FoldReport | None = None) -> list[str]:
+    """The names of the normalizations of ``model`` in training mode, read from its fold report (``report``,
+    else the model is folded to get one)."""
+    if report is None:
+        report = fold_onnx(model).report
+    return [s.norm for s in report.skipped if s.code == Code.TRAINING_MODE]

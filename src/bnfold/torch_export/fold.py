@@ -38,3 +38,17 @@ def fold_graph_module(
     if report.folded or report.lowered:
         editor.commit()
     return report
+
+
+def training_norms(ep: ExportedProgram, report: FoldReport | None = None) -> list[str]:
+    """The module paths of the normalizations of ``ep`` that run in training mode, read from its nodes
+    (``parse_norm``; ``report`` is not needed)."""
+    from ..report import Code
+    from .ops import module_path, parse_norm
+
+    names = []
+    for node in ep.graph.nodes:
+        norm = parse_norm(node) if node.op == "call_function" else None
+        if norm is not None and norm.problem and norm.problem_code == Code.TRAINING_MODE:
+            names.append(module_path(node))
+    return names

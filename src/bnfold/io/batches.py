@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import BnfoldError, ModelFileError
-from ..io.npz import read_npz
+from .npz import read_npz
 
 
 @dataclass
