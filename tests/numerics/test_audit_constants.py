@@ -12,7 +12,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from bnfold.io.cost import WorkError, max_work  # noqa: E402
-from bnfold.numerics.onnx_program import constants  # noqa: E402
+from bnfold.onnx.const_eval import graph_constants as constants  # noqa: E402
 
 STEPS = 12
 SIDE = 256  # a 256x256 float32 weight: 256 KiB; the chain makes STEPS values of that size

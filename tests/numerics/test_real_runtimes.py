@@ -186,3 +186,27 @@ def test_ort_cpu_profile_is_onnxruntime_fp16(ocr_models, key, shape):
         emulated, measured = measure("o", "o", res.outputs[0], ref, False), measure("o", "o", real, ref, False)
         assert torch.equal(res.outputs[0].isfinite(), real.isfinite())
         assert abs(emulated.sqnr_db - measured.sqnr_db) <= 1.0, (key, emulated.sqnr_db, measured.sqnr_db)
+
+
+def test_torch_half_runs_under_the_run_time_check():
+    """The real torch-half run goes through the runner's run-time check (``runner.run_in``): inside a watched run
+    whose budget an op's output passes, it stops before that op allocates (its own loop had no check), and it
+    computes what it computed before otherwise."""
+    from onnx import TensorProto, helper
+
+    from bnfold.io import run_checks
+    from bnfold.io.budget import Budget, WorkError
+    from bnfold.numerics.real_runtimes import torch_half
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    shape = helper.make_tensor("shape", TensorProto.INT64, [2], [256, 64])
+    graph = helper.make_graph([helper.make_node("Expand", ["x", "shape"], ["y"])], "g", [x], [y], initializer=[shape])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    batch = (torch.randn(1, 64),)
+    (out,) = torch_half(model, batch)
+    assert torch.equal(out, batch[0].half().float().expand(256, 64))
+    with run_checks.watch():
+        run_checks.expect(Budget(8 << 10, 1 << 40), 0, "m.onnx")  # 8 KiB: the 256 x 64 output passes it
+        with pytest.raises(WorkError, match="Expand"):
+            torch_half(model, batch)

@@ -26,7 +26,7 @@ from .audit_memory import fx_audit_plan
 from .batches import as_batches
 from .fx_nodes import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
 from .profiles import Profile
-from .runner import BatchResult, EmulationResult, Program, Runner, Step, StepNorm
+from .runner import DEFAULT_ROUNDING, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
 
 __all__ = ["BatchResult", "EmulationResult", "Emulator", "emulate", "fx_program"]
 
@@ -144,7 +144,7 @@ class _Target(NamedTuple):
         facts = {"mutates": bool(getattr(getattr(target, "_schema", None), "is_mutable", False))}
         row = op_of(node)
         if row is not None:
-            facts.update(rounding=row.rounding or "round", fp16_class=row.fp16, shape=row.shape)
+            facts.update(rounding=row.rounding or DEFAULT_ROUNDING, fp16_class=row.fp16, shape=row.shape)
         return cls(name, facts, reads_layers(target), reads_norms(target))
 
 

@@ -22,15 +22,15 @@ import numpy as np
 import onnx
 import torch
 
+from ..onnx.const_eval import graph_constants, node_fields
 from ..onnx.ops import op_of
-from ..onnx.semantics import IMPLS, attrs, bind, constant, opset_of
+from ..onnx.semantics import IMPLS, attrs, bind, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
-from ..onnx.semantics.values import array
 from . import accumulate
 from .audit_memory import onnx_audit_plan
 from .batches import as_batches
 from .profiles import Profile
-from .runner import _ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
+from .runner import _ROUNDED_TOGETHER, DEFAULT_ROUNDING, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -67,76 +67,6 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
     )
 
 
-def _node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
-    """``(node, op type, inputs, outputs, name)`` of each node (an unnamed node is ``op_type_index``), read once
-    (reading a protobuf field is slow)."""
-    out = []
-    for i, node in enumerate(model.graph.node):
-        op = node.op_type
-        out.append((node, op, list(node.input), list(node.output), node.name or f"{op}_{i}"))
-    return out
-
-
-def constants(model: onnx.ModelProto, nodes: list | None = None, read: dict | None = None) -> dict[str, np.ndarray]:
-    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
-    (:mod:`bnfold.onnx.consts`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
-    a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
-    (over the budget is a WorkError, before anything is made), counting what is alive: a computed value
-    that only constant ops read is dropped once they are computed (the runner computes it again if a batch
-    needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
-    read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
-    they are at hand; ``read``: initializers' arrays already read, by name."""
-    from ..io.budget import Budget
-    from ..io.meter import WorkMeter
-    from ..onnx.consts import CONST_OPS, evaluate, inputs_needed
-
-    nodes = _node_fields(model) if nodes is None else nodes
-    read = read or {}
-    out = {t.name: read[t.name] if t.name in read else array(t) for t in model.graph.initializer}
-    opset = opset_of(model)
-    meter = WorkMeter(Budget.for_content(sum(v.nbytes for v in out.values())), "constant evaluation")
-    readers: dict[str, int] = {}
-    for _, _, ins, _, _ in nodes:
-        for n in set(ins):
-            readers[n] = readers.get(n, 0) + 1
-    keep = {o.name for o in model.graph.output} | set(out)
-    computed: set[str] = set()
-    for node, op, ins, outs, _ in nodes:
-        if op == "Constant" and outs:
-            out[outs[0]] = _constant(node)
-            keep.add(outs[0])
-        elif op == "Identity" and ins and ins[0] in out:
-            out[outs[0]] = out[ins[0]]
-            keep.add(outs[0])  # an alias: no bytes of its own
-        elif op in CONST_OPS and node.domain in ("", "ai.onnx") and outs and outs[0]:
-            if all(ins[i] in out for i in inputs_needed(node)) and all(n in out for n in ins if n):
-                before = meter.bytes
-                try:
-                    value = evaluate(node, [out[n] for n in ins if n], meter, opset)
-                except (ValueError, TypeError, KeyError, IndexError, OverflowError):
-                    value = None
-                meter.keep(outs[0], meter.bytes - before, 0 if value is None else int(value.nbytes))
-                if value is None:
-                    continue
-                out[outs[0]] = value
-                computed.add(outs[0])
-                for n in set(ins):  # read by one more computed constant op: dropped after its last
-                    readers[n] -= 1
-                    if n in computed and n not in keep and readers[n] == 0:
-                        del out[n]
-                        meter.free(n)
-    return out
-
-
-def _constant(node: onnx.NodeProto) -> np.ndarray:
-    """A ``Constant`` node's value (:func:`bnfold.onnx.semantics.constant`), its one tensor read directly."""
-    if len(node.attribute) == 1:
-        a = node.attribute[0]
-        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and not a.ref_attr_name:
-            return array(a.t)
-    return constant(attrs(node))
-
-
 def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
     init = {t.name for t in model.graph.initializer}
     return [i for i in model.graph.input if i.name not in init]
@@ -144,7 +74,8 @@ def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
 
 def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, float]:
     """``{node name: eps}`` of every eval-mode BatchNormalization whose scale, bias, mean and var are constants,
-    over the node fields :func:`_node_fields` read and the constants :func:`constants` found."""
+    over the node fields :func:`~bnfold.onnx.const_eval.node_fields` read and the constants
+    :func:`~bnfold.onnx.const_eval.graph_constants` found."""
     out = {}
     for node, op, ins, _, name in nodes:
         if op != "BatchNormalization" or len(ins) < 5:
@@ -159,8 +90,9 @@ def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, flo
 def _step(
     node: onnx.NodeProto, fields: tuple, name: str, opset: int | None, norm_eps: float | None, consts: dict
 ) -> Step:
-    """``node`` as a step of the runner (``fields``: its op type, inputs and outputs, :func:`_node_fields`;
-    ``norm_eps``: the eps of a batch norm :func:`norms_of` found, else None)."""
+    """``node`` as a step of the runner (``fields``: its op type, inputs and outputs,
+    :func:`~bnfold.onnx.const_eval.node_fields`; ``norm_eps``: the eps of a batch norm :func:`norms_of` found, else
+    None)."""
     op, ins, outs = fields
     if node.domain not in ("", "ai.onnx"):
         raise UnsupportedOp(f"{node.domain}.{node.op_type}", name, "custom domain")
@@ -183,11 +115,11 @@ def _step(
     row = op_of(node)
     step = Step(name, op, ins, outs, run, not_emulated="" if bound.emulated else bound.why)
     if row is not None:
-        step.rounding, step.fp16_class, step.layer = row.rounding or "round", row.fp16, row.layer or None
+        step.rounding, step.fp16_class, step.layer = row.rounding or DEFAULT_ROUNDING, row.fp16, row.layer or None
         step.shape = row.shape
     mode = a.get("mode", "nearest")
     if op == "Resize" and (mode.decode() if isinstance(mode, bytes) else mode) != "nearest":
-        step.rounding = "round"  # only nearest picks input values
+        step.rounding = DEFAULT_ROUNDING  # only nearest picks input values
     if step.layer is not None:
         step.weight = ins[1] if len(ins) > 1 and ins[1] in consts else None
         step.bias = ins[2] if len(ins) > 2 and ins[2] else None
@@ -219,11 +151,11 @@ def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program
     """``model`` as the runner's :class:`~.runner.Program` (``stored``: its large initializers' protos and tensors).
     ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
     fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share."""
-    nodes = _node_fields(model)
+    nodes = node_fields(model)
     mine, before = _large_initializers(model, nodes), like.stored if like is not None else {}
     reused = {k: before[k][1] for k, t in mine.items() if k in before and before[k][0] == t}
     read = {k: v.numpy() for k, v in reused.items()}
-    consts = constants(model, nodes, read)
+    consts = graph_constants(model, nodes, read)
     norms = norms_of(nodes, consts)
     opset = opset_of(model)
     steps = [

@@ -17,21 +17,15 @@ import torch
 from .audit_report import RuntimeRun
 from .end_to_end import _end_to_end
 from .onnx_program import onnx_program
-from .runner import EmulationResult
+from .runner import EmulationResult, run_in
 
 RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
 
 
 def torch_half(model: onnx.ModelProto, batch: tuple) -> list[torch.Tensor]:
     """``model``'s outputs run by PyTorch eager in float16 on CPU (returned as float32)."""
-    prog = onnx_program(model)
-    env = {k: v.to(torch.float16) if v.is_floating_point() else v for k, v in prog.constants.items()}
-    for name, x in zip(prog.inputs, prog.feed(batch)):
-        env[name] = x.to(torch.float16) if x.is_floating_point() else x
-    for step in prog.steps:
-        outs = step.run([env[v] if v else None for v in step.ins], torch.float16)
-        env.update((o, v) for o, v in zip(step.outs, outs) if o)
-    return [env[o].to(torch.float32) if env[o].is_floating_point() else env[o] for o in prog.outputs]
+    outs = run_in(onnx_program(model), batch, torch.float16)
+    return [o.to(torch.float32) if o.is_floating_point() else o for o in outs]
 
 
 def float16_model(model: onnx.ModelProto) -> onnx.ModelProto:

@@ -41,6 +41,10 @@ def round_floats(out: Any) -> Any:
     return out
 
 
+#: what an op's output is rounded to when its op table says nothing: the storage format (``Step.rounding``)
+DEFAULT_ROUNDING = "round"
+
+
 @dataclass
 class StepNorm:
     """An eval-mode batch norm step: the value it normalizes, its parameters (value names, None: absent),
@@ -74,7 +78,7 @@ class Step:
     ins: list
     outs: list
     run: Callable
-    rounding: str = "round"
+    rounding: str = DEFAULT_ROUNDING
     layer: str | None = None
     weight: str | None = None
     bias: str | None = None
@@ -276,18 +280,12 @@ class Runner:
         ref32 = self._ref_dtype == torch.float32
         self._const_r = {k: (f32[k] if ref32 else v.to(self._ref_dtype)) if k in f32 else v for k, v in consts.items()}
         readers: dict[str, list[Step]] = {}
-        last_use: dict[str, int] = {}
-        for i, step in enumerate(program.steps):
+        for step in program.steps:
             for v in step.ins:
                 if v:
-                    last_use[v] = i
                     readers.setdefault(v, []).append(step)
-        keep = set(program.outputs) | set(consts)
-        self._free_after: dict[int, list[str]] = {}
-        for v, i in last_use.items():
-            if v not in keep:
-                self._free_after.setdefault(i, []).append(v)
-        self._labels = [f"{s.op} {s.label or s.name!r}" for s in program.steps]  # what before_op records
+        self._free_after = free_after(program)
+        self._labels = labels(program)  # what before_op records
         self._sizes = OpSizes()  # what the run-time check found of each step (_check)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
@@ -347,7 +345,7 @@ class Runner:
         else:
             out = step.run(ins, torch.float32, eps=eps if norm is not None else None)
         if prof.fp16_storage:
-            return out if step.rounding != "round" else [round_floats(o) for o in out]
+            return out if step.rounding != DEFAULT_ROUNDING else [round_floats(o) for o in out]
         if step.fp16_class and step.fp16_class in prof.fp16_classes:
             return [round_floats(o) for o in out]
         return out
@@ -473,3 +471,43 @@ class Runner:
                     e = e.clone() if step.mutates and e.dtype == self._ref_dtype else e.to(self._ref_dtype)
                 ins.append(e)
         return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error
+
+
+def free_after(program: Program) -> dict[int, list[str]]:
+    """Per step index, the values no later step reads (neither a program output nor a constant): a run drops
+    them once that step ran."""
+    last_use: dict[str, int] = {}
+    for i, step in enumerate(program.steps):
+        for v in step.ins:
+            if v:
+                last_use[v] = i
+    keep = set(program.outputs) | set(program.constants)
+    out: dict[int, list[str]] = {}
+    for v, i in last_use.items():
+        if v not in keep:
+            out.setdefault(i, []).append(v)
+    return out
+
+
+def labels(program: Program) -> list[str]:
+    """Each step as the run-time check names it (``op 'node'``)."""
+    return [f"{s.op} {s.label or s.name!r}" for s in program.steps]
+
+
+def run_in(program: Program, xs: tuple, dtype: torch.dtype) -> list:
+    """``program``'s outputs on the batch ``xs`` with every float input, constant and value in ``dtype``: a real
+    runtime's own precision (``torch`` half on CPU), no emulation and no reference.  The run-time check sizes
+    each op before it runs (:class:`bnfold.io.run_checks.OpSizes`), and each value is dropped after its last
+    reader, as in :meth:`Runner.run`."""
+    env = {k: v.to(dtype) if v.is_floating_point() else v for k, v in program.constants.items()}
+    for name, x in zip(program.inputs, program.feed(xs)):
+        env[name] = x.to(dtype) if x.is_floating_point() else x
+    sizes, names, dead = OpSizes(), labels(program), free_after(program)
+    for i, step in enumerate(program.steps):
+        ins = [env[v] if v else None for v in step.ins]
+        sizes.check(i, names[i], step.run, (ins, dtype), ins, len(step.outs), (), step.shape, None)
+        outs = step.run(ins, dtype)
+        env.update((o, v) for o, v in zip(step.outs, outs) if o)
+        for v in dead.get(i, ()):
+            env.pop(v, None)
+    return [env[o] for o in program.outputs]

@@ -1,24 +1,54 @@
-"""The lazy constant evaluator of an ONNX model's graphs (:class:`ConstantEvaluator`): a value that a chain of
-``CONST_OPS`` nodes computes from constants, evaluated iteratively when a fold asks for it, each node once,
-and metered (:class:`bnfold.io.meter.WorkMeter`); what it computed is dropped once nothing will read it."""
+"""The ONNX constant evaluator: a value that a chain of ``CONST_OPS`` nodes (:mod:`.consts`) computes from
+constants.  One step evaluates a node (:func:`evaluate_node`: the run-time check records the op, the meter
+(:class:`bnfold.io.meter.WorkMeter`) is charged with what it makes before anything is made, and keeps its
+bytes until it is dropped); two drivers walk a graph with it: :class:`ConstantEvaluator`, lazily, for the fold
+(a value when the fold asks for it, each node once), and :func:`graph_constants`, eagerly, for the audit's
+programs (every constant of the main graph in graph order); each drops a computed value once nothing will read
+it."""
 
 from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import onnx
 from onnx import NodeProto, TensorProto
 
 from ..fold_math import FoldError
+from ..io.budget import Budget
+from ..io.meter import WorkMeter
+from ..io.run_checks import before_op
 from . import tensors
 from .consts import CONST_OPS, evaluate, inputs_needed, shape_carrier, shape_slice
 from .nodes import is_onnx_op, label
+from .semantics import attrs, constant, opset_of
+from .semantics.values import array
 
 if TYPE_CHECKING:
     from .index import GraphInfo, ModelIndex, Use
+
+
+def work_meter(held: int) -> WorkMeter:
+    """The running check of constant evaluation, its budget from the ``held`` bytes of the weights."""
+    return WorkMeter(Budget.for_content(held), "constant evaluation")
+
+
+def evaluate_node(node: NodeProto, values: list, meter: WorkMeter, opset: int | None, key: Any) -> np.ndarray | None:
+    """The one step of constant evaluation: ``node``'s first output from its constant inputs ``values``
+    (:func:`.consts.evaluate`), or None when it is no constant here.  The run-time check records the op first
+    (:func:`bnfold.io.run_checks.before_op`: an allocator failure names it, the CPU-time bound stops it), then
+    ``meter`` is charged with what it makes (refused past the budget before anything is made) and keeps the
+    value's bytes under ``key`` until it is dropped (``meter.free(key)``)."""
+    before_op(f"{node.op_type} '{node.name or node.output[0]}'")
+    before = meter.bytes
+    try:
+        value = evaluate(node, values, meter, opset)
+    except (ValueError, TypeError, KeyError, IndexError, OverflowError):
+        value = None
+    meter.keep(key, meter.bytes - before, 0 if value is None else int(value.nbytes))
+    return value
 
 
 @dataclass
@@ -176,16 +206,7 @@ class ConstantEvaluator:
                 values.append(shape_carrier(dims))
             else:
                 values.append(None)
-        from ..io.run_checks import before_op
-
-        before_op(f"{node.op_type} '{node.name or node.output[0]}'")  # the op an allocator failure names
-        meter = self.meter()
-        before = meter.bytes
-        try:
-            value = evaluate(node, values, meter, self.index.opset)
-        except (ValueError, TypeError, KeyError, IndexError, OverflowError):
-            value = None
-        meter.keep(id(node), meter.bytes - before, 0 if value is None else int(value.nbytes))
+        value = evaluate_node(node, values, self.meter(), self.index.opset, id(node))
         if value is not None:
             self._free_read(gi, node, needed, memo)
         return value
@@ -233,11 +254,7 @@ class ConstantEvaluator:
         """The running check of constant evaluation (``bnfold.io.meter.WorkMeter``), its budget from the weights:
         the values held in the memo of computed constants count until they are dropped."""
         if self._meter is None:
-            from ..io.budget import Budget
-            from ..io.meter import WorkMeter
-
-            held = sum(tensors.nbytes(t) for g in self.index.graphs for t in g.inits.values())
-            self._meter = WorkMeter(Budget.for_content(held), "constant evaluation")
+            self._meter = work_meter(sum(tensors.nbytes(t) for g in self.index.graphs for t in g.inits.values()))
         return self._meter
 
 
@@ -246,3 +263,67 @@ def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str
         return Const(tensors.to_numpy(t), t.data_type, gi, node)
     except FoldError as e:
         return str(e)
+
+
+def node_fields(model: onnx.ModelProto) -> list[tuple[onnx.NodeProto, str, list[str], list[str], str]]:
+    """``(node, op type, inputs, outputs, name)`` of each node (an unnamed node is ``op_type_index``), read once
+    (reading a protobuf field is slow)."""
+    out = []
+    for i, node in enumerate(model.graph.node):
+        op = node.op_type
+        out.append((node, op, list(node.input), list(node.output), node.name or f"{op}_{i}"))
+    return out
+
+
+def graph_constants(
+    model: onnx.ModelProto, nodes: list | None = None, read: dict | None = None
+) -> dict[str, np.ndarray]:
+    """The graph's initializers and ``Constant`` outputs, and what the fold's constant evaluator
+    (:func:`evaluate_node`) computes from them (``Identity`` copies, a ``ConstantOfShape`` fill,
+    a Reshape of statistics, a standardized weight), by value name.  Metered as the fold's evaluation is
+    (over the budget is a WorkError, before anything is made), counting what is alive: a computed value
+    that only constant ops read is dropped once they are computed (the runner computes it again if a batch
+    needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
+    read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
+    they are at hand; ``read``: initializers' arrays already read, by name.  The eager twin of
+    :class:`ConstantEvaluator` (the audit needs every constant of the main graph), through the same step."""
+    nodes = node_fields(model) if nodes is None else nodes
+    read = read or {}
+    out = {t.name: read[t.name] if t.name in read else array(t) for t in model.graph.initializer}
+    opset = opset_of(model)
+    meter = work_meter(sum(v.nbytes for v in out.values()))
+    readers: dict[str, int] = {}
+    for _, _, ins, _, _ in nodes:
+        for n in set(ins):
+            readers[n] = readers.get(n, 0) + 1
+    keep = {o.name for o in model.graph.output} | set(out)
+    computed: set[str] = set()
+    for node, op, ins, outs, _ in nodes:
+        if op == "Constant" and outs:
+            out[outs[0]] = constant_value(node)
+            keep.add(outs[0])
+        elif op == "Identity" and ins and ins[0] in out:
+            out[outs[0]] = out[ins[0]]
+            keep.add(outs[0])  # an alias: no bytes of its own
+        elif op in CONST_OPS and node.domain in ("", "ai.onnx") and outs and outs[0]:
+            if all(ins[i] in out for i in inputs_needed(node)) and all(n in out for n in ins if n):
+                value = evaluate_node(node, [out[n] for n in ins if n], meter, opset, outs[0])
+                if value is None:
+                    continue
+                out[outs[0]] = value
+                computed.add(outs[0])
+                for n in set(ins):  # read by one more computed constant op: dropped after its last
+                    readers[n] -= 1
+                    if n in computed and n not in keep and readers[n] == 0:
+                        del out[n]
+                        meter.free(n)
+    return out
+
+
+def constant_value(node: onnx.NodeProto) -> np.ndarray:
+    """A ``Constant`` node's value (:func:`bnfold.onnx.semantics.constant`), its one tensor read directly."""
+    if len(node.attribute) == 1:
+        a = node.attribute[0]
+        if a.name == "value" and a.type == onnx.AttributeProto.TENSOR and not a.ref_attr_name:
+            return array(a.t)
+    return constant(attrs(node))
