@@ -96,3 +96,20 @@ def test_the_plot_of_an_audit_without_local_runs_shows_the_worst_cumulative_laye
             assert [b.get_width() for b in ax.patches] == bars  # all below the axis top (100 dB)
         finally:
             plt.close(fig)
+
+
+def test_the_chart_names_the_reference_the_profile_runs():
+    """The whole-model panel's axis names the reference run's dtype: float32 under a profile that stores fp16,
+    float64 under fp32 (it read "vs float64" under every profile)."""
+    plt = pytest.importorskip("matplotlib.pyplot")
+    from bnfold.numerics.plot import _depth_panel
+
+    net, x = _net()
+    for profile, dtype in (("fp16", "float32"), ("htp", "float32"), ("fp32", "float64")):
+        rep = bnfold.audit(net, [(x,)], profile=profile, local=False)
+        fig, ax = plt.subplots()
+        try:
+            _depth_panel(ax, rep)
+            assert ax.get_ylabel() == f"cumulative SQNR vs the {dtype} reference (dB)"
+        finally:
+            plt.close(fig)

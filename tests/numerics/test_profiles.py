@@ -70,10 +70,10 @@ def test_constants_rounded_together_equal_one_by_one_and_stay_aligned(name):
     """The runner rounds a model's small constants in one call over their concatenation: each comes out as the
     profile rounds it alone, in its shape and strides, and starts on a 64-byte boundary as an allocation of its own
     does (a 1x1 conv computes other float32 bits from a weight 4 bytes off)."""
-    from bnfold.numerics.runner import _ROUNDED_TOGETHER, _round_constants
+    from bnfold.numerics.runner import ROUNDED_TOGETHER, _round_constants
 
     g = torch.Generator().manual_seed(0)
-    shapes = [(96, 6, 1, 1), (96,), (), (7,), (1, 3), (_ROUNDED_TOGETHER + 1,), (5, 5)]
+    shapes = [(96, 6, 1, 1), (96,), (), (7,), (1, 3), (ROUNDED_TOGETHER + 1,), (5, 5)]
     f32 = {f"c{i}": torch.randn(s, generator=g) * 3e4 for i, s in enumerate(shapes)}
     f32["strided"] = torch.randn(6, 4, generator=g).t()
     f32["tiny"] = torch.tensor([1e-9, -3e-8, 0.0])  # under ort-cpu's clamp

@@ -10,7 +10,7 @@ from numerics_helpers import onnx_keeping_batch_norms
 from torch import nn
 
 from bnfold.numerics.profiles import get_profile
-from bnfold.numerics.runner import _ROUNDED_TOGETHER, Runner, _round_constants
+from bnfold.numerics.runner import ROUNDED_TOGETHER, Runner, _round_constants
 
 onnx = pytest.importorskip("onnx")
 from onnx import numpy_helper  # noqa: E402
@@ -21,7 +21,7 @@ from bnfold.numerics.onnx_program import onnx_program  # noqa: E402
 
 def test_runners_that_share_their_rounding_round_a_tensor_once():
     prof = get_profile("fp16")
-    w = torch.randn(_ROUNDED_TOGETHER + 8, generator=torch.Generator().manual_seed(0))
+    w = torch.randn(ROUNDED_TOGETHER + 8, generator=torch.Generator().manual_seed(0))
     shared: dict = {}
     first = _round_constants(prof, {"w": w}, shared)["w"]
     assert _round_constants(prof, {"renamed": w.detach()}, shared)["renamed"] is first  # the same memory

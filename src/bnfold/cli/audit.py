@@ -1,4 +1,5 @@
-"""``bnfold audit``: the fp16 / HTP numerics of a model, unfolded and folded, against float64."""
+"""``bnfold audit``: the fp16 / HTP numerics of a model, unfolded and folded, against a reference run (float64;
+float32 under the profiles that store fp16)."""
 
 from __future__ import annotations
 

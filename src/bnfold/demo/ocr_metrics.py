@@ -21,13 +21,6 @@ def _quad(box) -> np.ndarray:
     return np.array([[x0, y0], [x1 - 1, y0], [x1 - 1, y1 - 1], [x0, y1 - 1]])
 
 
-def region_iou(a, b, shape: tuple[int, int]) -> float:
-    """IoU of two regions (quads or boxes) as pixel masks of ``shape``."""
-    ma, mb = polygon_mask(_quad(a), shape), polygon_mask(_quad(b), shape)
-    union = np.count_nonzero(ma | mb)
-    return np.count_nonzero(ma & mb) / union if union else 0.0
-
-
 @dataclass(frozen=True)
 class Match:
     """Regions ``found`` matched one to one against ``truth`` at IoU >= ``MATCH_IOU`` (greedy, best IoU

@@ -23,7 +23,7 @@ from .graph import ChainStep, GraphAdapter, Hop, Layer, Norm
 MAX_CHAIN = 256
 
 
-def _same(a: Any, b: Any) -> bool:
+def same_value(a: Any, b: Any) -> bool:
     """Whether two value handles name the same value (handles compare equal; numbers never match)."""
     return isinstance(a, type(b)) and not isinstance(a, (int, float)) and a == b
 
@@ -158,9 +158,9 @@ def binary_step(
     op = graph.binary(node)
     name = op.name or op.op
     what = f"{name} {graph.describe(op.output)}"
-    if _same(op.a, x) and _same(op.b, x):
+    if same_value(op.a, x) and same_value(op.b, x):
         return None
-    x_first = _same(op.a, x)
+    x_first = same_value(op.a, x)
     other = op.b if x_first else op.a
     const = graph.constant(other)
     alpha = graph.constant(op.alpha) if op.alpha is not None and not isinstance(op.alpha, (int, float)) else op.alpha
@@ -218,7 +218,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
             if norm is not None and norm.affine_only:
                 break  # a LayerNorm's affine follows its normalization: never into the layer before
             if norm is not None:
-                if not _same(norm.input, x):
+                if not same_value(norm.input, x):
                     raise Stop(
                         node, f"it reads {graph.describe(x)} as a parameter, not as its input", Code.NOT_ITS_INPUT
                     )
@@ -228,7 +228,7 @@ def chain_after(graph: GraphAdapter, layer: Layer, channels: int) -> tuple[list[
                 if step is None:
                     break
                 steps.append(step)
-            elif (hop := graph.hop(node)) is not None and _same(hop.input, x):
+            elif (hop := graph.hop(node)) is not None and same_value(hop.input, x):
                 step, axis, why = _hop_step(graph, hop, axis, forward=True)
                 lost = lost or why
                 rank = graph.shape_info(step.output).rank
@@ -268,7 +268,7 @@ def chain_up(
                 if (
                     node is not None
                     and (norm := graph.norm(node)) is not None
-                    and _same(norm.output, x)
+                    and same_value(norm.output, x)
                     and len(users) > 1
                 ):
                     raise Stop(
@@ -280,7 +280,7 @@ def chain_up(
                 break
             norm = graph.norm(node)
             if norm is not None:
-                if not _same(norm.output, x):
+                if not same_value(norm.output, x):
                     break
                 step = norm_step(graph, norm, axis, channels, rank, lost)
             elif (op := graph.binary(node)) is not None:

@@ -15,7 +15,7 @@ from typing import Any
 
 from ..report import Code
 from .axes import channel_axis
-from .chain import Stop, _same, chain_up
+from .chain import Stop, chain_up, same_value
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
 from .rules import check_layer, input_params
@@ -78,7 +78,7 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     layers: list[Layer] = []
     for user in users:
         other = _layer_below(graph, user)
-        if other is None or not _same(_branch(graph, other)[0], x) or _branch(graph, other)[1] != axis:
+        if other is None or not same_value(_branch(graph, other)[0], x) or _branch(graph, other)[1] != axis:
             what = "a graph output" if user is None else graph.describe_node(user)
             note(
                 graph,

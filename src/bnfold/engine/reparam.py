@@ -31,7 +31,7 @@ from .. import fold_math
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep, Merged
 from .axes import channel_axis
-from .chain import Stop, _same, binary_step, norm_step
+from .chain import Stop, binary_step, norm_step, same_value
 from .edit import write_layer
 from .graph import ConvGeometry, GraphAdapter, Layer, Outcome, Pool
 from .rules import check_layer
@@ -109,7 +109,7 @@ def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree
     try:
         norm = graph.norm(node)
         if norm is not None:
-            if norm.affine_only or not _same(norm.output, value):
+            if norm.affine_only or not same_value(norm.output, value):
                 return None
             return norm_step(graph, norm, axis, channels, rank)
         op = graph.binary(node)
@@ -126,7 +126,7 @@ def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree
 
 def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, tree: _Tree, norms: list) -> None:
     node = graph.producer(value)
-    if _same(_read(graph, value), tree.x):
+    if same_value(_read(graph, value), tree.x):
         tree.terms.append(_Term(value, coeff, "identity", value, False, norms=norms))
         return
     inside = node is not None and (parent is None or graph.users(value) == [parent])
@@ -149,11 +149,11 @@ def _expand(graph: GraphAdapter, value: Any, coeff: torch.Tensor, parent: Any, t
             return
     shared = parent is not None and graph.users(value) != [parent]
     layer = graph.layer(node) if node is not None else None
-    if layer is not None and layer.kind == tree.kind and _same(layer.output, value):
+    if layer is not None and layer.kind == tree.kind and same_value(layer.output, value):
         tree.terms.append(_Term(value, coeff, "conv", _read(graph, layer.input), shared, layer=layer, norms=norms))
         return
     pool = graph.pool(node) if node is not None and tree.kind == "conv" else None
-    if pool is not None and _same(pool.output, value):
+    if pool is not None and same_value(pool.output, value):
         tree.terms.append(_Term(value, coeff, "pool", pool.input, shared, pool=pool, norms=norms))
         return
     tree.terms.append(_Term(value, coeff, "identity", value, shared, norms=norms))
@@ -165,7 +165,7 @@ def _read(graph: GraphAdapter, value: Any) -> Any:
     for _ in range(MAX_TREE):
         node = graph.producer(value)
         hop = graph.hop(node) if node is not None else None
-        if hop is None or not hop.identity or not _same(hop.output, value):
+        if hop is None or not hop.identity or not same_value(hop.output, value):
             break
         value = hop.input
     return value
@@ -212,7 +212,7 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
         )
         root_value = _output(graph, root)
         _expand(graph, root_value, torch.ones(channels, dtype=torch.float64), None, tree, [])
-        ours = [t for t in tree.terms if _same(t.source, tree.x) or _activation(graph, t, tree.x)]
+        ours = [t for t in tree.terms if same_value(t.source, tree.x) or _activation(graph, t, tree.x)]
         if len(ours) < 2:
             continue  # not branches of one value (a residual add of another block's value)
         if tree.kind == "linear" and any(t.kind == "identity" for t in ours):
@@ -240,7 +240,7 @@ def _activation(graph: GraphAdapter, term: _Term, x: Any) -> str:
     for v in graph.inputs(node):
         below = graph.producer(v)
         inner = graph.layer(below) if below is not None else None
-        if inner is not None and _same(_read(graph, inner.input), x):
+        if inner is not None and same_value(_read(graph, inner.input), x):
             return (
                 f"{graph.describe_node(node)} after {graph.describe_node(inner.node)} is not affine: "
                 "an activation inside a branch"
@@ -274,7 +274,7 @@ def _plan(graph: GraphAdapter, anchor: Layer, tree: _Tree, root_value: Any, only
                 Code.MERGE_SHARED,
             )
     for term in tree.terms:
-        if not _same(term.source, x):
+        if not same_value(term.source, x):
             raise _foreign(graph, term, x, tree)
         if term.shared and term.kind != "identity":
             raise _Refused(f"the branch value {graph.describe(term.value)} has another user", Code.MERGE_SHARED)

@@ -69,16 +69,6 @@ def read_regular_file(path: str, what: str = "model file") -> bytes:
         os.close(fd)
 
 
-def check_regular_file(path: str, what: str) -> None:
-    """Refuse ``path`` unless it is a regular file (after following links), without opening it."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read the {what} ({e.strerror or e})") from None
-    if not stat.S_ISREG(mode):
-        raise ModelFileError(f"{path}: the {what} is not a regular file (a FIFO, device or socket?); refused")
-
-
 _CHUNK = 1 << 22  # bytes scanned at a time by json_depth (bounds its temporary arrays)
 
 

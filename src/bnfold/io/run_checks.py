@@ -64,11 +64,6 @@ class Run:
 _RUN: contextvars.ContextVar[Run | None] = contextvars.ContextVar("bnfold_run", default=None)
 
 
-def current_op() -> str:
-    run = _RUN.get()
-    return run.op if run is not None else ""
-
-
 def allocator_failure(e: BaseException) -> bool:
     """Whether ``e`` is the allocator saying no (``MemoryError``, torch's "can't allocate")."""
     if isinstance(e, MemoryError):

@@ -3,14 +3,15 @@
 Per normalization: its scale range, ``kappa = max_c |mean_c| / sqrt(var_c + eps)``
 (the cancellation factor that multiplies the fp16 rounding error of its input),
 the fp16 overflow headroom of its input on the given batches, and whether
-``bnfold.fold`` folds it.  Per layer: SQNR against float64 and NaN/inf counts,
+``bnfold.fold`` folds it.  Per layer: SQNR against the reference run (float64; float32
+under the profiles that store fp16: :func:`.runner.reference_dtype`) and NaN/inf counts,
 unfolded and folded side by side.  End to end: output SQNR, top-1 agreement
-with the float64 model and accuracy against labels (classifiers), NaN/inf counts.
+with the reference run and accuracy against labels (classifiers), NaN/inf counts.
 
 One pipeline for every format: the model's frontend (:mod:`bnfold.frontends`) gives its audit hooks
 (:class:`~.runner.AuditFormat`: the inputs it takes and the runner's :class:`~.runner.Program` of a
 model); ``bnfold.fold`` folds it; both programs run in the lockstep :class:`~.runner.Runner`, the
-folded one measured against the unfolded one's float64 values (:func:`.rows.ref_names`).  The pieces:
+folded one measured against the unfolded one's reference values (:func:`.rows.ref_names`).  The pieces:
 :mod:`.audit_report` (the report's data), :mod:`.rows` (which value each layer row measures, from the
 fold report), :mod:`.norm_rows` (the normalization rows and their risk), :mod:`.end_to_end`.
 :func:`_execute` is the one place where a program executes.
@@ -24,11 +25,11 @@ import torch
 
 from ..report import FoldResult
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
-from .end_to_end import _end_to_end, _fp32_accuracy, _split_labels, _top1, check_class_axis, task
-from .norm_rows import _norms
+from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, split_labels, task, top1_of
+from .norm_rows import norm_audits
 from .profiles import get_profile
 from .rows import Graph, layers, ref_names, rows, segments
-from .runner import EmulationResult, Runner
+from .runner import EmulationResult, Runner, reference_dtype
 from .tensor_error import reference_stats
 
 
@@ -40,7 +41,7 @@ def _stage(progress, name: str) -> None:
 
 def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, progress, against=None, keep=()) -> list:
     """Run ``runner`` on every batch into ``result`` (the one place where the audit executes a program);
-    ``against``: per batch, the float64 values to measure against (no reference run) and what is known of
+    ``against``: per batch, the reference values to measure against (no reference run) and what is known of
     them (``Runner.run``'s ``against_stats``).  Returns, per batch, the reference values named in ``keep`` and
     what their measurement found of them (:func:`.tensor_error.reference_stats`)."""
     on_node = getattr(progress, "node", None)
@@ -95,7 +96,7 @@ def audit(
     ``"onnxruntime"``) also runs that real runtime in half precision and reports it next to the emulation.
 
     ``class_axis``, ``threshold`` in (0, 1) and ``metric`` add the outputs' agreement with the float model
-    (the unfolded model in float64, as float32) on the task: top-1 along that axis of the first output
+    (the unfolded model's reference run, as float32) on the task: top-1 along that axis of the first output
     (default: axis 1 of an ``[N, classes]`` output), the IoU of the above-threshold masks, and
     ``metric(output, reference) -> float`` per batch (:class:`bnfold.numerics.end_to_end.Task` says how).
 
@@ -163,25 +164,26 @@ def audit(
         folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
         _execute(runner, batches, folded, progress, against=against)
     del refs
-    label_batches = _split_labels(labels, batches)
-    top1 = _top1(unfolded.reference)
+    label_batches = split_labels(labels, batches)
+    top1 = top1_of(unfolded.reference)
     layer_rows = layers(row_list, unfolded, folded)
     rep = AuditReport(
         profile=prof.name,
         bn_eps=bn_eps,
         samples=sum(int(b[0].shape[0]) if b and torch.as_tensor(b[0]).dim() else 1 for b in batches),
         batches=len(batches),
-        norms=_norms(prog, unfolded, report, bn_eps, prof, layer_rows),
+        norms=norm_audits(prog, unfolded, report, bn_eps, prof, layer_rows),
         layers=layer_rows,
-        unfolded=_end_to_end(unfolded, unfolded.reference, top1, label_batches, spec),
-        folded=None if folded is None else _end_to_end(folded, unfolded.reference, top1, label_batches, spec),
-        fp32_accuracy=_fp32_accuracy(unfolded.reference, top1, label_batches, spec),
+        unfolded=end_to_end_of(unfolded, unfolded.reference, top1, label_batches, spec),
+        folded=None if folded is None else end_to_end_of(folded, unfolded.reference, top1, label_batches, spec),
+        fp32_accuracy=fp32_accuracy(unfolded.reference, top1, label_batches, spec),
         fold_report=report,
         errors={k: r.errors for k, r in (("unfolded", unfolded), ("folded", folded)) if r is not None},
         all_tensors=tensors,
         local_runs=local,
         name=name or "model",
         random_inputs=random_inputs,
+        reference=str(reference_dtype(prof)).removeprefix("torch."),
     )
     if runtime is not None:
         from .real_runtimes import runtime_run

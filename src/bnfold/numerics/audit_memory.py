@@ -16,7 +16,8 @@ from ..io.run_checks import expect
 from ..io.sizes import elements
 
 #: What the audit holds per element of a floating value while it runs (``numerics.fx_program``): the
-#: emulated value (float32), the float64 reference, and the float64 local run of a layer's segment.
+#: emulated value (float32), the reference, and the local run of a layer's segment, both counted as float64 (under the
+#: profiles that store fp16 they compute in float32: ``runner.reference_dtype``; the count is then an upper bound).
 AUDIT_FLOAT_BYTES = 4 + 8 + 8
 #: ... of an integer / bool value: the emulated and the reference runs compute it each.
 AUDIT_OTHER_COPIES = 2

@@ -80,7 +80,7 @@ class LayerAudit:
 
 @dataclass
 class EndToEnd:
-    """The program's outputs over all batches, against the unfolded model's float64 outputs, and their
+    """The program's outputs over all batches, against the unfolded model's reference outputs, and their
     agreement with the float model on the task (see :class:`bnfold.numerics.end_to_end.Task`)."""
 
     output: TensorError
@@ -145,6 +145,7 @@ class AuditReport:
     name: str = "model"
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
     runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
+    reference: str = "float64"  # the dtype the reference run computed in (``runner.reference_dtype``)
 
     def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the

@@ -3,8 +3,9 @@ agreement with the float model on the task (:class:`Task`): top-1 agreement alon
 the IoU of the above-threshold mask of a probability map, a metric of the user's, and accuracy
 against labels (classifiers).
 
-The reference of the agreement numbers is the float model's output: the unfolded model run in
-float64 (what float32 gives, up to float32 rounding), handed over as float32 tensors.  Top-1 and
+The reference of the agreement numbers is the float model's output: the unfolded model's reference run
+(float64, or float32 under the profiles that store fp16: what float32 gives, up to float32 rounding), handed
+over as float32 tensors.  Top-1 and
 the mask read the model's first output.
 """
 
@@ -140,7 +141,7 @@ class _Agreement:
             e2e.metric = self.metric_sum / self.metric_weight if self.metric_weight else math.nan
 
 
-def _end_to_end(
+def end_to_end_of(
     res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None = None
 ) -> EndToEnd:
     spec = spec or Task()
@@ -155,7 +156,7 @@ def _end_to_end(
         _total(per_batch) if per_batch else TensorError("output", "output", ()),
         batch_sqnr_db=[b.sqnr_db for b in per_batch],
     )
-    preds = _top1(res.outputs) if spec.class_axis is None else []
+    preds = top1_of(res.outputs) if spec.class_axis is None else []
     if preds and len(preds) == len(fp32_top1):
         e2e.predictions = torch.cat(preds)
         e2e.class_axis = 1
@@ -173,7 +174,7 @@ def _total(errs: list[TensorError]) -> TensorError:
     return total
 
 
-def _top1(outputs: list) -> list:
+def top1_of(outputs: list) -> list:
     """Per batch, the top-1 of a classifier's outputs (a first output of shape [N, classes]); [] unless every
     batch has one."""
     out = []
@@ -192,7 +193,7 @@ def _accuracy(preds: torch.Tensor | None, labels: list | None) -> float | None:
     return float((preds == lab).double().mean()) if preds.shape == lab.shape else None
 
 
-def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
+def fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
     """The float model's accuracy against ``labels`` (see :func:`_accuracy`): its argmax along
     ``spec.class_axis`` (of the first reference output), else the float32 top-1 of an ``[N, classes]`` output."""
     if labels is None:
@@ -204,7 +205,7 @@ def _fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec
     return _accuracy(torch.cat(preds) if preds else None, labels)
 
 
-def _split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
+def split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:
     if labels is None:
         return None
     if isinstance(labels, torch.Tensor):

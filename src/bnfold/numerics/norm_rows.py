@@ -84,7 +84,7 @@ def _risks(nb: NormBatch, prof, bn_eps, probes: list, rows: list, out_errs: list
     return out
 
 
-def _norms(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
+def norm_audits(prog: Program, unfolded: EmulationResult, fold_report, bn_eps, prof, layers: list[LayerAudit]):
     """A :class:`NormAudit` per eval-mode batch norm of ``prog`` whose statistics are constants."""
     consts = prog.constants
     layer_of = {v: s for s in prog.steps if s.layer is not None for v in s.outs if v}  # value -> the layer making it

@@ -9,7 +9,7 @@ Errors are keyed by ONNX value name; a BatchNormalization whose statistics are c
 (exact, layer kind, fp16 class) is read from the frontend's op table (``bnfold.onnx.ops.OPS``).
 
 ``against`` (see :meth:`~.runner.Runner.run`): the folded model is measured against the unfolded model's
-float64 values by name: a value the fold kept under its name holds the same tensor (``bnfold.fold`` writes
+reference values by name: a value the fold kept under its name holds the same tensor (``bnfold.fold`` writes
 a folded chain's result under the chain's output name).
 """
 
@@ -30,7 +30,7 @@ from . import accumulate
 from .audit_memory import onnx_audit_plan
 from .batches import as_batches
 from .profiles import Profile
-from .runner import _ROUNDED_TOGETHER, DEFAULT_ROUNDING, Program, Runner, Step, StepNorm, round_fp16
+from .runner import DEFAULT_ROUNDING, ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 
@@ -178,7 +178,7 @@ def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program
 def _large_initializers(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, onnx.TensorProto]:
     """The initializers larger than the constants the runner rounds together whose name nothing else writes."""
     names = Counter([t.name for t in model.graph.initializer] + [o for *_, outs, _ in nodes for o in outs])
-    return {t.name: t for t in model.graph.initializer if names[t.name] == 1 and math.prod(t.dims) > _ROUNDED_TOGETHER}
+    return {t.name: t for t in model.graph.initializer if names[t.name] == 1 and math.prod(t.dims) > ROUNDED_TOGETHER}
 
 
 class OnnxEmulator(Runner):

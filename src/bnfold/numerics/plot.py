@@ -73,7 +73,7 @@ def _depth_panel(ax, rep) -> None:
     ax.set_ylim(bottom, TOP_DB)
     ax.set_xlim(-0.5, max(len(xs) - 0.5, 0.5))
     ax.set_xlabel(f"layer (graph order, {len(xs)} layers)")
-    ax.set_ylabel("cumulative SQNR vs float64 (dB)")
+    ax.set_ylabel(f"cumulative SQNR vs the {rep.reference} reference (dB)")
     ax.set_title("whole model: error carried to each layer", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="lower left")

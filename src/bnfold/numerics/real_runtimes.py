@@ -15,7 +15,7 @@ import onnx
 import torch
 
 from .audit_report import RuntimeRun
-from .end_to_end import _end_to_end
+from .end_to_end import end_to_end_of
 from .onnx_program import onnx_program
 from .runner import EmulationResult, run_in
 
@@ -78,5 +78,5 @@ def runtime_run(runtime: str, model, folded_model, batches: list[tuple], referen
         run = _runner(runtime, m)
         res = EmulationResult(runtime)
         res.outputs = [run(b) for b in batches]
-        setattr(out, which, _end_to_end(res, reference, [], None, task))
+        setattr(out, which, end_to_end_of(res, reference, [], None, task))
     return out

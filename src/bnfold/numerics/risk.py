@@ -22,8 +22,8 @@ for it.  Per channel ``c``, with ``s = gamma / sqrt(var + eps)``,
   by which the input's rounding error grows.
 
 The emulated run then measures the same intermediates from the per-channel
-range of the input (:class:`~bnfold.numerics.probe.NormProbe`) in the float64
-reference and in the emulated run, and the local SQNR loss of the layer row
+range of the input (:class:`~bnfold.numerics.probe.NormProbe`) in the reference
+run and in the emulated run, and the local SQNR loss of the layer row
 the batch norm belongs to.  ``verdict`` puts prediction and measurement
 together: ``input NaN`` / ``overflows`` / ``degrades`` (by about N dB) / ``safe``.
 """
@@ -90,7 +90,7 @@ class EpsRisk:
 class Measured:
     """The same intermediates measured on the audit's batches, at the eps the emulated run used."""
 
-    reference: dict[str, float]  # max |value| computed from the float64 reference input
+    reference: dict[str, float]  # max |value| computed from the reference run's input
     emulated: dict[str, float]  # max |value| computed from the emulated input
     headroom_reference: float
     headroom_emulated: float

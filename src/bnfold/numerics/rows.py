@@ -7,7 +7,7 @@ each chain folded into a layer's output (``Folded.steps``, in graph order) and t
 unfolded program against the value the folded program's readers of that result now read (the layer
 itself, a hop or a bias add after it).  A conv that re-parameterization made compute a sum of
 branches (``Merged``) measures that sum.  Every other value keeps its name and its function, so the
-folded program is measured against the unfolded program's float64 values through :func:`ref_names`.
+folded program is measured against the unfolded program's reference values through :func:`ref_names`.
 """
 
 from __future__ import annotations

@@ -160,8 +160,8 @@ class BatchResult:
 class EmulationResult:
     """All batches: per-tensor errors merged over batches, outputs kept per batch.
 
-    ``errors`` are cumulative (against the float64 run of the whole program); ``local`` holds the
-    error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm;
+    ``errors`` are cumulative (against the reference run of the whole program, :func:`reference_dtype`); ``local``
+    holds the error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm;
     ``not_emulated`` the nodes run in float32 by a reference implementation, not under the profile:
     ``(node, op type, why)``.
     """
@@ -187,7 +187,7 @@ class EmulationResult:
 
 
 #: float constants of at most this many elements are rounded together (:func:`_round_constants`)
-_ROUNDED_TOGETHER = 1 << 12
+ROUNDED_TOGETHER = 1 << 12
 #: elements per 64 bytes of float32: where each constant starts in the concatenation (torch aligns an allocation to
 #: 64 bytes, and a kernel may compute otherwise from a weight that is not aligned: measured, a 1x1 conv's float32
 #: results differ in the last bit for a weight 4 bytes off)
@@ -201,7 +201,7 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
     of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or strided one
     (whose layout a kernel may read) is rounded alone, once per tensor over the runners that share ``shared``
     (keyed by the tensor's memory, layout and version, holding the tensor: its memory is not reused)."""
-    together = [k for k, v in f32.items() if v.numel() <= _ROUNDED_TOGETHER and v.is_contiguous()]
+    together = [k for k, v in f32.items() if v.numel() <= ROUNDED_TOGETHER and v.is_contiguous()]
     out, shared = {}, {} if shared is None else shared
     for k in f32.keys() - set(together):
         t = f32[k]
@@ -273,10 +273,7 @@ class Runner:
         f32 = {k: v if v.dtype == torch.float32 else v.to(torch.float32) for k, v in consts.items() if is_float(v)}
         rounded = _round_constants(prof, f32, shared)
         self._const_e = {k: rounded[k] if k in f32 else v for k, v in consts.items()}
-        # float32 is accurate to ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 the
-        # reference and the local run compute in float32 (their error is 1/8192 of the emulated one wherever a
-        # cancellation amplifies both); the fp32 profile's own error needs float64
-        self._ref_dtype = torch.float32 if prof.fp16_storage or prof.fp16_constants else torch.float64
+        self._ref_dtype = reference_dtype(prof)
         ref32 = self._ref_dtype == torch.float32
         self._const_r = {k: (f32[k] if ref32 else v.to(self._ref_dtype)) if k in f32 else v for k, v in consts.items()}
         readers: dict[str, list[Step]] = {}
@@ -385,7 +382,7 @@ class Runner:
         max_abs_ref)`` by name, :func:`.tensor_error.reference_stats`), not measured again.  ``keep_reference``: the
         reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
         prog, prof = self.program, self.profile
-        meter = ErrorMeter(exact_diff=not (prof.fp16_storage or prof.fp16_constants))
+        meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
         feed = prog.feed(xs)
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
@@ -471,6 +468,14 @@ class Runner:
                     e = e.clone() if step.mutates and e.dtype == self._ref_dtype else e.to(self._ref_dtype)
                 ins.append(e)
         return step.run(ins, self._ref_dtype)[k]  # the model's eps: a runtime's other eps is its error
+
+
+def reference_dtype(profile: Profile) -> torch.dtype:
+    """The dtype the reference run (and the local runs) compute in under ``profile``.  float32 is accurate to
+    ~6e-8 of a value, far below fp16's 5e-4: under a profile that stores fp16 they compute in float32 (their error
+    is 1/8192 of the emulated one wherever a cancellation amplifies both); the fp32 profile's own error needs
+    float64."""
+    return torch.float32 if profile.fp16_storage or profile.fp16_constants else torch.float64
 
 
 def free_after(program: Program) -> dict[int, list[str]]:

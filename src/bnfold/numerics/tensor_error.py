@@ -125,7 +125,7 @@ def measure(
     exact_diff: bool,
     ref_stats: tuple[float, float] | None = None,
 ) -> TensorError:
-    """Compare ``emulated`` with the float64 ``ref``.
+    """Compare ``emulated`` with the reference ``ref`` (float64, or float32 under the profiles that store fp16).
 
     With ``exact_diff=False`` the difference is taken in float32, which is
     accurate to ~1e-7 of ``|ref|``: enough when the emulated error is fp16's

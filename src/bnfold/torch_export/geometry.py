@@ -10,7 +10,7 @@ from typing import Any
 from torch.fx import Node
 
 from ..engine.graph import Binary, ConvGeometry, Layer, Pool
-from .ops import AVG_POOLS, INPLACE_BINARY_OPS, LAYERS, _arg, node_key, op_name
+from .ops import AVG_POOLS, INPLACE_BINARY_OPS, LAYERS, node_arg, node_key, op_name
 
 
 def _tuple(value: Any, rank: int, what: str) -> tuple | str:
@@ -37,9 +37,9 @@ def conv_geometry(layer: Layer, kernel: tuple | None) -> ConvGeometry | str:
         return "the shape of its weight is not known"
     rank = len(kernel)
     s_at, p_at, d_at = CONV_ARGS
-    stride = _tuple(_arg(node, s_at, "stride", 1), rank, "stride")
-    padding = _arg(node, p_at, "padding", 0)
-    dilation = _tuple(_arg(node, d_at, "dilation", 1), rank, "dilation")
+    stride = _tuple(node_arg(node, s_at, "stride", 1), rank, "stride")
+    padding = node_arg(node, p_at, "padding", 0)
+    dilation = _tuple(node_arg(node, d_at, "dilation", 1), rank, "dilation")
     if isinstance(dilation, str) or isinstance(stride, str):
         return dilation if isinstance(dilation, str) else stride
     if padding == "same":  # torch pads d*(k-1) in all, the odd one at the end
@@ -62,9 +62,9 @@ def parse_pool(node: Node) -> Pool | None:
     if rank is None or not node.args or not isinstance(node.args[0], Node):
         return None
     kernel = _tuple(node.args[1], rank, "kernel")
-    stride = _arg(node, 2, "stride", [])
+    stride = node_arg(node, 2, "stride", [])
     stride = kernel if stride in ([], (), None) else _tuple(stride, rank, "stride")
-    padding = _tuple(_arg(node, 3, "padding", 0), rank, "padding")
+    padding = _tuple(node_arg(node, 3, "padding", 0), rank, "padding")
     if any(isinstance(v, str) for v in (kernel, stride, padding)):
         return None
     return Pool(
@@ -75,9 +75,9 @@ def parse_pool(node: Node) -> Pool | None:
         kernel,
         stride,
         tuple((p, p) for p in padding),
-        bool(_arg(node, 5, "count_include_pad", True)),
-        bool(_arg(node, 4, "ceil_mode", False)),
-        _arg(node, 6, "divisor_override", None),
+        bool(node_arg(node, 5, "count_include_pad", True)),
+        bool(node_arg(node, 4, "ceil_mode", False)),
+        node_arg(node, 6, "divisor_override", None),
     )
 
 

@@ -46,7 +46,7 @@ def node_key(node: Node) -> str:
     return op_key(node.target) if node.op == "call_function" else ""
 
 
-def _arg(node: Node, index: int, name: str, default: Any = None) -> Any:
+def node_arg(node: Node, index: int, name: str, default: Any = None) -> Any:
     if len(node.args) > index:
         return node.args[index]
     return node.kwargs.get(name, default)
@@ -125,9 +125,9 @@ def _conv_nd(transposed: bool) -> Callable[[Node], Layer]:
             "conv_transpose" if transposed else "conv",
             node.args[0],
             node.args[1],
-            _arg(node, 2, "bias"),
-            int(_arg(node, 6, "groups", 1)),
-            _padding_is_zero(_arg(node, 4, "padding", 0)),
+            node_arg(node, 2, "bias"),
+            int(node_arg(node, 6, "groups", 1)),
+            _padding_is_zero(node_arg(node, 4, "padding", 0)),
         )
 
     return parse
@@ -149,7 +149,7 @@ def _convolution(node: Node) -> Layer:
 
 
 def _linear(node: Node) -> Layer:
-    return _layer(node, "linear", node.args[0], node.args[1], _arg(node, 2, "bias"), axis=-1)
+    return _layer(node, "linear", node.args[0], node.args[1], node_arg(node, 2, "bias"), axis=-1)
 
 
 def _matmul(node: Node) -> Layer | None:
@@ -609,8 +609,8 @@ def _flat_order(node: Node) -> bool:
     metadata: a file's are checked against the recomputed ones at load (``io.fx_shapes.LAYOUT_READERS``)."""
     x = node.args[0] if node.args else None
     val = x.meta.get("val") if isinstance(x, Node) else None
-    size, stride = _arg(node, 1, "size", None), _arg(node, 2, "stride", None)
-    if not isinstance(val, torch.Tensor) or size is None or stride is None or _arg(node, 3, "storage_offset", None):
+    size, stride = node_arg(node, 1, "size", None), node_arg(node, 2, "stride", None)
+    if not isinstance(val, torch.Tensor) or size is None or stride is None or node_arg(node, 3, "storage_offset", None):
         return False
     if not all(isinstance(d, int) for d in (*size, *stride, *val.shape)):
         return False  # symbolic: not proven
@@ -630,7 +630,7 @@ def _flat_order(node: Node) -> bool:
 def _identity_dropout(node: Node) -> bool:
     key = node_key(node)
     if key in ("aten::dropout.default", "aten::feature_dropout.default"):
-        return not _arg(node, 2, "train", False) or float(_arg(node, 1, "p", 0.0)) == 0.0
+        return not node_arg(node, 2, "train", False) or float(node_arg(node, 1, "p", 0.0)) == 0.0
     if key in ("aten::_to_copy.default", "dim_order_ops::_to_dim_order_copy.default"):
         # a copy that keeps dtype, layout and device
         return all(node.kwargs.get(k) is None for k in ("dtype", "layout", "device"))

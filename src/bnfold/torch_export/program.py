@@ -21,7 +21,7 @@ from torch.export.graph_signature import ExportGraphSignature, InputKind, InputS
 from torch.fx import Node
 from torch.fx.graph_module import _copy_attr
 
-from .tensors import FxTensors, _like
+from .tensors import FxTensors, like_param
 from .verify import scoped_verifiers, snapshot
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
@@ -80,7 +80,7 @@ class ProgramEditor(FxTensors):
     def replace_placeholder(self, node: Node, value: torch.Tensor) -> None:
         spec = self.spec(node)
         store = self._store(spec)
-        store[spec.target] = _like(store[spec.target], value)
+        store[spec.target] = like_param(store[spec.target], value)
         self.set_val(node, value)
 
     def add_placeholder(self, like: Node, target: str, value: torch.Tensor) -> Node:
@@ -103,7 +103,7 @@ class ProgramEditor(FxTensors):
         if self._placeholders is not None:
             self._placeholders[node.name] = node
         store = self._store(new_spec)
-        store[target] = _like(store.get(spec.target), value)
+        store[target] = like_param(store.get(spec.target), value)
         self.set_val(node, value)
         return node
 

@@ -228,7 +228,7 @@ class FxTensors:
     def replace_tensor(self, node: Node, value: torch.Tensor) -> None:
         """Give ``node`` a new value: same name, same kind."""
         if node.op == "get_attr":
-            setattr_path(self.gm, node.target, _like(getattr_path(self.gm, node.target), value))
+            setattr_path(self.gm, node.target, like_param(getattr_path(self.gm, node.target), value))
             self.set_val(node, value)
         else:
             self.replace_placeholder(node, value)
@@ -248,7 +248,7 @@ class FxTensors:
             name = f"{base}_{i}"
         old = getattr_path(self.gm, like.target) if like.op == "get_attr" else None
         if isinstance(old, torch.nn.Parameter):
-            self.gm.register_parameter(name, _like(old, value))
+            self.gm.register_parameter(name, like_param(old, value))
         elif parameter:
             self.gm.register_parameter(name, torch.nn.Parameter(value, requires_grad=False))
         else:
@@ -313,7 +313,7 @@ def _tensors(args: Any) -> list[torch.Tensor]:
     return []
 
 
-def _like(old: Any, value: torch.Tensor) -> torch.Tensor:
+def like_param(old: Any, value: torch.Tensor) -> torch.Tensor:
     if isinstance(old, torch.nn.Parameter):
         return torch.nn.Parameter(value, requires_grad=old.requires_grad)
     return value
