@@ -53,10 +53,10 @@ def counts(ep) -> dict:
 def fold_without_merge(ep):
     import bnfold
     from bnfold.engine import driver
-    from bnfold.engine.reparam import merge_branches
+    from bnfold.engine.reparam import MERGE
 
     saved = driver.RULES
-    driver.RULES = tuple(r for r in saved if r is not merge_branches)
+    driver.RULES = tuple(r for r in saved if r is not MERGE)
     try:
         return bnfold.fold(ep)
     finally:

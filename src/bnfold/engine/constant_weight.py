@@ -22,6 +22,7 @@ from ..report import Code, Folded, FoldStep
 from .chain import Stop
 from .edit import write_layer
 from .graph import GraphAdapter, Layer, Norm, Outcome
+from .rule import Rule
 from .rules import check_layer, output_params
 
 #: How many values the walk up from a weight may visit.
@@ -74,7 +75,7 @@ def fold_constant_weight(graph: GraphAdapter, layer: Layer, only) -> Outcome:
             0,
             graph.node_name(n.node),
             into_node,
-            "constant",
+            CONSTANT.name,
             list(steps),
             [into_node],
             kind=n.kind,
@@ -88,3 +89,8 @@ def fold_constant_weight(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     entries[0].extra_bytes = extra
     out.folded.extend(entries)
     return out
+
+
+CONSTANT = Rule(
+    "constant", "a normalization of a constant weight (weight standardization): the stored weight", fold_constant_weight
+)

@@ -16,12 +16,13 @@ from typing import Any
 from ..kinds import LAYER_KINDS, NORM_KINDS, check_exclude, check_only
 from ..report import Code, FoldReport, KeptOp, Skipped
 from . import spelled
-from .constant_weight import fold_constant_weight
-from .fanout import fold_fanout
+from .constant_weight import CONSTANT
+from .fanout import FANOUT
 from .graph import Binary, GraphAdapter, Norm
 from .lower import lower_unfoldable
-from .reparam import merge_branches
-from .rules import fold_input, fold_output
+from .reparam import MERGE
+from .rule import Rule
+from .rules import INPUT, OUTPUT
 
 #: The rules, in the order they run on each layer: output side first, so that
 #: a batch norm between two layers goes into the one before it (no padding issue);
@@ -29,7 +30,7 @@ from .rules import fold_input, fold_output
 #: re-parameterization merge of summed conv branches (``reparam.py``), whose BN-free branches the
 #: other rules made; last, a weight computed through a normalization of a constant becomes the
 #: stored weight (``constant_weight.py``) where no other rule already wrote it.
-RULES = (fold_output, fold_fanout, fold_input, merge_branches, fold_constant_weight)
+RULES: tuple[Rule, ...] = (OUTPUT, FANOUT, INPUT, MERGE, CONSTANT)
 
 #: Each round folds at least one node, so this bound is never reached in practice.
 MAX_ROUNDS = 64

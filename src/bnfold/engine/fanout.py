@@ -18,6 +18,7 @@ from .axes import channel_axis
 from .chain import Stop, chain_up, same_value
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
+from .rule import Rule
 from .rules import check_layer, input_params
 
 
@@ -117,5 +118,10 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
             f"it feeds {len(layers)} layers and cannot fold into {failed.op} {graph.describe_node(failed.node)}: {err}"
         )
 
-    fold_chain(graph, targets, steps, "fanout", input_params, out, why)
+    fold_chain(graph, targets, steps, FANOUT.name, input_params, out, why)
     return out
+
+
+FANOUT = Rule(
+    "fanout", "an affine chain whose result feeds several layers: into each one's input channels", fold_fanout
+)

@@ -34,6 +34,7 @@ from .axes import channel_axis
 from .chain import Stop, binary_step, norm_step, same_value
 from .edit import write_layer
 from .graph import ConvGeometry, GraphAdapter, Layer, Outcome, Pool
+from .rule import Rule
 from .rules import check_layer
 
 #: How many sum / affine nodes one merged sum may hold (a bound on the walk).
@@ -420,7 +421,7 @@ def _apply(graph: GraphAdapter, root: Any, root_value: Any, tree: _Tree, plan, o
             0,
             graph.node_name(n.node),
             into_node,
-            "merge",
+            MERGE.name,
             list(steps),
             [into_node],
             kind=n.kind,
@@ -449,3 +450,6 @@ def _op(graph: GraphAdapter, node: Any) -> str:
 def _kernel(layer: Layer, graph: GraphAdapter) -> tuple:
     g = graph.conv_geometry(layer) if layer.kind == "conv" else _LINEAR
     return () if isinstance(g, str) else g.kernel
+
+
+MERGE = Rule("merge", "convs of one input summed (re-parameterization branches): into one conv", merge_branches)

@@ -24,8 +24,9 @@ from ..report import Code
 from .chain import Stop, chain_after, chain_before
 from .edit import compose, fold_chain, note, trim_hops
 from .graph import ChainStep, GraphAdapter, Layer, LayerWeights, Outcome
+from .rule import Rule
 
-__all__ = ["check_layer", "compose", "fold_input", "fold_output", "input_params", "output_params"]
+__all__ = ["INPUT", "OUTPUT", "check_layer", "compose", "fold_input", "fold_output", "input_params", "output_params"]
 
 
 def check_layer(graph: GraphAdapter, layer: Layer, only, side: str) -> tuple[LayerWeights, int]:
@@ -126,7 +127,7 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, -1)
     if _only_a_bias(layer, steps):
         return out
-    fold_chain(graph, [(layer, w)], steps, "output", output_params, out, _why(graph))
+    fold_chain(graph, [(layer, w)], steps, OUTPUT.name, output_params, out, _why(graph))
     return out
 
 
@@ -148,5 +149,9 @@ def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, 0)
     if _only_a_bias(layer, steps):
         return out
-    fold_chain(graph, [(layer, w)], steps, "input", input_params, out, _why(graph))
+    fold_chain(graph, [(layer, w)], steps, INPUT.name, input_params, out, _why(graph))
     return out
+
+
+OUTPUT = Rule("output", "a layer, then an affine chain: into the layer's output channels", fold_output)
+INPUT = Rule("input", "an affine chain that feeds only the layer: into its input channels", fold_input)
