@@ -143,7 +143,7 @@ def onnx_npz_batches(model, path: str) -> list[tuple]:
     import numpy as np
     import torch
 
-    from ..numerics.onnx_program import graph_inputs
+    from ..onnx.nodes import graph_inputs
 
     arrays = read_npz(path)
     inputs = graph_inputs(model)

@@ -23,6 +23,7 @@ import onnx
 import torch
 
 from ..onnx.const_eval import graph_constants, node_fields
+from ..onnx.nodes import graph_inputs
 from ..onnx.ops import op_of
 from ..onnx.semantics import IMPLS, attrs, bind, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
@@ -65,11 +66,6 @@ def _tensor(arr: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(
         arr.astype(np.float32) if custom else np.array(arr, dtype=None if arr.dtype.kind in "fb" else np.int64)
     )
-
-
-def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
-    init = {t.name for t in model.graph.initializer}
-    return [i for i in model.graph.input if i.name not in init]
 
 
 def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, float]:

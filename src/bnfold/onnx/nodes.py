@@ -1,4 +1,4 @@
-"""Small helpers to read ONNX nodes."""
+"""Small helpers to read ONNX nodes (and a model's graph inputs)."""
 
 from __future__ import annotations
 
@@ -38,3 +38,9 @@ def subgraphs(node: NodeProto) -> Iterator[tuple[str, GraphProto]]:
         elif a.type == onnx.AttributeProto.GRAPHS:
             for i, g in enumerate(a.graphs):
                 yield f"{a.name}[{i}]", g
+
+
+def graph_inputs(model: onnx.ModelProto) -> list[onnx.ValueInfoProto]:
+    """The main graph's inputs that are no initializers: what a caller feeds."""
+    init = {t.name for t in model.graph.initializer}
+    return [i for i in model.graph.input if i.name not in init]
