@@ -14,7 +14,7 @@ model); ``bnfold.fold`` folds it; both programs run in the lockstep :class:`~.ru
 folded one measured against the unfolded one's reference values (:func:`.rows.ref_names`).  The pieces:
 :mod:`.audit_report` (the report's data), :mod:`.rows` (which value each layer row measures, from the
 fold report), :mod:`.norm_rows` (the normalization rows and their risk), :mod:`.end_to_end`.
-:func:`execute` is the one place where a program executes.
+:func:`.execute.execute` is the one place where a program executes.
 """
 
 from __future__ import annotations
@@ -29,12 +29,12 @@ from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .diagnose import diagnose
 from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, output_index, split_labels, task, top1_of
+from .execute import execute
 from .norm_rows import norm_audits
 from .prescribe import Search
 from .profiles import get_profile
 from .rows import Graph, layers, ref_names, rows, segments
 from .runner import EmulationResult, Runner, reference_dtype
-from .tensor_error import reference_stats
 from .verdict import Floor
 
 
@@ -42,34 +42,6 @@ def _stage(progress, name: str) -> None:
     """Tell ``progress`` that a stage begins, when it understands stages (``progress.stage(name)``)."""
     if callable(stage := getattr(progress, "stage", None)):
         stage(name)
-
-
-def execute(
-    runner: Runner, batches: list[tuple], result: EmulationResult, progress, against=None, keep=(), holding: int = 0
-) -> list:
-    """Run ``runner`` on every batch into ``result`` (the one place where the audit executes a program);
-    ``against``: per batch, the reference values to measure against (no reference run) and what is known of
-    them (``Runner.run``'s ``against_stats``).  Returns, per batch, the reference values named in ``keep`` and
-    what their measurement found of them (:func:`.tensor_error.reference_stats`).  ``holding``: what the audit holds
-    besides (earlier runs' outputs and kept values, :meth:`.audit_memory.AuditHold.kept`); each batch's run counts it
-    with what the batches before it left, against the budget (``Runner.run``'s ``holding``)."""
-    on_node = getattr(progress, "node", None)
-    kept = []
-    for done, batch in enumerate(batches, 1):
-        if against is None:
-            res = runner.run(*batch, on_node=on_node, keep_reference=frozenset(keep), holding=holding)
-        else:
-            values, stats = against[done - 1]
-            res = runner.run(
-                *batch, reference=False, against=values, against_stats=stats, on_node=on_node, holding=holding
-            )
-        holding += AuditHold.kept([res.outputs, res.reference, res.kept])
-        stats = {name: s for name in res.kept if (s := reference_stats(res.errors.get(name))) is not None}
-        kept.append((res.kept, stats))  # before result.add: it merges the next batches into these errors
-        result.add(res)
-        if progress is not None:
-            progress(done, len(batches))
-    return kept
 
 
 def audit(

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from .cause import Cause, OpRecord, find_cause, op_records
+from .execute import execute
 from .profiles import FP16_MAX
 from .runner import EmulationResult, Runner
 
@@ -100,9 +101,7 @@ class Prescription:
 
 def run_program(program, profile, bn_eps, batches: list, fp32: frozenset = frozenset(), shared=None, holding=0):
     """An emulation of ``program`` (every float value measured against its own reference run) with ``fp32`` kept
-    in float32 (``holding``: what the audit holds besides, see ``audit.execute``)."""
-    from .audit import execute
-
+    in float32 (``holding``: what the audit holds besides, see :func:`.execute.execute`)."""
     runner = Runner(program, profile, bn_eps, fp32=fp32, shared=shared)
     res = EmulationResult(runner.profile.name, not_emulated=runner.not_emulated)
     execute(runner, batches, res, None, holding=holding)
