@@ -227,6 +227,9 @@ def test_report_rows_do_not_need_every_tensor(profile):
         assert full.pop("all_tensors") and not rows.pop("all_tensors")
         measured, all_of_them = (d.pop("tensors")["unfolded"] for d in (rows, full))
         assert 0 < len(measured) < len(all_of_them)
+        ops, all_ops = rows.pop("ops"), full.pop("ops")  # per op: those measured
+        peaks = {op["value"]: op["peak"] for op in all_ops}  # the jumps read inputs the rows do not measure
+        assert 0 < len(ops) < len(all_ops) and all(peaks[op["value"]] == op["peak"] for op in ops)
         for d in (full, rows):
             d["fold_report"]["summary"].pop("seconds")
         assert rows == full

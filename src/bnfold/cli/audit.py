@@ -18,13 +18,22 @@ from .jsonout import print_json, versioned
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..io.files import ONNX, model_kind
     from ..io.output import check_outputs, check_side_file
+    from ..numerics import block_list
     from ..numerics.progress import Progress
 
     debug = opt(args, "debug")
-    check_outputs({"plot": args.plot}, inputs=[args.input, args.batches])
-    if args.plot:
-        check_side_file(args.plot, not_same_as=[args.input], what="plot")
+    check_outputs({"plot": args.plot, "block list": args.block_list}, inputs=[args.input, args.batches])
+    for what, path in (("plot", args.plot), ("block list", args.block_list)):
+        if path:
+            check_side_file(path, not_same_as=[args.input], what=what)
+    onnx = model_kind(args.input) == ONNX
+    fmt = args.block_list_format or ("onnxconverter-common" if onnx else "torch")
+    if args.block_list_format and not args.block_list:
+        raise BnfoldError("--block-list-format needs --block-list FILE")
+    if args.block_list and onnx != (fmt in block_list.ONNX_FORMATS):
+        raise BnfoldError(f"--block-list-format {fmt} is not for {'an ONNX model' if onnx else 'a torch program'}")
     progress = Progress(enabled=True)
     frozen = False
     try:
@@ -42,14 +51,20 @@ def run(args: argparse.Namespace) -> int:
             progress.stage("plot")
             with quiet(not debug):
                 report.plot(args.plot)  # written atomically
+        if args.block_list:
+            try:
+                block_list.write(args.block_list, report.prescription, fmt, onnx)
+            except ValueError as e:
+                raise BnfoldError(f"--block-list: {e}") from None
     finally:
         if frozen:
             gc.unfreeze()  # a caller in the same process (tests) gets its collector back as it was
         progress.close()
     if opt(args, "json"):
         payload = versioned(input=args.input)
-        if args.plot:
-            payload["plot"] = args.plot
+        for key, path in (("plot", args.plot), ("block_list", args.block_list)):
+            if path:
+                payload[key] = path
         payload.update(report.to_dict())
         print_json(payload)
     else:
@@ -58,8 +73,9 @@ def run(args: argparse.Namespace) -> int:
         if level == verbosity.VERBOSE and report.fold_report is not None:
             print(f"\nfold report:\n{report.fold_report.table()}")
             print("\n".join(verbosity.entry_details(report.fold_report)))
-        if args.plot:
-            print(f"wrote {args.plot}")
+        for path in (args.plot, args.block_list):
+            if path:
+                print(f"wrote {path}")
     return EXIT_OK
 
 
@@ -72,12 +88,17 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool):
     from ..frontends import FRONTENDS, frontend_for
     from ..numerics import audit
     from ..numerics.end_to_end import TaskError
+    from ..numerics.verdict import Floor
 
     fe = frontend_for(model)
     if args.runtime and args.runtime not in fe.runtimes:
         raise BnfoldError(f"--runtime is for {' and '.join(f'{f.noun}s' for f in FRONTENDS if f.runtimes)}")
     cannot_run = fe.numerics().cannot_run
     input_shapes = shapes.input_shapes(getattr(args, "input_shape", None)) if fe.open_dims else None
+    try:
+        Floor(args.min_agreement, args.min_sqnr)
+    except ValueError as e:
+        raise BnfoldError(f"--min-agreement/--min-sqnr: {e}") from None
     progress.stage("fold")
     with quiet(not debug):
         folded = fold(model)
@@ -101,8 +122,11 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool):
                 threshold=args.threshold,
                 tensors=bool(opt(args, "json")),  # every value's error: only the JSON lists them
                 local=bool(opt(args, "local")),  # the local runs: only when asked (--local)
+                min_agreement=args.min_agreement,
+                min_sqnr_db=args.min_sqnr,
+                output=args.task_output,
             )
-    except TaskError as e:  # a bad --threshold / --class-axis: one line naming the option
+    except TaskError as e:  # a bad --threshold / --class-axis / --output: one line naming the option
         raise BnfoldError(f"--{e.option.replace('_', '-')}: {e}") from None
     except cannot_run as e:  # an op the audit cannot run, inputs that do not fit
         raise BnfoldError(f"{args.input}: cannot audit this {fe.noun}: {e}") from None

@@ -12,6 +12,7 @@ import argparse
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..numerics.block_list import FORMATS as BLOCK_LIST_FORMATS
 from . import shapes, types
 from .constants import DEFAULT_RANDOM_BATCHES, ONLY_KINDS, PROFILES
 from .texts import TRUST_HELP
@@ -150,6 +151,34 @@ OPTIONS: dict[str, Option] = {
         "local columns) and the measured loss of a fold, which the verdicts then weigh beside the predicted one; "
         "16-35%% more time after the fold",
         {"action": "store_true"},
+    ),
+    "task_output": Option(
+        ("--output",),
+        "the output (its name or index) that top-1, mask IoU and the verdict's SQNR read (default: the first for the "
+        "task, every output together for the SQNR); each output's numbers are in the JSON",
+        {"metavar": "NAME|INDEX"},
+    ),
+    "min_agreement": Option(
+        ("--min-agreement",),
+        "the verdict's floor for top-1 agreement and mask IoU with fp32 (default: 0.99)",
+        {"type": float, "metavar": "A", "default": 0.99},
+    ),
+    "min_sqnr": Option(
+        ("--min-sqnr",),
+        "the verdict's floor for the output SQNR in dB (default: 20)",
+        {"type": float, "metavar": "DB", "default": 20.0},
+    ),
+    "block_list": Option(
+        ("--block-list",),
+        "write the prescription's nodes to keep in float32 to FILE (in --block-list-format)",
+        {"metavar": "FILE"},
+    ),
+    "block_list_format": Option(
+        ("--block-list-format",),
+        "what --block-list writes: onnxconverter-common (node_block_list), modelopt (AutoCast nodes_to_exclude), "
+        "openvino (disable_fp16_compression rt info), tensorrt (trtexec --layerPrecisions), torch (module paths); "
+        "default: onnxconverter-common for ONNX, torch for a torch program",
+        {"choices": BLOCK_LIST_FORMATS, "metavar": "F"},
     ),
     # demo
     "out": Option(("--out",), "folder for the demo's files (default: .)", {"metavar": "DIR", "default": "."}),

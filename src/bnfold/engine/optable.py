@@ -40,6 +40,8 @@ class Op:
     over input channels per group; ``linear`` / ``matmul``: over the last axis), "" for no layer.
     ``fp16``: the class of ops a runtime keeps in fp16 in a float16 model whose other ops compute in
     float32 (``movement``: data movement, ``softmax``; ``profiles.ORT_CPU_FP16_CLASSES``).
+    ``accumulate``: a reduction a GPU sums in fp16 under the ``fp16-acc`` profile (``sum``, ``mean``: over its
+    axes; ``pool``: an average pool, over its window), "" for none (``bnfold.numerics.accumulate``).
     """
 
     role: str
@@ -51,3 +53,4 @@ class Op:
     rounding: str = ""
     layer: str = ""
     fp16: str = ""
+    accumulate: str = ""

@@ -146,6 +146,7 @@ def before_op(
     budget: Budget | None = None,
     nbytes: int | None = None,
     values: tuple | list = (),
+    held: Callable[[int], int] | None = None,
 ) -> list[Out] | None:
     """The check just before the op ``label`` runs ``fn(*args, **kwargs)`` on real values.
 
@@ -153,7 +154,9 @@ def before_op(
     the op's outputs: ``nbytes`` when the caller knows them, else ``fn``'s meta kernels on meta
     copies of the arguments, unless the watched run's plan sized every one of the op's output
     ``values`` (names) with those kernels already (:func:`expect`).  Outputs over ``budget`` (default:
-    the watched run's) are refused (:class:`WorkError`) before anything is allocated.  Returns the
+    the watched run's) are refused (:class:`WorkError`) before anything is allocated; ``held(nbytes)``: what the run
+    holds in all once it has made outputs of ``nbytes`` (the values it holds already and what it keeps of these, as
+    the plan counts them), checked in their place.  Returns the
     outputs the meta kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
     run = _RUN.get()
     if run is not None:
@@ -170,10 +173,12 @@ def before_op(
     if nbytes is None and fn is not None and limit is not None:
         outs = meta_outputs(fn, args, kwargs or {})
         nbytes = None if outs is None else sum(o.nbytes for o in outs)
-    if limit is not None and nbytes is not None and nbytes > limit.bytes:
+    total = nbytes if held is None or nbytes is None else held(nbytes)
+    if limit is not None and total is not None and total > limit.bytes:
         where = f"{run.where}: " if run is not None and run.where else ""
+        holds = "" if total == nbytes else f" (the run would hold {size_text(total)} with what it holds already)"
         raise WorkError(
-            f"{where}{label} would create {size_text(nbytes)}, over the budget of {size_text(limit.bytes)}; "
+            f"{where}{label} would create {size_text(nbytes)}{holds}, over the budget of {size_text(limit.bytes)}; "
             f"{MAX_WORK_HINT}"
         )
     return outs
@@ -188,8 +193,11 @@ class OpSizes:
     def __init__(self):
         self._found: dict[Any, tuple] = {}  # key -> (input signature, its outputs' bytes or None: no meta kernel tells)
 
-    def check(self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None) -> None:
-        """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs."""
+    def check(
+        self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None, held=None
+    ) -> None:
+        """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs
+        (``held``: see :func:`before_op`)."""
         run = _RUN.get()
         if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
             before_op(label, values=values)
@@ -197,13 +205,13 @@ class OpSizes:
         sig = meta_signature(ins)
         found = self._found.get(key)
         if found is not None and found[0] == sig:
-            before_op(label, values=values, nbytes=found[1])
+            before_op(label, values=values, nbytes=found[1], held=held)
             return
         bound = shape_bound(shape, ins, outs, channel_axis)
-        if bound is not None and bound <= run.budget.bytes:
+        if bound is not None and (bound if held is None else held(bound)) <= run.budget.bytes:
             before_op(label, values=values)
             return
-        outs = before_op(label, fn, args, values=values)
+        outs = before_op(label, fn, args, values=values, held=held)
         if sig is not None:
             self._found[key] = (sig, None if outs is None else sum(o.nbytes for o in outs))
 
@@ -278,8 +286,13 @@ def _on_meta(fn: Callable[..., Any], args: Any, kwargs: dict, keep: int) -> Any:
     import torch
     from torch.utils._pytree import tree_flatten, tree_map
 
+    # the op's first tensor is its data when it is a float tensor of more than one element: never real, whatever
+    # its size (a tiny input Resized by computed scales would be allocated for real in the meta run)
+    first = next((v for v in tree_flatten(tuple(args))[0] if isinstance(v, torch.Tensor)), None)
+    data = first if first is not None and first.is_floating_point() and first.numel() > 1 else None
+
     def meta(v):
-        if isinstance(v, torch.Tensor) and v.device.type != "meta" and v.numel() > keep:
+        if isinstance(v, torch.Tensor) and v.device.type != "meta" and (v.numel() > keep or v is data):
             return torch.empty_strided(tuple(v.shape), tuple(v.stride()), dtype=v.dtype, device="meta")
         return v
 

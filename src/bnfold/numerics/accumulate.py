@@ -1,9 +1,11 @@
-"""The ``fp16-acc`` profile's layers: conv / linear / matmul accumulating in fp16.
+"""The ``fp16-acc`` profile's layers and reductions: conv / linear / matmul, sums, means and average pools
+accumulating in fp16.
 
-The reduction is cut into chunks of ``chunk`` input channels (conv) or
-features (linear, matmul); each chunk is summed in float32 and rounded to
-fp16, and the chunk sums are added one at a time in fp16.  The bias is added
-last, in fp16.
+The reduction is cut into chunks of ``chunk`` input channels (conv), features (linear, matmul) or reduced
+elements (sum, mean); each chunk is summed in float32 and rounded to fp16, and the chunk sums are added one at a
+time in fp16.  The bias is added last, in fp16; a mean divides the fp16 sum (a GPU's mean kernel sums first: an SE
+block's mean over 56x56 positions passes 65504 where the mean does not).  An average pool's window sum is rounded to
+fp16 once before the divide (windows are small: up to ``chunk`` elements, one chunk).
 """
 
 from __future__ import annotations
@@ -82,3 +84,23 @@ def linear(name: str, kw: dict[str, Any], chunk: int) -> torch.Tensor:
     if bias is not None:
         out = round_fp16(out + (bias * beta if beta != 1 else bias))
     return out
+
+
+def reduction(x: torch.Tensor, dims, keepdim: bool, mean: bool, chunk: int) -> torch.Tensor:
+    """``x.sum(dims)`` (``mean``: ``x.mean(dims)``) with fp16 accumulation (``dims``: None or empty for all)."""
+    nd = x.dim()
+    axes = sorted({int(d) % nd for d in dims}) if dims else list(range(nd))
+    rest = [d for d in range(nd) if d not in axes]
+    flat = x.permute(*rest, *axes).reshape(*(x.shape[d] for d in rest), -1)
+    k = flat.shape[-1]
+    out = _accumulate(flat[..., s].sum(-1) for s in _chunks(k, chunk)) if k else flat.sum(-1)
+    if mean:
+        out = round_fp16(out / k)
+    if keepdim:
+        out = out.reshape([1 if d in axes else x.shape[d] for d in range(nd)])
+    return out
+
+
+def pool(averaged: torch.Tensor, window: int) -> torch.Tensor:
+    """An average pool's output ``averaged`` (float32) as a runtime that sums each window in fp16 computes it."""
+    return round_fp16(round_fp16(averaged * window) / window)

@@ -46,9 +46,31 @@ def _task(report) -> list[str]:
     return [f"on these inputs, agreement with fp32: {'; '.join(parts)}."] if parts else []
 
 
+def verdict(report) -> list[str]:
+    """The verdict line (and the prescription's when the model is rejected); [] for a report without one."""
+    if report.deploy is None or report.floor is None:
+        return []
+    weak = " (random inputs: weak evidence; audit real data with --inputs)" if report.random_inputs else ""
+    if report.deploy:
+        which = "the folded model" if report.ship == "folded" else "the model as is"
+        return [f"verdict: deploy {which} under {report.profile}: {report.floor.met(report.shipped)}{weak}."]
+    which = "folded model" if report.ship == "folded" else "model"
+    cause = (
+        report.cause.line()
+        if report.cause is not None
+        else ("no op breaks (no overflow, no NaN/inf from finite inputs, no SQNR drop of 10 dB or more)")
+    )
+    misses = "; ".join(report.floor.failures(report.shipped))
+    lines = [f"verdict: do not deploy under {report.profile} as is: {cause}; the {which}: {misses}{weak}."]
+    if report.prescription is not None:
+        lines.append(report.prescription.line())
+    return lines
+
+
 def advice(report) -> list[str]:
     norms = report.norms
-    lines = [] if report.random_inputs else _task(report)  # real inputs: the task's number comes first
+    lines = verdict(report)
+    lines += [] if report.random_inputs else _task(report)  # real inputs: the task's number comes next
     bad = [n for n in norms if n.verdict in ("overflows", "degrades", "input NaN")]
     over = [n for n in norms if n.verdict == "overflows"]
     eps = "the model's eps" if report.bn_eps is None else f"runtime eps {report.bn_eps:g}"
@@ -76,9 +98,6 @@ def advice(report) -> list[str]:
         lines.append(f"{len(kept)} stay after folding: {_cost(kept)}." if kept else "none stays after folding.")
     if report.folded is not None:
         lines.append(f"end to end: unfolded {_e2e(report.unfolded)}, folded {_e2e(report.folded)}.")
-        uo, fo = report.unfolded.output, report.folded.output
-        if not fo.nonfinite and (uo.nonfinite or fo.sqnr_db >= uo.sqnr_db):  # no NaN/inf, and no worse
-            lines.append("deploy the folded model.")
     what_if = [n for n in norms if n.risk is not None and n.risk.risky_at_what_if]
     if report.bn_eps is None and report.profile == "htp" and norms:
         if what_if:

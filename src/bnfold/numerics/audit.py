@@ -14,50 +14,34 @@ model); ``bnfold.fold`` folds it; both programs run in the lockstep :class:`~.ru
 folded one measured against the unfolded one's reference values (:func:`.rows.ref_names`).  The pieces:
 :mod:`.audit_report` (the report's data), :mod:`.rows` (which value each layer row measures, from the
 fold report), :mod:`.norm_rows` (the normalization rows and their risk), :mod:`.end_to_end`.
-:func:`_execute` is the one place where a program executes.
+:func:`.execute.execute` is the one place where a program executes.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
 from ..report import FoldResult
+from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
-from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, split_labels, task, top1_of
+from .diagnose import diagnose
+from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, output_index, split_labels, task, top1_of
+from .execute import execute
 from .norm_rows import norm_audits
+from .prescribe import Search
 from .profiles import get_profile
 from .rows import Graph, layers, ref_names, rows, segments
 from .runner import EmulationResult, Runner, reference_dtype
-from .tensor_error import reference_stats
+from .verdict import Floor
 
 
 def _stage(progress, name: str) -> None:
     """Tell ``progress`` that a stage begins, when it understands stages (``progress.stage(name)``)."""
     if callable(stage := getattr(progress, "stage", None)):
         stage(name)
-
-
-def _execute(runner: Runner, batches: list[tuple], result: EmulationResult, progress, against=None, keep=()) -> list:
-    """Run ``runner`` on every batch into ``result`` (the one place where the audit executes a program);
-    ``against``: per batch, the reference values to measure against (no reference run) and what is known of
-    them (``Runner.run``'s ``against_stats``).  Returns, per batch, the reference values named in ``keep`` and
-    what their measurement found of them (:func:`.tensor_error.reference_stats`)."""
-    on_node = getattr(progress, "node", None)
-    kept = []
-    for done, batch in enumerate(batches, 1):
-        if against is None:
-            res = runner.run(*batch, on_node=on_node, keep_reference=frozenset(keep))
-        else:
-            values, stats = against[done - 1]
-            res = runner.run(*batch, reference=False, against=values, against_stats=stats, on_node=on_node)
-        stats = {name: s for name in res.kept if (s := reference_stats(res.errors.get(name))) is not None}
-        kept.append((res.kept, stats))  # before result.add: it merges the next batches into these errors
-        result.add(res)
-        if progress is not None:
-            progress(done, len(batches))
-    return kept
 
 
 def audit(
@@ -75,8 +59,13 @@ def audit(
     class_axis: int | None = None,
     threshold: float | None = None,
     metric: Callable | None = None,
+    output: int | str | None = None,
     tensors: bool = True,
     local: bool = True,
+    min_agreement: float = 0.99,
+    min_sqnr_db: float = 20.0,
+    prescribe: bool = True,
+    max_runs: int = 8,
 ) -> AuditReport:
     """Audit ``model`` (an ExportedProgram, an nn.Module exported here in eval mode, or an ONNX ModelProto)
     under ``profile``.
@@ -99,6 +88,9 @@ def audit(
     (the unfolded model's reference run, as float32) on the task: top-1 along that axis of the first output
     (default: axis 1 of an ``[N, classes]`` output), the IoU of the above-threshold masks, and
     ``metric(output, reference) -> float`` per batch (:class:`bnfold.numerics.end_to_end.Task` says how).
+    ``output`` (an index or the output's name): the output those read instead of the first, and whose SQNR the
+    end-to-end numbers and the verdict judge (default: every float output together); each output's own numbers
+    are in ``to_dict()``'s ``end_to_end.*.outputs``.
 
     ``tensors``: measure every floating value of both programs against its reference (the report's
     ``tensors``); with False, only the values the report's rows read (layer outputs and the normalizations'
@@ -107,19 +99,28 @@ def audit(
     segment from its emulated inputs (the error it adds by itself, a fold's measured loss): 16-35% more time after the
     fold there; False (``bnfold audit`` without ``--local``): verdicts on the predicted loss.
 
+    The verdict (``report.deploy``, the first line of ``what_to_do``): the model the user would ship (the folded one
+    where the fold changed it) keeps the task under the profile: no NaN/inf, top-1 agreement and mask IoU at least
+    ``min_agreement``, output SQNR at least ``min_sqnr_db`` (:class:`~.verdict.Floor`).  ``report.ops``: per op, its
+    peak against the profile's limit, NaN/inf and SQNR jump; ``report.cause``: the op where damage starts.  A rejected
+    model gets ``report.prescription`` when ``prescribe``: a verified rewrite, else the nodes to keep in float32,
+    found in at most ``max_runs`` more emulations (:mod:`.prescribe`).
+
     A program whose batch norms run in training mode is refused (ValueError): its numbers would change
     from run to run and nothing in it folds.
     """
     from ..frontends import frontend_for
 
     spec = task(class_axis, threshold, metric)
+    floor = Floor(float(min_agreement), float(min_sqnr_db))
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
         raise TypeError(
             f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
         )
     fmt = fe.numerics()
-    check_class_axis(spec.class_axis, fmt.output_rank(model))
+    if output is None:
+        check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     model, batches, name, random_inputs = fmt.prepare(
         model,
@@ -139,6 +140,7 @@ def audit(
         _stage(progress, "fold")
         folded_model, report = (result := bnfold_fold(model)).model, result.report
     prog = fmt.program(model)
+    spec = replace(spec, output=output_index(output, prog.outputs))
     fprog = fmt.program(folded_model, prog) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
@@ -150,7 +152,7 @@ def audit(
     rounded: dict = {}  # the constants both programs hold (a weight the fold left as it was) are rounded once
     runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True, shared=rounded)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
-    refs = _execute(runner, batches, unfolded, progress, keep=set(names.values()))
+    refs = execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None
     if fprog is not None:
         _stage(progress, "emulate folded")
@@ -162,10 +164,11 @@ def audit(
         fouts = {r.folded for r in row_list if r.folded is not None}
         runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts, shared=rounded)
         folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
-        _execute(runner, batches, folded, progress, against=against)
+        held = AuditHold.kept([unfolded.outputs, unfolded.reference, refs])
+        execute(runner, batches, folded, progress, against=against, holding=held)
     del refs
     label_batches = split_labels(labels, batches)
-    top1 = top1_of(unfolded.reference)
+    top1 = top1_of(unfolded.reference, spec.at)
     layer_rows = layers(row_list, unfolded, folded)
     rep = AuditReport(
         profile=prof.name,
@@ -185,6 +188,14 @@ def audit(
         random_inputs=random_inputs,
         reference=str(reference_dtype(prof)).removeprefix("torch."),
     )
+    rep.floor = floor
+    search = Search(
+        prof, bn_eps, batches, lambda res: end_to_end_of(res, unfolded.reference, top1, label_batches, spec), floor
+    )
+    search.shared, search.max_runs = rounded, max_runs
+    search.holding = sum(AuditHold.kept([r.outputs, r.reference]) for r in (unfolded, folded) if r is not None)
+    programs, results = {"unfolded": prog, "folded": fprog}, {"unfolded": unfolded, "folded": folded}
+    diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
     if runtime is not None:
         from .real_runtimes import runtime_run
 

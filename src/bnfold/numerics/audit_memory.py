@@ -60,6 +60,15 @@ class AuditHold:
             return _slack(n * AUDIT_FLOAT_BYTES)
         return _slack(nbytes * AUDIT_OTHER_COPIES)
 
+    @staticmethod
+    def kept(values: Any) -> int:
+        """What the audit holds of the tensors in ``values`` (nested lists, tuples and dicts) it keeps across runs."""
+        if isinstance(values, dict):
+            values = list(values.values())
+        if isinstance(values, (list, tuple)):
+            return sum(AuditHold.kept(v) for v in values)
+        return _slack(values.nbytes) if hasattr(values, "nbytes") and hasattr(values, "numel") else 0
+
     def constants(self, weights: int, float_elements: int) -> int:
         emulators = 2 if self.runs > 2 else 1
         return _slack(weights * emulators + emulators * float_elements * (4 + 8))

@@ -93,6 +93,8 @@ class EndToEnd:
     metric: float | None = None  # the user's metric(output, reference), batches weighted by their sample count
     metric_name: str | None = None
     batch_sqnr_db: list[float] = field(default_factory=list)  # the output SQNR of each batch by itself
+    outputs: dict = field(default_factory=dict)  # per float output (by index), its error over all batches
+    output_index: int | None = None  # the output ``output`` measures (None: every float output together)
 
     @property
     def sqnr_spread_db(self) -> float:
@@ -124,6 +126,11 @@ class EndToEnd:
             "metric": json_float(self.metric) if self.metric is not None else None,
             "metric_name": self.metric_name,
             "accuracy": self.accuracy,
+            "output": self.output_index,
+            "outputs": [
+                {"index": i, **{k: v for k, v in e.to_dict().items() if k not in ("node", "op")}}
+                for i, e in sorted(self.outputs.items())
+            ],
         }
 
 
@@ -146,6 +153,17 @@ class AuditReport:
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
     runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
     reference: str = "float64"  # the dtype the reference run computed in (``runner.reference_dtype``)
+    floor: Any = None  # what the verdict asks (:class:`~.verdict.Floor`)
+    ship: str = "unfolded"  # the program the verdict judges: "folded" (the fold changed the model) or "unfolded"
+    deploy: bool | None = None  # the verdict: the shipped program keeps the task under the profile
+    ops: list = field(default_factory=list)  # per op of the shipped program (:class:`~.cause.OpRecord`)
+    cause: Any = None  # where its damage starts (:class:`~.cause.Cause`), None when nothing breaks
+    prescription: Any = None  # what fixes it (:class:`~.prescribe.Prescription`)
+
+    @property
+    def shipped(self) -> EndToEnd:
+        """The end-to-end numbers of the program the verdict judges."""
+        return self.folded if self.ship == "folded" and self.folded is not None else self.unfolded
 
     def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
@@ -175,6 +193,9 @@ class AuditReport:
             "bn_eps": self.bn_eps,
             "random_inputs": self.random_inputs,
             "what_to_do": self.advice(),
+            "verdict": self.verdict_dict(),
+            "cause": _dict(self.cause),
+            "prescription": _dict(self.prescription),
             "samples": self.samples,
             "batches": self.batches,
             "fp32_accuracy": self.fp32_accuracy,
@@ -186,6 +207,19 @@ class AuditReport:
             "tensors": {prog: [e.to_dict() for e in errs.values()] for prog, errs in self.errors.items()},
             "all_tensors": self.all_tensors,
             "local_runs": self.local_runs,
+            "ops": [r.to_dict() for r in self.ops],
+        }
+
+    def verdict_dict(self) -> dict | None:
+        if self.deploy is None:
+            return None
+        misses = [] if self.floor is None else self.floor.failures(self.shipped)
+        return {
+            "deploy": self.deploy,
+            "model": self.ship,
+            "failures": misses,
+            "floor": _dict(self.floor),
+            "weak_evidence": self.random_inputs,
         }
 
     def table(self) -> str:

@@ -41,6 +41,14 @@ class Task:
     class_axis: int | None = None
     threshold: float | None = None
     metric: Callable | None = None
+    #: the output the task numbers and the verdict's SQNR read (an index; None: the first for the task, every float
+    #: output together for the SQNR)
+    output: int | None = None
+
+    @property
+    def at(self) -> int:
+        """The index of the output the task reads."""
+        return self.output or 0
 
     @property
     def metric_name(self) -> str | None:
@@ -50,7 +58,7 @@ class Task:
 
 
 class TaskError(ValueError):
-    """A task option that does not fit (one line); ``option`` names it (``threshold``, ``class_axis``)."""
+    """A task option that does not fit (one line); ``option`` names it (``threshold``, ``class_axis``, ``output``)."""
 
     def __init__(self, option: str, message: str):
         super().__init__(message)
@@ -72,6 +80,24 @@ def task(class_axis=None, threshold=None, metric=None) -> Task:
     if metric is not None and not callable(metric):
         raise TypeError(f"metric must be a function fn(output, reference) -> float, got {type(metric).__name__}")
     return Task(class_axis, threshold, metric)
+
+
+def output_index(output, names: list[str]) -> int | None:
+    """``output`` (an index, a name among ``names``, or None) as an index into the program's outputs
+    (:class:`TaskError`: none such)."""
+    if output is None:
+        return None
+    if isinstance(output, str) and not output.isdigit():
+        if output not in names:
+            raise TaskError("output", f"the model has no output named {output!r} (its outputs: {', '.join(names)})")
+        return names.index(output)
+    try:
+        k = int(output)
+    except (TypeError, ValueError):
+        raise TaskError("output", f"output must be an output's index or name, got {output!r}") from None
+    if isinstance(output, bool) or not 0 <= k < len(names):
+        raise TaskError("output", f"output {output!r} is out of range: the model has {len(names)} output(s)")
+    return k
 
 
 def check_class_axis(axis: int | None, rank: int | None) -> None:
@@ -100,7 +126,8 @@ class _Agreement:
 
     def add(self, outs: list, refs: list) -> None:
         spec = self.spec
-        first, ref = (outs[0], refs[0]) if outs and refs else (None, None)
+        k = spec.at
+        first, ref = (outs[k], refs[k]) if len(outs) > k and len(refs) > k else (None, None)
         tensors = isinstance(first, torch.Tensor) and isinstance(ref, torch.Tensor)
         if spec.class_axis is not None and tensors:
             check_class_axis(spec.class_axis, first.dim())
@@ -145,18 +172,28 @@ def end_to_end_of(
     res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None = None
 ) -> EndToEnd:
     spec = spec or Task()
-    per_batch = []  # each batch's output error, its float outputs together
+    per_batch = []  # each batch's output error: the output named, else its float outputs together
+    each: dict[int, list[TensorError]] = {}  # per output, its error in each batch
     agreement = _Agreement(spec)
     for outs, refs in zip(res.outputs, ref_outputs):
-        floats = [(o, r) for o, r in zip(outs, refs) if isinstance(r, torch.Tensor) and r.is_floating_point()]
-        if floats:
-            per_batch.append(_total([measure("output", "output", o, r, exact_diff=True) for o, r in floats]))
+        errs = {
+            i: measure(f"output {i}", "output", o, r, exact_diff=True)
+            for i, (o, r) in enumerate(zip(outs, refs))
+            if isinstance(r, torch.Tensor) and r.is_floating_point()
+        }
+        for i, e in errs.items():
+            each.setdefault(i, []).append(e)
+        judged = [errs[spec.output]] if spec.output is not None and spec.output in errs else list(errs.values())
+        if judged:
+            per_batch.append(_total(judged))
         agreement.add(outs, refs)
     e2e = EndToEnd(
         _total(per_batch) if per_batch else TensorError("output", "output", ()),
         batch_sqnr_db=[b.sqnr_db for b in per_batch],
+        outputs={i: _total(v) for i, v in each.items()},
+        output_index=spec.output,
     )
-    preds = top1_of(res.outputs) if spec.class_axis is None else []
+    preds = top1_of(res.outputs, spec.at) if spec.class_axis is None else []
     if preds and len(preds) == len(fp32_top1):
         e2e.predictions = torch.cat(preds)
         e2e.class_axis = 1
@@ -174,12 +211,12 @@ def _total(errs: list[TensorError]) -> TensorError:
     return total
 
 
-def top1_of(outputs: list) -> list:
-    """Per batch, the top-1 of a classifier's outputs (a first output of shape [N, classes]); [] unless every
+def top1_of(outputs: list, k: int = 0) -> list:
+    """Per batch, the top-1 of a classifier's outputs (output ``k`` of shape [N, classes]); [] unless every
     batch has one."""
     out = []
     for outs in outputs:
-        first = outs[0] if outs else None
+        first = outs[k] if len(outs) > k else None
         if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
             out.append(first.argmax(1))
     return out if len(out) == len(outputs) else []
@@ -199,7 +236,8 @@ def fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec:
     if labels is None:
         return None
     if spec is not None and spec.class_axis is not None:
-        preds = [refs[0].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if refs]
+        k = spec.at
+        preds = [refs[k].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if len(refs) > k]
     else:
         preds = fp32_top1
     return _accuracy(torch.cat(preds) if preds else None, labels)

@@ -11,6 +11,7 @@ numerics (exact, layer kind, fp16 class) is read from the frontend's op table
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
@@ -116,6 +117,30 @@ class _LayerCall(_Call):
         return accumulate.conv(self.target, kw, chunk, self.kind == "conv_transpose")
 
 
+class _ReduceCall(_Call):
+    """A sum, mean or average pool's :class:`_Call`, which also runs with fp16 accumulation (``Op.accumulate``)."""
+
+    __slots__ = ("kind",)
+
+    def __init__(self, node: torch.fx.Node, inputs: list[torch.fx.Node], kind: str):
+        super().__init__(node, inputs)
+        self.kind = kind
+
+    def accumulated(self, ins: list, chunk: int) -> torch.Tensor:
+        args = self.arguments(ins, torch.float32)
+        kw = _by_name(self.node, *args)
+        x = kw.get("self", kw.get("input"))
+        if self.kind == "pool":
+            window = kw.get("divisor_override") or math.prod(kw["kernel_size"])
+            return accumulate.pool(self(ins, torch.float32)[0], int(window))
+        if "output_size" in kw:  # an adaptive average pool: a mean over its spatial axes when it pools to one
+            size = list(kw["output_size"])
+            if any(int(d) != 1 for d in size):
+                return self(ins, torch.float32)[0]
+            return accumulate.reduction(x, range(-len(size), 0), True, True, chunk)
+        return accumulate.reduction(x, kw.get("dim"), bool(kw.get("keepdim", False)), self.kind == "mean", chunk)
+
+
 def _named(node: torch.fx.Node, name: str) -> Any:
     """The argument ``name`` of ``node``'s call as given (by keyword, else by position), else None."""
     if name in node.kwargs:
@@ -135,6 +160,7 @@ class _Target(NamedTuple):
     facts: dict[str, Any]
     layers: bool
     norms: bool
+    accumulate: str = ""  # the op table's ``accumulate``: a reduction summed in fp16 under ``fp16-acc``
 
     @classmethod
     def of(cls, node: torch.fx.Node) -> _Target:
@@ -145,15 +171,20 @@ class _Target(NamedTuple):
         row = op_of(node)
         if row is not None:
             facts.update(rounding=row.rounding or DEFAULT_ROUNDING, fp16_class=row.fp16, shape=row.shape)
-        return cls(name, facts, reads_layers(target), reads_norms(target))
+        return cls(name, facts, reads_layers(target), reads_norms(target), row.accumulate if row is not None else "")
 
 
 def _step(node: torch.fx.Node, op: _Target) -> Step:
     """``node`` as a step of the runner (``op``: what it shares with the other nodes of its target)."""
     inputs = node.all_input_nodes
     kind = layer_kind(node) if op.layers else None
-    run = _Call(node, inputs) if kind is None else _LayerCall(node, inputs, kind, op.name)
+    if kind is not None:
+        run = _LayerCall(node, inputs, kind, op.name)
+    else:
+        run = _ReduceCall(node, inputs, op.accumulate) if op.accumulate else _Call(node, inputs)
     step = Step(node.name, op.name, [i.name for i in inputs], [node.name], run, label=module_path(node), **op.facts)
+    if op.accumulate and kind is None:
+        step.accumulated = run.accumulated
     if kind is not None:
         w, b = _named(node, "weight"), _named(node, "bias")
         step.layer, step.accumulated = kind, run.accumulated

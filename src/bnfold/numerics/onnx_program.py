@@ -119,6 +119,7 @@ def _step(
     if step.layer is not None:
         step.weight = ins[1] if len(ins) > 1 and ins[1] in consts else None
         step.bias = ins[2] if len(ins) > 2 and ins[2] else None
+    if step.layer is not None or (row is not None and row.accumulate):
         step.accumulated = lambda ins, chunk: _accumulated(node, a, run, ins, chunk)
     if norm_eps is not None:
         step.norm = StepNorm(ins[0], tuple(ins[1:5]), norm_eps, output=outs[0])
@@ -126,8 +127,18 @@ def _step(
 
 
 def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> torch.Tensor:
-    """A conv / Gemm / MatMul with fp16 accumulation (:mod:`bnfold.numerics.accumulate`)."""
+    """A conv / Gemm / MatMul, a sum, mean or average pool with fp16 accumulation (:mod:`.accumulate`)."""
     op = node.op_type
+    x = ins[0]
+    if op in ("ReduceSum", "ReduceMean"):
+        axes = [int(v) for v in ins[1].reshape(-1).tolist()] if len(ins) > 1 and ins[1] is not None else a.get("axes")
+        if not axes and a.get("noop_with_empty_axes", 0):
+            return x
+        return accumulate.reduction(x, axes, bool(a.get("keepdims", 1)), op == "ReduceMean", chunk)
+    if op == "GlobalAveragePool":
+        return accumulate.reduction(x, range(2, x.dim()), True, True, chunk)
+    if op == "AveragePool":
+        return accumulate.pool(run(ins, torch.float32)[0], math.prod(a["kernel_shape"]))
     if op == "MatMul":
         return accumulate.linear("matmul", {"self": ins[0], "other": ins[1]}, chunk)
     if op == "Gemm" and not a.get("transA", 0) and a.get("alpha", 1.0) == 1.0:

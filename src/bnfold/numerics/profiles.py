@@ -8,10 +8,12 @@
                 runtimes do: the host precomputes ``scale = gamma/sqrt(var+eps)``
                 and ``bias' = beta - mean*scale`` and stores both in fp16; the
                 device computes ``round(round(x*scale) + bias')``.
-* ``fp16-acc``  ``fp16`` plus conv / linear / matmul accumulating in fp16: the
+* ``fp16-acc``  ``fp16`` plus conv / linear / matmul, sums, means and average
+                pools accumulating in fp16 (a GPU delegate's kernels): the
                 reduction is summed in float32 over chunks of ``acc_chunk``
-                input channels (features), each partial sum is rounded to fp16
-                and the partials are added one by one in fp16.
+                input channels (features, reduced elements), each partial sum
+                is rounded to fp16 and the partials are added one by one in
+                fp16 (:mod:`.accumulate`; the op tables' ``accumulate`` column).
 * ``ort-cpu``   ONNX Runtime's CPU provider running a float16 model (as
                 onnxconverter-common's ``convert_float_to_float16`` writes it,
                 ``keep_io_types=True``) on x86: only the constants (weights,

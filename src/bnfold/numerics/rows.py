@@ -136,7 +136,8 @@ def _unchanged(g: Graph, fg: Graph | None, value: str, chains: dict) -> str | No
 
 def ref_names(g: Graph, fg: Graph, row_list: list[Row], report) -> dict[str, str]:
     """``{folded value: unfolded value}`` holding the same tensor: each row's pair, and every value whose
-    step stays and computes what it did (not a layer a chain or a merge went into)."""
+    step stays and computes what it did (not a layer a chain or a merge went into), under its name or, where the fold
+    gave its output the name of an affine it folded away, under that one."""
     changed = {f.into_node or f.into for f in (report.folded if report is not None else ()) if f.side == "output"}
     changed |= {m.into_node for m in getattr(report, "merged", ()) if m.into_node}
     out = {
@@ -144,6 +145,10 @@ def ref_names(g: Graph, fg: Graph, row_list: list[Row], report) -> dict[str, str
         for v, s in fg.producer.items()
         if v in g.producer and s.name not in changed and g.producer[v].name == s.name
     }
+    for s in fg.prog.steps:  # a step that stays but writes under another name (the value of an affine folded away)
+        twin = g.steps.get(s.name)
+        if s.name not in changed and twin is not None and twin.op == s.op and len(twin.outs) == len(s.outs):
+            out.update((f, u) for f, u in zip(s.outs, twin.outs) if f and u and f not in out and u in g.producer)
     out.update((v, v) for v in fg.prog.inputs if v in g.prog.inputs)
     out.update((r.folded, r.output) for r in row_list if r.folded is not None)
     return out

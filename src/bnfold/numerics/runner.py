@@ -23,9 +23,14 @@ from typing import Any, Protocol
 import torch
 
 from ..io.run_checks import OpSizes
+from .audit_memory import AuditHold
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 from .tensor_error import ErrorMeter, TensorError
+
+
+def is_tensor(t: Any) -> bool:
+    return isinstance(t, torch.Tensor)
 
 
 def is_float(t: Any) -> bool:
@@ -225,6 +230,11 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
     return out
 
 
+def _reads(step: Step, values: set) -> frozenset:
+    """The positions of ``step``'s inputs that read one of ``values``."""
+    return frozenset(k for k, v in enumerate(step.ins) if v in values)
+
+
 def _copy_aliases(kept: dict, ins: list) -> None:
     """Replace each value in ``kept`` that shares memory with one of ``ins`` by a copy (an in-place op is about to
     write one of them: what was kept is the value as it was made)."""
@@ -248,7 +258,10 @@ class Runner:
     ``program`` is the one the audit's cost plan sized (the run-time check then skips the meta run of an op
     whose outputs the plan sized, :func:`bnfold.io.run_checks.before_op`).  ``shared``: a dict given to the runners
     of one audit under the same profile (the unfolded and the folded program): a large constant both programs hold
-    (a weight the fold left as it was) is rounded once.
+    (a weight the fold left as it was) is rounded once.  ``fp32``: the steps (by name) a mixed-precision model keeps
+    in float32 (onnxconverter-common's ``node_block_list``): such a step reads its constants unrounded, computes in
+    float32 and stores float32; a step under the profile that reads its output reads it cast to the profile's
+    storage (the cast the converter inserts: a magnitude past 65504 becomes inf there).
     """
 
     def __init__(
@@ -261,8 +274,10 @@ class Runner:
         measured: set | None = None,
         planned: bool = False,
         shared: dict | None = None,
+        fp32: frozenset = frozenset(),
     ):
         self.program = program
+        self.fp32 = frozenset(fp32)
         self.planned = planned
         self.local_measured = local_measured
         self.measured = measured
@@ -284,8 +299,14 @@ class Runner:
         self._free_after = free_after(program)
         self._labels = labels(program)  # what before_op records
         self._sizes = OpSizes()  # what the run-time check found of each step (_check)
+        held = (AuditHold.held(v.numel(), v.nbytes, v.is_floating_point()) for v in consts.values() if is_tensor(v))
+        self._const_held = sum(held)  # the constants, emulated and reference, as the plan counts them
+        self._holding = self._const_held  # what a run holds now (:meth:`_held`)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
+        wide = {v for s in program.steps if s.name in self.fp32 for v in s.outs if v}
+        #: per step under the profile, which of its inputs a float32 step wrote (cast to the storage format)
+        self._casts = {s.name: k for s in program.steps if s.name not in self.fp32 if (k := _reads(s, wide))}
 
     @property
     def not_emulated(self) -> list[tuple[str, str, str]]:
@@ -323,12 +344,21 @@ class Runner:
         norm, sized = step.norm, step.outs if self.planned else ()
         axis = norm.axis if norm is not None and step.ins[0] == norm.input else None
         self._sizes.check(
-            i, self._labels[i], step.run, (ins, torch.float32), ins, len(step.outs), sized, step.shape, axis
+            i, self._labels[i], step.run, (ins, torch.float32), ins, len(step.outs), sized, step.shape, axis, self._held
         )
+
+    def _held(self, nbytes: int) -> int:
+        """What the audit holds once this op made outputs of ``nbytes`` (float32 values, as the plan counts them:
+        :class:`~.audit_memory.AuditHold`): what the caller keeps, this run's constants and live values, and these."""
+        return self._holding + AuditHold.held(nbytes // 4, nbytes, True)
 
     def _emulate(self, step: Step, ins: list, env: dict) -> list:
         """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
         prof, norm, eps = self.profile, step.norm, self.bn_eps
+        if step.name in self.fp32:
+            return self._float32(step, ins)
+        if step.name in self._casts:
+            ins = [prof.round(x) if k in self._casts[step.name] and is_float(x) else x for k, x in enumerate(ins)]
         fused = self._fused.get(step.name)
         if isinstance(fused, str):  # a batch norm fused into the conv before it: already applied there
             y = env[fused]
@@ -346,6 +376,12 @@ class Runner:
         if step.fp16_class and step.fp16_class in prof.fp16_classes:
             return [round_floats(o) for o in out]
         return out
+
+    def _float32(self, step: Step, ins: list) -> list:
+        """``step`` kept in float32: its constants unrounded, its output stored in float32."""
+        c = self._const_r
+        wide = [c[v].to(torch.float32) if v in c and is_float(c[v]) else x for v, x in zip(step.ins, ins)]
+        return step.run(wide, torch.float32, eps=self.bn_eps if step.norm is not None else None)
 
     def _htp_batch_norm(self, step: Step, x: torch.Tensor, env: dict) -> Any:
         """An NPU runtime's BatchNorm: ``round(round(x * scale) + shift)`` with the host's float32
@@ -375,12 +411,15 @@ class Runner:
         against_stats: dict[str, tuple[float, float]] | None = None,
         keep_reference: frozenset = frozenset(),
         on_node: Callable[[int, int], None] | None = None,
+        holding: int = 0,
     ) -> BatchResult:
         """Run one batch.  ``reference``: run the reference too (else only the emulated outputs
         come back).  ``against``: measure against these reference values (by name: a run of the unfolded
         model) instead of a reference run here; ``against_stats``: what is known of some of them (``(signal,
         max_abs_ref)`` by name, :func:`.tensor_error.reference_stats`), not measured again.  ``keep_reference``: the
-        reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps."""
+        reference values to return (``BatchResult.kept``).  ``on_node(i, n)`` after each of ``n`` steps.  ``holding``:
+        the bytes the caller holds while this runs (the outputs kept of earlier batches and runs): with this run's
+        constants and live values, what the run-time check counts against the budget before an op allocates."""
         prog, prof = self.program, self.profile
         meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
         feed = prog.feed(xs)
@@ -394,7 +433,10 @@ class Runner:
         local: dict[str, TensorError] = {}
         probes: dict[str, NormProbe] = {}
         kept: dict[str, Any] = {}
+        alive: dict[str, int] = {}  # what the audit holds of each live value (AuditHold, as the plan counts)
+        self._holding = holding + self._const_held
         for name, x in zip(prog.inputs, feed):
+            self._hold(alive, name, x)
             if is_float(x):
                 env_e[name] = prof.round(x.detach().to(torch.float32))
                 if reference:
@@ -424,6 +466,7 @@ class Runner:
                 if not out or k >= len(outs_e):
                     continue
                 e = env_e[out] = outs_e[k]
+                self._hold(alive, out, e)
                 if reference:
                     env_r[out] = outs_r[k]
                     if out in keep_reference:
@@ -436,12 +479,14 @@ class Runner:
                         meter.add(local, out, step.op, e, lv)
                 r = refs.get(out) if self.measured is None or out in self.measured else None
                 if is_float(r):
-                    src = errors.get(step.ins[0]) if step.rounding == "same" and step.ins else None
+                    same = step.rounding == "same" and step.ins and step.name not in self._casts
+                    src = errors.get(step.ins[0]) if same else None
                     if src is not None and src.count == r.numel():
                         errors[out] = replace(src, node=out, op=step.op, shape=tuple(r.shape))
                     else:
                         meter.add(errors, out, step.op, e, r, known.get(out))
             for dead in self._free_after.get(i, ()):
+                self._holding -= alive.pop(dead, 0)
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
                 env_l.pop(dead, None)
@@ -449,6 +494,12 @@ class Runner:
         outputs = [env_e[o] for o in prog.outputs]
         ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
+
+    def _hold(self, alive: dict, name: str, x: Any) -> None:
+        """Count value ``name`` (``x``) as held while it lives."""
+        if isinstance(x, torch.Tensor):
+            n = alive[name] = AuditHold.held(x.numel(), x.nbytes, x.is_floating_point())
+            self._holding += n
 
     def _local(self, step: Step, k: int, env_e: dict, env_l: dict) -> Any:
         """Output ``k`` of ``step`` from its segment's local values, the unrounded constants and, for

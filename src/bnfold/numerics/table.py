@@ -62,7 +62,8 @@ def _end_to_end(report) -> list[str]:
         return nonfinite(e.output)
 
     u, f = report.unfolded, report.folded
-    out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}", line("output SQNR (dB)", sqnr_spread, u, f)]
+    which = "output" if u.output_index is None else f"output {u.output_index}"
+    out = [f"  {'end to end':<26} {'unfolded':>14} {'folded':>14}", line(f"{which} SQNR (dB)", sqnr_spread, u, f)]
     star = "*" if report.random_inputs else ""
     out += [line(label + star, cell, u, f) for label, cell in task_rows(u)]
     if u.accuracy is not None:

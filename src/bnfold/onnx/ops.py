@@ -88,6 +88,10 @@ _NUMERICS = {
     "Gemm": {"layer": "linear"},
     "MatMul": {"layer": "matmul"},
     "Softmax": {"fp16": "softmax"},
+    "ReduceSum": {"accumulate": "sum"},
+    "ReduceMean": {"accumulate": "mean"},
+    "GlobalAveragePool": {"accumulate": "mean"},
+    "AveragePool": {"accumulate": "pool"},
 }
 for _k in "Reshape Transpose Slice Squeeze Unsqueeze Concat Flatten Gather Expand".split():
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")

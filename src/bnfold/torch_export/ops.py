@@ -693,6 +693,12 @@ _NUMERICS: dict[str, dict] = {
     **{k: {"layer": "linear"} for k in _overloads("linear")},
     **{k: {"layer": "matmul"} for k in _overloads("mm addmm bmm baddbmm matmul")},
     **{k: {"fp16": "softmax"} for k in _overloads("_softmax softmax")},
+    **{k: {"accumulate": "sum"} for k in _overloads("sum")},
+    **{
+        k: {"accumulate": "mean"}
+        for k in _overloads("mean adaptive_avg_pool1d adaptive_avg_pool2d adaptive_avg_pool3d")
+    },
+    **{k: {"accumulate": "pool"} for k in _overloads("avg_pool1d avg_pool2d avg_pool3d")},
 }
 for _k in _overloads(_MOVEMENT):
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), fp16="movement")
