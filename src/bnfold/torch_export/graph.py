@@ -36,6 +36,7 @@ from .ops import (
     parse_plain_norm,
     reads_only_metadata,
 )
+from .range import FxRange
 from .tensors import FxTensors
 
 
@@ -51,8 +52,9 @@ def _values_of(node: Node) -> Node | None:
     return values[0]
 
 
-class FxGraph:
-    """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors."""
+class FxGraph(FxRange):
+    """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors (the fp16 range rewrite's
+    reads and edits: ``FxRange``)."""
 
     #: new per-channel tensors are ``[1, C, 1, 1]``: nothing left for a backend to broadcast
     full_rank_constants = True
