@@ -75,11 +75,11 @@ def _eager(program, batch):
 
 
 def _xnnpack(program, batch, keep: list):
-    """The program lowered to ExecuTorch with XNNPACK (``inference_speed._lower_xnnpack``), run by its runtime."""
+    """The program lowered to ExecuTorch with XNNPACK (``inference_speed.lower_xnnpack``), run by its runtime."""
     from executorch.runtime import Runtime
-    from inference_speed import _lower_xnnpack
+    from inference_speed import lower_xnnpack
 
-    buf, _ = _lower_xnnpack(program)
+    buf, _ = lower_xnnpack(program)
     loaded = Runtime.get().load_program(buf)
     method = loaded.load_method("forward")
     keep += [buf, loaded, method]  # the runtime reads the .pte bytes in place

@@ -46,6 +46,18 @@ def node_key(node: Node) -> str:
     return op_key(node.target) if node.op == "call_function" else ""
 
 
+def values_of(node: Node) -> Node | None:
+    """The ``getitem(node, 0)`` of an op returning several values (``(values, indices)``, a norm's output and
+    statistics), when nothing reads the others (export keeps an unused ``getitem(node, 1)``)."""
+    items = list(node.users)
+    if any(node_key(u) != "getitem" for u in items):
+        return None
+    values = [u for u in items if u.args[1] == 0]
+    if len(values) != 1 or any(u.users for u in items if u.args[1] != 0):
+        return None
+    return values[0]
+
+
 def node_arg(node: Node, index: int, name: str, default: Any = None) -> Any:
     if len(node.args) > index:
         return node.args[index]

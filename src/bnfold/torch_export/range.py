@@ -12,7 +12,7 @@ from torch.fx import Node
 
 from .. import fold_math
 from ..engine.graph import RangeOp
-from .ops import NORM_EPS, OPS, in_dialect_of, node_key, op_name, reads_only_metadata
+from .ops import NORM_EPS, OPS, in_dialect_of, node_arg, node_key, op_name, reads_only_metadata, values_of
 
 
 def _is_float(value: Any) -> bool:
@@ -81,7 +81,7 @@ class FxRange:
             fact = ""  # an in-place op whose mutation another reader (or the graph's output) sees
         output = node
         if isinstance(node.meta.get("val"), (tuple, list)):
-            output = _first_output(node)
+            output = values_of(node)
             if output is None:
                 return None
         elif not _is_float(node):
@@ -94,7 +94,7 @@ class FxRange:
         slots = [(s, a) for s, a in _slots(node) if _is_float(a)]
         tensors = [(s, a) for s, a in slots if isinstance(a, Node)]
         if fact == "homogeneous":
-            if op_name(node.target).startswith("constant_pad") and float(_arg(node, 2, "value", 0.0)) != 0.0:
+            if op_name(node.target).startswith("constant_pad") and float(node_arg(node, 2, "value", 0.0)) != 0.0:
                 return RangeOp(node, "", output, tensors)
             return RangeOp(node, fact, output, tensors) if tensors else None
         if fact in ("sum", "product", "quotient"):
@@ -116,7 +116,7 @@ class FxRange:
         index, default = NORM_EPS.get(name, (None, None))
         if index is None:
             return None
-        eps = _arg(node, index, "eps", default)
+        eps = node_arg(node, index, "eps", default)
         if eps is None:
             dtype = node.args[0].meta.get("val").dtype
             eps = torch.finfo(dtype).eps
@@ -182,20 +182,3 @@ def _call_target(value: Node, users: list) -> Any:
         if node.op == "call_function" and not isinstance(node.target, type(len)):
             return node.target
     return torch.ops.aten.mul.Tensor
-
-
-def _arg(node: Node, index: int, name: str, default: Any) -> Any:
-    if len(node.args) > index:
-        return node.args[index]
-    return node.kwargs.get(name, default)
-
-
-def _first_output(node: Node) -> Node | None:
-    """The ``getitem(node, 0)`` of a multi-output op when no other output is read."""
-    items = list(node.users)
-    if any(node_key(u) != "getitem" for u in items):
-        return None
-    firsts = [u for u in items if u.args[1] == 0]
-    if len(firsts) != 1 or any(u.users for u in items if u.args[1] != 0):
-        return None
-    return firsts[0]
