@@ -266,9 +266,10 @@ class FoldReport:
             "skipped": len(self.skipped),
             "lowered": len(self.lowered),
             "merged": len(self.merged),
-            "rescaled": sum(r.factor != 1.0 for r in self.rescaled),
             "extra_bytes": self.extra_bytes,
         }
+        if self.rescaled:  # a fold with fp16_range that found values too large: how many it rescaled
+            summary["rescaled"] = sum(r.factor != 1.0 for r in self.rescaled)
         if self.stats is not None:
             summary.update(self.stats.to_dict())
         return {
