@@ -9,6 +9,8 @@ import warnings
 import numpy as np
 import onnxruntime as ort
 import pytest
+import torch
+from range_extra import SiluSum
 
 import bnfold
 import range_models as rm
@@ -60,3 +62,20 @@ def test_onnx_runtime_on_the_float16_conversion(name):
     assert after["output_finite_sqnr_db"] >= before["output_finite_sqnr_db"] - 0.5
     if name == "hot_channels":
         assert after["output_finite_sqnr_db"] > before["output_finite_sqnr_db"] + 6
+
+
+@pytest.mark.parametrize("exporter", ["torchscript", "dynamo"])
+def test_onnx_multiply_where_no_layer_takes_the_factor(exporter):
+    torch.manual_seed(0)
+    model = SiluSum().eval()
+    calibration = [(torch.randn(2, 3, 32, 32),) for _ in range(2)]
+    onnx_model = rm.onnx_model(model, exporter)
+    folded = bnfold.fold(onnx_model).model
+    result = bnfold.fold(onnx_model, fp16_range=calibration)
+    (entry,) = [e for e in result.report.rescaled if e.factor != 1.0]
+    assert entry.code is Code.RESCALED and entry.muls == 1
+    count = lambda m: sum(n.op_type == "Mul" for n in m.graph.node)  # noqa: E731
+    assert count(result.model) == count(folded) + 1
+    x = (torch.randn(2, 3, 32, 32),)
+    ref, got = _ort(folded, x), _ort(result.model, x)
+    assert np.abs(ref - got).max() <= 1e-5 * np.abs(ref).max()

@@ -9,6 +9,7 @@ import warnings
 
 import pytest
 import torch
+from range_extra import SiluSum
 
 import bnfold
 import range_models as rm
@@ -164,5 +165,21 @@ def test_in_place_ops_carry_the_scale_where_nothing_else_reads_what_they_write()
     result = bnfold.fold(program, fp16_range=calibration)
     assert {e.code for e in result.report.rescaled} == {Code.RESCALED}, result.report.rescaled
     x = (torch.randn(2, 3, 16, 16),)
+    ref, got = _f64(bnfold.fold(program).model, x), _f64(result.model, x)
+    assert float((ref - got).abs().max()) <= 1e-9 * float(ref.abs().max())
+
+
+@pytest.mark.parametrize("ir", ["default", "decomposed", "edge"])
+def test_a_multiply_goes_where_no_layer_takes_the_factor(ir):
+    torch.manual_seed(0)
+    model = SiluSum().eval()
+    calibration = [(torch.randn(2, 3, 32, 32),) for _ in range(2)]
+    program = rm.program(model, ir)
+    result = bnfold.fold(program, fp16_range=calibration)
+    (entry,) = [e for e in result.report.rescaled if e.factor != 1.0]
+    assert entry.code is Code.RESCALED and entry.muls == 1
+    muls = [n for n in result.model.graph.nodes if "mul" in str(n.target)]
+    assert len(muls) == len([n for n in bnfold.fold(program).model.graph.nodes if "mul" in str(n.target)]) + 1
+    x = (torch.randn(2, 3, 32, 32),)
     ref, got = _f64(bnfold.fold(program).model, x), _f64(result.model, x)
     assert float((ref - got).abs().max()) <= 1e-9 * float(ref.abs().max())
