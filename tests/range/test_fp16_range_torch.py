@@ -60,7 +60,7 @@ def test_rewritten_program_is_exact_and_fp16_safe(name):
 
 
 @pytest.mark.parametrize("ir", ["decomposed", "edge"])
-@pytest.mark.parametrize("name", ["attention", "residual", "layer_norm", "sum_mean"])
+@pytest.mark.parametrize("name", ["attention", "residual", "hot_channels", "layer_norm", "sum_mean"])
 def test_every_ir(name, ir):
     model = rm.build(name)
     calibration, fresh = rm.batches(model, 2), rm.batches(model, 1, seed=7)
