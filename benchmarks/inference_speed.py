@@ -124,7 +124,7 @@ def _lower_portable(ep):
     return edge.to_executorch().buffer, bn
 
 
-def _lower_xnnpack(ep):
+def lower_xnnpack(ep):
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import to_edge_transform_and_lower
 
@@ -206,7 +206,7 @@ def bench_arch(arch: str, quick: bool, runtimes, rounds: int, portable_rounds: i
     from executorch.runtime import Runtime
 
     rt = Runtime.get()
-    for name, lower, n_rounds in (("portable", _lower_portable, portable_rounds), ("xnnpack", _lower_xnnpack, rounds)):
+    for name, lower, n_rounds in (("portable", _lower_portable, portable_rounds), ("xnnpack", lower_xnnpack, rounds)):
         if name not in runtimes or (et_archs is not None and arch not in et_archs):
             continue
         try:

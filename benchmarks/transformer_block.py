@@ -30,7 +30,7 @@ from torch import nn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from common import RESULTS, log, median, paired_ratio, quiet, table, write_json, write_text  # noqa: E402
-from inference_speed import _calls_per_sample, _lower_xnnpack, _rel_err, interleaved  # noqa: E402
+from inference_speed import _calls_per_sample, _rel_err, interleaved, lower_xnnpack  # noqa: E402
 
 import bnfold  # noqa: E402
 
@@ -93,7 +93,7 @@ def bench(name: str, model: nn.Module, x: torch.Tensor, rounds: int) -> dict:
     row["eager_rel_err"] = {v: _rel_err(m(x), ref) for v, m in mods.items()}
     rt, keep, methods, lowered = Runtime.get(), [], {}, {}
     for v, e in eps.items():
-        buf, lowered[v] = _lower_xnnpack(e)
+        buf, lowered[v] = lower_xnnpack(e)
         program = rt.load_program(buf)
         keep += [buf, program]  # the runtime reads the bytes in place
         methods[v] = program.load_method("forward")

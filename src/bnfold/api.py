@@ -34,6 +34,9 @@ def fold(
     only: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
     lower_unfoldable: bool = False,
+    fp16_range: Any = None,
+    fp16_margin: float = 16.0,
+    profile: str | None = None,
 ) -> FoldResult:
     """Fold normalizations into neighbouring conv / transposed conv / linear layers.
 
@@ -50,6 +53,12 @@ def fold(
     batch norm that cannot fold as a multiply and an add by per-channel
     constants computed in float64 with the model's eps (``report.lowered``), so
     no backend can recompute it with its own eps.  The input is never mutated.
+
+    ``fp16_range`` (batches, as ``bnfold.audit`` takes them): after folding, run the model in float32 on them
+    and rewrite every value whose magnitude passes fp16's 65504 over ``fp16_margin`` (and every constant outside
+    the limits of ``profile``; None: of every profile bnfold knows) by powers of two, exactly, proved in float64
+    on the batches and fresh inputs (``bnfold.rescale``); ``report.rescaled`` lists each value found, what was
+    done and the margin reached, or why nothing was (a code).
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
     if isinstance(model, (str, os.PathLike)):
@@ -66,7 +75,13 @@ def fold(
         example_inputs = _check_inputs(example_inputs)
     elif example_inputs is not None:
         raise TypeError(f"example_inputs is only for nn.Module input; {frontend.what} carries its own")
-    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable)
+    request = None
+    if fp16_range is not None:
+        from .rescale import RangeRequest
+
+        request = RangeRequest(fp16_range, float(fp16_margin), profile)
+        request.limits()  # a bad margin or profile is refused before any work
+    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, request)
 
 
 def check(

@@ -284,6 +284,15 @@ def fold_input_affine(
     return new_w, b
 
 
+def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str) -> torch.Tensor:
+    """``value * 2 ** exponent`` in ``dtype``: exact (a power of two only moves the exponent), or FoldError when
+    the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits)."""
+    out = cast_checked(value.detach().to(torch.float64) * 2.0**exponent, dtype, what)
+    if not torch.equal(out.to(torch.float64) * 2.0**-exponent, value.detach().to(torch.float64)):
+        raise FoldError(f"{what} times 2^{exponent} is not exact in {dtype} (it underflows)", Code.CAST_RANGE)
+    return out
+
+
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:
     """Cast a float64 result to ``dtype``; raise FoldError on overflow or underflow."""
     if not dtype.is_floating_point:

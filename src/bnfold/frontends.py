@@ -54,8 +54,11 @@ class FileFormat:
 class Frontend:
     """One model kind.
 
-    * ``fold(model, example_inputs, only, exclude, lower_unfoldable)`` returns a :class:`FoldResult` with
-      ``report.stats`` filled in; ``needs_inputs``: it needs example inputs (it exports the model).
+    * ``fold(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None)`` returns a
+      :class:`FoldResult` with ``report.stats`` filled in (``fp16_range``: a ``bnfold.rescale.RangeRequest``);
+      ``needs_inputs``: it needs example inputs (it exports the model).
+    * ``range_edit(model, edit) -> (model, entries)``: ``edit(graph adapter)`` (the fp16 range rewrite,
+      ``bnfold.engine.range``) on a copy of the model, and the copy rebuilt (the model itself when nothing changed).
     * ``training_norms(model, report=None)``: the names of its normalizations in training mode (``report``:
       the model's fold report, when the kind reads them from it).
     * ``numerics()``: its audit hooks (:class:`bnfold.numerics.runner.AuditFormat`), imported when called;
@@ -77,6 +80,7 @@ class Frontend:
     needs_inputs: bool = False
     open_dims: bool = False
     runtimes: tuple[str, ...] = ()
+    range_edit: Callable[[Any, Callable], tuple] | None = None
 
     @property
     def what(self) -> str:
@@ -118,24 +122,51 @@ def _is_module(model: Any) -> bool:
     return "torch" in sys.modules and isinstance(model, sys.modules["torch"].nn.Module)
 
 
-def _fold_onnx(model, example_inputs, only, exclude, lower_unfoldable) -> FoldResult:
+def _rescaled(result: FoldResult, fp16_range) -> FoldResult:
+    """``result`` rewritten for fp16 range (``bnfold.rescale``) when ``fp16_range`` asks for it."""
+    if fp16_range is None:
+        return result
+    from .rescale import rescale_result
+
+    fe = frontend_for(result.model)
+    if fe is None or fe.numerics is None or fe.range_edit is None:
+        raise TypeError(f"fp16_range: cannot rewrite a {type(result.model).__name__}")
+    return rescale_result(result, fp16_range, fe.numerics(), fe.range_edit)
+
+
+def _fold_onnx(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None) -> FoldResult:
     from .onnx import fold_onnx
 
     run = lambda: fold_onnx(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)  # noqa: E731
-    return timed(model, run, onnx_sizes)
+    return _rescaled(timed(model, run, onnx_sizes), fp16_range)
 
 
-def _fold_program(model, example_inputs, only, exclude, lower_unfoldable) -> FoldResult:
+def _fold_program(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None) -> FoldResult:
     from .torch_export import fold_program
 
     run = lambda: fold_program(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)  # noqa: E731
-    return timed(model, run, fx_sizes)
+    return _rescaled(timed(model, run, fx_sizes), fp16_range)
 
 
-def _fold_module(model, example_inputs, only, exclude, lower_unfoldable) -> FoldResult:
+def _fold_module(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None) -> FoldResult:
     from .module import fold_module
 
-    return fold_module(model, example_inputs, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)
+    rescale = None if fp16_range is None else (lambda result: _rescaled(result, fp16_range))  # noqa: E731
+    return fold_module(
+        model, example_inputs, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, rescale=rescale
+    )
+
+
+def _program_range_edit(model: Any, edit: Callable) -> tuple:
+    from .torch_export.fold import range_edit_program
+
+    return range_edit_program(model, edit)
+
+
+def _onnx_range_edit(model: Any, edit: Callable) -> tuple:
+    from .onnx.fold import range_edit_onnx
+
+    return range_edit_onnx(model, edit)
 
 
 def _onnx_training_norms(model: Any, report: Any = None) -> list[str]:
@@ -249,10 +280,19 @@ ONNX = register(
         *_ONNX_HOOKS,
         open_dims=True,
         runtimes=("torch", "onnxruntime"),
+        range_edit=_onnx_range_edit,
     )
 )
 PROGRAM = register(
-    Frontend("exported_program", _is_program, _fold_program, fx_sizes, "ExportedProgram", *_PROGRAM_HOOKS)
+    Frontend(
+        "exported_program",
+        _is_program,
+        _fold_program,
+        fx_sizes,
+        "ExportedProgram",
+        *_PROGRAM_HOOKS,
+        range_edit=_program_range_edit,
+    )
 )
 MODULE = register(
     Frontend("nn_module", _is_module, _fold_module, fx_sizes, "nn.Module", numerics=_module_numerics, needs_inputs=True)

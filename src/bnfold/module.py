@@ -22,7 +22,12 @@ def _in_training(module: torch.nn.Module) -> bool:
 
 
 def fold_module(
-    module: torch.nn.Module, example_inputs: tuple, only=None, exclude=(), lower_unfoldable: bool = False
+    module: torch.nn.Module,
+    example_inputs: tuple,
+    only=None,
+    exclude=(),
+    lower_unfoldable: bool = False,
+    rescale=None,
 ) -> FoldResult:
     """Fold ``module`` through ``torch.export``; ``module`` itself is not modified.
 
@@ -33,7 +38,8 @@ def fold_module(
     them by default), its parameters keep their state_dict names, and it holds
     no batch norm that could be folded.  A module in training mode (any of its
     submodules) is copied and the copy put in eval mode before export; the
-    report's ``notes`` says so.
+    report's ``notes`` says so.  ``rescale(result) -> result``: a rewrite of the folded program (the fp16 range
+    rewrite, ``bnfold.frontends``) before it becomes a module.
     """
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
@@ -46,4 +52,6 @@ def fold_module(
         ep, lambda: fold_program(ep, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable), fx_sizes
     )
     result.report.notes.extend(notes)
+    if rescale is not None:  # the fp16 range rewrite of the folded program (``bnfold.rescale``)
+        result = rescale(result)
     return FoldResult(result.model.module(), result.report)

@@ -59,6 +59,14 @@ class Code(str, Enum):
     MERGE_GEOMETRY = "merge_geometry"  #: different strides / dilations / groups / shapes, or no covering kernel
     MERGE_PADDING = "merge_padding"  #: the branches' paddings do not align (they see different windows)
     MERGE_POOL = "merge_pool"  #: an average pool that is no conv kernel (count_include_pad=False, ceil_mode, ...)
+    # the fp16 range rewrite (``fold(..., fp16_range=batches)``, ``bnfold.engine.range``)
+    RESCALED = "rescaled"  #: a value scaled by a power of two, exactly, with its margin met
+    MARGIN_NOT_MET = "margin_not_met"  #: rescaled (its peak lowered, exactly), but not to the target with its margin
+    NO_ABSORBER = "no_absorber"  #: the op that makes the value overflows itself: nothing before it takes a scale
+    NONLINEAR_READER = "nonlinear_reader"  #: a reader with no exact scale rule (softmax, exp) reads it too large
+    SCALE_CONFLICT = "scale_conflict"  #: the value's readers and writers ask for different scales of one value
+    LIMIT_BOUND = "limit_bound"  #: every scale that lowers the peak pushes another value or constant past a limit
+    INEXACT = "inexact"  #: the float64 proof found the rewritten model differs (relative error > 1e-6): not applied
     # requests
     EXCLUDED = "excluded"  #: excluded by ``exclude`` (``--exclude``)
     NOT_REQUESTED = "not_requested"  #: its kind, or its layer's kind, is not in ``only``
@@ -176,6 +184,29 @@ class KeptOp:
 
 
 @dataclass
+class Rescaled:
+    """A value found too large for fp16 on the calibration batches (``fold(..., fp16_range=batches)``) and what
+    was done: scaled by ``factor`` (a power of two; 1.0 when refused) with every writer and reader of the scaled
+    values compensating exactly (``kind``: ``linear_map``, ``cross_layer``, ``norm``, ``residual``,
+    ``reduction``, ``constant``), or why not (``reason``, ``code``).  ``nodes``: the nodes edited; ``peak`` /
+    ``peak_after``: its largest magnitude in float32 before and after; ``limit``: the limit it is measured
+    against; ``margin``: ``limit / peak_after``, the margin reached; ``muls``: multiplies inserted where no
+    layer or constant could take the factor."""
+
+    value: str
+    nodes: list = field(default_factory=list)
+    factor: float = 1.0
+    kind: str = ""
+    reason: str = ""
+    code: Code = Code.RESCALED
+    peak: float = 0.0
+    peak_after: float = 0.0
+    limit: float = 65504.0
+    margin: float = 0.0
+    muls: int = 0
+
+
+@dataclass
 class FoldStats:
     """Sizes of the model before and after the fold, and the time the fold took (``bnfold.fold`` fills it)."""
 
@@ -223,6 +254,7 @@ class FoldReport:
     stats: FoldStats | None = None
     kept_ops: list[KeptOp] = field(default_factory=list)
     merged: list[Merged] = field(default_factory=list)
+    rescaled: list[Rescaled] = field(default_factory=list)
 
     @property
     def extra_bytes(self) -> int:
@@ -236,6 +268,8 @@ class FoldReport:
             "merged": len(self.merged),
             "extra_bytes": self.extra_bytes,
         }
+        if self.rescaled:  # a fold with fp16_range that found values too large: how many it rescaled
+            summary["rescaled"] = sum(r.factor != 1.0 for r in self.rescaled)
         if self.stats is not None:
             summary.update(self.stats.to_dict())
         return {
@@ -244,6 +278,7 @@ class FoldReport:
             "lowered": [entry_dict(x) for x in self.lowered],
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
             "merged": [entry_dict(m) for m in self.merged],
+            "rescaled": [entry_dict(r) for r in self.rescaled],
             "notes": list(self.notes),
             "summary": summary,
         }
@@ -255,6 +290,8 @@ class FoldReport:
             line += f", lowered {len(self.lowered)}"
         if self.merged:
             line += f", merged {len(self.merged)}"
+        if self.rescaled:
+            line += f", rescaled {sum(r.factor != 1.0 for r in self.rescaled)} of {len(self.rescaled)} too large"
         if self.stats is not None:
             s = self.stats
             line += (
@@ -284,6 +321,9 @@ class FoldReport:
             lines.append(f"  kept     {k.op:<{width}} {k.reason}")
         for m in self.merged:
             lines.append(f"  merged   {' + '.join(m.branches)} into {m.into} ({m.pattern})")
+        for r in self.rescaled:
+            done = f"x{r.factor:g} ({r.kind}), peak {r.peak:.4g} -> {r.peak_after:.4g}" if r.factor != 1.0 else "kept"
+            lines.append(f"  rescaled {r.value:<{width}} {done}, margin {r.margin:.3g}x [{r.code.value}] {r.reason}")
         return "\n".join(lines)
 
     def __str__(self) -> str:

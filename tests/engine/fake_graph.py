@@ -16,12 +16,20 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from bnfold.engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, ShapeInfo
+from bnfold.engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, RangeOp, ShapeInfo
 from bnfold.report import Code
 
 LAYERS = {"conv": "conv", "conv_transpose": "conv_transpose", "linear": "linear", "bmm": "linear"}
 BINARIES = ("mul", "add", "sub", "div")
 HOPS = ("identity", "flatten", "maxpool")  # maxpool: 2x2, stride 2, a maximum (``Hop.monotone``)
+#: the fp16 range rewrite's facts of the fake ops (``Op.range``); ``softmax`` has none
+RANGE = {
+    **dict.fromkeys(("relu", "identity", "flatten", "maxpool"), "homogeneous"),
+    **dict.fromkeys(("add", "sub", "concat"), "sum"),
+    "mul": "product",
+    "div": "quotient",
+    "group_norm": "invariant",
+}
 
 
 @dataclass(eq=False)
@@ -110,7 +118,9 @@ class FakeGraph:
         if n.op in BINARIES:
             return {"mul": torch.mul, "add": torch.add, "sub": torch.sub, "div": torch.div}[n.op](a[0], a[1])
         if n.op == "group_norm":  # statistics only: no affine of its own (``GraphAdapter.plain_norm``)
-            return F.group_norm(a[0], n.attrs.get("groups", 1))
+            return F.group_norm(a[0], n.attrs.get("groups", 1), eps=n.attrs.get("eps", 1e-5))
+        if n.op == "softmax":
+            return torch.softmax(a[0], 1)
         if n.op == "relu":
             return torch.relu(a[0])
         if n.op == "identity":
@@ -315,3 +325,43 @@ class FakeAdapter:
             self.removed.append(node.name)
             node.dead = True
         self._replace_uses(old, new)
+
+    # -- the fp16 range rewrite
+    def ordered_nodes(self) -> list:
+        return self.g.live()
+
+    def values(self) -> list:
+        return list(self.g.inputs) + [n.output for n in self.g.live()]
+
+    def value_name(self, value) -> str:
+        return value
+
+    def range_op(self, node):
+        if node is None or node.op not in RANGE:
+            return None if node is None else RangeOp(node, "", node.output, list(enumerate(node.inputs)))
+        eps = node.attrs.get("eps", 1e-5) if node.op == "group_norm" else None
+        return RangeOp(node, RANGE[node.op], node.output, list(enumerate(node.inputs)), eps=eps)
+
+    def scale_operand(self, node, slot, factor) -> None:
+        old = node.inputs[slot]
+        new = self.g.const(f"{old}_range_{node.name}", self.g.consts[old] * factor)
+        node.inputs[slot] = new
+        self.writes.append((node.name, slot, factor))
+
+    def set_eps(self, node, eps) -> None:
+        node.attrs["eps"] = eps
+
+    def insert_mul(self, value, factor, readers=None):
+        const = self.g.const(f"{value}_range_scale_{len(self.g.consts)}", torch.tensor(factor, dtype=torch.float64))
+        mul = FNode(f"{value}_range_mul_{len(self.g.nodes)}", "mul", [value, const], "")
+        mul.output = f"{mul.name}_out"
+        producer = self.producer(value)
+        at = self.g.nodes.index(producer) + 1 if producer is not None else 0
+        for n in self.g.live():
+            if readers is None or n in readers:
+                n.inputs = [mul.output if v == value else v for v in n.inputs]
+        if readers is None or None in readers:
+            self.g.outputs = [mul.output if o == value else o for o in self.g.outputs]
+        self.g.nodes.insert(at, mul)
+        self.g.shapes[mul.output] = self.g.shapes[value]
+        return mul.output

@@ -7,6 +7,7 @@ import sys
 from typing import Any
 
 from ..checks import check_model_path, refuse_training
+from ..errors import BnfoldError
 from ..io import atomic, models, quiet
 from . import shapes, verbosity
 from .args import comma_list, opt
@@ -15,12 +16,31 @@ from .jsonout import json_text, print_json, versioned
 from .progress import Heartbeat
 
 
-def fold_quietly(model: Any, only=None, debug: bool = False, exclude=None, label: str = "", lower_unfoldable=False):
-    """``bnfold.fold`` with library warnings silenced (unless ``debug``) and a heartbeat on stderr."""
+def fold_quietly(
+    model: Any, only=None, debug: bool = False, exclude=None, label: str = "", lower_unfoldable=False, **fp16_range
+):
+    """``bnfold.fold`` with library warnings silenced (unless ``debug``) and a heartbeat on stderr; ``fp16_range``:
+    ``fold``'s ``fp16_range`` / ``fp16_margin`` / ``profile`` arguments."""
     from .. import fold
 
     with quiet(not debug), Heartbeat(f"folding {label}" if label else "folding"):
-        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)
+        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, **fp16_range)
+
+
+def range_arguments(model: Any, args: argparse.Namespace) -> dict:
+    """``fold``'s fp16 range arguments from ``--fp16-range INPUTS.npz`` (read as ``audit --inputs`` reads it),
+    ``--fp16-margin`` and ``--profile``; empty without ``--fp16-range``."""
+    path = opt(args, "fp16_range")
+    if not path:
+        return {}
+    from ..frontends import frontend_for
+
+    batches = frontend_for(model).batches(model, path, 0, 0, None)
+    return {
+        "fp16_range": batches,
+        "fp16_margin": opt(args, "fp16_margin") or 16.0,
+        "profile": opt(args, "range_profile") or None,
+    }
 
 
 def load(path: str, args: argparse.Namespace):
@@ -42,12 +62,20 @@ def run(args: argparse.Namespace) -> int:
     debug = opt(args, "debug")
     check_model_path(args.input)
     plan = plan_output(args.input, args.output, force=args.force, in_place=args.in_place)
-    check_outputs({"output": plan.path, "report": args.report}, inputs=[args.input])
+    check_outputs({"output": plan.path, "report": args.report}, inputs=[args.input, opt(args, "fp16_range")])
     if args.report:
         check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)
     model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
-    result = fold_quietly(model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable)
+    ranged = range_arguments(model, args)
+    try:
+        result = fold_quietly(
+            model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable, **ranged
+        )
+    except ValueError as e:  # inputs that do not fit the model
+        if not ranged:
+            raise
+        raise BnfoldError(f"{args.input}: --fp16-range {args.fp16_range}: {e}") from None
     refuse_training(model, args.input, result.report)
     payload = report_payload(args.input, plan.path, result.report)
     texts = {args.report: json_text(payload) + "\n"} if args.report else None
@@ -59,7 +87,7 @@ def run(args: argparse.Namespace) -> int:
         print(result.report.table())
         if verbosity.level(args) == verbosity.VERBOSE:
             print("\n".join(verbosity.entry_details(result.report)))
-        if not result.report.folded and not result.report.lowered:
+        if not result.report.folded and not result.report.lowered and not result.report.rescaled:
             print(f"nothing to fold in {args.input}: no normalization could be folded; wrote an unchanged copy")
         extra = f" (report: {args.report})" if args.report else ""
         print(f"wrote {plan.path}{extra}")

@@ -102,6 +102,22 @@ OPTIONS: dict[str, Option] = {
         "(no backend can then apply its own eps)",
         {"action": "store_true"},
     ),
+    "fp16_range": Option(
+        ("--fp16-range",),
+        "after folding, run the model in float32 on these input batches (as audit --inputs reads them) and "
+        "rewrite every value too large for fp16 by powers of two, exactly, proved in float64",
+        {"metavar": "INPUTS.npz"},
+    ),
+    "fp16_margin": Option(
+        ("--fp16-margin",),
+        "with --fp16-range: keep every value under 65504 / M (default: 16)",
+        {"type": types.positive_float, "metavar": "M", "default": 16.0},
+    ),
+    "range_profile": Option(
+        ("--profile",),
+        "with --fp16-range: the limits of this precision profile only (default: every profile's)",
+        {"choices": PROFILES, "default": None},
+    ),
     "force": Option(("--force",), "replace OUT if it exists", {"action": "store_true"}),
     "in_place": Option(
         ("--in-place",), "overwrite IN with the folded model (OUT defaults to IN)", {"action": "store_true"}

@@ -211,6 +211,21 @@ class Pool:
     divisor: int | None = None
 
 
+@dataclass
+class RangeOp:
+    """A node as the fp16 range rewrite (``bnfold.engine.range``) reads it: ``fact`` (its op row's ``range``),
+    the value holding its result, and its float ``operands`` as ``(slot, value)`` pairs in order (``slot`` is the
+    adapter's key of the operand; ``value`` a value handle or a number).  ``degree``: a ``power`` op's exponent;
+    ``eps``: an ``invariant`` norm's eps (None when it is not known: nothing rewrites it)."""
+
+    node: Any
+    fact: str
+    output: Any
+    operands: list
+    degree: float | None = None
+    eps: float | None = None
+
+
 N = TypeVar("N")  #: the adapter's node handle (an fx ``Node``; an ONNX ``handles.Node``)
 V = TypeVar("V")  #: the adapter's value handle (an fx ``Node``; an ONNX ``handles.Value``)
 
@@ -282,3 +297,15 @@ class GraphAdapter(Protocol[N, V]):
     # Remove ``nodes`` (the engine chose them: they compute ``old`` and nothing else reads them once
     # ``old`` is replaced) and make every reader of ``old`` read ``new``; a graph output keeps its name.
     def bypass(self, old: V, new: V, nodes: list[N]) -> None: ...
+
+    # -- fp16 range rewrite (``bnfold.engine.range``): read, then primitive edits
+    def range_op(self, node: N | None) -> RangeOp | None: ...  # None: an op with no range fact
+    def ordered_nodes(self) -> list[N]: ...  # the live nodes in graph order
+    def values(self) -> list[V]: ...  # the graph's inputs and its nodes' outputs (the main graph)
+    def value_name(self, value: V) -> str: ...  # the value's name in the numerics program (``numerics.runner``)
+    # The operand at ``slot`` of ``node`` (a constant) becomes ``constant * factor`` for that node alone.
+    def scale_operand(self, node: N, slot: Any, factor: float) -> None: ...
+    def set_eps(self, node: N, eps: float) -> None: ...  # an ``invariant`` norm's eps
+    # ``value * factor`` as a new node; ``readers`` (nodes; None among them: the graph output) read it instead of
+    # ``value`` (``readers`` None: every reader).  Returns the value holding the product.
+    def insert_mul(self, value: V, factor: float, readers: list | None = None) -> V: ...

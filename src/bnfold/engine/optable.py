@@ -42,6 +42,16 @@ class Op:
     float32 (``movement``: data movement, ``softmax``; ``profiles.ORT_CPU_FP16_CLASSES``).
     ``accumulate``: a reduction a GPU sums in fp16 under the ``fp16-acc`` profile (``sum``, ``mean``: over its
     axes; ``pool``: an average pool, over its window), "" for none (``bnfold.numerics.accumulate``).
+
+    What the fp16 range rewrite (``bnfold.engine.range``) reads: how the op treats its float inputs scaled
+    by a positive power of two ``s``.  ``range``: ``homogeneous`` (``f(s x, p) = s f(x, p)`` in its first
+    operand, the others parameters: ReLU, max / average pool, resize, zero pad, a reshape, a sum over axes),
+    ``sum`` (every float operand carries the same scale, and so does the output: add, sub, concat),
+    ``product`` (the output's scale is the product of its operands': mul, matmul), ``quotient`` (the first
+    operand's over the second's: div), ``power`` (the output carries ``s ** degree``: pow, sqrt, rsqrt,
+    reciprocal; ``degree`` None: the op's constant exponent), ``invariant`` (the output does not change when
+    its first operand is scaled and its eps by ``s ** 2``: LayerNorm, RMSNorm, GroupNorm, InstanceNorm), ""
+    (none of these: the scale has to be undone before it, or it stops the rewrite).
     """
 
     role: str
@@ -54,3 +64,5 @@ class Op:
     layer: str = ""
     fp16: str = ""
     accumulate: str = ""
+    range: str = ""
+    degree: float | None = None

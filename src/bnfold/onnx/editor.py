@@ -56,10 +56,10 @@ class ModelEditor(ModelIndex):
                 self.tracker.gone.add(name)
         self.dead.add(id(node))
 
-    def insert_after(self, gi: GraphInfo, anchor: NodeProto, node: NodeProto) -> None:
-        """Add ``node`` right after ``anchor`` (placed at :meth:`compact`)."""
+    def insert_after(self, gi: GraphInfo, anchor: NodeProto | None, node: NodeProto) -> None:
+        """Add ``node`` right after ``anchor`` (None: first in ``gi``'s graph), placed at :meth:`compact`."""
         self._edited()
-        self.inserts.setdefault(id(anchor), []).append(node)
+        self.inserts.setdefault(id(gi.graph) if anchor is None else id(anchor), []).append(node)
         self._index_node(gi, node)
 
     def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
@@ -93,14 +93,15 @@ class ModelEditor(ModelIndex):
         """Drop the removed nodes and place the inserted ones; deepest graphs first."""
         for gi in sorted(self.graphs, key=lambda g: -g.depth):
             nodes = list(gi.graph.node)
-            if not any(id(n) in self.dead or id(n) in self.inserts for n in nodes):
+            first = self.inserts.get(id(gi.graph), [])
+            if not first and not any(id(n) in self.dead or id(n) in self.inserts for n in nodes):
                 continue
-            if not any(id(n) in self.inserts for n in nodes):
+            if not first and not any(id(n) in self.inserts for n in nodes):
                 for i in range(len(nodes) - 1, -1, -1):
                     if id(nodes[i]) in self.dead:
                         del gi.graph.node[i]
                 continue
-            kept: list[NodeProto] = []
+            kept: list[NodeProto] = list(first)
             for n in nodes:
                 if id(n) not in self.dead:
                     kept.append(n)

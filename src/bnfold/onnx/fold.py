@@ -67,3 +67,20 @@ def training_norms(model: onnx.ModelProto, report: FoldReport | None = None) -> 
     if report is None:
         report = fold_onnx(model).report
     return [s.norm for s in report.skipped if s.code == Code.TRAINING_MODE]
+
+
+def range_edit_onnx(original: onnx.ModelProto, edit) -> tuple[onnx.ModelProto, list]:
+    """``edit(adapter)`` (the fp16 range rewrite, ``bnfold.engine.range``) on a copy of ``original``: the new
+    model (``original`` itself when nothing was rewritten) and the entries ``edit`` returned."""
+    model = onnx.ModelProto()
+    model.CopyFrom(original)
+    tracker = Tracker()
+    index = ModelEditor(model, tracker)
+    shapes = Shapes(original)
+    index.inferred_type, index.inferred_dims = shapes.elem_type, shapes.dims
+    entries = edit(OnnxGraph(index, shapes))
+    if not any(e.factor != 1.0 for e in entries):
+        return original, entries
+    index.compact()
+    clean_up(model, tracker, shapes)
+    return model, entries

@@ -40,6 +40,7 @@ from .ops import (
     reads_only_type,
 )
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
+from .range import OnnxRange
 from .shapes import Shapes
 from .tensors import TORCH_DTYPES, to_torch, torch_dtype
 
@@ -47,7 +48,7 @@ from .tensors import TORCH_DTYPES, to_torch, torch_dtype
 _MAX_DEPTH = 8
 
 
-class OnnxGraph:
+class OnnxGraph(OnnxRange):
     """The adapter over ``index.model``; ``shapes`` are those of the model before the fold."""
 
     #: new per-channel tensors are ``[C, 1, 1]``, trailing-aligned (ONNX broadcasting)

@@ -115,6 +115,25 @@ _SHAPES = {
 }
 for _k, _shape in _SHAPES.items():
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape=_shape)
+#: What the fp16 range rewrite reads (``Op.range`` / ``degree``, see ``engine.optable.Op``); a ``power`` op's
+#: degree (None: its constant exponent input).  A Pad with a nonzero constant value is no homogeneous op
+#: (``bnfold.onnx.range``).
+RANGE_FACTS = {
+    "homogeneous": (
+        "Identity Dropout Transpose Unsqueeze Squeeze Reshape Flatten Gather GatherElements GatherND Slice Expand "
+        "Tile Split DepthToSpace SpaceToDepth Relu LeakyRelu PRelu Neg Abs ReduceMean ReduceSum ReduceMax ReduceMin "
+        "CumSum GlobalAveragePool GlobalMaxPool MaxPool AveragePool Resize Upsample Pad"
+    ),
+    "sum": "Add Sub Sum Concat",
+    "product": "Mul MatMul",
+    "quotient": "Div",
+    "power": "Pow Sqrt Reciprocal",
+    "invariant": "LayerNormalization GroupNormalization InstanceNormalization RMSNormalization",
+}
+POWER_DEGREES = {"Sqrt": 0.5, "Reciprocal": -1.0, "Pow": None}
+for _fact, _names in RANGE_FACTS.items():
+    for _k in _names.split():
+        _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), range=_fact, degree=POWER_DEGREES.get(_k))
 for _k, _facts in _NUMERICS.items():
     OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 

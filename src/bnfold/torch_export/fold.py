@@ -24,6 +24,14 @@ def fold_program(ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: b
     return FoldResult(editor.build(), report)
 
 
+def range_edit_program(ep: ExportedProgram, edit) -> tuple[ExportedProgram, list]:
+    """``edit(adapter)`` (the fp16 range rewrite, ``bnfold.engine.range``) on a copy of ``ep``: the new program
+    (``ep`` itself when nothing was rewritten) and the entries ``edit`` returned."""
+    editor = ProgramEditor(ep)
+    entries = edit(FxGraph(editor))
+    return (editor.build() if any(e.factor != 1.0 for e in entries) else ep), entries
+
+
 def fold_graph_module(
     gm: GraphModule, program: ExportedProgram | None = None, only=None, lower_unfoldable: bool = False, exclude=()
 ) -> FoldReport:

@@ -35,24 +35,15 @@ from .ops import (
     parse_norm_affine,
     parse_plain_norm,
     reads_only_metadata,
+    values_of,
 )
+from .range import FxRange
 from .tensors import FxTensors
 
 
-def _values_of(node: Node) -> Node | None:
-    """The ``getitem(node, 0)`` of an op returning ``(values, indices)``, when nothing reads the indices
-    (export keeps an unused ``getitem(node, 1)``)."""
-    items = list(node.users)
-    if any(node_key(u) != "getitem" for u in items):
-        return None
-    values = [u for u in items if u.args[1] == 0]
-    if len(values) != 1 or any(u.users for u in items if u.args[1] != 0):
-        return None
-    return values[0]
-
-
-class FxGraph:
-    """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors."""
+class FxGraph(FxRange):
+    """The adapter over ``editor.graph``; ``editor`` reads and writes its tensors (the fp16 range rewrite's
+    reads and edits: ``FxRange``)."""
 
     #: new per-channel tensors are ``[1, C, 1, 1]``: nothing left for a backend to broadcast
     full_rank_constants = True
@@ -137,7 +128,7 @@ class FxGraph:
             return None
         if not node.args or not isinstance(node.args[0], Node) or not hop_is_exact(node):
             return None
-        output = _values_of(node) if isinstance(node.meta.get("val"), (tuple, list)) else node
+        output = values_of(node) if isinstance(node.meta.get("val"), (tuple, list)) else node
         if output is None:
             return None
         return Hop(

@@ -46,6 +46,18 @@ def node_key(node: Node) -> str:
     return op_key(node.target) if node.op == "call_function" else ""
 
 
+def values_of(node: Node) -> Node | None:
+    """The ``getitem(node, 0)`` of an op returning several values (``(values, indices)``, a norm's output and
+    statistics), when nothing reads the others (export keeps an unused ``getitem(node, 1)``)."""
+    items = list(node.users)
+    if any(node_key(u) != "getitem" for u in items):
+        return None
+    values = [u for u in items if u.args[1] == 0]
+    if len(values) != 1 or any(u.users for u in items if u.args[1] != 0):
+        return None
+    return values[0]
+
+
 def node_arg(node: Node, index: int, name: str, default: Any = None) -> Any:
     if len(node.args) > index:
         return node.args[index]
@@ -712,6 +724,40 @@ for _k in _overloads(_SAME_SHAPE):
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape="same")
 for _k in _overloads("mean sum amax amin prod argmax argmin"):  # reductions: at most their input's elements
     _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), shape="reduced")
+#: What the fp16 range rewrite reads (``Op.range`` / ``degree``, see ``engine.optable.Op``), by op name (every
+#: overload and its edge ``_copy`` twin); a ``power`` op's degree (None: its constant exponent operand).
+RANGE_FACTS = {
+    "homogeneous": (
+        f"{_SAME} expand slice select index index_select narrow gather embedding _to_copy contiguous dropout "
+        "relu leaky_relu prelu _prelu_kernel neg abs sum mean amax amin cumsum flip roll repeat tile pixel_shuffle "
+        "pixel_unshuffle split split_with_sizes chunk unbind constant_pad_nd max_pool1d max_pool2d max_pool3d "
+        "max_pool2d_with_indices max_pool3d_with_indices adaptive_max_pool1d adaptive_max_pool2d adaptive_max_pool3d "
+        "avg_pool1d avg_pool2d avg_pool3d adaptive_avg_pool1d adaptive_avg_pool2d _adaptive_avg_pool2d "
+        "adaptive_avg_pool3d _adaptive_avg_pool3d upsample_nearest1d upsample_nearest2d upsample_nearest3d "
+        "_upsample_nearest_exact1d _upsample_nearest_exact2d _upsample_nearest_exact3d upsample_linear1d "
+        "upsample_bilinear2d upsample_trilinear3d upsample_bicubic2d relu_ leaky_relu_ neg_ abs_"
+    ),
+    "sum": "add sub rsub cat concat stack add_ sub_",  # an in-place op only where nothing else reads what it writes
+    "product": "mul matmul bmm mm mul_",
+    "quotient": "div true_divide div_",
+    "power": "pow sqrt rsqrt reciprocal square",
+    "invariant": "layer_norm native_layer_norm rms_norm group_norm native_group_norm instance_norm",
+}
+POWER_DEGREES = {"sqrt": 0.5, "rsqrt": -0.5, "reciprocal": -1.0, "square": 2.0, "pow": None}
+#: An ``invariant`` norm's eps: op name -> (argument index, default; None: the input dtype's machine epsilon).
+NORM_EPS = {
+    "layer_norm": (4, 1e-5),
+    "native_layer_norm": (4, None),
+    "rms_norm": (3, None),
+    "group_norm": (4, 1e-5),
+    "native_group_norm": (7, None),
+    "instance_norm": (7, None),
+}
+for _fact, _names in RANGE_FACTS.items():
+    for _name in _names.split():
+        for _k in _overloads(_name):
+            _NUMERICS[_k] = dict(_NUMERICS.get(_k, {}), range=_fact, degree=POWER_DEGREES.get(_name))
+_NUMERICS["getitem"] = dict(_NUMERICS["getitem"], range="homogeneous")
 for _k, _facts in _NUMERICS.items():
     OPS[_k] = replace(OPS.get(_k, Op("numeric")), **_facts)
 

@@ -1,0 +1,92 @@
+"""The fp16 range rewrite (``bnfold.engine.range``) on the fake graph: format-neutral, exact in float64."""
+
+from __future__ import annotations
+
+import torch
+from fake_graph import FakeAdapter, FakeGraph
+
+from bnfold.engine.range import Limits, rescale_graph
+from bnfold.report import Code
+
+LIMITS = Limits(65504 / 16, 1e4)
+
+
+def _peaks(g: FakeGraph, x: torch.Tensor) -> dict:
+    env = {"x": x.double(), **{k: v.double() for k, v in g.consts.items()}}
+    out = {"x": float(x.abs().max())}
+    for n in g.live():
+        env[n.output] = g._eval(n, {v: env.get(v) for v in n.inputs})
+        out[n.output] = float(env[n.output].abs().max())
+    return out
+
+
+def _hot_conv(tail: str = "conv") -> FakeGraph:
+    """conv (4 of 8 channels hot) -> relu -> maxpool -> conv (compensating) or a softmax."""
+    torch.manual_seed(0)
+    g = FakeGraph()
+    x = g.input("x", 2, 3, 8, 8)
+    w = torch.randn(8, 3, 3, 3) * 8
+    w[:4] *= 4096
+    y = g.node("conv", [x, g.const("w1", w), g.const("b1", torch.randn(8))], name="conv1", pad=1)
+    y = g.node("maxpool", [g.node("relu", [y], name="relu")], name="pool")
+    if tail == "conv":
+        w2 = torch.randn(4, 8, 3, 3)
+        w2[:, :4] /= 4096
+        y = g.node("conv", [y, g.const("w2", w2), g.const("b2", torch.randn(4))], name="conv2", pad=1)
+    else:
+        y = g.node("softmax", [y], name="softmax")
+    g.outputs = [y]
+    return g
+
+
+def test_hot_channels_move_across_relu_and_pool_into_the_next_conv_exactly():
+    g = _hot_conv()
+    x = torch.randn(2, 3, 8, 8)
+    before = g.run({"x": x})[0]
+    peaks = _peaks(g, x)
+    assert peaks["conv1_out"] > 65504
+    entries = rescale_graph(FakeAdapter(g), peaks, LIMITS)
+    assert [e.code for e in entries] == [Code.RESCALED]
+    assert entries[0].kind == "cross_layer" and entries[0].muls == 0
+    assert set(entries[0].nodes) == {"conv1", "conv2"}
+    after = g.run({"x": x})[0]
+    assert torch.equal(before, after)  # powers of two: not one bit differs in float64
+    assert max(_peaks(g, x)[v] for v in ("conv1_out", "relu_out", "pool_out")) <= LIMITS.value
+
+
+def test_a_reader_with_no_scale_rule_refuses_and_leaves_the_graph():
+    g = _hot_conv("softmax")
+    x = torch.randn(2, 3, 8, 8)
+    before = g.run({"x": x})[0]
+    entries = rescale_graph(FakeAdapter(g), _peaks(g, x), LIMITS)
+    assert {e.value for e in entries} == {"conv1_out", "relu_out", "pool_out"}  # each too large, none movable
+    assert all(e.code is Code.NONLINEAR_READER and e.factor == 1.0 and not e.nodes for e in entries)
+    assert torch.equal(before, g.run({"x": x})[0])
+
+
+def test_a_norm_absorbs_the_scale_with_its_eps_times_s_squared():
+    torch.manual_seed(1)
+    g = FakeGraph()
+    x = g.input("x", 2, 4, 5, 5)
+    y = g.node("conv", [x, g.const("w", torch.randn(4, 4, 1, 1) * 3e5)], name="conv")
+    g.outputs = [g.node("group_norm", [y], name="norm", groups=2, eps=1e-3)]
+    xs = torch.randn(2, 4, 5, 5)
+    before = g.run({"x": xs})[0]
+    entries = rescale_graph(FakeAdapter(g), _peaks(g, xs), LIMITS)
+    assert [e.code for e in entries] == [Code.RESCALED] and entries[0].kind == "norm"
+    k = -round(torch.log2(torch.tensor(entries[0].factor)).item())
+    assert g.by_name("norm").attrs["eps"] == 1e-3 * 2.0 ** (-2 * k)
+    assert torch.allclose(before, g.run({"x": xs})[0], rtol=1e-12, atol=1e-12)
+
+
+def test_a_constant_factor_takes_the_scale_and_the_reading_layer_the_inverse():
+    """A hot product of a graph input and a constant: the constant takes the scale, the next layer its inverse."""
+    g = FakeGraph()
+    x = g.input("x", 2, 4)
+    big = g.node("mul", [x, g.const("c", torch.tensor(4096.0))], name="big")  # the constant takes it
+    g.outputs = [g.node("linear", [big, g.const("w", torch.randn(3, 4) / 4096)], name="head")]
+    xs = torch.randn(2, 4) * 8
+    before = g.run({"x": xs})[0]
+    entries = rescale_graph(FakeAdapter(g), _peaks(g, xs), LIMITS)
+    assert [e.code for e in entries] == [Code.RESCALED] and entries[0].muls == 0
+    assert torch.equal(before, g.run({"x": xs})[0])
