@@ -32,13 +32,26 @@ CAUSES = {
 
 
 def _model(name, fmt):
-    m = rm.build(name)
+    m = rm.build(name) if name != "wide_scores" else _wide_scores()
     return (rm.program(m) if fmt == "pt2" else rm.onnx_model(m)), rm.batches(m)
+
+
+def _wide_scores():
+    """The attention model with q and k twice as large: the scores after ``/ sqrt(d)`` (the softmax's input) pass
+    65504 themselves, so no exact rewrite brings them into fp16 (softmax is not homogeneous)."""
+    m = rm.build("attention")
+    with torch.no_grad():
+        for layer in (m.q, m.k):
+            layer.weight.mul_(2.0)
+            layer.bias.mul_(2.0)
+    return m
 
 
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
 @pytest.mark.parametrize("name", sorted(CAUSES))
-def test_range_model_cause_verdict_and_island(name, fmt):
+def test_range_model_cause_verdict_and_rewrite(name, fmt):
+    """Each range model: the overflow named where it starts, the verdict rejects the model, and the prescription is
+    the exact range rewrite (``--fp16-range``), verified by emulating the rewritten model: no float32 island."""
     model, xs = _model(name, fmt)
     rep = bnfold.audit(model, xs)
     d = rep.to_dict()
@@ -55,7 +68,24 @@ def test_range_model_cause_verdict_and_island(name, fmt):
     ops = {r["node"]: r for r in d["ops"]}
     assert ops[cause["node"]]["peak"] == cause["value"] and ops[cause["node"]]["headroom"] < 1
     pres = d["prescription"]
-    assert pres["rewrite"] == [] and pres["holds"] and cause["node"] in pres["fp32_nodes"]
+    assert pres["rewrite"] == ["fp16_range"] and pres["holds"] and pres["fp32_nodes"] == []
+    tried = {t["name"]: t for t in pres["tried"]}
+    assert tried["fp16_range"]["holds"] and tried["fp16_range"]["nonfinite_share"] == 0.0
+    assert tried["fp16_range"]["output_sqnr_db"] >= rep.floor.min_sqnr_db
+    assert rep.advice()[1].startswith("prescription: --fp16-range INPUTS.npz (verified")
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_island_where_no_rewrite_holds(fmt):
+    """Scores past 65504 at the softmax's input: the range rewrite is tried and does not hold, so the prescription is
+    the float32 island, grown from the cause until the verdict holds."""
+    model, xs = _model("wide_scores", fmt)
+    rep = bnfold.audit(model, xs)
+    d = rep.to_dict()
+    assert rep.deploy is False and d["cause"]["kind"] == "overflow" and d["cause"]["op"] in ("matmul", "MatMul")
+    pres = d["prescription"]
+    assert {t["name"]: t["holds"] for t in pres["tried"]}.get("fp16_range") is False
+    assert pres["rewrite"] == [] and pres["holds"] and d["cause"]["node"] in pres["fp32_nodes"]
     assert 0 < len(pres["fp32_nodes"]) < pres["nodes"]
     assert rep.prescription.end_to_end is not None and not rep.prescription.end_to_end.output.nonfinite
 
@@ -112,11 +142,11 @@ def test_block_list_round_trip_through_onnxconverter_common(tmp_path):
     model does not overflow here: the ``fp16`` profile is a GPU's or NPU's storage, not ORT CPU's.)"""
     ort = pytest.importorskip("onnxruntime")
     f16 = pytest.importorskip("onnxconverter_common.float16")
-    model, xs = _model("attention", "onnx")
+    model, xs = _model("wide_scores", "onnx")
     rep = bnfold.audit(model, xs)
     listed = json.loads(block_list.render(rep.prescription, "onnxconverter-common", onnx=True))
     nodes = listed["node_block_list"]
-    assert nodes == rep.prescription.fp32_nodes == ["/MatMul", "/Div"] and listed["base"] == "unfolded"
+    assert nodes == rep.prescription.fp32_nodes == ["/MatMul", "/Div", "/Softmax"] and listed["base"] == "unfolded"
     blocked = f16.convert_float_to_float16(model, keep_io_types=True, node_block_list=nodes)
     producer = {o: n for n in blocked.graph.node for o in n.output}
     for node in (
@@ -143,7 +173,7 @@ def _cli(capsys, *argv):
 
 
 def test_cli_writes_each_block_list_format(tmp_path, capsys):
-    model, xs = _model("attention", "onnx")
+    model, xs = _model("wide_scores", "onnx")
     path, npz = tmp_path / "attn.onnx", tmp_path / "attn.npz"
     onnx.save(model, path)
     np.savez(npz, x0=np.stack([x.numpy() for (x,) in xs]))
@@ -176,8 +206,9 @@ def test_cli_writes_each_block_list_format(tmp_path, capsys):
 
 
 def test_cli_torch_block_list_holds_module_paths(tmp_path, capsys):
-    m = rm.build("hot_channels")
-    path, npz = tmp_path / "hot.pt2", tmp_path / "hot.npz"
+    m = nn.Sequential(_wide_scores()).eval()  # its attention ops under the module path "0"
+    m.shapes = m[0].shapes
+    path, npz = tmp_path / "scores.pt2", tmp_path / "scores.npz"
     torch.export.save(rm.program(m), path)
     np.savez(npz, arr_0=np.stack([b[0].numpy() for b in rm.batches(m)]))
     out = tmp_path / "fp32.json"
@@ -185,7 +216,7 @@ def test_cli_torch_block_list_holds_module_paths(tmp_path, capsys):
     assert code == 0, err
     doc, listed = json.loads(stdout), json.loads(out.read_text())
     assert doc["block_list"] == str(out) and listed["nodes"] == doc["prescription"]["fp32_nodes"]
-    assert "conv1" in listed["module_paths"]
+    assert listed["nodes"] == ["matmul", "div", "softmax"] and listed["module_paths"] == ["0"]
 
 
 def _page(seed: int, size: int = 128) -> tuple:
