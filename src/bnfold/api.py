@@ -34,6 +34,7 @@ def fold(
     only: str | Iterable[str] | None = None,
     exclude: str | Iterable[str] | None = None,
     lower_unfoldable: bool = False,
+    inplace: bool = False,
 ) -> FoldResult:
     """Fold normalizations into neighbouring conv / transposed conv / linear layers.
 
@@ -49,10 +50,19 @@ def fold(
     normalizations to leave alone.  ``lower_unfoldable`` rewrites each eval
     batch norm that cannot fold as a multiply and an add by per-channel
     constants computed in float64 with the model's eps (``report.lowered``), so
-    no backend can recompute it with its own eps.  The input is never mutated.
+    no backend can recompute it with its own eps.  The input is never mutated, unless ``inplace``.
+
+    ``inplace=True`` (an ``ExportedProgram`` only) CONSUMES the input: the caller gives it up, its
+    graph, state_dict and constants become the result's, and it must not be used again (it is left
+    half-edited).  The fold then keeps no second copy of the graph or of the weights: each folded
+    tensor replaces the one it was computed from, which is released as soon as nothing else holds it
+    (drop the ``nn.Module`` the program was exported from, whose parameters it shares), so the peak
+    is the weights plus the largest tensor being folded.  The result is the same as without it.
+    A ``.pt2`` path is always folded in place: the program read from it is bnfold's own.
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
-    if isinstance(model, (str, os.PathLike)):
+    from_path = isinstance(model, (str, os.PathLike))
+    if from_path:
         model = _load_path(model)
     frontend = frontend_for(model)
     if frontend is None:
@@ -66,7 +76,11 @@ def fold(
         example_inputs = _check_inputs(example_inputs)
     elif example_inputs is not None:
         raise TypeError(f"example_inputs is only for nn.Module input; {frontend.what} carries its own")
-    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable)
+    if not frontend.folds_in_place:
+        if inplace:
+            raise TypeError(f"inplace=True folds an ExportedProgram; a {type(model).__name__} is folded into a copy")
+        return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable)
+    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, inplace=inplace or from_path)
 
 
 def check(

@@ -55,7 +55,9 @@ class Frontend:
     """One model kind.
 
     * ``fold(model, example_inputs, only, exclude, lower_unfoldable)`` returns a :class:`FoldResult` with
-      ``report.stats`` filled in; ``needs_inputs``: it needs example inputs (it exports the model).
+      ``report.stats`` filled in; ``needs_inputs``: it needs example inputs (it exports the model);
+      ``folds_in_place``: it also takes ``inplace=True`` (the model is consumed, no second copy of its
+      weights is made).
     * ``training_norms(model, report=None)``: the names of its normalizations in training mode (``report``:
       the model's fold report, when the kind reads them from it).
     * ``numerics()``: its audit hooks (:class:`bnfold.numerics.runner.AuditFormat`), imported when called;
@@ -77,6 +79,7 @@ class Frontend:
     needs_inputs: bool = False
     open_dims: bool = False
     runtimes: tuple[str, ...] = ()
+    folds_in_place: bool = False
 
     @property
     def what(self) -> str:
@@ -125,10 +128,12 @@ def _fold_onnx(model, example_inputs, only, exclude, lower_unfoldable) -> FoldRe
     return timed(model, run, onnx_sizes)
 
 
-def _fold_program(model, example_inputs, only, exclude, lower_unfoldable) -> FoldResult:
+def _fold_program(model, example_inputs, only, exclude, lower_unfoldable, inplace: bool = False) -> FoldResult:
     from .torch_export import fold_program
 
-    run = lambda: fold_program(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)  # noqa: E731
+    def run() -> FoldResult:
+        return fold_program(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, inplace=inplace)
+
     return timed(model, run, fx_sizes)
 
 
@@ -252,7 +257,9 @@ ONNX = register(
     )
 )
 PROGRAM = register(
-    Frontend("exported_program", _is_program, _fold_program, fx_sizes, "ExportedProgram", *_PROGRAM_HOOKS)
+    Frontend(
+        "exported_program", _is_program, _fold_program, fx_sizes, "ExportedProgram", *_PROGRAM_HOOKS, folds_in_place=True
+    )
 )
 MODULE = register(
     Frontend("nn_module", _is_module, _fold_module, fx_sizes, "nn.Module", numerics=_module_numerics, needs_inputs=True)
