@@ -39,6 +39,7 @@ COMMANDS: tuple[Command, ...] = (
             "input_shape",
             "force",
             "in_place",
+            "low_memory",
         ),
         run=fold.run,
         epilog=texts.FOLD_EPILOG,
