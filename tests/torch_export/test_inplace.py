@@ -116,3 +116,30 @@ def test_inplace_is_refused_where_the_fold_makes_a_copy():
 def test_the_api_says_the_input_is_consumed():
     doc = bnfold.fold.__doc__
     assert "inplace=True" in doc and "CONSUMES the input" in doc and "must not be used again" in doc
+
+
+def test_a_value_computed_from_a_user_input_copies_no_weight(monkeypatch):
+    """A residual add after a linear reads the embedding's output: the chain walk asks whether it is a
+    constant, and the embedding reads the token ids (a user input), so it is not.  No weight is copied
+    to float64 to find that out (the table of a 1B model's embedding was: 0.5 GB for nothing)."""
+
+    class M(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.lin = torch.nn.Embedding(1000, 16), torch.nn.Linear(16, 16)
+
+        def forward(self, ids):
+            x = self.emb(ids)
+            return x + self.lin(x)
+
+    ep = torch.export.export(M().eval(), (torch.randint(0, 1000, (2, 5)),))
+    copied = []
+    double = torch.Tensor.double
+
+    def spy(t, *args, **kwargs):
+        copied.append(tuple(t.shape))
+        return double(t, *args, **kwargs)
+
+    monkeypatch.setattr(torch.Tensor, "double", spy)
+    bnfold.fold(ep)
+    assert (1000, 16) not in copied, copied
