@@ -142,7 +142,6 @@ class ProgramEditor(FxTensors):
         return specs
 
     def build(self) -> ExportedProgram:
-        self.graph.lint()  # ExportedProgram compiles the graph module itself
         output = next(n for n in reversed(self.graph.nodes) if n.op == "output")
         outs = list(output.args[0]) if isinstance(output.args[0], (list, tuple)) else [output.args[0]]
         output_specs = []
