@@ -258,7 +258,13 @@ ONNX = register(
 )
 PROGRAM = register(
     Frontend(
-        "exported_program", _is_program, _fold_program, fx_sizes, "ExportedProgram", *_PROGRAM_HOOKS, folds_in_place=True
+        "exported_program",
+        _is_program,
+        _fold_program,
+        fx_sizes,
+        "ExportedProgram",
+        *_PROGRAM_HOOKS,
+        folds_in_place=True,
     )
 )
 MODULE = register(
