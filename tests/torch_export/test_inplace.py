@@ -143,3 +143,27 @@ def test_a_value_computed_from_a_user_input_copies_no_weight(monkeypatch):
     monkeypatch.setattr(torch.Tensor, "double", spy)
     bnfold.fold(ep)
     assert (1000, 16) not in copied, copied
+
+
+def test_a_pt2_path_folds_in_place_to_the_same_program(tmp_path, monkeypatch):
+    """``bnfold.fold(path)`` reads the program itself, so it folds it in place: the same program as the plain
+    fold of the program read from the same file."""
+    import bnfold.torch_export.fold as fold_module
+
+    path = tmp_path / "m.pt2"
+    x = (torch.randn(2, 3, 8, 8),)
+    torch.export.save(torch.export.export(randomize_bn(_conv_bn()).eval(), x), str(path))
+    plain = bnfold.fold(torch.export.load(str(path)))
+    seen = []
+    real = fold_module.fold_program
+
+    def spy(ep, *args, **kwargs):
+        seen.append(kwargs.get("inplace"))
+        return real(ep, *args, **kwargs)
+
+    monkeypatch.setattr("bnfold.torch_export.fold_program", spy)
+    from_path = bnfold.fold(str(path))
+    assert seen == [True]
+    assert from_path.model.graph_module.code == plain.model.graph_module.code
+    assert all(torch.equal(from_path.model.state_dict[k], v) for k, v in plain.model.state_dict.items())
+    assert _report(from_path) == _report(plain)
