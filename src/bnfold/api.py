@@ -37,6 +37,7 @@ def fold(
     fp16_range: Any = None,
     fp16_margin: float = 16.0,
     profile: str | None = None,
+    inplace: bool = False,
 ) -> FoldResult:
     """Fold normalizations into neighbouring conv / transposed conv / linear layers.
 
@@ -52,16 +53,25 @@ def fold(
     normalizations to leave alone.  ``lower_unfoldable`` rewrites each eval
     batch norm that cannot fold as a multiply and an add by per-channel
     constants computed in float64 with the model's eps (``report.lowered``), so
-    no backend can recompute it with its own eps.  The input is never mutated.
+    no backend can recompute it with its own eps.  The input is never mutated, unless ``inplace``.
 
     ``fp16_range`` (batches, as ``bnfold.audit`` takes them): after folding, run the model in float32 on them
     and rewrite every value whose magnitude passes fp16's 65504 over ``fp16_margin`` (and every constant outside
     the limits of ``profile``; None: of every profile bnfold knows) by powers of two, exactly, proved in float64
     on the batches and fresh inputs (``bnfold.rescale``); ``report.rescaled`` lists each value found, what was
     done and the margin reached, or why nothing was (a code).
+
+    ``inplace=True`` (an ``ExportedProgram`` only) CONSUMES the input: the caller gives it up, its
+    graph, state_dict and constants become the result's, and it must not be used again (it is left
+    half-edited).  The fold then keeps no second copy of the graph or of the weights: each folded
+    tensor replaces the one it was computed from, which is released as soon as nothing else holds it
+    (drop the ``nn.Module`` the program was exported from, whose parameters it shares), so the peak
+    is the weights plus the largest tensor being folded.  The result is the same as without it.
+    A ``.pt2`` path is always folded in place: the program read from it is bnfold's own.
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
-    if isinstance(model, (str, os.PathLike)):
+    from_path = isinstance(model, (str, os.PathLike))
+    if from_path:
         model = _load_path(model)
     frontend = frontend_for(model)
     if frontend is None:
@@ -81,7 +91,13 @@ def fold(
 
         request = RangeRequest(fp16_range, float(fp16_margin), profile)
         request.limits()  # a bad margin or profile is refused before any work
-    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, request)
+    if not frontend.folds_in_place:
+        if inplace:
+            raise TypeError(f"inplace=True folds an ExportedProgram; a {type(model).__name__} is folded into a copy")
+        return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, request)
+    return frontend.fold(
+        model, example_inputs, kinds, patterns, lower_unfoldable, request, inplace=inplace or from_path
+    )
 
 
 def check(

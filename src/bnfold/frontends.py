@@ -54,9 +54,10 @@ class FileFormat:
 class Frontend:
     """One model kind.
 
-    * ``fold(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None)`` returns a
+    * ``fold(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None, inplace=False)`` returns a
       :class:`FoldResult` with ``report.stats`` filled in (``fp16_range``: a ``bnfold.rescale.RangeRequest``);
-      ``needs_inputs``: it needs example inputs (it exports the model).
+      ``needs_inputs``: it needs example inputs (it exports the model); ``folds_in_place``: it also takes
+      ``inplace=True`` (the model is consumed, no second copy of its weights is made).
     * ``range_edit(model, edit) -> (model, entries)``: ``edit(graph adapter)`` (the fp16 range rewrite,
       ``bnfold.engine.range``) on a copy of the model, and the copy rebuilt (the model itself when nothing changed).
     * ``training_norms(model, report=None)``: the names of its normalizations in training mode (``report``:
@@ -81,6 +82,7 @@ class Frontend:
     open_dims: bool = False
     runtimes: tuple[str, ...] = ()
     range_edit: Callable[[Any, Callable], tuple] | None = None
+    folds_in_place: bool = False
 
     @property
     def what(self) -> str:
@@ -141,10 +143,14 @@ def _fold_onnx(model, example_inputs, only, exclude, lower_unfoldable, fp16_rang
     return _rescaled(timed(model, run, onnx_sizes), fp16_range)
 
 
-def _fold_program(model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None) -> FoldResult:
+def _fold_program(
+    model, example_inputs, only, exclude, lower_unfoldable, fp16_range=None, inplace: bool = False
+) -> FoldResult:
     from .torch_export import fold_program
 
-    run = lambda: fold_program(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable)  # noqa: E731
+    def run() -> FoldResult:
+        return fold_program(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, inplace=inplace)
+
     return _rescaled(timed(model, run, fx_sizes), fp16_range)
 
 
@@ -292,6 +298,7 @@ PROGRAM = register(
         "ExportedProgram",
         *_PROGRAM_HOOKS,
         range_edit=_program_range_edit,
+        folds_in_place=True,
     )
 )
 MODULE = register(

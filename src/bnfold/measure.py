@@ -68,10 +68,10 @@ def _constant_size(node: Any) -> tuple[int, int]:
 
 def timed(before: Any, run: Callable[[], FoldResult], sizes: Callable[[Any], Sizes]) -> FoldResult:
     """``run()``'s result with ``report.stats``: ``sizes`` of ``before`` and of the folded model, and the time."""
+    nodes_b, params_b, bytes_b = sizes(before)  # first: an in-place fold consumes ``before``
     start = time.perf_counter()
     result = run()
     seconds = time.perf_counter() - start
-    nodes_b, params_b, bytes_b = sizes(before)
     nodes_a, params_a, bytes_a = sizes(result.model)
     result.report.stats = FoldStats(nodes_b, nodes_a, params_b, params_a, bytes_b, bytes_a, seconds)
     return result

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import json
 import os
 import zipfile
 
@@ -280,3 +281,31 @@ def test_inspection_reads_the_file_once(models, tmp_path, monkeypatch):
     assert len(loaded) == 1 and isinstance(loaded[0], io.BytesIO)
     assert loaded[0].getvalue() == src.read_bytes()
     assert zipfile.is_zipfile(io.BytesIO(loaded[0].getvalue()))
+
+
+def test_low_memory_writes_the_same_file_and_report(run, models, tmp_path):
+    """--low-memory folds the program it read in place: the same bytes, the same report (but the time)."""
+    outs = {}
+    for extra in ([], ["--low-memory"]):
+        out, report = tmp_path / f"out{len(extra)}.pt2", tmp_path / f"report{len(extra)}.json"
+        code, _, err = run("fold", models["conv_bn"], "-o", out, "--report", report, *extra)
+        assert code == 0, err
+        payload = json.loads(report.read_text())
+        payload["summary"].pop("seconds")
+        payload.pop("output")
+        outs[bool(extra)] = (out.read_bytes(), payload)
+    assert outs[True][1] == outs[False][1] and outs[True][1]["summary"]["folded"] == 1
+    assert outs[True][0] == outs[False][0]
+
+
+def test_low_memory_refuses_onnx_and_training_programs(run, models, tmp_path):
+    onnx_path = tmp_path / "m.onnx"
+    onnx_path.write_bytes(h.onnx_conv_bn().SerializeToString())
+    code, _, err = run("fold", onnx_path, "-o", tmp_path / "out.onnx", "--low-memory")
+    assert code == 2 and not (tmp_path / "out.onnx").exists()
+    h.one_error_line(err, "--low-memory", ".pt2")
+    src = tmp_path / "train.pt2"
+    torch.export.save(torch.export.export(h.randomize_bn(h.ConvBN()).train(), (torch.randn(h.EXAMPLE_SHAPE),)), src)
+    code, _, err = run("fold", src, "-o", tmp_path / "out.pt2", "--low-memory", "--trust")
+    assert code == 2 and not (tmp_path / "out.pt2").exists()
+    h.one_error_line(err, "train.pt2", "in training mode")

@@ -42,6 +42,7 @@ COMMANDS: tuple[Command, ...] = (
             "range_profile",
             "force",
             "in_place",
+            "low_memory",
         ),
         run=fold.run,
         epilog=texts.FOLD_EPILOG,

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..checks import check_model_path, refuse_training
 from ..errors import BnfoldError
+from ..frontends import frontend_for
 from ..io import atomic, models, quiet
 from . import shapes, verbosity
 from .args import comma_list, opt
@@ -17,14 +18,21 @@ from .progress import Heartbeat
 
 
 def fold_quietly(
-    model: Any, only=None, debug: bool = False, exclude=None, label: str = "", lower_unfoldable=False, **fp16_range
+    model: Any,
+    only=None,
+    debug: bool = False,
+    exclude=None,
+    label: str = "",
+    lower_unfoldable=False,
+    inplace=False,
+    **fp16_range,
 ):
     """``bnfold.fold`` with library warnings silenced (unless ``debug``) and a heartbeat on stderr; ``fp16_range``:
     ``fold``'s ``fp16_range`` / ``fp16_margin`` / ``profile`` arguments."""
     from .. import fold
 
     with quiet(not debug), Heartbeat(f"folding {label}" if label else "folding"):
-        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, **fp16_range)
+        return fold(model, only=only, exclude=exclude, lower_unfoldable=lower_unfoldable, inplace=inplace, **fp16_range)
 
 
 def range_arguments(model: Any, args: argparse.Namespace) -> dict:
@@ -33,8 +41,6 @@ def range_arguments(model: Any, args: argparse.Namespace) -> dict:
     path = opt(args, "fp16_range")
     if not path:
         return {}
-    from ..frontends import frontend_for
-
     batches = frontend_for(model).batches(model, path, 0, 0, None)
     return {
         "fp16_range": batches,
@@ -66,21 +72,32 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)
+    layout = loaded.layout
     model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
     ranged = range_arguments(model, args)
+    if args.low_memory:
+        frontend = frontend_for(model)
+        if frontend is None or not frontend.folds_in_place:
+            what = frontend.what if frontend is not None else "this model"
+            raise BnfoldError(f"--low-memory folds a .pt2 program in place; {what} is folded into a copy")
+        refuse_training(model, args.input)  # before: the in-place fold consumes the program
+    exclude = comma_list(args.exclude)
     try:
         result = fold_quietly(
-            model, args.only, debug, comma_list(args.exclude), args.input, args.lower_unfoldable, **ranged
+            model, args.only, debug, exclude, args.input, args.lower_unfoldable, args.low_memory, **ranged
         )
     except ValueError as e:  # inputs that do not fit the model
         if not ranged:
             raise
         raise BnfoldError(f"{args.input}: --fp16-range {args.fp16_range}: {e}") from None
-    refuse_training(model, args.input, result.report)
+    if args.low_memory:
+        del loaded, model  # the folded program is what is left of it
+    else:
+        refuse_training(model, args.input, result.report)
     payload = report_payload(args.input, plan.path, result.report)
     texts = {args.report: json_text(payload) + "\n"} if args.report else None
     with atomic.modes_like(args.input):  # new files get the input's permission bits
-        models.save_model(result.model, plan, layout=loaded.layout, texts=texts, debug=debug)
+        models.save_model(result.model, plan, layout=layout, texts=texts, debug=debug)
     if opt(args, "json"):
         print_json(payload)
     elif verbosity.level(args) > verbosity.QUIET:

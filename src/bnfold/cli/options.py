@@ -118,6 +118,12 @@ OPTIONS: dict[str, Option] = {
         "with --fp16-range: the limits of this precision profile only (default: every profile's)",
         {"choices": PROFILES, "default": None},
     ),
+    "low_memory": Option(
+        ("--low-memory",),
+        "fold the .pt2 program in place as it was read: each folded weight replaces its original, so the peak "
+        "is the weights once plus the largest tensor being folded, not twice the folded ones (same output)",
+        {"action": "store_true"},
+    ),
     "force": Option(("--force",), "replace OUT if it exists", {"action": "store_true"}),
     "in_place": Option(
         ("--in-place",), "overwrite IN with the folded model (OUT defaults to IN)", {"action": "store_true"}

@@ -18,6 +18,10 @@ INPUT_MULTIPLE = 4
 FLOPS_PER_BYTE = 256
 NODE_FLOPS = 10_000  # the fixed cost of running one node (dispatch), counted as FLOPs
 MAX_BATCHES = 10_000
+#: The audit's FLOPs on inputs the user chose, per run: one multiply-add per weight per input element (what a
+#: model does that applies every weight at every position of its input: a fully convolutional net at the
+#: input's resolution; an honest one does less, its later layers on smaller maps).
+INPUT_FLOPS_PER_WEIGHT = 2
 MAX_WORK_HINT = "pass --max-work N (bytes) to allow more if the model really is that big"
 
 
@@ -50,6 +54,30 @@ class Budget:
 
 
 _OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)
+_CHOSEN: contextvars.ContextVar[bool] = contextvars.ContextVar("bnfold_inputs_chosen", default=False)
+
+
+@contextlib.contextmanager
+def inputs_chosen(chosen: bool) -> Iterator[None]:
+    """Within the block, the inputs the audit runs were chosen by the user (tensors passed in, an ``.npz`` file,
+    ``--input-shape``), not taken from the file's own shapes: :func:`input_flops` grants their work."""
+    token = _CHOSEN.set(bool(chosen))
+    try:
+        yield
+    finally:
+        _CHOSEN.reset(token)
+
+
+def input_flops(weight_elements: int, input_elements: int, runs: int) -> int:
+    """The FLOPs that ``runs`` runs on inputs the user chose justify beyond the content's budget:
+    :data:`INPUT_FLOPS_PER_WEIGHT` per weight element per element of one batch of inputs, per run; 0 when
+    the inputs' sizes came from the file (a file cannot buy itself work by declaring a large input) or
+    under ``--max-work`` (the budget is then what the user set).  The sizes are the plan's, computed from
+    the ops: a file whose values outgrow its input (a conv's padding, an upsample's factor) spends them at
+    the rate its outputs grow, and meets the byte budget and this one as before."""
+    if not _CHOSEN.get() or current_override():
+        return 0
+    return max(0, runs) * INPUT_FLOPS_PER_WEIGHT * max(0, weight_elements) * max(0, input_elements)
 
 
 def current_override() -> int | None:

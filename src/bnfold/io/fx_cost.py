@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from ..errors import ModelFileError
+from .budget import input_flops
 from .cost import (
     FX_CONV_OPS,
     Budget,
@@ -160,10 +161,13 @@ def fx_plan(
             live[node.name] = 0 if hold else nbytes
     check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
-    if hold:
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops)
-    outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     n_batches = len(batches or [1])
+    runs_all = runs * (len(batches) if batches else 1)
+    if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
+        in_elements = sum(elements(s.dims) for name in inputs for s in (rec.get(name) or []))
+        extra = input_flops(float_weights, in_elements, runs_all)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra)
+    outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     if hold:  # the weights' copies, and the outputs of the batches before the last
         out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
@@ -201,7 +205,6 @@ def fx_plan(
         if vals:
             firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
-    runs_all = runs * (len(batches) if batches else 1)
     plan = check_plan(steps, budget, where, live=live, runs=runs_all)
     return replace(plan, sized=frozenset(name for name, vals in rec.items() if vals is not None))
 

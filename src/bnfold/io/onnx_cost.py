@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from .budget import input_flops
 from .cost import (
     ONNX_CONV_OPS,
     ONNX_FLOAT_CONV_OPS,
@@ -144,9 +145,11 @@ def onnx_plan(
     info = _OnnxValues(Shapes(model, declared=False, inputs=input_dims), symbols, batch, hold)
     live: dict[str, int] = {}
     inputs: dict[str, int] = {}
+    in_elements = 0
     for v in g.input:
         if v.name not in init:
-            _, _, inputs[v.name], live[v.name] = info(v.name)
+            _, n, inputs[v.name], live[v.name] = info(v.name)
+            in_elements += n
     float_weights = 0
     for t in g.initializer:
         n, data_type = elements(t.dims), t.data_type
@@ -155,6 +158,7 @@ def onnx_plan(
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
     nodes = list(g.node)
     ops = [node.op_type for node in nodes]
+    const_floats = 0  # the float elements of Constant nodes (paddle2onnx keeps weights there)
     if content_bytes is None:  # Constant nodes hold weights too
         for node, op in zip(nodes, ops):
             if op == "Constant":
@@ -162,10 +166,13 @@ def onnx_plan(
                     if a.HasField("t"):
                         t = a.t
                         weights += elements(t.dims) * info.itemsize(t.data_type)
+                        const_floats += elements(t.dims) if t.data_type in _ONNX_FLOATS else 0
     check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
-    if hold:
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops)
+    runs = hold.runs * batches if hold else 1
+    if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
+        extra = input_flops(float_weights + const_floats, in_elements, runs)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra)
         for name in init:
             live[name] = 0
     outs = {o.name for o in g.output}
@@ -174,7 +181,7 @@ def onnx_plan(
         live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
     dims = {n: info.dims(n) for n in live}
     steps = _onnx_steps(nodes, ops, info, dims, outs, hold, budget, where, batches)
-    return check_plan(steps, budget, where, live=live, runs=hold.runs * batches if hold else 1)
+    return check_plan(steps, budget, where, live=live, runs=runs)
 
 
 def _onnx_steps(

@@ -24,6 +24,7 @@ from dataclasses import replace
 
 import torch
 
+from ..io.budget import inputs_chosen
 from ..report import FoldResult
 from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
@@ -122,15 +123,18 @@ def audit(
     if output is None:
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
-    model, batches, name, random_inputs = fmt.prepare(
-        model,
-        inputs,
-        input_shapes=input_shapes,
-        name=name,
-        random_inputs=random_inputs,
-        runtime=runtime,
-        fold=isinstance(fold, FoldResult) or bool(fold),
-    )
+    # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
+    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only
+    with inputs_chosen(not random_inputs or bool(input_shapes)):
+        model, batches, name, random_inputs = fmt.prepare(
+            model,
+            inputs,
+            input_shapes=input_shapes,
+            name=name,
+            random_inputs=random_inputs,
+            runtime=runtime,
+            fold=isinstance(fold, FoldResult) or bool(fold),
+        )
     folded_model = report = None
     if isinstance(fold, FoldResult):
         folded_model, report = fold.model, fold.report

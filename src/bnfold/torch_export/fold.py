@@ -12,14 +12,18 @@ from .graph_module import GraphModuleEditor
 from .program import ProgramEditor
 
 
-def fold_program(ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: bool = False) -> FoldResult:
-    """Fold every foldable normalization in ``ep``; ``ep`` itself is not modified.
+def fold_program(
+    ep: ExportedProgram, only=None, exclude=(), lower_unfoldable: bool = False, inplace: bool = False
+) -> FoldResult:
+    """Fold every foldable normalization in ``ep``; ``ep`` itself is not modified, unless ``inplace``:
+    then ``ep`` is consumed (its graph, state_dict and constants become the result's, and ``ep`` must
+    not be used again), and no second copy of the graph or of the tensors is made.
 
     ``exclude``: fnmatch patterns on module paths left unfolded (see ``bnfold.engine.fold_graph``);
     ``lower_unfoldable``: each eval batch norm that stays becomes ``x * scale + shift``."""
     if not isinstance(ep, ExportedProgram):
         raise TypeError(f"expected a torch.export.ExportedProgram, got {type(ep).__name__}")
-    editor = ProgramEditor(ep)
+    editor = ProgramEditor(ep, inplace=inplace)
     report = fold_graph(FxGraph(editor), only, exclude, lower=lower_unfoldable)
     return FoldResult(editor.build(), report)
 

@@ -125,21 +125,28 @@ class FxTensors:
                 self._free_read(node)
             return value
 
-        def resolve(arg):
+        def value(arg):
             if isinstance(arg, Node):
                 v = self.tensor(arg)
                 if v is None:
                     v = self._computed.get(arg)
                 if v is None:
                     raise LookupError
+                return v
+            return arg
+
+        def resolve(arg):
+            if isinstance(arg, Node):
+                v = value(arg)
                 return v.double() if v.is_floating_point() else v
             return arg
 
-        try:
-            args = torch.fx.node.map_aggregate(node.args, resolve)
-            kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
+        try:  # every input known before any is copied to float64 (an embedding's table and its ids: no copy)
+            torch.fx.node.map_aggregate((node.args, node.kwargs), value)
         except LookupError:
             return None
+        args = torch.fx.node.map_aggregate(node.args, resolve)
+        kwargs = torch.fx.node.map_aggregate(node.kwargs, resolve)
         label = f"{getattr(node.target, '__name__', node.target)} {node.name!r}"
         cost = self._cost(node, label, args, kwargs)
         if cost is None:

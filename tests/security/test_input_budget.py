@@ -1,0 +1,96 @@
+"""Issue 43: the audit's work budget grows with the inputs the user chose, and with nothing a file says.
+
+On inputs the user chose (tensors passed to ``bnfold.audit``, an ``.npz`` file, ``--input-shape``) the audit
+may do ``INPUT_FLOPS_PER_WEIGHT`` FLOPs per weight element per input element per run beyond the content's
+budget: what a fully convolutional model at the input's resolution does.  Batches shaped like the file's own
+inputs get no such allowance, ``--max-work`` replaces every budget, and a file whose values outgrow its input
+(an upsample's factor, a conv's padding) is refused on the same chosen input.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from bnfold.io.budget import INPUT_FLOPS_PER_WEIGHT, WorkError, input_flops, inputs_chosen, max_work
+from bnfold.numerics.audit_memory import fx_audit_plan, onnx_audit_plan
+
+BATCHES = 8  # what bnfold audit runs by default
+
+
+class FullyConv(nn.Module):
+    """Six 3x3 convs at the input's resolution (a detector's backbone without its strides); ``grow``
+    upsamples the input first (a file whose values outgrow its input)."""
+
+    def __init__(self, grow: float = 1.0, pad: int = 1):
+        super().__init__()
+        chans = [3, 32, 32, 32, 32, 32, 1]
+        self.convs = nn.ModuleList(nn.Conv2d(a, b, 3, padding=pad) for a, b in zip(chans, chans[1:]))
+        self.grow = grow
+
+    def forward(self, x):
+        if self.grow != 1.0:
+            x = nn.functional.interpolate(x, scale_factor=self.grow)
+        for conv in self.convs:
+            x = torch.relu(conv(x))
+        return x
+
+
+def _plan(model: nn.Module, side: int, chosen: bool) -> None:
+    x = torch.randn(1, 3, side, side)
+    ep = torch.export.export(model.eval(), (x,))
+    with inputs_chosen(chosen):
+        fx_audit_plan(ep, [(x,)] * BATCHES, runs=3, name="net")
+
+
+def test_the_allowance_is_per_weight_per_input_element_per_run_and_only_for_chosen_inputs():
+    assert input_flops(1000, 500, 24) == 0  # the inputs' sizes came from the file
+    with inputs_chosen(True):
+        assert input_flops(1000, 500, 24) == 24 * INPUT_FLOPS_PER_WEIGHT * 1000 * 500
+        with max_work(1 << 30):  # the user's budget replaces every other
+            assert input_flops(1000, 500, 24) == 0
+
+
+def test_a_fully_convolutional_model_on_a_large_chosen_input_fits():
+    """512x512 through six convs of 32 channels: ~5e11 FLOPs for 8 batches of 3 runs, over the content's
+    budget (~7e10) but within one multiply-add per weight per input element."""
+    with pytest.raises(WorkError, match="FLOPs"):
+        _plan(FullyConv(), 512, chosen=False)  # the file's own shapes: the content's budget, as before
+    _plan(FullyConv(), 512, chosen=True)
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    [
+        pytest.param(FullyConv(grow=3.0), id="upsample-x3"),  # every value 9x the input's size
+        pytest.param(FullyConv(pad=40), id="conv-padding-40"),  # each conv's output 78 pixels wider than its input
+    ],
+)
+def test_values_that_outgrow_the_chosen_input_are_still_refused(hostile):
+    """The same chosen input, the same weights: a file whose values grow past the input's size (an upsample's
+    factor, a conv's padding) spends the allowance at the rate they grow, and is refused on its FLOPs (its bytes
+    fit: the byte budget is not what stops it)."""
+    with pytest.raises(WorkError, match="FLOPs"):
+        _plan(hostile, 128, chosen=True)
+    _plan(FullyConv(), 128, chosen=True)  # the honest model at that input
+
+
+def test_ppocr_v4_det_at_960_fits_on_chosen_inputs():
+    """The acceptance model: PP-OCRv4 det (rapidocr's, 4.7 MB) at 960x960, 8 batches: 2.7e11 FLOPs, refused
+    on the content's budget alone (8e10), within the chosen inputs' allowance."""
+    onnx = pytest.importorskip("onnx")
+    from numerics.paddleocr_models import model_path
+
+    try:
+        path = model_path("v4-det")
+    except FileNotFoundError as e:
+        pytest.skip(str(e))
+    model = onnx.load(path)
+    x = np.zeros((1, 3, 960, 960), dtype=np.float32)
+    with pytest.raises(WorkError, match="FLOPs"), inputs_chosen(False):
+        onnx_audit_plan(model, [(x,)] * BATCHES, "det")
+    with inputs_chosen(True):
+        plan = onnx_audit_plan(model, [(x,)] * BATCHES, "det")
+    assert 2e11 < plan.flops < plan.budget.flops
