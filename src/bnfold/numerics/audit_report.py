@@ -188,10 +188,11 @@ class AuditReport:
             "local_runs": self.local_runs,
         }
 
-    def table(self) -> str:
+    def table(self, full: bool = False) -> str:
+        """The text table; ``full``: names and folds in full (long names otherwise keep their head and end)."""
         from .table import audit_table
 
-        return audit_table(self)
+        return audit_table(self, full)
 
     def plot(self, path, worst: int = 25) -> None:
         """Write the SQNR chart (see :func:`bnfold.numerics.plot.plot_reports`)."""
