@@ -66,13 +66,15 @@ OPTIONS: dict[str, Option] = {
     "trust": _flag("--trust", help=TRUST_HELP),
     "max_bytes": Option(
         ("--max-bytes",),
-        "most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
-        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+        "most bytes the model file may unpack to (e.g. 2GiB, 1e9; default: 16x its size, at least 256 MiB); "
+        "see SECURITY.md",
+        {"type": types.byte_size, "metavar": "N", "default": ABSENT},
     ),
     "max_work": Option(
         ("--max-work",),
-        "most bytes running the model may hold at once (FLOPs: 256 N); default from its weights; see SECURITY.md",
-        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+        "most bytes running the model may hold at once, e.g. 4GiB, 1e9 (FLOPs: 256 N); default from its weights; "
+        "see SECURITY.md",
+        {"type": types.byte_size, "metavar": "N", "default": ABSENT},
     ),
     "input_shape": Option(
         ("--input-shape",),

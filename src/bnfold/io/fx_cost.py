@@ -161,7 +161,7 @@ def fx_plan(
     check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     if hold:
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops, hold.budget_multiple)
     outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     n_batches = len(batches or [1])
     if hold:  # the weights' copies, and the outputs of the batches before the last

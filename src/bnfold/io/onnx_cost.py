@@ -165,7 +165,7 @@ def onnx_plan(
     check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
     if hold:
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops, hold.budget_multiple)
         for name in init:
             live[name] = 0
     outs = {o.name for o in g.output}
