@@ -53,7 +53,7 @@ def fold(
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
     if isinstance(model, (str, os.PathLike)):
-        model = _load_path(model)
+        model = load_path(model)
     frontend = frontend_for(model)
     if frontend is None:
         raise TypeError(
@@ -99,7 +99,7 @@ def measure(model: Any) -> Sizes:
     return frontend.measure(model)
 
 
-def _load_path(path: str | os.PathLike) -> Any:
+def load_path(path: str | os.PathLike) -> Any:
     """The model in a ``.pt2`` (safe loader) or ``.onnx`` file; one-line errors for anything else."""
     from .io import load_model
 

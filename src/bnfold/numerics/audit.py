@@ -19,10 +19,12 @@ fold report), :mod:`.norm_rows` (the normalization rows and their risk), :mod:`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import torch
 
+from ..module import AUDIT_EVAL_COPY_NOTE, in_training
 from ..report import FoldResult
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, split_labels, task, top1_of
@@ -107,17 +109,28 @@ def audit(
     segment from its emulated inputs (the error it adds by itself, a fold's measured loss): 16-35% more time after the
     fold there; False (``bnfold audit`` without ``--local``): verdicts on the predicted loss.
 
-    A program whose batch norms run in training mode is refused (ValueError): its numbers would change
-    from run to run and nothing in it folds.
+    ``model`` may also be the path of a ``.pt2`` or ``.onnx`` file (read with the safe loader, as ``bnfold.fold``
+    reads it).  Without ``inputs``, random batches shaped like the model's example inputs are drawn (8, as
+    ``bnfold audit`` draws them; an nn.Module needs inputs) and the report flags them (``random_inputs``: weak
+    evidence).  A program whose batch norms run in training mode is refused (:class:`bnfold.TrainingModeError`):
+    its numbers would change from run to run and nothing in it folds; an nn.Module in training mode is audited
+    as an eval-mode copy, and ``report.notes`` says so.
     """
     from ..frontends import frontend_for
 
     spec = task(class_axis, threshold, metric)
+    if isinstance(model, (str, os.PathLike)):  # a .pt2 or .onnx file, read as fold and check read it
+        from ..api import load_path
+
+        name = name or os.path.basename(model)
+        model = load_path(model)
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
         raise TypeError(
-            f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
+            f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module, an ONNX ModelProto "
+            "or the path of a .pt2 / .onnx file"
         )
+    notes = [AUDIT_EVAL_COPY_NOTE] if fe.name == "nn_module" and in_training(model) else []
     fmt = fe.numerics()
     check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
@@ -184,6 +197,7 @@ def audit(
         name=name or "model",
         random_inputs=random_inputs,
         reference=str(reference_dtype(prof)).removeprefix("torch."),
+        notes=notes,
     )
     if runtime is not None:
         from .real_runtimes import runtime_run

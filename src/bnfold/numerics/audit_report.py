@@ -146,6 +146,7 @@ class AuditReport:
     random_inputs: bool = False  # the batches were random: top-1 agreement says little
     runtime: RuntimeRun | None = None  # a real runtime run next to the emulation (``runtime=``)
     reference: str = "float64"  # the dtype the reference run computed in (``runner.reference_dtype``)
+    notes: list[str] = field(default_factory=list)  # what the audit did on the caller's behalf (an eval-mode copy)
 
     def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
@@ -174,6 +175,7 @@ class AuditReport:
             "profile": self.profile,
             "bn_eps": self.bn_eps,
             "random_inputs": self.random_inputs,
+            "notes": list(self.notes),
             "what_to_do": self.advice(),
             "samples": self.samples,
             "batches": self.batches,

@@ -192,5 +192,11 @@ def audit_table(report, full: bool = False) -> str:
         f"{report.batches} batch(es){rand}"
     )
     advice = ["  what to do:"] + [f"  - {a}" for a in report.advice()]
-    blocks = [[head], _end_to_end(report), _norm_rows(report, full), _layer_rows(report, full), advice]
+    blocks = [
+        [head] + [f"  note: {n}" for n in report.notes],
+        _end_to_end(report),
+        _norm_rows(report, full),
+        _layer_rows(report, full),
+        advice,
+    ]
     return "\n\n".join("\n".join(b) for b in blocks)
