@@ -47,7 +47,7 @@ def test_the_cli_takes_them_and_refuses_the_rest_in_one_line(run, models):
 
 @pytest.mark.parametrize("per_byte", [1, 8])
 def test_a_flops_refusal_names_the_max_work_that_allows_the_plan(per_byte):
-    steps = [cost.Step(f"op{i}", [f"v{i}"], [f"v{i - 1}"] if i else [], 1 << 10, 3 * 10**9) for i in range(40)]
+    steps = [cost.PlanStep(f"op{i}", [f"v{i}"], [f"v{i - 1}"] if i else [], 1 << 10, 3 * 10**9) for i in range(40)]
     small = cost.Budget(1 << 20, cost.FLOPS_PER_BYTE << 20, per_byte)
     with pytest.raises(cost.WorkError, match="FLOPs") as err:
         cost.check_plan(steps, small, "m.pt2", live={})
