@@ -48,3 +48,9 @@ def test_samples_that_do_not_fill_the_batches_say_how_to_lay_them_out(run, tmp_p
         "[N*2, ...]",
         "[N, 2, ...]",
     )
+
+
+def test_a_missing_npz_reads_right(run, long_names, tmp_path):
+    code, _, err = run("audit", long_names["pt2"], "--inputs", tmp_path / "nope.npz")
+    assert code == 2
+    h.one_error_line(err, "no such file; check the path to the .npz file")  # was "to the an .npz file"
