@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bnfold-installed
 
-# torch is pinned to the CPU wheel these machines carry; executorch 1.5.1 works with it.
+# torch: the CPU wheel these machines carry, the pair of executorch 1.5.1 (the core also takes torch 2.14).
 TORCH_PIN := torch==2.13.0
 # trained PaddleOCR .onnx models for the audit tests and the demo; --no-deps: only the model files are used, and
 # their dependencies (opencv, shapely, ...) are not needed
