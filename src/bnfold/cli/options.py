@@ -88,13 +88,14 @@ OPTIONS: dict[str, Option] = {
     "only": Option(
         ("--only",),
         "fold only into these layer kinds and/or only these normalization kinds, comma-separated: "
-        + ",".join(ONLY_KINDS),
+        + ",".join(ONLY_KINDS)
+        + " (a kind the model has none of is an error)",
         {"metavar": "KINDS", "type": types.kinds},
     ),
     "exclude": Option(
         ("--exclude",),
         "leave layers and normalizations whose module path (ONNX: node name) matches these "
-        "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable",
+        "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable; a pattern that matches nothing is an error",
         {"metavar": "PATTERNS", "action": "append"},
     ),
     "lower_unfoldable": Option(
