@@ -85,15 +85,19 @@ class SmallNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def calibrated(net, shape=(16, 3, 8, 8), rounds=20, shift=0.0):
+    """``net`` in eval mode, its BN statistics those of ``rounds`` random batches of ``shape`` (plus ``shift``)."""
+    net.train()
+    with torch.no_grad():
+        for _ in range(rounds):
+            net(torch.randn(*shape) + shift)
+    return net.eval()
+
+
 def small_net(seed=0):
     """A SmallNet whose BN statistics are the real statistics of its inputs (as after training)."""
     torch.manual_seed(seed)
-    net = SmallNet()
-    net.train()
-    with torch.no_grad():
-        for _ in range(20):
-            net(torch.randn(16, 3, 8, 8))
-    return net.eval()
+    return calibrated(SmallNet())
 
 
 class Mixed(nn.Module):

@@ -4,18 +4,13 @@ exported ``TrainingModeError``, and notes when it audited an eval-mode copy of a
 
 import pytest
 import torch
-from numerics_helpers import SmallNet, onnx_keeping_batch_norms
+from numerics_helpers import onnx_keeping_batch_norms, small_net
 
 import bnfold
 
 
 def _net():
-    torch.manual_seed(0)
-    net = SmallNet().train()
-    with torch.no_grad():
-        for _ in range(3):
-            net(torch.randn(8, 3, 8, 8) + 1)
-    return net.eval()
+    return small_net()
 
 
 X = torch.randn(1, 3, 8, 8)

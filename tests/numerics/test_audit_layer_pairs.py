@@ -4,7 +4,7 @@ in the folded run too (mobilenet_v3's SE-block project conv printed ``-`` in its
 
 import pytest
 import torch
-from numerics_helpers import onnx_keeping_batch_norms
+from numerics_helpers import calibrated, onnx_keeping_batch_norms
 from torch import nn
 
 import bnfold
@@ -28,11 +28,7 @@ class TwoConvs(nn.Module):
 
 def _net():
     torch.manual_seed(0)
-    net = TwoConvs().train()
-    with torch.no_grad():
-        for _ in range(4):
-            net(torch.randn(8, 3, 8, 8) + 1)
-    return net.eval()
+    return calibrated(TwoConvs(), (8, 3, 8, 8), rounds=4, shift=1.0)
 
 
 def _dynamo(net, x):
