@@ -6,6 +6,8 @@ import io
 import torch
 from torch import nn
 
+from bnfold_testutil import require_executorch
+
 
 class Fn(nn.Module):
     """Wrap a function of the inputs as a module (for exporting hand-made graphs)."""
@@ -24,6 +26,7 @@ def export(module, *args, ir="default"):
     if ir == "decomposed":
         return ep.run_decompositions()
     if ir == "edge":
+        require_executorch()
         from executorch.exir import EdgeCompileConfig, to_edge
 
         return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
