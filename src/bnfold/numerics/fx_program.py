@@ -19,7 +19,8 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
-from ..checks import refuse_training
+from ..errors import TrainingModeError
+from ..torch_export.fold import training_norms
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
 from .audit_memory import fx_audit_plan
@@ -247,7 +248,9 @@ class ProgramAudit:
             inputs, random_inputs = self._random(model), True
         batches = as_batches(inputs)
         model, name = self._exported(model, batches, name)
-        refuse_training(model, name or "the program")  # its numbers would change from run to run
+        training = training_norms(model)
+        if training:  # its numbers would change from run to run
+            raise TrainingModeError.naming(name or "the program", training)
         self.plan(model, batches, runs=3 if fold else 2, name=name)
         return model, batches, name, random_inputs
 
