@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.bnfold-installed
 
-# torch is pinned to the CPU wheel these machines carry; executorch 1.5.1 works with it.
+# torch: the CPU wheel these machines carry, the pair of executorch 1.5.1 (the core also takes torch 2.14).
 TORCH_PIN := torch==2.13.0
 # trained PaddleOCR .onnx models for the audit tests and the demo; --no-deps: only the model files are used, and
 # their dependencies (opencv, shapely, ...) are not needed
@@ -14,7 +14,12 @@ RAPIDOCR := rapidocr==3.10.0 rapidocr-onnxruntime==1.4.4
 # CPU torch), and timm's other requirements come with the extras (safetensors only loads weights: not needed)
 MODEL_CODE := timm==1.0.31 torchvision==0.28.0
 
-.PHONY: demo test lint readme bench bench-update zoo install clean
+# the core suite (all but tests/executorch) on the other torch release the core takes, in a venv of its own
+TORCH_NEXT := torch==2.14.1
+VENV_NEXT := .venv-torch214
+MODEL_CODE_NEXT := timm==1.0.31 torchvision==0.29.1
+
+.PHONY: demo test test-torch214 lint readme bench bench-update zoo install clean
 
 # `make bench` writes here (ignored by git); `make bench-update` refreshes the committed tables.
 BENCH_OUT := benchmarks/results/local
@@ -36,6 +41,15 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q tests
 
+# by hand, not in CI (README, "Quick start"): the torch 2.14.1 wheel is a CUDA build of several GB
+test-torch214:
+	test -x $(VENV_NEXT)/bin/python || $(PYTHON) -m venv $(VENV_NEXT)
+	$(VENV_NEXT)/bin/python -m pip install --quiet $(TORCH_NEXT)
+	$(VENV_NEXT)/bin/python -m pip install --quiet $(TORCH_NEXT) -e '.[onnx,numerics,test]'
+	$(VENV_NEXT)/bin/python -m pip install --quiet --no-deps $(RAPIDOCR) $(MODEL_CODE_NEXT)
+	$(VENV_NEXT)/bin/python -m pytest -q --ignore=tests/executorch tests \
+	  --deselect tests/readme/test_readme.py::test_the_readme_runs_as_written  # its ExecuTorch snippets need the extra
+
 # ruff checks and format checks only: it never rewrites files (run `ruff format` yourself).
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -56,4 +70,4 @@ zoo: $(STAMP)
 	$(PY) benchmarks/model_zoo.py --jobs 2
 
 clean:
-	rm -rf $(VENV) build *.egg-info src/*.egg-info .pytest_cache
+	rm -rf $(VENV) $(VENV_NEXT) build *.egg-info src/*.egg-info .pytest_cache

@@ -83,6 +83,7 @@ def export(module: nn.Module, inputs: tuple, ir: str = "default", base=None):
     if ir == "decomposed":
         return ep.run_decompositions()
     if ir == "edge":
+        require_executorch()
         from executorch.exir import to_edge
 
         return to_edge(ep).exported_program()
@@ -147,3 +148,22 @@ def one_torch_thread():
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def has_executorch() -> bool:
+    """Whether ExecuTorch is installed (see :func:`require_executorch`)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("executorch.exir") is not None
+    except ImportError:
+        return False
+
+
+def require_executorch() -> None:
+    """Skip the calling test when ExecuTorch is not installed (``bnfold[executorch]`` pins torch 2.13: the core
+    suite on torch 2.14 runs without it).  ``executorch.exir``, not ``executorch``: with ``tests`` on the path,
+    the folder ``tests/executorch`` imports as a namespace package of that name."""
+    import pytest
+
+    pytest.importorskip("executorch.exir")

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from bnfold.report import Code
+from bnfold_testutil import require_executorch
 from zoo import ConvBn
 
 BATCH = 4  #: the example batch every program is exported with
@@ -384,6 +385,7 @@ class Case:
             elif ir == "decomposed":
                 ep = self.program("default", dynamic).run_decompositions()
             elif ir == "edge":
+                require_executorch()
                 from executorch.exir import to_edge
 
                 ep = to_edge(self.program("default", dynamic)).exported_program()

@@ -43,7 +43,10 @@ def import_torchvision():
 
     if importlib.util.find_spec("torchvision") is None:
         return None
-    missing = [s for s in TORCHVISION_SCHEMAS if not _has_op("torchvision::" + s.split("(")[0])]
+    # a CUDA build of torch loads the CUDA torchvision's extension, which defines the two itself (defining them
+    # first would abort its load): only the CPU torch needs them
+    cuda_torch = torch.version.cuda is not None
+    missing = [s for s in TORCHVISION_SCHEMAS if not cuda_torch and not _has_op("torchvision::" + s.split("(")[0])]
     if missing:
         lib = torch.library.Library("torchvision", "FRAGMENT")
         for schema in missing:

@@ -72,7 +72,7 @@ def fold(
     kinds, patterns = check_only(only), check_exclude(exclude)
     from_path = isinstance(model, (str, os.PathLike))
     if from_path:
-        model = _load_path(model)
+        model = load_path(model)
     frontend = frontend_for(model)
     if frontend is None:
         raise TypeError(
@@ -130,7 +130,7 @@ def measure(model: Any) -> Sizes:
     return frontend.measure(model)
 
 
-def _load_path(path: str | os.PathLike) -> Any:
+def load_path(path: str | os.PathLike) -> Any:
     """The model in a ``.pt2`` (safe loader) or ``.onnx`` file; one-line errors for anything else."""
     from .io import load_model
 

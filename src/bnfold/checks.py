@@ -63,11 +63,5 @@ def training_norms(model: Any, report: FoldReport | None = None) -> list[str]:
 def refuse_training(model: Any, name: str, report: FoldReport | None = None) -> None:
     """Raise a one-line :class:`TrainingModeError` naming ``name`` when ``model`` has training-mode norms."""
     names = training_norms(model, report)
-    if not names:
-        return
-    shown = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
-    n = len(names)
-    raise TrainingModeError(
-        f"{name}: {n} normalization{'s' if n != 1 else ''} in training mode ({shown}); "
-        "call model.eval() before export and export again"
-    )
+    if names:
+        raise TrainingModeError.naming(name, names)

@@ -1,5 +1,7 @@
 """Errors bnfold raises for bad input; each message is one line that says what to do."""
 
+from __future__ import annotations
+
 from .report import Code
 
 
@@ -17,6 +19,16 @@ class UnsafeModelError(ModelFileError):
 
 class TrainingModeError(BnfoldError):
     """The model holds normalizations in training mode: nothing can be folded until it is exported in eval mode."""
+
+    @classmethod
+    def naming(cls, name: str, norms: list[str]) -> TrainingModeError:
+        """The one-line error for model ``name`` whose normalizations ``norms`` run in training mode."""
+        shown = ", ".join(norms[:3]) + (f" and {len(norms) - 3} more" if len(norms) > 3 else "")
+        n = len(norms)
+        return cls(
+            f"{name}: {n} normalization{'s' if n != 1 else ''} in training mode ({shown}); "
+            "call model.eval() before export and export again"
+        )
 
 
 #: What to run to make a .pt2 from a checkpoint: printed under the error for a .pth file.

@@ -241,7 +241,7 @@ def _onnx_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: 
     if npz:
         from .io.batches import onnx_npz_batches
 
-        return onnx_npz_batches(model, npz)
+        return onnx_npz_batches(model, npz, input_shapes)
     from .numerics.onnx_program import random_batches
 
     return random_batches(model, input_shapes, n, seed=seed)

@@ -17,7 +17,14 @@ EVAL_COPY_NOTE = (
 )
 
 
-def _in_training(module: torch.nn.Module) -> bool:
+#: The note an audit report carries when the module was audited as an eval-mode copy.
+AUDIT_EVAL_COPY_NOTE = (
+    "the module was in training mode: bnfold audited an eval-mode copy (model.eval()); "
+    "the module you passed is unchanged"
+)
+
+
+def in_training(module: torch.nn.Module) -> bool:
     return any(m.training for m in module.modules())
 
 
@@ -44,7 +51,7 @@ def fold_module(
     if not isinstance(example_inputs, tuple):
         raise TypeError(f"example_inputs must be a tuple of inputs, got {type(example_inputs).__name__}")
     notes = []
-    if _in_training(module):
+    if in_training(module):
         module = copy.deepcopy(module).eval()
         notes.append(EVAL_COPY_NOTE)
     ep = torch.export.export(module, example_inputs)

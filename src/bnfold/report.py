@@ -245,7 +245,8 @@ class FoldReport:
     on your behalf, e.g. folding an eval-mode copy of a module in training mode), ``kept_ops``
     (elementwise affine ops that are not normalizations and stay, with the reason: a sum whose branches
     do not merge is one, with a ``MERGE_*`` code), ``merged`` (summed branches merged into one conv,
-    :class:`Merged`) and ``stats`` (sizes and time, when measured)."""
+    :class:`Merged`), ``unmatched`` (each ``exclude`` pattern that matched nothing and each ``only`` kind the model
+    has none of, a sentence each: ``bnfold fold`` refuses them) and ``stats`` (sizes and time, when measured)."""
 
     folded: list[Folded] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
@@ -255,6 +256,7 @@ class FoldReport:
     kept_ops: list[KeptOp] = field(default_factory=list)
     merged: list[Merged] = field(default_factory=list)
     rescaled: list[Rescaled] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
 
     @property
     def extra_bytes(self) -> int:
@@ -280,6 +282,7 @@ class FoldReport:
             "merged": [entry_dict(m) for m in self.merged],
             "rescaled": [entry_dict(r) for r in self.rescaled],
             "notes": list(self.notes),
+            "unmatched": list(self.unmatched),
             "summary": summary,
         }
 
@@ -308,6 +311,7 @@ class FoldReport:
             + (f", merged {len(self.merged)}" if self.merged else "")
         ]
         lines += [f"  note: {n}" for n in self.notes]
+        lines += [f"  unmatched: {u}" for u in self.unmatched]
         width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
         into = max([24] + [len(f.into) for f in self.folded])
         for f in self.folded:

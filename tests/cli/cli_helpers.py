@@ -372,3 +372,41 @@ def hostile_name(src: Path, dst: Path, marker: Path) -> Path:
         e[name] = e[name].replace(b'"x"', json.dumps(f"x={touch_code(marker)}").encode())
 
     return rewrite(src, dst, edit)
+
+
+class LongNames(nn.Module):
+    """Three conv+BN blocks under a long attribute name: every exported node name is longer than 28
+    characters and the names differ only after it (TorchScript: ``/feature_extractor/feature_extractor.2/...``;
+    dynamo: ``node__native_batch_norm_legit_no_training_2``...)."""
+
+    def __init__(self):
+        super().__init__()
+        self.feature_extractor = nn.Sequential(
+            *(
+                nn.Sequential(nn.Conv2d(4 if i else 3, 4, 3, padding=1, bias=False), nn.BatchNorm2d(4), nn.ReLU())
+                for i in range(3)
+            )
+        )
+
+    def forward(self, x):
+        return self.feature_extractor(x)
+
+
+def export_onnx_to(path: Path, module: nn.Module, x: torch.Tensor, dynamo: bool) -> Path:
+    """``module`` (eval mode, BatchNorm statistics randomized) as ONNX with its BatchNormalization nodes kept, by the
+    dynamo exporter (``optimize=False``) or the TorchScript one (no constant folding)."""
+    module = randomize_bn(module).eval()
+    if dynamo:
+        torch.onnx.export(module, (x,), str(path), dynamo=True, optimize=False, verbose=False, input_names=["x"])
+    else:
+        torch.onnx.export(
+            module,
+            (x,),
+            str(path),
+            dynamo=False,
+            do_constant_folding=False,
+            training=torch.onnx.TrainingMode.PRESERVE,
+            input_names=["x"],
+            opset_version=17,
+        )
+    return path

@@ -31,6 +31,21 @@ def models(tmp_path_factory) -> dict[str, Path]:
     }
 
 
+@pytest.fixture(scope="session")
+def long_names(tmp_path_factory) -> dict[str, Path]:
+    """:class:`cli_helpers.LongNames` with batch 1 as ``.pt2`` and as ONNX from both exporters (``onnx_ts``,
+    ``onnx_dynamo``)."""
+    import torch
+
+    d = tmp_path_factory.mktemp("long_names")
+    x = torch.randn(1, 3, 8, 8)
+    return {
+        "pt2": h.export_to(d / "m.pt2", h.LongNames(), x),
+        "onnx_ts": h.export_onnx_to(d / "ts.onnx", h.LongNames(), x, dynamo=False),
+        "onnx_dynamo": h.export_onnx_to(d / "dynamo.onnx", h.LongNames(), x, dynamo=True),
+    }
+
+
 @pytest.fixture
 def run(capsys):
     """``run(*argv) -> (exit code, stdout, stderr)`` through ``bnfold.cli.main`` in this process."""

@@ -69,13 +69,14 @@ def test_fold_json(run, models, tmp_path):
 
 
 def test_fold_only_restricts_the_layer_kinds(run, models, tmp_path):
+    """``--only linear`` on a model without a linear layer is refused (a kind it lacks); the API folds nothing."""
     src = h.copy_to(models["conv_bn"], tmp_path)
     out = tmp_path / "f.pt2"
-    code, stdout, _ = run("fold", src, "-o", out, "--only", "linear", "--json")
-    assert code == 0
-    data = json.loads(stdout)
-    assert data["summary"]["folded"] == 0 and data["summary"]["skipped"] == 1
-    assert h.norm_count(torch.export.load(str(out))) == 1
+    code, _, err = run("fold", src, "-o", out, "--only", "linear", "--json")
+    assert code == 2 and not out.exists()
+    h.one_error_line(err, "--only linear: the model has no linear layer")
+    report = bnfold.fold(str(src), only="linear").report
+    assert len(report.folded) == 0 and len(report.skipped) == 1 and report.unmatched
 
 
 @pytest.mark.parametrize("only", ["conv,attention", "", "Conv"])

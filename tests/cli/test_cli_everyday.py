@@ -233,8 +233,10 @@ def test_exclude_leaves_the_matching_layers_alone(run, files, tmp_path):
     assert data["folded"] == []
     assert data["skipped"][0]["reason"] == "excluded by --exclude co* (layer conv)"
     assert h.norm_count(torch.export.load(str(out))) == 1
-    code, stdout, _ = run("fold", files["foldable"], "-o", out, "--force", "--exclude", "x,bn", "--json")
+    code, stdout, _ = run("fold", files["foldable"], "-o", out, "--force", "--exclude", "bn", "--json")
     assert json.loads(stdout)["skipped"][0]["reason"] == "excluded by --exclude bn"
+    code, _, err = run("fold", files["foldable"], "-o", out, "--force", "--exclude", "x,bn")
+    assert code == 2  # 'x' matches nothing (tests/cli/test_cli_selection.py)
 
 
 def test_report_names_layers_by_module_path_and_keeps_the_node(run, files, tmp_path):

@@ -6,6 +6,8 @@ import io
 import torch
 from torch import nn
 
+from bnfold_testutil import require_executorch
+
 
 class Fn(nn.Module):
     """Wrap a function of the inputs as a module (for exporting hand-made graphs)."""
@@ -24,6 +26,7 @@ def export(module, *args, ir="default"):
     if ir == "decomposed":
         return ep.run_decompositions()
     if ir == "edge":
+        require_executorch()
         from executorch.exir import EdgeCompileConfig, to_edge
 
         return to_edge(ep, compile_config=EdgeCompileConfig(_check_ir_validity=False)).exported_program()
@@ -85,15 +88,19 @@ class SmallNet(nn.Module):
         return self.fc(x.mean((2, 3)))
 
 
+def calibrated(net, shape=(16, 3, 8, 8), rounds=20, shift=0.0):
+    """``net`` in eval mode, its BN statistics those of ``rounds`` random batches of ``shape`` (plus ``shift``)."""
+    net.train()
+    with torch.no_grad():
+        for _ in range(rounds):
+            net(torch.randn(*shape) + shift)
+    return net.eval()
+
+
 def small_net(seed=0):
     """A SmallNet whose BN statistics are the real statistics of its inputs (as after training)."""
     torch.manual_seed(seed)
-    net = SmallNet()
-    net.train()
-    with torch.no_grad():
-        for _ in range(20):
-            net(torch.randn(16, 3, 8, 8))
-    return net.eval()
+    return calibrated(SmallNet())
 
 
 class Mixed(nn.Module):

@@ -192,7 +192,7 @@ def test_exclude_and_only_keep_the_branches():
 
 
 def test_executorch_pass_merges_in_place():
-    pytest.importorskip("executorch")
+    pytest.importorskip("executorch.exir")
     from executorch.exir import to_edge
 
     from bnfold.executorch import FoldBatchNormPass

@@ -69,7 +69,7 @@ def run(args: argparse.Namespace) -> int:
         print_json(payload)
     else:
         level = verbosity.level(args)
-        print(report.table() if level > verbosity.QUIET else summary(report.table()))
+        print(report.table(level == verbosity.VERBOSE) if level > verbosity.QUIET else summary(report.table()))
         if level == verbosity.VERBOSE and report.fold_report is not None:
             print(f"\nfold report:\n{report.fold_report.table()}")
             print("\n".join(verbosity.entry_details(report.fold_report)))

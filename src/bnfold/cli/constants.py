@@ -14,5 +14,5 @@ EXIT_INTERRUPTED = 130
 #: What ``--only`` may name: layer kinds (fold into these only) and normalization kinds (fold these only).
 ONLY_KINDS = (*LAYER_KINDS, *NORM_KINDS)
 PROFILES = ("fp16", "htp", "fp16-acc", "fp32", "ort-cpu")
-DEFAULT_RANDOM_BATCHES = 8
+DEFAULT_RANDOM_BATCHES = 8  # = bnfold.numerics.batches.RANDOM_BATCHES (this module stays torch-free)
 FOLDABLE = "foldable: run bnfold fold"

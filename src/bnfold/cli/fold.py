@@ -62,6 +62,14 @@ def report_payload(input_path: str, output: str | None, report) -> dict[str, Any
     return payload
 
 
+def refuse_unmatched(report) -> None:
+    """An ``--exclude`` pattern that matches nothing or an ``--only`` kind the model lacks is an error (exit 2, no
+    file written): a typo would otherwise fold what was meant to stay."""
+    if report.unmatched:
+        more = f" (and {len(report.unmatched) - 1} more)" if len(report.unmatched) > 1 else ""
+        raise BnfoldError(f"{report.unmatched[0]}{more}; nothing was written")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..io.output import check_outputs, check_side_file, plan_output
 
@@ -94,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         del loaded, model  # the folded program is what is left of it
     else:
         refuse_training(model, args.input, result.report)
+    refuse_unmatched(result.report)
     payload = report_payload(args.input, plan.path, result.report)
     texts = {args.report: json_text(payload) + "\n"} if args.report else None
     with atomic.modes_like(args.input):  # new files get the input's permission bits

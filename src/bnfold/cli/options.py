@@ -67,13 +67,15 @@ OPTIONS: dict[str, Option] = {
     "trust": _flag("--trust", help=TRUST_HELP),
     "max_bytes": Option(
         ("--max-bytes",),
-        "most bytes the model file may unpack to (default: 16x its size, at least 256 MiB); see SECURITY.md",
-        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+        "most bytes the model file may unpack to (e.g. 2GiB, 1e9; default: 16x its size, at least 256 MiB); "
+        "see SECURITY.md",
+        {"type": types.byte_size, "metavar": "N", "default": ABSENT},
     ),
     "max_work": Option(
         ("--max-work",),
-        "most bytes running the model may hold at once (FLOPs: 256 N); default from its weights; see SECURITY.md",
-        {"type": types.positive_int, "metavar": "N", "default": ABSENT},
+        "most bytes running the model may hold at once, e.g. 4GiB, 1e9 (FLOPs: 256 N); default from its weights; "
+        "see SECURITY.md",
+        {"type": types.byte_size, "metavar": "N", "default": ABSENT},
     ),
     "input_shape": Option(
         ("--input-shape",),
@@ -87,13 +89,14 @@ OPTIONS: dict[str, Option] = {
     "only": Option(
         ("--only",),
         "fold only into these layer kinds and/or only these normalization kinds, comma-separated: "
-        + ",".join(ONLY_KINDS),
+        + ",".join(ONLY_KINDS)
+        + " (a kind the model has none of is an error)",
         {"metavar": "KINDS", "type": types.kinds},
     ),
     "exclude": Option(
         ("--exclude",),
         "leave layers and normalizations whose module path (ONNX: node name) matches these "
-        "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable",
+        "comma-separated fnmatch patterns, e.g. 'head.*'; repeatable; a pattern that matches nothing is an error",
         {"metavar": "PATTERNS", "action": "append"},
     ),
     "lower_unfoldable": Option(

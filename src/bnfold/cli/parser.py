@@ -24,8 +24,16 @@ def _add_options(parser: argparse.ArgumentParser, names) -> None:
         option.add_to(target, name)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser whose errors are one line, as bnfold's own (exit 2), with the ``--help`` to read
+    instead of the whole usage block."""
+
+    def error(self, message: str):  # type: ignore[override]
+        self.exit(2, f"bnfold: error: {message}; see '{self.prog} --help'\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="bnfold",
         description="Fold BatchNorm into the conv / transposed conv / linear next to it in\n"
         "torch.export programs (.pt2) and ONNX models, and check the numerics.",

@@ -29,6 +29,16 @@ def positive_int(text: str) -> int:
     return value
 
 
+def byte_size(text: str) -> int:
+    """``--max-work`` / ``--max-bytes``: bytes as people write them (``1e9``, ``4GiB``, ``512M``, a whole number)."""
+    from ..io.budget import parse_bytes
+
+    try:
+        return parse_bytes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def positive_float(text: str) -> float:
     try:
         value = float(text)

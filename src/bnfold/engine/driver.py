@@ -116,6 +116,7 @@ def fold_graph(graph: GraphAdapter, only=None, exclude: Iterable[str] = (), lowe
             return f"folding {norm.kind} was not requested (only={','.join(sorted(only))})", Code.NOT_REQUESTED
         return None
 
+    report.unmatched = unmatched(graph, only, patterns)
     view: Any = graph
     if patterns:
         skip = _excluded_layers(graph, nodes, patterns, reasons)
@@ -166,6 +167,36 @@ def _spelled_skips(graph: GraphAdapter, report: FoldReport, reasons: dict, left_
             )
         )
     return ops_of
+
+
+def unmatched(graph: GraphAdapter, only: frozenset | None, patterns: tuple[str, ...]) -> list[str]:
+    """One sentence per ``exclude`` pattern that names no layer or normalization of ``graph`` and per ``only``
+    kind the graph has none of: a typo there would otherwise fold what the caller meant to keep."""
+    if not patterns and not only:
+        return []
+    norms = [*graph.norms(), *graph.plain_norms()]
+    layers = list(graph.layers())
+    labels = [graph.norm_label(n) for n in norms] + [graph.op_label(layer.node) for layer in layers]
+    out = []
+    names = getattr(graph, "label_names", "names")
+    examples = ", ".join(repr(x) for x in list(dict.fromkeys(labels))[:2])
+    for pattern in patterns:
+        if excluded_by_any(labels, pattern):
+            continue
+        out.append(
+            f"--exclude {pattern!r} matches no layer or normalization; the patterns match {names}"
+            + (f", such as {examples}" if examples else "")
+        )
+    present = {n.kind for n in norms} | {layer.kind for layer in layers}
+    for kind in sorted((only or frozenset()) - present):
+        what = "layer" if kind in LAYER_KINDS else "normalization"
+        has = ", ".join(sorted(present & frozenset(LAYER_KINDS if kind in LAYER_KINDS else NORM_KINDS))) or "none"
+        out.append(f"--only {kind}: the model has no {kind} {what} (its {what} kinds: {has})")
+    return out
+
+
+def excluded_by_any(labels: Iterable[str], pattern: str) -> bool:
+    return any(fnmatch.fnmatchcase(label, pattern) for label in labels)
 
 
 def _split_only(only: frozenset | None) -> tuple[frozenset | None, frozenset]:

@@ -120,10 +120,7 @@ def npz_batches(ep, path: str) -> list[tuple]:
         if tuple(t.shape[1:]) == shape:
             columns.append(list(t.unbind(0)))
         elif t.dim() == len(shape) and len(shape) > 0 and tuple(t.shape[1:]) == shape[1:]:
-            b = shape[0]
-            if b == 0 or t.shape[0] % b:
-                raise ModelFileError(f"{path}: array {key} has {t.shape[0]} rows, not a multiple of the batch size {b}")
-            columns.append(list(t.split(b, 0)))
+            columns.append(_samples(t, shape[0], path, key, spec.name))
         else:
             raise ModelFileError(
                 f"{path}: array {key} has shape {tuple(arr.shape)}; input {spec.name} needs [N, *{list(shape)}] "
@@ -137,9 +134,24 @@ def npz_batches(ep, path: str) -> list[tuple]:
     return [tuple(col[i] for col in columns) for i in range(counts.pop())]
 
 
-def onnx_npz_batches(model, path: str) -> list[tuple]:
+def _samples(t, batch: int | None, path: str, key: str, name: str) -> list:
+    """An array of the input's rank: samples stacked along the batch axis, taken ``batch`` at a time (the
+    model's fixed batch size; None, an open batch dim: all of them as one batch)."""
+    if batch is None:
+        return [t]
+    if batch == 0 or t.shape[0] % batch:
+        raise ModelFileError(
+            f"{path}: array {key} holds {t.shape[0]} samples along the batch axis, not a multiple of input {name}'s "
+            f"batch size {batch}; stack the samples as [N*{batch}, ...] or the batches as [N, {batch}, ...]"
+        )
+    return list(t.split(batch, 0))
+
+
+def onnx_npz_batches(model, path: str, input_shapes: dict | None = None) -> list[tuple]:
     """Batches for an ONNX model from an ``.npz``: one array per graph input (by name, or ``arr_0``..);
-    an array with one axis more than the input is that many batches, one of the input's rank is one batch."""
+    an array with one axis more than the input is that many batches; one of the input's rank holds samples
+    along the batch axis, taken the model's batch size at a time (all at once when the batch dim is open),
+    as for a torch program (:func:`npz_batches`)."""
     import numpy as np
     import torch
 
@@ -147,6 +159,10 @@ def onnx_npz_batches(model, path: str) -> list[tuple]:
 
     arrays = read_npz(path)
     inputs = graph_inputs(model)
+    batch = {  # each input's batch dim: --input-shape's, else the model's fixed one, else None (open)
+        i.name: next((d.dim_value for d in i.type.tensor_type.shape.dim[:1] if d.dim_value > 0), None) for i in inputs
+    }
+    batch.update((name, int(dims[0])) for name, dims in (input_shapes or {}).items() if name in batch and dims)
     by_name = [i.name for i in inputs]
     by_pos = [f"arr_{i}" for i in range(len(inputs))]
     keys = by_name if set(arrays) == set(by_name) else by_pos if set(arrays) == set(by_pos) else None
@@ -163,7 +179,7 @@ def onnx_npz_batches(model, path: str) -> list[tuple]:
         if t.dim() == rank + 1:
             columns.append(list(t.unbind(0)))
         elif t.dim() == rank:
-            columns.append([t])
+            columns.append(_samples(t, batch[inp.name] if rank else None, path, key, inp.name))
         else:
             raise ModelFileError(
                 f"{path}: array {key} has {t.dim()} axes; input {inp.name} has {rank} (or {rank + 1}: N batches)"

@@ -22,7 +22,44 @@ MAX_BATCHES = 10_000
 #: model does that applies every weight at every position of its input: a fully convolutional net at the
 #: input's resolution; an honest one does less, its later layers on smaller maps).
 INPUT_FLOPS_PER_WEIGHT = 2
-MAX_WORK_HINT = "pass --max-work N (bytes) to allow more if the model really is that big"
+MAX_WORK_HINT = "pass --max-work N (bytes, e.g. 4GiB) to allow more if the model really is that big"
+#: the units ``--max-work`` / ``--max-bytes`` take (``4GiB``, ``512M``, ``2GB``, ``1e9``); K, M, G, T alone are binary
+BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": MIB, "g": 1 << 30, "t": 1 << 40}
+BYTE_UNITS.update({u + "ib": v for u, v in BYTE_UNITS.items() if u not in ("", "b")})
+BYTE_UNITS.update({"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12})
+
+
+def parse_bytes(text: str) -> int:
+    """A byte count as people write it: ``1000000000``, ``1e9``, ``4GiB``, ``4 GiB``, ``512M``, ``2GB``, ``1.5G``
+    (K, M, G, T alone and KiB..TiB are powers of 1024, KB..TB of 1000), rounded up to whole bytes.  ValueError
+    for anything else, or for less than one byte."""
+    import math
+    import re
+
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*", text)
+    unit = m.group(2).lower() if m else ""
+    if m is None or unit not in BYTE_UNITS:
+        raise ValueError(f"expected a number of bytes such as 1e9, 4GiB or 512MiB, got {text!r}")
+    value = float(m.group(1)) * BYTE_UNITS[unit]
+    if not math.isfinite(value) or value < 1:
+        raise ValueError(f"expected at least one byte, got {text!r}")
+    return math.ceil(value)
+
+
+def max_work_needed(nbytes: int = 0, flops: int = 0, at_least: bool = False, per_byte: int = 1) -> str:
+    """The hint of a refusal: the ``--max-work`` value whose budget holds ``nbytes`` at once and ``flops``
+    (``per_byte``: :attr:`Budget.per_byte`; ``at_least``: a bound found part-way, more may be needed)."""
+    n = max(-(-int(nbytes) // per_byte), -(-int(flops) // FLOPS_PER_BYTE), 1)
+    value = _arg(n)
+    return f"{'at least ' if at_least else ''}--max-work {value} would allow it (if the model really is that big)"
+
+
+def _arg(n: int) -> str:
+    """``n`` bytes rounded up to a whole number of the largest unit it reaches, as ``--max-work`` reads it."""
+    for unit, scale in (("GiB", 1 << 30), ("MiB", MIB), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{-(-n // scale)}{unit}"
+    return str(n)
 
 
 class WorkError(ModelFileError):
@@ -35,6 +72,7 @@ class Budget:
 
     bytes: int
     flops: int
+    per_byte: int = 1  #: bytes of this budget per byte of ``--max-work`` (the audit's budget holds its values 8x)
 
     @classmethod
     def for_content(cls, weights: int, inputs: int = 0, override: int | None = None) -> Budget:

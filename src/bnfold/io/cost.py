@@ -42,6 +42,7 @@ from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where caller
     WorkError,
     current_override,
     max_work,
+    max_work_needed,
     size_text,
 )
 from .sizes import MAX_ELEMENTS, elements  # noqa: F401 (elements: bnfold.io.cost.elements callers)
@@ -95,11 +96,11 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
     live = dict(live)
     held = peak = sum(live.values())
     flops = 0
+    refusal = None  # the first step over the budget; the plan is followed to its end for the --max-work it needs
     for i, s in enumerate(steps):
-        if s.nbytes > budget.bytes:
-            raise WorkError(
-                f"{where}: {s.op} would create {size_text(s.nbytes)}, over the budget of "
-                f"{size_text(budget.bytes)}; {MAX_WORK_HINT}"
+        if s.nbytes > budget.bytes and refusal is None:
+            refusal = (
+                f"{where}: {s.op} would create {size_text(s.nbytes)}, over the budget of {size_text(budget.bytes)}"
             )
         for name in s.out:
             live[name] = s.nbytes // len(s.out)
@@ -107,20 +108,22 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
         alive = held + s.temp
         if alive > peak:
             peak = alive
-        if alive > budget.bytes:
-            raise WorkError(
+        if alive > budget.bytes and refusal is None:
+            refusal = (
                 f"{where}: at {s.op} the values alive at once would take {size_text(alive)}, over the "
-                f"budget of {size_text(budget.bytes)}; {MAX_WORK_HINT}"
+                f"budget of {size_text(budget.bytes)}"
             )
         flops += runs * (s.flops + NODE_FLOPS)
-        if flops > budget.flops:
-            raise WorkError(
+        if flops > budget.flops and refusal is None:
+            refusal = (
                 f"{where}: at {s.op} the run would take over {flops:.3g} FLOPs ({runs} run(s)), over "
-                f"the budget of {budget.flops:.3g}; {MAX_WORK_HINT}"
+                f"the budget of {budget.flops:.3g}"
             )
         for r in s.reads:  # a value read twice is freed once: then it is no longer live
             if last[r] == i and r in live:
                 held -= live.pop(r)
+    if refusal is not None:
+        raise WorkError(f"{refusal}; {max_work_needed(peak, flops, per_byte=budget.per_byte)}")
     return Plan(peak, flops, budget)
 
 
@@ -141,7 +144,8 @@ def check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:
         name = max(inputs, key=inputs.__getitem__)
         raise WorkError(
             f"{where}: one batch of inputs takes {size_text(total)} (input {name!r}: {size_text(inputs[name])}), over "
-            f"the {size_text(cap)} that weights of {size_text(weights)} justify; {MAX_WORK_HINT}"
+            f"the {size_text(cap)} that weights of {size_text(weights)} justify; "
+            f"{max_work_needed(INPUT_MULTIPLE * total, at_least=True)}"
         )
 
 

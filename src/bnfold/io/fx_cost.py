@@ -166,7 +166,7 @@ def fx_plan(
     if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
         in_elements = sum(elements(s.dims) for name in inputs for s in (rec.get(name) or []))
         extra = input_flops(float_weights, in_elements, runs_all)
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra, hold.budget_multiple)
     outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     if hold:  # the weights' copies, and the outputs of the batches before the last
         out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))

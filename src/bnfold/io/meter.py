@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .budget import MAX_WORK_HINT, NODE_FLOPS, Budget, WorkError, size_text
+from .budget import MAX_WORK_HINT, NODE_FLOPS, Budget, WorkError, max_work_needed, size_text
 
 #: A constant evaluator drops a computed value this big or bigger once its last reader is computed; a
 #: smaller one stays (counted) so that a long chain of small values is never computed again per node.
@@ -46,7 +46,7 @@ class WorkMeter:
         if self.flops > self.budget.flops:
             raise WorkError(
                 f"{prefix}computing the constant {op} takes the constants over {self.flops:.3g} FLOPs, over the "
-                f"budget of {self.budget.flops:.3g}; {MAX_WORK_HINT}"
+                f"budget of {self.budget.flops:.3g}; {max_work_needed(self.peak, self.flops, at_least=True)}"
             )
 
     def keep(self, key: Any, charged: int, nbytes: int) -> None:

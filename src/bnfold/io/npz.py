@@ -25,7 +25,7 @@ def read_npz(path: str, limits: Limits | None = None):
     """
     import numpy as np
 
-    data = read_regular_file(path, "an .npz file")
+    data = read_regular_file(path, ".npz file")
     budget = (limits or Limits()).byte_budget(len(data))
     limits = limits or Limits()
     try:

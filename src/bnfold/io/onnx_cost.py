@@ -172,7 +172,7 @@ def onnx_plan(
     runs = hold.runs * batches if hold else 1
     if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
         extra = input_flops(float_weights + const_floats, in_elements, runs)
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra)
+        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra, hold.budget_multiple)
         for name in init:
             live[name] = 0
     outs = {o.name for o in g.output}

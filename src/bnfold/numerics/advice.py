@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 
+from .profiles import FP16_MAX
 from .risk import DEGRADE_DB, QNN_EPS, norm_severity
 
 
@@ -67,6 +68,22 @@ def verdict(report) -> list[str]:
     return lines
 
 
+def _overflow(n) -> str:
+    """What overflows in norm ``n`` (verdict ``overflows``): the value its statistics drive past fp16's range,
+    and what the run on these inputs showed."""
+    pred, meas, parts = n.risk.effective, n.risk.measured, []
+    if pred is not None and pred.overflows and pred.intermediates:
+        top, value = max(pred.intermediates.items(), key=lambda kv: kv[1])
+        parts.append(f"its {top} reaches {value:.3g} (fp16 holds up to {FP16_MAX:g}), predicted from its statistics")
+    if meas is not None and meas.output_nonfinite:
+        parts.append(f"{meas.output_nonfinite} NaN/inf in its output on these inputs")
+    elif meas is not None:
+        room = min(meas.headroom_reference, meas.headroom_emulated)
+        where = "stay within" if room >= 1 else "leave"
+        parts.append(f"on these inputs its values {where} fp16's range (headroom {room:.2g}x)")
+    return f"what overflows in {n.name}: {'; '.join(parts) or n.risk.detail}."
+
+
 def advice(report) -> list[str]:
     norms = report.norms
     lines = verdict(report)
@@ -85,6 +102,7 @@ def advice(report) -> list[str]:
             f"under {report.profile} at {eps}, every batch norm is safe (predicted local loss below "
             f"{DEGRADE_DB:g} dB, no overflow)."
         )
+    lines += [_overflow(n) for n in sorted(over, key=norm_severity)[:3]]
     if report.fold_report is not None and norms:
         folded = [n for n in norms if n.folded]
         kept = [n for n in norms if not n.folded]

@@ -19,12 +19,14 @@ fold report), :mod:`.norm_rows` (the normalization rows and their risk), :mod:`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import replace
 
 import torch
 
 from ..io.budget import inputs_chosen
+from ..module import AUDIT_EVAL_COPY_NOTE, in_training
 from ..report import FoldResult
 from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
@@ -107,18 +109,29 @@ def audit(
     model gets ``report.prescription`` when ``prescribe``: a verified rewrite, else the nodes to keep in float32,
     found in at most ``max_runs`` more emulations (:mod:`.prescribe`).
 
-    A program whose batch norms run in training mode is refused (ValueError): its numbers would change
-    from run to run and nothing in it folds.
+    ``model`` may also be the path of a ``.pt2`` or ``.onnx`` file (read with the safe loader, as ``bnfold.fold``
+    reads it).  Without ``inputs``, random batches shaped like the model's example inputs are drawn (8, as
+    ``bnfold audit`` draws them; an nn.Module needs inputs) and the report flags them (``random_inputs``: weak
+    evidence).  A program whose batch norms run in training mode is refused (:class:`bnfold.TrainingModeError`):
+    its numbers would change from run to run and nothing in it folds; an nn.Module in training mode is audited
+    as an eval-mode copy, and ``report.notes`` says so.
     """
     from ..frontends import frontend_for
 
     spec = task(class_axis, threshold, metric)
+    if isinstance(model, (str, os.PathLike)):  # a .pt2 or .onnx file, read as fold and check read it
+        from ..api import load_path
+
+        name = name or os.path.basename(model)
+        model = load_path(model)
     floor = Floor(float(min_agreement), float(min_sqnr_db))
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
         raise TypeError(
-            f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module or an ONNX ModelProto"
+            f"cannot audit a {type(model).__name__}: pass an ExportedProgram, an nn.Module, an ONNX ModelProto "
+            "or the path of a .pt2 / .onnx file"
         )
+    notes = [AUDIT_EVAL_COPY_NOTE] if fe.name == "nn_module" and in_training(model) else []
     fmt = fe.numerics()
     if output is None:
         check_class_axis(spec.class_axis, fmt.output_rank(model))
@@ -191,6 +204,7 @@ def audit(
         name=name or "model",
         random_inputs=random_inputs,
         reference=str(reference_dtype(prof)).removeprefix("torch."),
+        notes=notes,
     )
     rep.floor = floor
     search = Search(

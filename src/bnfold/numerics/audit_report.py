@@ -165,6 +165,8 @@ class AuditReport:
         """The end-to-end numbers of the program the verdict judges."""
         return self.folded if self.ship == "folded" and self.folded is not None else self.unfolded
 
+    notes: list[str] = field(default_factory=list)  # what the audit did on the caller's behalf (an eval-mode copy)
+
     def worst_layers(self, n: int = 3, which: str = "unfolded", local: bool = False) -> list[LayerAudit]:
         """The ``n`` layers with the lowest SQNR in the ``which`` program (NaN/inf first); ``local``: by the
         error each layer adds by itself instead of the cumulative one."""
@@ -192,6 +194,7 @@ class AuditReport:
             "profile": self.profile,
             "bn_eps": self.bn_eps,
             "random_inputs": self.random_inputs,
+            "notes": list(self.notes),
             "what_to_do": self.advice(),
             "verdict": self.verdict_dict(),
             "cause": _dict(self.cause),
@@ -222,10 +225,11 @@ class AuditReport:
             "weak_evidence": self.random_inputs,
         }
 
-    def table(self) -> str:
+    def table(self, full: bool = False) -> str:
+        """The text table; ``full``: names and folds in full (long names otherwise keep their head and end)."""
         from .table import audit_table
 
-        return audit_table(self)
+        return audit_table(self, full)
 
     def plot(self, path, worst: int = 25) -> None:
         """Write the SQNR chart (see :func:`bnfold.numerics.plot.plot_reports`)."""

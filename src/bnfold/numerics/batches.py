@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+#: random batches drawn when no inputs are given (``bnfold audit`` without --inputs, ``bnfold.audit(model)``)
+RANDOM_BATCHES = 8
+
 
 def as_batches(inputs) -> list[tuple]:
     """The audit's inputs as a list of batches, each a tuple of tensors (one tensor or tuple: one batch)."""

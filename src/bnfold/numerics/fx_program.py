@@ -20,11 +20,12 @@ from torch.export.graph_signature import OutputKind
 from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
+from ..errors import TrainingModeError
 from ..torch_export.fold import training_norms
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
 from .audit_memory import fx_audit_plan
-from .batches import as_batches
+from .batches import RANDOM_BATCHES, as_batches
 from .fx_nodes import layer_kind, lifted_tensors, reads_layers, reads_norms, running_stats_norm
 from .profiles import Profile
 from .runner import DEFAULT_ROUNDING, BatchResult, EmulationResult, Program, Runner, Step, StepNorm
@@ -270,20 +271,24 @@ class ProgramAudit:
     cannot_run: tuple[type[Exception], ...] = ()  # a program's errors come as they are
 
     def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
-        if inputs is None:
-            raise ValueError("audit needs input batches for a torch program or module")
+        """Random batches shaped like the program's example inputs when ``inputs`` is None (flagged as such);
+        a program in training mode is a :class:`~bnfold.errors.TrainingModeError`."""
         if runtime is not None:
             raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
+        if inputs is None:
+            inputs, random_inputs = self._random(model), True
         batches = as_batches(inputs)
         model, name = self._exported(model, batches, name)
         training = training_norms(model)
-        if training:
-            raise ValueError(
-                f"the program has batch norms in training mode ({', '.join(training[:3])}"
-                f"{', ...' if len(training) > 3 else ''}); call model.eval() before torch.export"
-            )
+        if training:  # its numbers would change from run to run
+            raise TrainingModeError.naming(name or "the program", training)
         self.plan(model, batches, runs=3 if fold else 2, name=name)
         return model, batches, name, random_inputs
+
+    def _random(self, model) -> list[tuple]:
+        from ..io.batches import random_batches
+
+        return random_batches(model, RANDOM_BATCHES)
 
     def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
         """The program to audit and its name."""
@@ -309,6 +314,9 @@ class ModuleAudit(ProgramAudit):
 
     def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
         return _export(model, batches), name or type(model).__name__
+
+    def _random(self, model) -> list[tuple]:
+        raise TypeError("audit(module, inputs): an nn.Module needs input batches (a program carries examples)")
 
     def output_rank(self, model) -> int | None:
         return None  # a module states none

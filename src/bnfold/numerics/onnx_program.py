@@ -29,7 +29,7 @@ from ..onnx.semantics import IMPLS, attrs, bind, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
 from . import accumulate
 from .audit_memory import onnx_audit_plan
-from .batches import as_batches
+from .batches import RANDOM_BATCHES, as_batches
 from .profiles import Profile
 from .runner import DEFAULT_ROUNDING, ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
 
@@ -258,7 +258,7 @@ class OnnxAudit:
     def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
         """Random batches shaped by ``input_shapes`` when ``inputs`` is None."""
         if inputs is None:
-            batches = random_batches(model, input_shapes)
+            batches = random_batches(model, input_shapes, RANDOM_BATCHES)
         else:
             batches = as_batches(inputs)
             check_batches(model, batches, input_shapes)

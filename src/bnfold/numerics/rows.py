@@ -72,10 +72,11 @@ class Row:
 
 def _read_instead(g: Graph, fg: Graph, value: str) -> str | None:
     """The folded-program value that the readers of the unfolded ``value`` read in its place (a reader that
-    stays computes the same function of the same values), or the folded output in its place."""
+    stays computes the same function of the same values; a layer folded into reads its data input at the same
+    position, its new bias after it), or the folded output in its place."""
     for user in g.readers.get(value, []):
         twin = fg.steps.get(user.name)
-        if twin is not None and len(twin.ins) == len(user.ins):
+        if twin is not None and twin.op == user.op:  # a layer that gained a bias reads its input where it did
             found = [b for a, b in zip(user.ins, twin.ins) if a == value and b]
             if found:
                 return found[0]

@@ -54,6 +54,33 @@ def _short(s: str, n: int) -> str:
     return s if len(s) <= n else s[: n - 1] + "~"
 
 
+NAME_WIDTH = 28  # the name column's least width
+NAME_MAX = 48  # its most, but with ``full``: a longer name keeps its head and its end, the middle elided
+
+
+def _elide(s: str, n: int) -> str:
+    """``s`` in ``n`` characters, a ``~`` where some was left out.  A path of scopes (the TorchScript exporter's
+    ``/features/features.1/block/block.2/block.2.1/BatchNormalization``) first loses each scope that the next one
+    repeats (``~features.1/block.2.1/BatchNormalization``); what is still too long keeps its first few characters
+    and its end, where names differ (the dynamo exporter's differ in a counter at the end)."""
+    if len(s) <= n:
+        return s
+    parts = s.split("/")
+    kept = [p for p, nxt in zip(parts, parts[1:] + [""]) if p and not nxt.startswith(p + ".")]
+    if len(kept) < len([p for p in parts if p]):
+        s = "~" + "/".join(kept)
+        if len(s) <= n:
+            return s
+    head = min(10, n // 4)
+    return s[:head] + "~" + s[len(s) - (n - head - 1) :]
+
+
+def _names(names: list[str], full: bool) -> tuple[int, list[str]]:
+    """The name column's width and its cells: each name in full (``full``), or shortened by :func:`_elide`."""
+    cells = list(names) if full else [_elide(x, NAME_MAX) for x in names]
+    return max([NAME_WIDTH] + [len(c) for c in cells]), cells
+
+
 def _end_to_end(report) -> list[str]:
     def line(label: str, cell, u, f) -> str:
         return f"  {label:<26} {cell(u):>14} {cell(f) if f else '-':>14}"
@@ -107,8 +134,9 @@ def num(x, spec: str) -> str:
     return "n/a" if math.isnan(x) else format(x, spec)
 
 
-def _norm_rows(report) -> list[str]:
+def _norm_rows(report, full: bool = False) -> list[str]:
     rt = report.bn_eps is not None
+    w, names = _names([n.name for n in report.norms], full)
     out = [
         f"  normalizations ({len(report.norms)}): kappa = max |mean|/sqrt(var+eps) at the model's eps"
         + (f" and at the runtime eps {report.bn_eps:g}" if rt else "")
@@ -116,10 +144,10 @@ def _norm_rows(report) -> list[str]:
         "smallest of predicted and measured)",
         "  loss = local SQNR of the folded layer minus that of the unfolded one: predicted from the statistics "
         "| measured by the emulated run",
-        f"  {'norm':<28} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {'kappa@rt' if rt else '':>9} {'headroom':>9} "
+        f"  {'norm':<{w}} {'ch':>4} {'|scale| max':>11} {'kappa':>8} {'kappa@rt' if rt else '':>9} {'headroom':>9} "
         f"{'verdict':<10} {'loss pred|meas':>15} {'cause':<30} fold",
     ]
-    for n in report.norms:
+    for n, name in zip(report.norms, names):
         r = n.risk
         pred = r.effective.loss_db if r is not None and r.effective is not None else None
         meas = r.measured.loss_db if r is not None and r.measured is not None else None
@@ -128,34 +156,36 @@ def _norm_rows(report) -> list[str]:
         krt = sci(n.runtime_kappa) if rt else ""
         head = "input NaN" if n.verdict == "input NaN" else sci(n.headroom)  # no headroom to speak of
         out.append(
-            f"  {_short(n.name, 28):<28} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
+            f"  {name:<{w}} {n.channels:>4} {sci(scale):>11} {sci(n.kappa):>8} {krt:>9} "
             f"{head:>9} {n.verdict:<10} {loss:>15} {_short(r.cause if r else '', 30):<30} "
-            f"{_short(n.fold, 70)}"
+            f"{n.fold if full else _short(n.fold, 70)}"
         )
     return out
 
 
-def _layer_rows(report) -> list[str]:
+def _layer_rows(report, full: bool = False) -> list[str]:
+    w, names = _names([r.title for r in report.layers], full)
     local = "(its inputs as emulated)" if report.local_runs else "(not run: --local)"
     out = [
         f"  layers ({len(report.layers)}): SQNR (dB) against the reference run (float64; float32 under the "
         "profiles that store fp16, its own error 8192x below fp16's).  cumulative: this output against the "
         "reference run of the whole model (carries upstream error); local: the error this layer adds by itself "
         f"{local}.  'NaN x%': the output holds NaN/inf and has no SQNR",
-        f"  {'layer':<28} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
+        f"  {'layer':<{w}} {'kind':<14} {'cumul unf':>10} {'cumul fold':>10} {'local unf':>10} "
         f"{'local fold':>10} {'NaN/inf unfolded':>18} {'NaN/inf folded':>16}",
     ]
-    for r in report.layers:
+    for r, name in zip(report.layers, names):
         kind = r.kind + ("+bn" if r.norm and r.kind != "batch_norm" else "")
         out.append(
-            f"  {_short(r.title, 28):<28} {kind:<14} {sqnr(r.unfolded):>10} {sqnr(r.folded):>10} "
+            f"  {name:<{w}} {kind:<14} {sqnr(r.unfolded):>10} {sqnr(r.folded):>10} "
             f"{sqnr(r.local_unfolded):>10} {sqnr(r.local_folded):>10} {nonfinite(r.unfolded):>18} "
             f"{nonfinite(r.folded):>16}"
         )
     return out
 
 
-def audit_table(report) -> str:
+def audit_table(report, full: bool = False) -> str:
+    """The report as text; ``full`` (``bnfold audit -v``): every name and fold in full."""
     eps = "model eps" if report.bn_eps is None else f"runtime bn_eps={report.bn_eps:g}"
     rand = ", random inputs" if report.random_inputs else ""
     head = (
@@ -163,5 +193,11 @@ def audit_table(report) -> str:
         f"{report.batches} batch(es){rand}"
     )
     advice = ["  what to do:"] + [f"  - {a}" for a in report.advice()]
-    blocks = [[head], _end_to_end(report), _norm_rows(report), _layer_rows(report), advice]
+    blocks = [
+        [head] + [f"  note: {n}" for n in report.notes],
+        _end_to_end(report),
+        _norm_rows(report, full),
+        _layer_rows(report, full),
+        advice,
+    ]
     return "\n\n".join("\n".join(b) for b in blocks)

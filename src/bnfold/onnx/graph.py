@@ -53,6 +53,8 @@ class OnnxGraph(OnnxRange):
 
     #: new per-channel tensors are ``[C, 1, 1]``, trailing-aligned (ONNX broadcasting)
     full_rank_constants = False
+    #: what ``exclude`` patterns match, for the message about a pattern that matches nothing
+    label_names = "ONNX node names (a dynamo export's node names hold no module path)"
 
     def __init__(self, index: ModelEditor, shapes: Shapes):
         self.index = index

@@ -47,6 +47,8 @@ class FxGraph(FxRange):
 
     #: new per-channel tensors are ``[1, C, 1, 1]``: nothing left for a backend to broadcast
     full_rank_constants = True
+    #: what ``exclude`` patterns match, for the message about a pattern that matches nothing
+    label_names = "module paths (node names where a node has none)"
 
     def __init__(self, editor: FxTensors):
         self.editor = editor

@@ -1,0 +1,35 @@
+"""The audit's closing lines as a newcomer reads them: no "deploy the folded model" when nothing was folded,
+and an ``overflows`` verdict comes with a line saying what overflows (a predicted overflow beside 0 NaN/inf in
+the run read as a contradiction)."""
+
+import torch
+from torch import nn
+
+import bnfold
+
+
+def _program(net):
+    return torch.export.export(net.eval(), (torch.randn(1, 3, 8, 8),))
+
+
+def test_nothing_folded_is_no_advice_to_deploy_the_folded_model():
+    torch.manual_seed(0)
+    rep = bnfold.audit(_program(nn.Sequential(nn.Conv2d(3, 4, 3), nn.ReLU())), local=False)
+    assert "deploy the folded model." not in rep.advice()
+    assert "nothing was folded." in rep.advice()
+    torch.manual_seed(0)
+    folded = bnfold.audit(_program(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU())), local=False)
+    assert "deploy the folded model." in folded.advice()
+
+
+def test_an_overflow_verdict_says_what_overflows():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU())
+    with torch.no_grad():  # statistics whose mean + spread put the norm's input past fp16's 65504
+        net[1].running_var[0], net[1].running_mean[0] = 1e8, 3e4
+    rep = bnfold.audit(_program(net), profile="htp", local=False)
+    [norm] = rep.norms
+    assert norm.verdict == "overflows" and rep.unfolded.output.nonfinite == 0
+    [line] = [a for a in rep.advice() if a.startswith("what overflows in 1:")]
+    assert "its input reaches" in line and "65504" in line and "predicted from its statistics" in line
+    assert "stay within fp16's range" in line  # random inputs do not reach what the statistics describe
