@@ -15,7 +15,11 @@ multiples of the fp32 forward):
                rounds (``Step.rounding``), values freed at last use, no check and no measurement: the emulated run
                and the reference run (the floor a generated runner over these callables reaches, two forwards at best);
 * ``gap``      ``run - straight``: what the interpreter (per-step dispatch, the size checks, the measurements the rows
-               read) adds on this program.
+               read) adds on this program;
+* ``unmeasured`` ``Runner.run`` with no value measured (``measured=set()``; the batch-norm probes, which the report
+               reads, still run): ``run - unmeasured`` is the rows' measurements;
+* ``emulated``   ``Runner.run(x, reference=False)``: the emulated run alone (no reference, no probe, no measurement):
+               ``emulated - straight emu`` is the interpreter's own cost on the emulated run.
 
 A benchmark, not a test: nothing asserts on a time.  The straight loop is not the profile's semantics (no fp16
 accumulation, ORT fusion, float32 islands or host batch norm; under ``fp16`` none of these applies): it is a lower
@@ -31,12 +35,10 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "numerics"))
 
-import onnx
 import torch
-from audit_ratio import OCR, _min_times, _onnx
+from audit_ratio import _min_times, _onnx, forward_of, ocr_models
 
 from bnfold.frontends import frontend_for
-from bnfold.numerics.onnx_program import OnnxEmulator
 from bnfold.numerics.rows import Graph, rows
 from bnfold.numerics.runner import DEFAULT_ROUNDING, Runner, round_floats
 
@@ -61,12 +63,7 @@ def _straight(runner: Runner, xs: tuple, emulated: bool) -> list:
 
 def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
     fmt = frontend_for(model).numerics()
-    if isinstance(model, onnx.ModelProto):
-        fp32 = OnnxEmulator(model, "fp32")
-        forward = lambda: fp32.run(x, reference=False)  # noqa: E731
-    else:
-        module = model.module()
-        forward = lambda: module(x)  # noqa: E731
+    forward = forward_of(model, x)
 
     def setup() -> Runner:
         prog = fmt.program(model)
@@ -74,18 +71,24 @@ def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
         return Runner(prog, profile, measured=outs)
 
     runner = setup()
+    bare = Runner(runner.program, profile, measured=set())
     with torch.no_grad():
-        fwd, built, run, emu, ref = _min_times(
+        fwd, built, run, emu, ref, unmeasured, emulated = _min_times(
             [
                 forward,
                 setup,
                 lambda: runner.run(x),
                 lambda: _straight(runner, (x,), True),
                 lambda: _straight(runner, (x,), False),
+                lambda: bare.run(x),
+                lambda: bare.run(x, reference=False),
             ],
             rounds,
         )
-    cells = [f"{t * 1e3:.2f} ({t / fwd:.1f}x)" for t in (built, run, emu, ref, emu + ref, run - emu - ref)]
+    cells = [
+        f"{t * 1e3:.2f} ({t / fwd:.1f}x)"
+        for t in (built, run, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated)
+    ]
     return [label, str(len(runner.program.steps)), f"{fwd * 1e3:.2f}", *cells]
 
 
@@ -108,19 +111,21 @@ def main(argv=None) -> int:
         ep = torch.export.export(b["model"], (x,))
         out.append(_row(f"{arch} (torch program) {shape}", ep, x, args.rounds, args.profile))
         out.append(_row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
-    from paddleocr_models import model_path
-
-    for key, shape in OCR.items():
-        if only and key not in only:
-            continue
-        try:
-            model = onnx.load(model_path(key))
-        except (FileNotFoundError, TypeError):
-            print(f"rapidocr model {key} is not installed: skipped", file=sys.stderr)
-            continue
-        x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-        out.append(_row(f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}", model, x, args.rounds, args.profile))
-    head = ["model", "steps", "fwd ms", "set-up", "run", "straight emu", "straight ref", "straight", "gap"]
+    for label, model, x in ocr_models(only):
+        out.append(_row(label, model, x, args.rounds, args.profile))
+    head = [
+        "model",
+        "steps",
+        "fwd ms",
+        "set-up",
+        "run",
+        "straight emu",
+        "straight ref",
+        "straight",
+        "gap",
+        "unmeasured",
+        "emulated",
+    ]
     print("| " + " | ".join(head) + " |\n|" + "|".join([":--"] + ["--:"] * (len(head) - 1)) + "|")
     for r in out:
         print("| " + " | ".join(r) + " |")
