@@ -33,7 +33,6 @@ import os
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "numerics"))
 
 import torch
 from audit_ratio import _min_times, _onnx, forward_of, ocr_models
