@@ -56,6 +56,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "numerics"))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # bnfold_testutil
 
 import onnx
 import torch
@@ -145,14 +146,19 @@ def _batches(x: torch.Tensor, n: int) -> list[tuple]:
     return [(x,)] + [(torch.randn(x.shape, generator=g),) for _ in range(n - 1)]
 
 
-def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1) -> list:
-    inputs = _batches(x, batches)
+def forward_of(model, x: torch.Tensor):
+    """The float32 forward of ``model`` on ``x`` (the ratios' unit): ``ep.module()(x)`` for a torch program, the graph
+    run eagerly with the audit's torch ops for ONNX (``OnnxEmulator(model, "fp32").run(x, reference=False)``)."""
     if isinstance(model, onnx.ModelProto):
         fp32 = OnnxEmulator(model, "fp32")
-        forward = lambda: fp32.run(x, reference=False)  # noqa: E731
-    else:
-        module = model.module()
-        forward = lambda: module(x)  # noqa: E731
+        return lambda: fp32.run(x, reference=False)
+    module = model.module()
+    return lambda: module(x)
+
+
+def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1) -> list:
+    inputs = _batches(x, batches)
+    forward = forward_of(model, x)
 
     def forwards():
         with torch.no_grad():
@@ -259,23 +265,31 @@ def main(argv=None) -> int:
         )
         rows.append(row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile, args.watched))
     if not args.quick:
-        try:
-            from paddleocr_models import model_path
-        except ImportError:
-            model_path = None
-        for key, shape in OCR.items():
-            if only and key not in only:
-                continue
-            try:
-                model = onnx.load(model_path(key))
-            except (FileNotFoundError, TypeError):
-                print(f"rapidocr model {key} is not installed: skipped", file=sys.stderr)
-                continue
-            x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-            label = f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}"
+        for label, model, x in ocr_models(only):
             rows.append(row(label, model, x, args.rounds, args.profile, args.watched))
     _print(rows, args.ops)
     return 0
+
+
+def ocr_models(only: set) -> list[tuple[str, onnx.ModelProto, torch.Tensor]]:
+    """``(label, model, input)`` of each rapidocr model in :data:`OCR` (those in ``only`` when it names any) that is
+    installed, on a random input of its shape (a fixed seed)."""
+    try:
+        from paddleocr_models import model_path
+    except ImportError:
+        model_path = None
+    out = []
+    for key, shape in OCR.items():
+        if only and key not in only:
+            continue
+        try:
+            model = onnx.load(model_path(key))
+        except (FileNotFoundError, TypeError):
+            print(f"rapidocr model {key} is not installed: skipped", file=sys.stderr)
+            continue
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+        out.append((f"PP-OCR {key} (ONNX) {'x'.join(map(str, shape))}", model, x))
+    return out
 
 
 def _print(rows: list, ops: bool) -> None:

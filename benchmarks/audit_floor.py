@@ -1,0 +1,135 @@
+"""Where the audit's op loop stands against its floor (issue 43: the audit at the cost of two forwards).
+
+    .venv/bin/python benchmarks/audit_floor.py [--rounds 5] [--only resnet,cls] [--profile fp16]
+
+Per model (the part-B networks as torch program and ONNX, and the rapidocr models, as ``audit_ratio.py`` builds
+them; one torch thread; the least process CPU time over ``--rounds`` rounds, the calls interleaved, in ms and as
+multiples of the fp32 forward):
+
+* ``fwd``      the fp32 forward (``ep.module()(x)``; ONNX: ``OnnxEmulator(model, "fp32").run(x, reference=False)``);
+* ``set-up``   the unfolded program built (``Frontend.numerics().program``) and its ``Runner`` made (constants
+               rounded, the frees, the fusion plan): paid once per program, not per batch;
+* ``run``      ``Runner.run`` of the unfolded program on one batch, as the audit's table runs it: emulated and
+               reference, the values the rows read measured, the run-time size check before each op;
+* ``straight`` the same step callables run in a plain loop with the profile's storage rounding after each op that
+               rounds (``Step.rounding``), values freed at last use, no check and no measurement: the emulated run
+               and the reference run (the floor a generated runner over these callables reaches, two forwards at best);
+* ``gap``      ``run - straight``: what the interpreter (per-step dispatch, the size checks, the measurements the rows
+               read) adds on this program;
+* ``unmeasured`` ``Runner.run`` with no value measured (``measured=set()``; the batch-norm probes, which the report
+               reads, still run): ``run - unmeasured`` is the rows' measurements;
+* ``emulated``   ``Runner.run(x, reference=False)``: the emulated run alone (no reference, no probe, no measurement):
+               ``emulated - straight emu`` is the interpreter's own cost on the emulated run.
+
+A benchmark, not a test: nothing asserts on a time.  The straight loop is not the profile's semantics (no fp16
+accumulation, ORT fusion, float32 islands or host batch norm; under ``fp16`` none of these applies): it is a lower
+bound to compare with, never a result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+import torch
+from audit_ratio import _min_times, _onnx, forward_of, ocr_models
+
+from bnfold.frontends import frontend_for
+from bnfold.numerics.rows import Graph, rows
+from bnfold.numerics.runner import DEFAULT_ROUNDING, Runner, round_floats
+
+
+def _straight(runner: Runner, xs: tuple, emulated: bool) -> list:
+    """``runner``'s program in a plain loop: the emulated run (rounded constants, inputs and outputs) or the
+    reference run (see the module docstring)."""
+    prog, dead = runner.program, runner._free_after
+    dtype = torch.float32 if emulated else runner._ref_dtype
+    env = dict(runner._const_e if emulated else runner._const_r)
+    for name, x in zip(prog.inputs, prog.feed(xs)):
+        env[name] = (runner.profile.round(x.float()) if emulated else x.to(dtype)) if x.is_floating_point() else x
+    for i, step in enumerate(prog.steps):
+        out = step.run([env[v] if v else None for v in step.ins], dtype)
+        if emulated and step.rounding == DEFAULT_ROUNDING and runner.profile.fp16_storage:
+            out = [round_floats(o) for o in out]
+        env.update((k, o) for k, o in zip(step.outs, out) if k)
+        for v in dead.get(i, ()):
+            env.pop(v, None)
+    return [env[o] for o in prog.outputs]
+
+
+def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
+    fmt = frontend_for(model).numerics()
+    forward = forward_of(model, x)
+
+    def setup() -> Runner:
+        prog = fmt.program(model)
+        outs = {r.output for r in rows(Graph(prog), None, None)}
+        return Runner(prog, profile, measured=outs)
+
+    runner = setup()
+    bare = Runner(runner.program, profile, measured=set())
+    with torch.no_grad():
+        fwd, built, run, emu, ref, unmeasured, emulated = _min_times(
+            [
+                forward,
+                setup,
+                lambda: runner.run(x),
+                lambda: _straight(runner, (x,), True),
+                lambda: _straight(runner, (x,), False),
+                lambda: bare.run(x),
+                lambda: bare.run(x, reference=False),
+            ],
+            rounds,
+        )
+    cells = [
+        f"{t * 1e3:.2f} ({t / fwd:.1f}x)"
+        for t in (built, run, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated)
+    ]
+    return [label, str(len(runner.program.steps)), f"{fwd * 1e3:.2f}", *cells]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--profile", default="fp16")
+    p.add_argument("--only", default="", help="comma-separated model keys (resnet, efficientnet, audio, cls, ...)")
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    from models import ARCHS, build
+
+    only = set(filter(None, args.only.split(",")))
+    out = []
+    for arch in ARCHS:
+        if only and arch not in only:
+            continue
+        (x,) = (b := build(arch, None, calib_batches=2))["example"]
+        shape = "x".join(map(str, x.shape))
+        ep = torch.export.export(b["model"], (x,))
+        out.append(_row(f"{arch} (torch program) {shape}", ep, x, args.rounds, args.profile))
+        out.append(_row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
+    for label, model, x in ocr_models(only):
+        out.append(_row(label, model, x, args.rounds, args.profile))
+    head = [
+        "model",
+        "steps",
+        "fwd ms",
+        "set-up",
+        "run",
+        "straight emu",
+        "straight ref",
+        "straight",
+        "gap",
+        "unmeasured",
+        "emulated",
+    ]
+    print("| " + " | ".join(head) + " |\n|" + "|".join([":--"] + ["--:"] * (len(head) - 1)) + "|")
+    for r in out:
+        print("| " + " | ".join(r) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
