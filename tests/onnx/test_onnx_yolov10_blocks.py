@@ -1,10 +1,14 @@
 """YOLOv10n's blocks (written here, no ultralytics): the torch program and its dynamo ONNX export fold the same set.
 
 Issue 41 reported that YOLOv10n's dynamo ONNX export keeps 18 constant affines (per-channel Mul/Add by constants)
-that its torch IRs fold. Measured on integ (da16f9b) with ultralytics 8.4's own ``yolov10n.yaml`` (random weights,
-64x64 and 320x320, ``torch.onnx.export(program or module, dynamo=True, optimize=False)``): 95 BatchNorms folded in
-the program and in the ONNX export, none skipped, and the same Mul/Add by constants left in both (the head's
-anchor/stride Muls); the report was not reproduced. This test holds the two formats to the same folds on the blocks
+that its torch IRs fold. Measured on integ (da16f9b) with ultralytics 8.4.190's own ``yolov10n.yaml`` (random
+weights, ``torch.onnx.export(program, dynamo=True, optimize=False)``): in its default forward, 95 BatchNorms fold
+in the program and in the ONNX export, none skipped. With the head in export mode (``export=True``), the program
+folds 95 and the ONNX export 77, none skipped, no BatchNormalization left: the 18 are the other head's
+(``one2one_cv2`` / ``one2one_cv3``), computed and dropped, which torch.export keeps and the ONNX exporter removes
+(``test_dead_head_is_the_difference``). Nothing is left unfolded in the ONNX model.
+
+This test holds the two formats to the same folds on the blocks
 that model is made of: Conv (conv + BN + SiLU), SCDown (a strided depthwise conv + BN, no activation), C2f's
 chunk/split and concat, CIB with RepVGGDW (a 7x7 and a 3x3 depthwise conv + BN summed), PSA's attention (qkv conv
 + BN, ``(q^T k) * scale``, softmax, a positional depthwise conv + BN on v, a projection conv + BN, residual adds) and
@@ -128,14 +132,20 @@ def _program_constant_affines(ep) -> int:
     )
 
 
-def test_program_and_dynamo_onnx_fold_the_same_set():
+def _exports(cls):
+    """The model (random BN statistics), its input, its program and the program's dynamo ONNX export."""
     torch.manual_seed(0)
-    model = randomize_bn(Yolov10Blocks()).eval()
+    model = randomize_bn(cls()).eval()
     x = torch.randn(2, 3, 32, 32)
     ep = torch.export.export(model, (x,))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         original = torch.onnx.export(ep, (x,), dynamo=True, optimize=False, verbose=False).model_proto
+    return model, x, ep, original
+
+
+def test_program_and_dynamo_onnx_fold_the_same_set():
+    model, x, ep, original = _exports(Yolov10Blocks)
     norms = _n_norms(model)
     assert ops(original).count("BatchNormalization") == norms, "the export fused a BN"
 
@@ -162,3 +172,47 @@ def test_program_and_dynamo_onnx_fold_the_same_set():
     name = onx.model.graph.input[0].name
     (out_onnx,) = ort_run(onx.model, {name: x.numpy()})
     assert rel_err(out_onnx, ref) <= REL
+
+
+class DeadHead(Yolov10Blocks):
+    """v10Detect in export mode: the other head runs on a detached input and its result is dropped, so the
+    program keeps its conv + BatchNorm nodes (torch.export leaves them) and the ONNX exporter removes them."""
+
+    def __init__(self, c=16):
+        super().__init__(c)
+        self.one2many = nn.Sequential(ConvBn(2 * c, c, 3), nn.Conv2d(c, 8, 1))
+
+    def forward(self, x):
+        x = self.psa(self.c2fcib(self.scdown(self.stem(x))))
+        self.one2many(x.detach())  # computed, never returned
+        return torch.cat((self.box(x) * self.strides, self.cls(x).sigmoid()), 1)
+
+
+def _live(ep) -> set:
+    out = next(n for n in ep.graph.nodes if n.op == "output")
+    live, todo = set(), [out]
+    while todo:
+        n = todo.pop()
+        if n not in live:
+            live.add(n)
+            todo.extend(n.all_input_nodes)
+    return {n.name for n in live}
+
+
+def test_dead_head_is_the_difference():
+    """The counts differ by the BatchNorms on no path to an output, and nothing is left unfolded in ONNX
+    (YOLOv10n with its head in export mode: 95 folded in the program, 77 in the dynamo export, 18 dead)."""
+    model, x, ep, original = _exports(DeadHead)
+    live = _live(ep)
+    norms = [n.name for n in ep.graph.nodes if "batch_norm" in str(n.target)]
+    dead = [n for n in norms if n not in live]
+    assert len(norms) == _n_norms(model) and len(dead) == 1
+    assert ops(original).count("BatchNormalization") == len(norms) - len(dead)
+
+    prog, onx = bnfold.fold(ep), bnfold.fold(original)
+    assert not prog.report.skipped and not onx.report.skipped
+    assert "BatchNormalization" not in ops(onx.model)
+    assert len(prog.report.folded) - len(onx.report.folded) == len(dead)
+    assert len([f for f in prog.report.folded if f.node not in dead]) == len(onx.report.folded)
+    (out_onnx,) = ort_run(onx.model, {onx.model.graph.input[0].name: x.numpy()})
+    assert rel_err(out_onnx, reference(model, x)) <= REL
