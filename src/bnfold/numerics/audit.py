@@ -75,8 +75,9 @@ def audit(
 
     ``inputs`` is a list of batches, each a tuple of forward arguments (a single tuple or tensor is one
     batch).  ``bn_eps`` replaces the eps of every standalone batch norm in the emulated runs (not in the
-    reference run, not in folding).  ``progress(done, total)`` is called after each emulated batch of
-    a stage (``progress.stage(name)`` before folding and each emulation, when it has one).  ``labels``
+    reference run, not in folding).  ``progress(done, total)`` is called after each batch of a stage (emulated
+    unfolded and folded, batch by batch; ``progress.stage(name)`` before folding and the emulation, when it has
+    one).  ``labels``
     (one tensor for all samples, or one per batch) adds accuracy to the end-to-end numbers of
     classifiers.  With ``fold=False`` only the unfolded program is audited; ``fold`` may also be what
     ``bnfold.fold`` returned for ``model`` (a program or an ONNX model), audited as it is instead of
