@@ -223,3 +223,37 @@ def test_the_bound_of_a_shape_fact_holds_whatever_the_other_inputs():
     assert bound("broadcast", [torch.ones(5, 1), torch.ones(1, 7)], 1) == 35 * 16
     assert bound("broadcast", [torch.ones(5), torch.ones(7)], 1) is None
     assert bound("", [x], 1) is None
+
+
+def test_an_onnx_op_the_allocator_refuses_is_out_of_memory_not_the_input_shapes(monkeypatch):
+    """An op that ran out of memory is not an op that failed on its inputs: the audit of an ONNX model says
+    "out of memory while running" the op (the command's watch), not "check the input shapes" (the user's)."""
+    onnx = pytest.importorskip("onnx")
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    import bnfold
+    from bnfold.numerics import onnx_program
+
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 2, 4, 4])
+    y = h.make_tensor_value_info("y", T.FLOAT, [1, 2, 4, 4])
+    model = h.make_model(h.make_graph([h.make_node("Relu", ["x"], ["y"], name="act")], "g", [x], [y]))
+    real = onnx_program.bind
+
+    def refusing(node, opset):
+        bound = real(node, opset)
+
+        class Refused:
+            emulated, why = bound.emulated, bound.why
+
+            def __call__(self, ins, a, dtype):
+                raise RuntimeError("[enforce fail at alloc_cpu.cpp:121] DefaultCPUAllocator: can't allocate memory")
+
+        return Refused()
+
+    monkeypatch.setattr(onnx_program, "bind", refusing)
+    with pytest.raises(cost.WorkError, match=r"out of memory while running Relu 'act'") as got:
+        with run_checks.watch():
+            bnfold.audit(model, [(torch.ones(1, 2, 4, 4),)])
+    assert "input shape" not in str(got.value)
+    assert onnx is not None

@@ -32,7 +32,7 @@ from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .diagnose import diagnose
 from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, output_index, split_labels, task, top1_of
-from .execute import execute
+from .execute import execute, execute_pair
 from .norm_rows import norm_audits
 from .prescribe import Search
 from .profiles import get_profile
@@ -75,8 +75,9 @@ def audit(
 
     ``inputs`` is a list of batches, each a tuple of forward arguments (a single tuple or tensor is one
     batch).  ``bn_eps`` replaces the eps of every standalone batch norm in the emulated runs (not in the
-    reference run, not in folding).  ``progress(done, total)`` is called after each emulated batch of
-    a stage (``progress.stage(name)`` before folding and each emulation, when it has one).  ``labels``
+    reference run, not in folding).  ``progress(done, total)`` is called after each batch of a stage (emulated
+    unfolded and folded, batch by batch; ``progress.stage(name)`` before folding and the emulation, when it has
+    one).  ``labels``
     (one tensor for all samples, or one per batch) adds accuracy to the end-to-end numbers of
     classifiers.  With ``fold=False`` only the unfolded program is audited; ``fold`` may also be what
     ``bnfold.fold`` returned for ``model`` (a program or an ONNX model), audited as it is instead of
@@ -161,7 +162,6 @@ def audit(
     fprog = fmt.program(folded_model, prog) if folded_model is not None else None
     g, fg = Graph(prog), Graph(fprog) if fprog is not None else None
     row_list = rows(g, fg, report)
-    _stage(progress, "emulate unfolded")
     seg = segments(g, [(r.name, r.name, r.output) for r in row_list]) if local else {}
     names = ref_names(g, fg, row_list, report) if fg is not None else {}
     outs = {r.output for r in row_list}
@@ -169,21 +169,20 @@ def audit(
     rounded: dict = {}  # the constants both programs hold (a weight the fold left as it was) are rounded once
     runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True, shared=rounded)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
-    refs = execute(runner, batches, unfolded, progress, keep=set(names.values()))
     folded = None
-    if fprog is not None:
-        _stage(progress, "emulate folded")
+    if fprog is None:
+        _stage(progress, "emulate unfolded")
+        execute(runner, batches, unfolded, progress)
+    else:  # batch by batch: one batch's references held at a time (execute_pair)
         fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None]) if local else {}
-        against = [
-            ({f: k[u] for f, u in names.items() if u in k}, {f: st[u] for f, u in names.items() if u in st})
-            for k, st in refs
-        ]
         fouts = {r.folded for r in row_list if r.folded is not None}
-        runner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts, shared=rounded)
-        folded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
-        held = AuditHold.kept([unfolded.outputs, unfolded.reference, refs])
-        execute(runner, batches, folded, progress, against=against, holding=held)
-    del refs
+        frunner = Runner(fprog, prof, bn_eps, fseg, fouts, None if tensors else fouts, shared=rounded)
+        folded = EmulationResult(prof.name, not_emulated=frunner.not_emulated)
+        if not tensors:  # the folded run reads the references of what it measures, its inputs and its norms' inputs
+            need = fouts | set(fprog.inputs) | {st.norm.input for st in fprog.steps if st.norm is not None}
+            names = {f: u for f, u in names.items() if f in need}
+        _stage(progress, "emulate unfolded and folded")
+        execute_pair(runner, frunner, batches, (unfolded, folded), progress, names)
     label_batches = split_labels(labels, batches)
     top1 = top1_of(unfolded.reference, spec.at)
     layer_rows = layers(row_list, unfolded, folded)

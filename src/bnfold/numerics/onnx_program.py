@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 import torch
 
+from ..io.run_checks import allocator_failure
 from ..onnx.const_eval import graph_constants, node_fields
 from ..onnx.nodes import graph_inputs
 from ..onnx.ops import op_of
@@ -106,6 +107,8 @@ def _step(
         except NotImplementedError as e:
             raise UnsupportedOp(op, name, str(e)) from None
         except (RuntimeError, ValueError, IndexError, TypeError) as e:
+            if allocator_failure(e):  # the memory ran out, not the shapes: the command's watch says so
+                raise
             raise OpFailed(op, name, ins, e) from None
 
     row = op_of(node)
