@@ -153,6 +153,11 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     source = ExternalSource(path)
     numbers: dict[str, int] = {}
     for t, (real, offset, length) in found:
+        if length < SPILL_BYTES:  # small tensors (norm parameters, shapes) are read as the plain load reads them
+            t.raw_data = _read_range(real, offset, length, path)
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+            continue
         k = numbers.setdefault(real, len(numbers))
         t.ClearField("raw_data")
         t.data_location = TensorProto.EXTERNAL
