@@ -42,7 +42,7 @@ from .ops import (
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .range import OnnxRange
 from .shapes import Shapes
-from .tensors import TORCH_DTYPES, to_torch, torch_dtype
+from .tensors import TORCH_DTYPES, is_external, to_torch, torch_dtype
 
 #: How far ``shape_info`` follows neighbouring values to complete a shape.
 _MAX_DEPTH = 8
@@ -158,8 +158,18 @@ class OnnxGraph(OnnxRange):
         """The stored constant behind ``value`` (initializer, Constant node, or computed from those), or why not."""
         key = (value, what)
         if key not in self._consts:
-            self._consts[key] = self.index.constant(value.gi, value.name, what)
+            found = self.index.constant(value.gi, value.name, what)
+            if self._streamed(value):  # read again when needed, never held: one tensor in memory at a time
+                return found
+            self._consts[key] = found
         return self._consts[key]
+
+    def _streamed(self, value: Value) -> bool:
+        """Whether ``value`` is an initializer whose data a streamed load left on disk."""
+        for g in value.gi.chain():
+            if value.name in g.inits:
+                return is_external(g.inits[value.name])
+        return False
 
     def const(self, value: Value) -> Const | None:
         c = self.const_or_reason(value, "value")
