@@ -60,6 +60,7 @@ class OnnxGraph(OnnxRange):
         self.index = index
         self.shapes = shapes
         self._consts: dict[tuple, Const | str] = {}  # cleared by every edit
+        self._is_const: dict[Value, bool] = {}  # cleared by every edit
         self._tensors: dict[Value, torch.Tensor | None] = {}
         self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
         self._depth = 0  # of shape_info asking about neighbouring values
@@ -160,16 +161,24 @@ class OnnxGraph(OnnxRange):
         if key not in self._consts:
             found = self.index.constant(value.gi, value.name, what)
             if self._streamed(value):  # read again when needed, never held: one tensor in memory at a time
+                self._is_const[value] = not isinstance(found, str)
                 return found
             self._consts[key] = found
         return self._consts[key]
 
-    def _streamed(self, value: Value) -> bool:
-        """Whether ``value`` is an initializer whose data a streamed load left on disk."""
+    def is_const(self, value: Value) -> bool:
+        """Whether ``value`` is a stored constant (:meth:`const` is not None), without holding a streamed one."""
+        if value not in self._is_const:
+            self._is_const[value] = self.const(value) is not None
+        return self._is_const[value]
+
+    def _streamed(self, value: Value) -> onnx.TensorProto | None:
+        """The initializer behind ``value`` when a streamed load left its data on disk, else None."""
         for g in value.gi.chain():
             if value.name in g.inits:
-                return is_external(g.inits[value.name])
-        return False
+                t = g.inits[value.name]
+                return t if is_external(t) else None
+        return None
 
     def const(self, value: Value) -> Const | None:
         c = self.const_or_reason(value, "value")
@@ -191,7 +200,9 @@ class OnnxGraph(OnnxRange):
     def dims(self, value: Value) -> list | None:
         """The dims of ``value``: inferred, or those of the constant it holds."""
         dims = self.shapes.dims(self._shape_names.get(value.name, value.name))
-        if dims is None and (c := self.const(value)) is not None:
+        if dims is None and (t := self._streamed(value)) is not None and self.is_const(value):
+            dims = list(t.dims)
+        elif dims is None and (c := self.const(value)) is not None:
             dims = list(c.value.shape)
         return dims
 
@@ -292,6 +303,7 @@ class OnnxGraph(OnnxRange):
 
     def _edited(self) -> None:
         self._consts.clear()
+        self._is_const.clear()
         self._tensors.clear()
         self._infos.clear()
 
