@@ -61,6 +61,7 @@ class OnnxGraph(OnnxRange):
         self.shapes = shapes
         self._consts: dict[tuple, Const | str] = {}  # cleared by every edit
         self._is_const: dict[Value, bool] = {}  # cleared by every edit
+        self._streamed_const: dict[tuple, bool] = {}  # (value, id of its streamed initializer): kept
         self._tensors: dict[Value, torch.Tensor | None] = {}
         self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
         self._depth = 0  # of shape_info asking about neighbouring values
@@ -160,17 +161,20 @@ class OnnxGraph(OnnxRange):
         key = (value, what)
         if key not in self._consts:
             found = self.index.constant(value.gi, value.name, what)
-            if self._streamed(value):  # read again when needed, never held: one tensor in memory at a time
-                self._is_const[value] = not isinstance(found, str)
+            if self._streamed(value) is not None:  # read again when needed, never held: one tensor at a time
                 return found
             self._consts[key] = found
         return self._consts[key]
 
     def is_const(self, value: Value) -> bool:
-        """Whether ``value`` is a stored constant (:meth:`const` is not None), without holding a streamed one."""
-        if value not in self._is_const:
-            self._is_const[value] = self.const(value) is not None
-        return self._is_const[value]
+        """Whether ``value`` is a stored constant (:meth:`const` is not None), without holding a streamed one
+        (whose answer is kept across edits while its initializer is the same proto)."""
+        streamed = self._streamed(value)
+        key = (value, id(streamed)) if streamed is not None else value
+        known = self._streamed_const if streamed is not None else self._is_const
+        if key not in known:
+            known[key] = self.const(value) is not None
+        return known[key]
 
     def _streamed(self, value: Value) -> onnx.TensorProto | None:
         """The initializer behind ``value`` when a streamed load left its data on disk, else None."""

@@ -72,17 +72,32 @@ def reading_external(reader: ExternalReader) -> Iterator[None]:
         _READER.reset(token)
 
 
+#: element types whose raw bytes numpy reads as they are
+_LITTLE_ENDIAN = {
+    TensorProto.FLOAT: np.dtype("<f4"),
+    TensorProto.FLOAT16: np.dtype("<f2"),
+    TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.INT32: np.dtype("<i4"),
+    TensorProto.INT64: np.dtype("<i8"),
+    TensorProto.INT8: np.dtype("i1"),
+    TensorProto.UINT8: np.dtype("u1"),
+}
+
+
 def to_numpy(t: TensorProto) -> np.ndarray:
     """The value of a tensor; external data only through the active :func:`reading_external` reader
     (never from a file the tensor names)."""
     if is_external(t):
         reader = _READER.get()
         if reader is not None:
+            data = reader.read(t)
+            if t.data_type in _LITTLE_ENDIAN:  # the bytes as they are (read-only; to_torch copies)
+                return np.frombuffer(data, dtype=_LITTLE_ENDIAN[t.data_type]).reshape(tuple(t.dims))
             copy = TensorProto()
             copy.CopyFrom(t)
             del copy.external_data[:]
             copy.data_location = TensorProto.DEFAULT
-            copy.raw_data = reader.read(t)
+            copy.raw_data = data
             return numpy_helper.to_array(copy)
         raise FoldError(
             f"tensor {t.name!r} keeps its data in an external file that was not loaded; "
