@@ -17,57 +17,18 @@ import subprocess
 import sys
 import time
 
-import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "onnx"))
+from stream_models import largest_tensor, linear_stack  # noqa: E402
 
 
-def build(path: str, total_mb: float, width: int = 2048, seed: int = 0) -> dict:
+def build(path: str, total_mb: float, width: int = 2048) -> dict:
     """A model of about ``total_mb`` MB of weights (linear layers of ``width``² float32 each, a conv and a
     BatchNormalization first), its weights in ``<name>.data``; returns sizes for the table."""
-    rng = np.random.default_rng(seed)
     n_layers = max(1, int(total_mb * 2**20 // (width * width * 4)))
-    inits, nodes = [], []
-    c = 8
-    inits += [
-        numpy_helper.from_array(rng.standard_normal((c, 3, 3, 3)).astype(np.float32), "conv.w"),
-        numpy_helper.from_array(rng.uniform(0.5, 2.0, c).astype(np.float32), "bn.scale"),
-        numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "bn.bias"),
-        numpy_helper.from_array(rng.standard_normal(c).astype(np.float32), "bn.mean"),
-        numpy_helper.from_array(rng.uniform(0.5, 2.0, c).astype(np.float32), "bn.var"),
-        numpy_helper.from_array(np.array([1, c * 16 * 16], np.int64), "flat"),
-        numpy_helper.from_array((rng.standard_normal((c * 16 * 16, width)) * 0.02).astype(np.float32), "proj"),
-    ]
-    nodes += [
-        helper.make_node("Conv", ["x", "conv.w"], ["c0"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("BatchNormalization", ["c0", "bn.scale", "bn.bias", "bn.mean", "bn.var"], ["b0"], name="bn"),
-        helper.make_node("Reshape", ["b0", "flat"], ["h0"], name="flat"),
-        helper.make_node("MatMul", ["h0", "proj"], ["h1"], name="proj"),
-    ]
-    prev = "h1"
-    for i in range(n_layers):
-        w = (rng.standard_normal((width, width)) / np.sqrt(width)).astype(np.float32)
-        inits += [
-            numpy_helper.from_array(w, f"l{i}.w"),
-            numpy_helper.from_array(rng.uniform(0.5, 2.0, width).astype(np.float32), f"l{i}.s"),
-            numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"l{i}.b"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [prev, f"l{i}.w"], [f"m{i}"], name=f"l{i}"),
-            helper.make_node("Mul", [f"m{i}", f"l{i}.s"], [f"s{i}"], name=f"l{i}.mul"),
-            helper.make_node("Add", [f"s{i}", f"l{i}.b"], [f"a{i}"], name=f"l{i}.add"),
-            helper.make_node("Relu", [f"a{i}"], [f"r{i}"], name=f"l{i}.relu"),
-        ]
-        prev = f"r{i}"
-    graph = helper.make_graph(
-        nodes,
-        "stack",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 16, 16])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, width])],
-        inits,
-    )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    largest = max(t.ByteSize() for t in inits)
+    model = linear_stack(n_layers, width, channels=8, size=16)
+    largest = largest_tensor(model)
     onnx.save(model, path, save_as_external_data=True, location=os.path.basename(path) + ".data")
     return {"layers": n_layers, "largest": largest}
 

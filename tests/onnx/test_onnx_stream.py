@@ -8,53 +8,15 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from stream_models import largest_tensor, linear_stack
 
 from bnfold.cli.main import main
 
 
-def _stack(n: int = 3, width: int = 64, conv: bool = True) -> onnx.ModelProto:
-    """Conv + BatchNormalization, then ``n`` MatMul + per-channel Mul/Add layers (random weights)."""
-    rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "conv.w"),
-        numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "bn.s"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "bn.b"),
-        numpy_helper.from_array(rng.standard_normal(4).astype(np.float32), "bn.m"),
-        numpy_helper.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), "bn.v"),
-        numpy_helper.from_array(np.array([1, 4 * 8 * 8], np.int64), "flat"),
-        numpy_helper.from_array(rng.standard_normal((4 * 8 * 8, width)).astype(np.float32), "proj"),
-    ]
-    nodes = [
-        helper.make_node("Conv", ["x", "conv.w"], ["c"], pads=[1, 1, 1, 1], name="conv"),
-        helper.make_node("BatchNormalization", ["c", "bn.s", "bn.b", "bn.m", "bn.v"], ["b"], name="bn"),
-        helper.make_node("Reshape", ["b", "flat"], ["h"], name="flat"),
-        helper.make_node("MatMul", ["h", "proj"], ["h0"], name="proj"),
-    ]
-    prev = "h0"
-    for i in range(n):
-        inits += [
-            numpy_helper.from_array(rng.standard_normal((width, width)).astype(np.float32), f"w{i}"),
-            numpy_helper.from_array(rng.uniform(0.5, 2, width).astype(np.float32), f"s{i}"),
-            numpy_helper.from_array(rng.standard_normal(width).astype(np.float32), f"b{i}"),
-        ]
-        nodes += [
-            helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"], name=f"l{i}"),
-            helper.make_node("Mul", [f"m{i}", f"s{i}"], [f"p{i}"], name=f"mul{i}"),
-            helper.make_node("Add", [f"p{i}", f"b{i}"], [f"a{i}"], name=f"add{i}"),
-        ]
-        prev = f"a{i}"
-    graph = helper.make_graph(
-        nodes,
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 3, 8, 8])],
-        [helper.make_tensor_value_info(prev, TensorProto.FLOAT, [1, width])],
-        inits,
-    )
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+def _stack(n: int = 3, width: int = 64) -> onnx.ModelProto:
+    return linear_stack(n, width)
 
 
 def _external(model: onnx.ModelProto, folder, layout: str) -> str:
@@ -121,7 +83,7 @@ def test_streamed_load_refuses_a_hostile_reference_in_one_line(tmp_path, capsys,
     src.mkdir()
     path = _external(_stack(), src, "one")
     m = onnx.load(path, load_external_data=False)
-    t = next(t for t in m.graph.initializer if t.name == "w0")
+    t = next(t for t in m.graph.initializer if t.name == "l0.w")
     info = {e.key: e.value for e in t.external_data}
     info.update(entries)
     del t.external_data[:]
@@ -141,7 +103,7 @@ def test_two_tensors_on_the_same_bytes_are_refused(tmp_path, capsys):
     src.mkdir()
     path = _external(_stack(), src, "one")
     m = onnx.load(path, load_external_data=False)
-    a, b = (t for t in m.graph.initializer if t.name in ("w0", "w1"))
+    a, b = (t for t in m.graph.initializer if t.name in ("l0.w", "l1.w"))
     b.ClearField("external_data")
     b.external_data.extend(a.external_data)
     onnx.save(m, path)
@@ -173,8 +135,10 @@ def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     small, big = tmp_path / "small", tmp_path / "big"
     small.mkdir(), big.mkdir()
     tiny = _external(_stack(n=2, width=128), small, "one")
-    path = _external(_stack(n=24, width=1024), big, "one")
-    weights, largest = os.path.getsize(big / "m.data"), 1024 * 1024 * 4
+    model = _stack(n=24, width=1024)
+    largest = largest_tensor(model)  # before the save moves the data out
+    path = _external(model, big, "one")
+    weights = os.path.getsize(big / "m.data")
     base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
     stream = _peak(["fold", path, "-o", str(tmp_path / "s.onnx"), "-q", "--low-memory"]) - base
     plain = _peak(["fold", path, "-o", str(tmp_path / "p.onnx"), "-q"]) - base
