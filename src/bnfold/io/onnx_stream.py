@@ -36,6 +36,7 @@ from .onnx_external import (
     all_tensors,
     initializers,
     is_external,
+    open_regular,
 )
 
 _TOKEN = "\0bnfold-stream:"  # a location no file can have: nothing but the source reads it
@@ -96,7 +97,7 @@ class ExternalSource:
             assert self.scratch is not None
             fd, close = self.scratch.fileno(), False
         else:
-            fd, close = os.open(real, os.O_RDONLY), True
+            fd, close = open_regular(real, self.path), True
         try:
             done = 0
             while done < length:
