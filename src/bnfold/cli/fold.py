@@ -50,8 +50,15 @@ def range_arguments(model: Any, args: argparse.Namespace) -> dict:
 
 
 def load(path: str, args: argparse.Namespace):
-    """The model file at ``path`` through the safe loader, with the loading options of ``args``."""
-    return models.load_model(path, trust=opt(args, "trust"), debug=opt(args, "debug"), max_bytes=opt(args, "max_bytes"))
+    """The model file at ``path`` through the safe loader, with the loading options of ``args``
+    (``--low-memory``: an ONNX file's external data stays on disk, read one tensor at a time)."""
+    return models.load_model(
+        path,
+        trust=opt(args, "trust"),
+        debug=opt(args, "debug"),
+        max_bytes=opt(args, "max_bytes"),
+        stream=bool(opt(args, "low_memory")),
+    )
 
 
 def report_payload(input_path: str, output: str | None, report) -> dict[str, Any]:
@@ -80,33 +87,36 @@ def run(args: argparse.Namespace) -> int:
     if args.report:
         check_side_file(args.report, not_same_as=[args.input, plan.path], what="report", force=args.force)
     loaded = load(args.input, args)
-    layout = loaded.layout
-    model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
-    ranged = range_arguments(model, args)
-    if args.low_memory:
+    with models.reading(loaded):  # a streamed ONNX model's tensors are read and written in here
+        layout = loaded.layout
+        model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed, and written so
+        ranged = range_arguments(model, args)
+        # --low-memory: a .pt2 program folds in place; an ONNX model was loaded streamed (its external data stays
+        # on disk, read one tensor at a time, and its new parameters are spilled to a scratch file)
         frontend = frontend_for(model)
-        if frontend is None or not frontend.folds_in_place:
-            what = frontend.what if frontend is not None else "this model"
-            raise BnfoldError(f"--low-memory folds a .pt2 program in place; {what} is folded into a copy")
-        refuse_training(model, args.input)  # before: the in-place fold consumes the program
-    exclude = comma_list(args.exclude)
-    try:
-        result = fold_quietly(
-            model, args.only, debug, exclude, args.input, args.lower_unfoldable, args.low_memory, **ranged
-        )
-    except ValueError as e:  # inputs that do not fit the model
-        if not ranged:
-            raise
-        raise BnfoldError(f"{args.input}: --fp16-range {args.fp16_range}: {e}") from None
-    if args.low_memory:
-        del loaded, model  # the folded program is what is left of it
-    else:
-        refuse_training(model, args.input, result.report)
-    refuse_unmatched(result.report)
-    payload = report_payload(args.input, plan.path, result.report)
-    texts = {args.report: json_text(payload) + "\n"} if args.report else None
-    with atomic.modes_like(args.input):  # new files get the input's permission bits
-        models.save_model(result.model, plan, layout=layout, texts=texts, debug=debug)
+        inplace = bool(args.low_memory) and frontend is not None and frontend.folds_in_place
+        if args.low_memory and frontend is None:
+            raise BnfoldError("--low-memory folds a .pt2 program in place or an .onnx model streamed")
+        if inplace:
+            refuse_training(model, args.input)  # before: the in-place fold consumes the program
+        exclude = comma_list(args.exclude)
+        try:
+            result = fold_quietly(
+                model, args.only, debug, exclude, args.input, args.lower_unfoldable, inplace, **ranged
+            )
+        except ValueError as e:  # inputs that do not fit the model
+            if not ranged:
+                raise
+            raise BnfoldError(f"{args.input}: --fp16-range {args.fp16_range}: {e}") from None
+        if inplace:
+            del loaded, model  # the folded program is what is left of it
+        else:
+            refuse_training(model, args.input, result.report)
+        refuse_unmatched(result.report)
+        payload = report_payload(args.input, plan.path, result.report)
+        texts = {args.report: json_text(payload) + "\n"} if args.report else None
+        with atomic.modes_like(args.input):  # new files get the input's permission bits
+            models.save_model(result.model, plan, layout=layout, texts=texts, debug=debug)
     if opt(args, "json"):
         print_json(payload)
     elif verbosity.level(args) > verbosity.QUIET:

@@ -38,6 +38,7 @@ examples:
   bnfold fold model.onnx -o folded.onnx --report report.json --only conv
   bnfold fold model.pt2 --in-place --json
   bnfold fold big.pt2 -o folded.pt2 --low-memory   # about the weights once in memory, not 1.7x
+  bnfold fold big.onnx -o folded.onnx --low-memory # external data streamed: a few tensors in memory
   bnfold fold model.pt2 -o folded.pt2 --exclude 'head.*' --exclude classifier
   bnfold fold model.onnx -o folded.onnx --input-shape x:1,3,224,224   # fix the dims it leaves open
 

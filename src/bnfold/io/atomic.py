@@ -13,6 +13,8 @@ temporary files are removed and the destinations are left as they were.
 * :func:`atomic_path` stages one file, for writers that want a path
   (matplotlib, a nested ``atomic_path`` for a report written with a model).
 * :func:`write_bytes` / :func:`write_text` write through an open file.
+* :func:`scratch_file` is working space that never becomes a file (the streamed ONNX fold's new
+  parameters): unnamed, removed when closed.
 
 While temporary files exist, SIGTERM is turned into ``KeyboardInterrupt`` (as
 SIGINT already is), so a ``kill`` during a save removes them like Ctrl-C does.
@@ -131,6 +133,18 @@ def write_bytes(path: str | os.PathLike, write: Callable[[BinaryIO], object]) ->
 def write_text(path: str | os.PathLike, text: str) -> None:
     """Write ``text`` (UTF-8) to ``path`` atomically."""
     write_bytes(path, lambda f: f.write(text.encode("utf-8")))
+
+
+@contextlib.contextmanager
+def scratch_file(folder: str) -> Iterator[BinaryIO]:
+    """An unnamed read-write file (in ``folder``, else the temporary folder), gone when the block ends:
+    working space, never a result, so nothing is left behind whatever happens."""
+    try:
+        f = tempfile.TemporaryFile(dir=folder)
+    except OSError:
+        f = tempfile.TemporaryFile()
+    with f:
+        yield f
 
 
 def _fsync_file(path: str) -> None:

@@ -24,8 +24,11 @@ def _onnx():
     return io_onnx
 
 
-def load_pt2_file(path: str, *, trust: bool = False, debug: bool = False, limits: Limits | None = None):
-    """A ``.pt2`` file through the safe loader: ``(program, None)`` (the ``.pt2`` frontend's ``load``)."""
+def load_pt2_file(
+    path: str, *, trust: bool = False, debug: bool = False, limits: Limits | None = None, stream: bool = False
+):
+    """A ``.pt2`` file through the safe loader: ``(program, None)`` (the ``.pt2`` frontend's ``load``; ``stream``
+    changes nothing: a ``.pt2`` saves memory by folding in place)."""
     return load_pt2(path, trust=trust, debug=debug, limits=limits), None
 
 
@@ -34,13 +37,16 @@ def save_onnx_file(model: Any, path: str, layout: ExternalLayout | None = None) 
     _onnx().save_onnx(model, path, layout=layout)
 
 
-def load_onnx_file(path: str, *, trust: bool = False, debug: bool = False, limits: Limits | None = None):
+def load_onnx_file(
+    path: str, *, trust: bool = False, debug: bool = False, limits: Limits | None = None, stream: bool = False
+):
     """An ``.onnx`` file and its external-data layout, with one-line errors (the ONNX frontend's ``load``;
-    ``trust`` changes nothing: an ONNX file holds no code)."""
+    ``trust`` changes nothing: an ONNX file holds no code; ``stream``: its external data stays on disk,
+    :mod:`bnfold.io.onnx_stream`)."""
     mod = _onnx()
     try:
         with quiet(not debug):
-            model, layout = mod.load_onnx(path, limits)
+            model, layout = mod.load_onnx(path, limits, stream=stream)
     except BnfoldError as e:
         raise naming(e, path) from None
     except (MemoryError, RecursionError):

@@ -45,6 +45,7 @@ def load_model(
     debug: bool = False,
     max_bytes: int | None = None,
     max_work: int | None = None,
+    stream: bool = False,
 ) -> LoadedModel:
     """Read a ``.pt2`` (safely, unless ``trust``) or ``.onnx`` file, chosen by its extension.
 
@@ -52,7 +53,8 @@ def load_model(
     :class:`bnfold.io.limits.Limits`); running out of memory is a one-line error.
     Then the cost of running the model once (:mod:`bnfold.io.cost`) must fit the
     budget its weights justify, or ``max_work`` bytes (also ``--trust``: it
-    is about work, not code).
+    is about work, not code).  ``stream``: an ONNX file's external data stays on disk; fold and save
+    the model inside :func:`reading` (``--low-memory``).
     """
     from ..frontends import for_kind
 
@@ -60,14 +62,22 @@ def load_model(
     kind = model_kind(path)
     limits = Limits(max_bytes=max_bytes or None)
     try:
-        loaded = LoadedModel(path, kind, *for_kind(kind).files.load(path, trust=trust, debug=debug, limits=limits))
-        with cost.max_work(max_work or cost.current_override()):
+        files = for_kind(kind).files
+        loaded = LoadedModel(path, kind, *files.load(path, trust=trust, debug=debug, limits=limits, stream=stream))
+        with cost.max_work(max_work or cost.current_override()), reading(loaded):
             check_cost(loaded)
     except MemoryError:
         raise ModelFileError(f"{path}: out of memory while loading the model; {MAX_BYTES_HINT}") from None
     except RecursionError:
         raise ModelFileError(f"{path}: the model nests too deeply to be read; refused") from None
     return loaded
+
+
+def reading(loaded: LoadedModel) -> contextlib.AbstractContextManager:
+    """The block within which a streamed model's tensors can be read (its layout's ``reading()``); a no-op
+    for a model held in memory."""
+    opened = getattr(loaded.layout, "reading", None)
+    return opened() if opened is not None else contextlib.nullcontext()
 
 
 def check_cost(loaded: LoadedModel) -> None:

@@ -49,7 +49,7 @@ class OnnxModel(NamedTuple):
     layout: ExternalLayout | None  # None: the file had no external data
 
 
-def load_onnx(path: str | os.PathLike, limits: Limits | None = None) -> OnnxModel:
+def load_onnx(path: str | os.PathLike, limits: Limits | None = None, *, stream: bool = False) -> OnnxModel:
     """Read the ONNX model at ``path`` and its external data (refusing data outside the model's folder).
 
     The returned model refers to no file; ``layout`` records which tensors
@@ -57,6 +57,8 @@ def load_onnx(path: str | os.PathLike, limits: Limits | None = None) -> OnnxMode
     graph is checked (:mod:`bnfold.io.onnx_graph`): topological order, no
     cycles, bounded depth, tensor sizes within ``limits``' byte budget.  Every
     failure is a one-line ``ModelFileError`` that names the file.
+    ``stream``: the same checks, but the external data stays on disk (:mod:`bnfold.io.onnx_stream`);
+    fold and save the model inside ``layout.reading()``.
     """
     p = os.fspath(path)
     data = read_model_bytes(p)
@@ -69,6 +71,10 @@ def load_onnx(path: str | os.PathLike, limits: Limits | None = None) -> OnnxMode
         raise ModelFileError(f"{p}: not an ONNX model, or the file is truncated (no IR version, graph or opset import)")
     budget = (limits or Limits()).byte_budget(len(data) + external_file_bytes(model, p))
     check_onnx_graph(model, p, budget, all_tensors(model))
+    if stream:
+        from .onnx_stream import place_external
+
+        return OnnxModel(model, place_external(model, p, budget))
     return OnnxModel(model, read_external(model, p, budget))
 
 
@@ -96,7 +102,8 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, layout: ExternalL
     folder = os.path.dirname(p)
     if not os.path.isdir(folder):
         raise ModelFileError(f"{p}: the folder {folder} does not exist")
-    for t in all_tensors(model):
+    streamed = getattr(layout, "source", None) is not None  # a StreamedLayout: its source holds the data
+    for t in all_tensors(model) if not streamed else ():
         if is_external(t):
             raise ModelFileError(
                 f"{p}: tensor {t.name!r} still refers to external data that was never loaded; "
@@ -112,7 +119,8 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, layout: ExternalL
             data_path = onnx_data_path(p)
             with atomic_paths([data_path, p], mode=file_mode(p)) as (data_tmp, model_tmp):
                 with open(data_tmp, "wb") as f:
-                    blob = _serialized(p, lambda: serialize_external(model, f, os.path.basename(data_path), layout))
+                    write = _streamed_writer() if streamed else serialize_external
+                    blob = _serialized(p, lambda: write(model, f, os.path.basename(data_path), layout))
                 _write(model_tmp, blob)
     except OSError as e:
         raise ModelFileError(f"{p}: cannot write the model ({e.strerror or e})") from None
@@ -126,6 +134,12 @@ def _serialized(p: str, serialize: Callable[[], bytes]) -> bytes:
         raise ModelFileError(
             f"{p}: the model is over 2 GB; save it with external data (layout=ExternalLayout())"
         ) from None
+
+
+def _streamed_writer() -> Callable:
+    from .onnx_stream import serialize_streamed
+
+    return serialize_streamed
 
 
 def _write(path: str, blob: bytes) -> None:

@@ -181,19 +181,27 @@ def _check_overlaps(ranges: dict[str, list[tuple[int, int, str]]], path: str) ->
 
 def _read_range(real: str, offset: int, length: int, path: str) -> bytes:
     """``length`` bytes at ``offset`` of the regular file ``real`` (checked on the open descriptor)."""
+    fd = open_regular(real, path)
     try:
-        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read external data {real} ({e.strerror or e})") from None
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} is not a regular file; refused")
         data = os.pread(fd, length, offset) if length else b""
     finally:
         os.close(fd)
     if len(data) != length:
         raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} changed while it was read")
     return data
+
+
+def open_regular(real: str, path: str) -> int:
+    """A read-only descriptor of ``real``, checked to be a regular file on the descriptor (never waits on a
+    FIFO); a one-line ModelFileError naming the model ``path`` otherwise."""
+    try:
+        fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+    except OSError as e:
+        raise ModelFileError(f"{path}: cannot read external data {real} ({e.strerror or e})") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} is not a regular file; refused")
+    return fd
 
 
 def _locate(t: TensorProto, base: str, path: str) -> tuple[str, int, int]:

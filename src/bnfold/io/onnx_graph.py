@@ -239,6 +239,8 @@ def _small_value(t: TensorProto) -> list[int] | None:
 
     if t.data_type not in (TensorProto.INT64, TensorProto.INT32) or tensor_elements(list(t.dims), t.name) > _SMALL:
         return None
+    if t.data_location == TensorProto.EXTERNAL:  # not read yet (and never through a path the file names)
+        return None
     try:
         return [int(v) for v in numpy_helper.to_array(t).reshape(-1)]
     except (ValueError, TypeError, OverflowError):

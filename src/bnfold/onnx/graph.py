@@ -42,7 +42,7 @@ from .ops import (
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .range import OnnxRange
 from .shapes import Shapes
-from .tensors import TORCH_DTYPES, to_torch, torch_dtype
+from .tensors import TORCH_DTYPES, is_external, to_torch, torch_dtype
 
 #: How far ``shape_info`` follows neighbouring values to complete a shape.
 _MAX_DEPTH = 8
@@ -60,6 +60,8 @@ class OnnxGraph(OnnxRange):
         self.index = index
         self.shapes = shapes
         self._consts: dict[tuple, Const | str] = {}  # cleared by every edit
+        self._is_const: dict[Value, bool] = {}  # cleared by every edit
+        self._streamed_const: dict[tuple, bool] = {}  # (value, id of its streamed initializer): kept
         self._tensors: dict[Value, torch.Tensor | None] = {}
         self._shape_names: dict[str, str] = {}  # a name the fold made up -> the name whose shape it has
         self._depth = 0  # of shape_info asking about neighbouring values
@@ -158,8 +160,29 @@ class OnnxGraph(OnnxRange):
         """The stored constant behind ``value`` (initializer, Constant node, or computed from those), or why not."""
         key = (value, what)
         if key not in self._consts:
-            self._consts[key] = self.index.constant(value.gi, value.name, what)
+            found = self.index.constant(value.gi, value.name, what)
+            if self._streamed(value) is not None:  # read again when needed, never held: one tensor at a time
+                return found
+            self._consts[key] = found
         return self._consts[key]
+
+    def is_const(self, value: Value) -> bool:
+        """Whether ``value`` is a stored constant (:meth:`const` is not None), without holding a streamed one
+        (whose answer is kept across edits while its initializer is the same proto)."""
+        streamed = self._streamed(value)
+        key = (value, id(streamed)) if streamed is not None else value
+        known = self._streamed_const if streamed is not None else self._is_const
+        if key not in known:
+            known[key] = self.const(value) is not None
+        return known[key]
+
+    def _streamed(self, value: Value) -> onnx.TensorProto | None:
+        """The initializer behind ``value`` when a streamed load left its data on disk, else None."""
+        for g in value.gi.chain():
+            if value.name in g.inits:
+                t = g.inits[value.name]
+                return t if is_external(t) else None
+        return None
 
     def const(self, value: Value) -> Const | None:
         c = self.const_or_reason(value, "value")
@@ -181,7 +204,9 @@ class OnnxGraph(OnnxRange):
     def dims(self, value: Value) -> list | None:
         """The dims of ``value``: inferred, or those of the constant it holds."""
         dims = self.shapes.dims(self._shape_names.get(value.name, value.name))
-        if dims is None and (c := self.const(value)) is not None:
+        if dims is None and (t := self._streamed(value)) is not None and self.is_const(value):
+            dims = list(t.dims)
+        elif dims is None and (c := self.const(value)) is not None:
             dims = list(c.value.shape)
         return dims
 
@@ -282,6 +307,7 @@ class OnnxGraph(OnnxRange):
 
     def _edited(self) -> None:
         self._consts.clear()
+        self._is_const.clear()
         self._tensors.clear()
         self._infos.clear()
 

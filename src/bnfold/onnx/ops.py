@@ -268,7 +268,7 @@ def _matmul(graph: Any, node: Node, kind: str) -> Layer | None:
     source = graph.producer(mat)
     if source is not None and _broadcasts_matrix(graph, source):
         weight, wiring.expand = v(gi, source.proto.input[0]), source.proto
-    elif graph.const(mat) is not None or (graph.is_parameter(mat) and graph.shape_info(mat).rank == 2):
+    elif graph.is_const(mat) or (graph.is_parameter(mat) and graph.shape_info(mat).rank == 2):
         weight = mat
     else:
         return None
@@ -300,7 +300,7 @@ def _broadcasts_matrix(graph: Any, node: Node) -> bool:
     if not is_onnx_op(p, "Expand") or len(p.input) != 2:
         return False
     source = graph.value(node.gi, p.input[0])
-    dims = graph.dims(source) if graph.const(source) is not None else None
+    dims = graph.dims(source) if graph.is_const(source) else None
     if dims is None or len(dims) != 2:
         return False
     out = graph.shape_info(graph.value(node.gi, p.output[0])).shape
@@ -407,7 +407,7 @@ def normalizes_constant(graph: Any, node: Node) -> bool:
     source = graph.producer(x)
     if source is not None and not is_onnx_op(source.proto, "Constant", *CONST_OPS):
         return False
-    return graph.const(x) is not None
+    return graph.is_const(x)
 
 
 def _parse_norm_affine(graph: Any, node: Node) -> Norm | None:

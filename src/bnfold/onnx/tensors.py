@@ -6,6 +6,11 @@ TensorProtos.  These helpers only convert, they compute nothing.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from typing import Protocol
+
 import numpy as np
 import onnx
 import torch
@@ -45,9 +50,55 @@ def is_external(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL
 
 
+class ExternalReader(Protocol):
+    """Reads the external data of tensors a streamed load left in place (``bnfold.io.onnx_stream``)."""
+
+    def read(self, t: TensorProto) -> bytes: ...  # the tensor's bytes, or a FoldError for an unknown reference
+
+    def spill(self, t: TensorProto) -> TensorProto: ...  # ``t`` with its data moved out of memory, or ``t``
+
+
+_READER: contextvars.ContextVar[ExternalReader | None] = contextvars.ContextVar("bnfold_external", default=None)
+
+
+@contextlib.contextmanager
+def reading_external(reader: ExternalReader) -> Iterator[None]:
+    """Within the block, :func:`to_numpy` reads external tensors through ``reader`` and the fold's new
+    parameters are handed to ``reader.spill`` (a streamed fold keeps one tensor in memory at a time)."""
+    token = _READER.set(reader)
+    try:
+        yield
+    finally:
+        _READER.reset(token)
+
+
+#: element types whose raw bytes numpy reads as they are
+_LITTLE_ENDIAN = {
+    TensorProto.FLOAT: np.dtype("<f4"),
+    TensorProto.FLOAT16: np.dtype("<f2"),
+    TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.INT32: np.dtype("<i4"),
+    TensorProto.INT64: np.dtype("<i8"),
+    TensorProto.INT8: np.dtype("i1"),
+    TensorProto.UINT8: np.dtype("u1"),
+}
+
+
 def to_numpy(t: TensorProto) -> np.ndarray:
-    """The value of an in-memory tensor (never reads files: external data must be loaded first)."""
+    """The value of a tensor; external data only through the active :func:`reading_external` reader
+    (never from a file the tensor names)."""
     if is_external(t):
+        reader = _READER.get()
+        if reader is not None:
+            data = reader.read(t)
+            if t.data_type in _LITTLE_ENDIAN:  # the bytes as they are (read-only; to_torch copies)
+                return np.frombuffer(data, dtype=_LITTLE_ENDIAN[t.data_type]).reshape(tuple(t.dims))
+            copy = TensorProto()
+            copy.CopyFrom(t)
+            del copy.external_data[:]
+            copy.data_location = TensorProto.DEFAULT
+            copy.raw_data = data
+            return numpy_helper.to_array(copy)
         raise FoldError(
             f"tensor {t.name!r} keeps its data in an external file that was not loaded; "
             "pass the model path (or use bnfold.onnx.load_onnx) so the data is read safely"
@@ -79,10 +130,15 @@ def from_torch(t: torch.Tensor, name: str, elem_type: int, shape=None) -> Tensor
         out.data_type = elem_type
         out.dims.extend(t.shape)
         out.raw_data = raw
-        return out
+        return _spilled(out)
     if TORCH_DTYPES.get(elem_type) != t.dtype:
         raise AssertionError(f"internal: {name} is {t.dtype}, expected {type_name(elem_type)}")
-    return numpy_helper.from_array(t.numpy(), name)
+    return _spilled(numpy_helper.from_array(t.numpy(), name))
+
+
+def _spilled(t: TensorProto) -> TensorProto:
+    reader = _READER.get()
+    return t if reader is None else reader.spill(t)
 
 
 def nbytes(t: TensorProto) -> int:

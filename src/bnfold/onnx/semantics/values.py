@@ -123,7 +123,11 @@ def array(t: onnx.TensorProto) -> np.ndarray:
     tensor that holds its data (a third of the time, the per-tensor overhead of ``to_array``, which a
     model of hundreds of small ``Constant`` nodes pays hundreds of times); any other to ``to_array``."""
     plain = _PLAIN.get(t.data_type)
-    if plain is None or t.data_location == onnx.TensorProto.EXTERNAL or t.HasField("segment") or _BIG_ENDIAN:
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        from ..tensors import to_numpy
+
+        return to_numpy(t)  # through the streamed load's reader, never a file the tensor names
+    if plain is None or t.HasField("segment") or _BIG_ENDIAN:
         return numpy_helper.to_array(t)
     field, dtype = plain
     if t.HasField("raw_data"):

@@ -1,0 +1,236 @@
+"""The streamed ONNX fold's files: external data is checked and left on disk at load, read one tensor
+at a time while the fold runs, and copied into the output's data file in order at save.
+
+:func:`load_streamed` checks every external reference as :func:`bnfold.io.onnx.load_onnx` does
+(folder, links, regular file, offsets, lengths, overlaps, the byte budget) and then points each one
+at a token its :class:`ExternalSource` owns, so no reference left in the model names a file.
+Inside ``source.reading()`` the fold reads a tensor's bytes with one ``pread`` and its new
+parameters go to an unnamed scratch file (:func:`bnfold.io.atomic.scratch_file`), so memory
+holds the graph and the tensor in hand.  :func:`save_streamed` writes the same files as
+``save_onnx`` with the plain load's layout: the same tensors in the same order, copied in chunks.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+import onnx
+from onnx import TensorProto
+
+from ..errors import ModelFileError
+from ..fold_math import FoldError
+from ..onnx.tensors import reading_external
+from .atomic import scratch_file
+from .limits import MAX_BYTES_HINT
+from .onnx_external import (
+    DEFAULT_THRESHOLD,
+    ExternalLayout,
+    _check_overlaps,
+    _locate,
+    _read_range,
+    _set_entries,
+    all_tensors,
+    initializers,
+    is_external,
+    open_regular,
+)
+
+_TOKEN = "\0bnfold-stream:"  # a location no file can have: nothing but the source reads it
+_CHUNK = 64 << 20  # bytes copied at a time
+SPILL_BYTES = 64 << 10  # new parameters this big go to the scratch file
+
+
+@dataclass(eq=False)
+class ExternalSource:
+    """Where the tensors of a streamed load keep their bytes: ``files[i]`` is a checked data file,
+    ``scratch`` the unnamed file that holds the fold's new parameters."""
+
+    path: str  # the model file, for messages
+    files: list[str] = field(default_factory=list)
+    scratch: BinaryIO | None = None
+    stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
+    depth: int = 0
+
+    def where(self, t: TensorProto) -> tuple[str, int, int]:
+        """``(real path, offset, length)`` of a tensor this source placed; a FoldError for any other."""
+        info = {e.key: e.value for e in t.external_data}
+        loc = info.get("location", "")
+        if not loc.startswith(_TOKEN):
+            raise FoldError(f"tensor {t.name!r} refers to external data this streamed load did not check")
+        k = loc[len(_TOKEN) :]
+        real = "" if k == "scratch" else self.files[int(k)]
+        return real, int(info["offset"]), int(info["length"])
+
+    def read(self, t: TensorProto) -> bytes:
+        real, offset, length = self.where(t)
+        if not real:
+            assert self.scratch is not None
+            data = os.pread(self.scratch.fileno(), length, offset) if length else b""
+            if len(data) != length:
+                raise FoldError(f"tensor {t.name!r}: the scratch file is short")
+            return data
+        return _read_range(real, offset, length, self.path)
+
+    def spill(self, t: TensorProto) -> TensorProto:
+        if not t.HasField("raw_data") or len(t.raw_data) < SPILL_BYTES:
+            return t
+        if self.scratch is None:
+            self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
+        f = self.scratch
+        offset = f.seek(0, os.SEEK_END)
+        f.write(t.raw_data)
+        f.flush()
+        length = len(t.raw_data)
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(length))))
+        return t
+
+    def copy(self, t: TensorProto, out: BinaryIO) -> int:
+        """Copy the tensor's bytes to ``out`` in chunks; returns their length."""
+        real, offset, length = self.where(t)
+        if not real:
+            assert self.scratch is not None
+            fd, close = self.scratch.fileno(), False
+        else:
+            fd, close = open_regular(real, self.path), True
+        try:
+            done = 0
+            while done < length:
+                chunk = os.pread(fd, min(_CHUNK, length - done), offset + done)
+                if not chunk:
+                    raise ModelFileError(f"{self.path}: external data {os.path.basename(real)!r} changed while read")
+                out.write(chunk)
+                done += len(chunk)
+        finally:
+            if close:
+                os.close(fd)
+        return length
+
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[None]:
+        """Within the block, the fold reads this source's tensors (and spills its new parameters); the
+        scratch file is closed (and gone) when the outermost block ends: fold and save inside one."""
+        self.depth += 1
+        try:
+            with reading_external(self):
+                yield
+        finally:
+            self.depth -= 1
+            if not self.depth:
+                self.stack.close()
+                self.scratch = None
+
+
+@dataclass(frozen=True)
+class StreamedLayout(ExternalLayout):
+    """The plain load's layout of the same file, with the source that still holds the tensors."""
+
+    source: ExternalSource | None = field(default=None, compare=False)
+
+    def reading(self) -> contextlib.AbstractContextManager:
+        assert self.source is not None
+        return self.source.reading()
+
+
+def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> StreamedLayout | None:
+    """Check every external reference of ``model`` (parsed from ``path``) and point it at a token of
+    a new :class:`ExternalSource`; None when nothing is external."""
+    base = os.path.dirname(os.path.abspath(path))
+    found = [(t, _locate(t, base, path)) for t in all_tensors(model) if is_external(t)]
+    if not found:
+        return None
+    ranges: dict[str, list[tuple[int, int, str]]] = {}
+    for t, (real, offset, length) in found:
+        ranges.setdefault(real, []).append((offset, length, t.name))
+    _check_overlaps(ranges, path)
+    total = sum(length for _, (_, _, length) in found)
+    if budget is not None and total > budget:
+        raise ModelFileError(f"{path}: the external data adds up to {total} bytes, over {budget}; {MAX_BYTES_HINT}")
+    source = ExternalSource(path)
+    numbers: dict[str, int] = {}
+    for t, (real, offset, length) in found:
+        if length < SPILL_BYTES:  # small tensors (norm parameters, shapes) are read as the plain load reads them
+            t.raw_data = _read_range(real, offset, length, path)
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+            continue
+        k = numbers.setdefault(real, len(numbers))
+        t.ClearField("raw_data")
+        t.data_location = TensorProto.EXTERNAL
+        _set_entries(t, (("location", f"{_TOKEN}{k}"), ("offset", str(offset)), ("length", str(length))))
+    source.files = list(numbers)
+    names = frozenset(t.name for t, _ in found)
+    smallest = min([DEFAULT_THRESHOLD] + [length for _, (_, _, length) in found])
+    return StreamedLayout(names, smallest, source)
+
+
+def _size(t: TensorProto, source: ExternalSource) -> int | None:
+    """The bytes a tensor stores (raw or streamed); None when it keeps its values in typed fields."""
+    if is_external(t):
+        return source.where(t)[2]
+    return len(t.raw_data) if t.HasField("raw_data") else None
+
+
+def _chosen(model: onnx.ModelProto, layout: StreamedLayout) -> list[TensorProto]:
+    """``onnx_external.chosen_tensors`` for a model whose tensors may still be streamed."""
+    source = layout.source
+    assert source is not None
+    chosen = {}
+    for t in initializers(model.graph):
+        n = _size(t, source)
+        if n is not None and n >= layout.threshold:
+            chosen[id(t)] = t
+    for t in all_tensors(model):
+        if t.name in layout.names and _size(t, source) is not None:
+            chosen[id(t)] = t
+    return list(chosen.values())
+
+
+def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, layout: StreamedLayout) -> bytes:
+    """Write the chosen tensors to ``data`` in order (streamed ones copied in chunks) and return the
+    model bytes that refer to them; the caller's model is left as it was."""
+    source = layout.source
+    assert source is not None
+    moved: list[tuple[TensorProto, list[tuple[str, str]], bytes | None]] = []  # (tensor, its entries, its bytes)
+    try:
+        chosen = _chosen(model, layout)
+        ids = {id(t) for t in chosen}
+        for t in all_tensors(model):  # a streamed tensor the layout keeps inline is read back
+            if is_external(t) and id(t) not in ids:
+                moved.append((t, _entries(t), None))
+                raw = source.read(t)
+                del t.external_data[:]
+                t.data_location = TensorProto.DEFAULT
+                t.raw_data = raw
+        for t in chosen:
+            offset = data.tell()
+            if is_external(t):
+                moved.append((t, _entries(t), None))
+                length = source.copy(t, data)
+            else:
+                raw = t.raw_data
+                moved.append((t, [], raw))
+                length = data.write(raw)
+            t.ClearField("raw_data")
+            t.data_location = TensorProto.EXTERNAL
+            _set_entries(t, (("location", location), ("offset", str(offset)), ("length", str(length))))
+        return model.SerializeToString()
+    finally:
+        for t, entries, raw in reversed(moved):
+            if raw is None:
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+                _set_entries(t, entries)
+            else:
+                del t.external_data[:]
+                t.data_location = TensorProto.DEFAULT
+                t.raw_data = raw
+
+
+def _entries(t: TensorProto) -> list[tuple[str, str]]:
+    return [(e.key, e.value) for e in t.external_data]

@@ -1,0 +1,146 @@
+"""The streamed ONNX fold (``bnfold fold --low-memory`` on a model with external data): the same files as the
+plain fold, the input untouched, hostile references refused in one line, and a bounded peak."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+
+import onnx
+import pytest
+from stream_models import largest_tensor, linear_stack
+
+from bnfold.cli.main import main
+
+
+def _stack(n: int = 3, width: int = 64) -> onnx.ModelProto:
+    return linear_stack(n, width)
+
+
+def _external(model: onnx.ModelProto, folder, layout: str) -> str:
+    """Save ``model`` in ``folder`` with its weights outside: one data file, one file per tensor, or mixed
+    (the small tensors inline, the weights in one file)."""
+    path = os.path.join(folder, "m.onnx")
+    onnx.save(
+        model,
+        path,
+        save_as_external_data=True,
+        all_tensors_to_one_file=layout != "many",
+        location="m.data",
+        size_threshold=1024 if layout == "mixed" else 0,
+    )
+    return path
+
+
+def _files(folder) -> dict[str, str]:
+    return {
+        f: hashlib.sha256(open(os.path.join(folder, f), "rb").read()).hexdigest() for f in sorted(os.listdir(folder))
+    }
+
+
+@pytest.mark.parametrize("layout", ["one", "many", "mixed"])
+def test_streamed_fold_writes_the_plain_folds_files_and_leaves_the_input(tmp_path, layout):
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, layout)
+    before = _files(src)
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        out = str(tmp_path / name / "out.onnx")
+        assert main(["fold", path, "-o", out, "-q", *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    assert outs["stream"] == outs["plain"]
+    assert set(outs["plain"]) == {"out.onnx", "out.onnx.data"}
+    assert _files(src) == before  # the input and its data files are untouched
+    folded = onnx.load(str(tmp_path / "stream" / "out.onnx"))
+    assert not any(n.op_type == "BatchNormalization" for n in folded.graph.node)
+    assert sum(n.op_type == "Mul" for n in folded.graph.node) < 3  # the layers' scales were folded
+
+
+def test_streamed_fold_of_a_model_without_external_data(tmp_path):
+    path = str(tmp_path / "m.onnx")
+    onnx.save(_stack(), path)
+    for name, extra in (("a.onnx", []), ("b.onnx", ["--low-memory"])):
+        assert main(["fold", path, "-o", str(tmp_path / name), "-q", *extra]) == 0
+    assert (tmp_path / "a.onnx").read_bytes() == (tmp_path / "b.onnx").read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("entries", "says"),
+    [
+        ({"location": "../evil.bin"}, "escapes the model's folder"),
+        ({"location": "/etc/passwd"}, "absolute path"),
+        ({"location": "m.data", "offset": "999999999"}, "truncated"),
+        ({"location": "m.data", "length": "4"}, "but the tensor needs"),
+        ({"location": "m.data", "offset": "-8"}, "negative offset"),
+    ],
+)
+def test_streamed_load_refuses_a_hostile_reference_in_one_line(tmp_path, capsys, entries, says):
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(), src, "one")
+    m = onnx.load(path, load_external_data=False)
+    t = next(t for t in m.graph.initializer if t.name == "l0.w")
+    info = {e.key: e.value for e in t.external_data}
+    info.update(entries)
+    del t.external_data[:]
+    for k, v in info.items():
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    onnx.save(m, path)
+    out = tmp_path / "out.onnx"
+    assert main(["fold", path, "-o", str(out), "-q", "--low-memory"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and "Traceback" not in err
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+
+
+def test_two_tensors_on_the_same_bytes_are_refused(tmp_path, capsys):
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(), src, "one")
+    m = onnx.load(path, load_external_data=False)
+    a, b = (t for t in m.graph.initializer if t.name in ("l0.w", "l1.w"))
+    b.ClearField("external_data")
+    b.external_data.extend(a.external_data)
+    onnx.save(m, path)
+    assert main(["fold", path, "-o", str(tmp_path / "o.onnx"), "-q", "--low-memory"]) != 0
+    assert "read the same bytes" in capsys.readouterr().err
+
+
+_PEAK = """
+import sys
+from bnfold.cli.main import main
+rc = main(sys.argv[1:])
+with open("/proc/self/status") as f:
+    print(next(int(l.split()[1]) for l in f if l.startswith("VmHWM")) * 1024)
+sys.exit(rc)
+"""
+
+
+def _peak(args: list[str]) -> int:
+    run = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, env=dict(os.environ))
+    assert run.returncode == 0, run.stderr[-2000:]
+    return int(run.stdout.split()[-1])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
+    """24 layers of 4 MB (96 MB of weights), each fold in a fresh process: what the streamed fold's peak rises
+    above the same fold of a 2-layer model of 64 KB tensors (the same imports and code) is a few times the largest
+    tensor (the float64 fold of one weight), not the weights; the plain fold holds them several times over."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    tiny = _external(_stack(n=2, width=128), small, "one")
+    model = _stack(n=24, width=1024)
+    largest = largest_tensor(model)  # before the save moves the data out
+    path = _external(model, big, "one")
+    weights = os.path.getsize(big / "m.data")
+    base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
+    stream = _peak(["fold", path, "-o", str(tmp_path / "s.onnx"), "-q", "--low-memory"]) - base
+    plain = _peak(["fold", path, "-o", str(tmp_path / "p.onnx"), "-q"]) - base
+    assert plain > 2 * weights  # the plain fold holds the input and the folded copy
+    assert stream < 12 * largest < weights / 2, (stream, plain, weights)
