@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from .engine.range import Limits, rescale_graph
+from .numerics.profiles import FP16_MAX
 from .report import Code, FoldResult
 
-FP16_MAX = 65504.0
 #: the largest output difference a rewrite may make, relative to the output's magnitude, in float64
 TOLERANCE = 1e-6
 #: onnxconverter-common's clamp of constants (``ort-cpu`` profile): magnitudes below and above move
