@@ -370,7 +370,8 @@ class CheckResult:
     ``unfoldable``: the normalizations that stay, with the reason and code (:class:`Skipped`).
     Notes only, never failing a check: ``foldable_ops`` (chains of elementwise ops alone that
     ``fold`` would fold, e.g. a ``/ 6`` into the next conv) and ``kept_ops`` (elementwise affine
-    ops that stay).  ``ok`` is true when no foldable normalization is left; ``strict_ok`` when no
+    ops that stay).  ``unmatched``: each ``exclude`` pattern that matched nothing and each ``only`` kind the model
+    lacks (as in :class:`FoldReport`).  ``ok`` is true when no foldable normalization is left; ``strict_ok`` when no
     normalization is left at all.
     """
 
@@ -379,6 +380,7 @@ class CheckResult:
     notes: list[str] = field(default_factory=list)
     kept_ops: list[KeptOp] = field(default_factory=list)
     foldable_ops: list[Folded] = field(default_factory=list)
+    unmatched: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -392,7 +394,7 @@ class CheckResult:
     def from_report(cls, report: FoldReport) -> CheckResult:
         norms = [f for f in report.folded if f.kind]
         ops = [f for f in report.folded if not f.kind]
-        return cls(norms, list(report.skipped), list(report.notes), list(report.kept_ops), ops)
+        return cls(norms, list(report.skipped), list(report.notes), list(report.kept_ops), ops, list(report.unmatched))
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -403,4 +405,5 @@ class CheckResult:
             "foldable_ops": [entry_dict(f) for f in self.foldable_ops],
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
             "notes": list(self.notes),
+            "unmatched": list(self.unmatched),
         }

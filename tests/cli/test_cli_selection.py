@@ -51,3 +51,39 @@ def test_the_api_reports_what_matched_nothing(long_names):
     assert result.report.unmatched[1].startswith("--only layer_norm: the model has no layer_norm normalization")
     assert result.report.to_dict()["unmatched"] == result.report.unmatched
     assert bnfold.fold(str(long_names["pt2"]), exclude="feature_extractor.0.*").report.unmatched == []
+
+
+def test_check_takes_the_same_selection_as_fold(run, long_names):
+    """``check --exclude`` / ``--only`` gate what ``fold`` with the same options would fold: what they keep is left
+    (code ``excluded``) and does not fail the gate unless ``--strict``; a pattern that matches nothing is refused."""
+    path = long_names["pt2"]
+    code, out, err = run("check", path)
+    assert code == 1, (out, err)  # every normalization of it is foldable
+    code, out, err = run("check", path, "--exclude", "feature_extractor.*", "--json")
+    assert code == 0, err
+    import json
+
+    (file,) = json.loads(out)["files"]
+    assert file["foldable"] == 0 and file["unfoldable"] > 0
+    assert {s["code"] for s in file["survivors"]} == {"excluded"}
+    code, _, err = run("check", path, "--exclude", "feature_extractor.*", "--strict")
+    assert code == 1, err
+    code, _, err = run("check", path, "--exclude", "feature_extractr.*")
+    assert code == 2
+    line = h.one_error_line(err, "--exclude 'feature_extractr.*' matches no layer or normalization")
+    assert line.endswith("nothing was checked")
+
+
+def test_check_result_carries_what_matched_nothing(long_names):
+    result = bnfold.check(str(long_names["pt2"]), exclude=["nope"])
+    assert result.unmatched and result.unmatched[0].startswith("--exclude 'nope' matches no layer")
+    assert result.to_dict()["unmatched"] == result.unmatched
+
+
+def test_an_unknown_option_after_a_command_points_at_that_command_help(run):
+    code, _, err = run("fold", "in.onnx", "--bogus")
+    assert code == 2
+    h.one_error_line(err, "unrecognized arguments: --bogus; see 'bnfold fold --help'")
+    code, _, err = run("--bogus")
+    assert code == 2
+    h.one_error_line(err, "unrecognized arguments: --bogus; see 'bnfold --help'")

@@ -10,10 +10,10 @@ from ..checks import check_model_path, refuse_training
 from ..errors import BnfoldError
 from ..report import CheckResult
 from . import shapes, verbosity
-from .args import opt
+from .args import comma_list, opt
 from .constants import EXIT_ERROR, EXIT_OK, EXIT_SURVIVORS, FOLDABLE
 from .errors import print_error
-from .fold import fold_quietly, load
+from .fold import fold_quietly, load, refuse_unmatched
 from .jsonout import print_json, versioned
 
 
@@ -54,8 +54,12 @@ def check_one(path: str, args: argparse.Namespace) -> dict[str, Any]:
     check_model_path(path)
     loaded = load(path, args)
     model = shapes.apply(loaded, args)
-    report = fold_quietly(model, None, opt(args, "debug"), label=path).report
+    # --only / --exclude: the gate judges what `bnfold fold` with the same options would fold; what they keep is
+    # listed as left (code ``excluded``), and a pattern or kind that matches nothing is an error, as in `fold`
+    exclude = comma_list(opt(args, "exclude"))
+    report = fold_quietly(model, opt(args, "only"), opt(args, "debug"), exclude, label=path).report
     refuse_training(model, path, report)
+    refuse_unmatched(report, "nothing was checked")
     left = survivors(report)
     foldable = sum(s["status"] == "foldable" for s in left)
     failed = foldable > 0 or (args.strict and bool(left))

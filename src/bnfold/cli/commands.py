@@ -51,7 +51,7 @@ COMMANDS: tuple[Command, ...] = (
         "check",
         help="CI gate: fail while something foldable is left",
         description="List the normalizations left in each IN and why; exit 1 when one could be folded.",
-        options=(*COMMON, *LOADING, "inputs", "strict", "input_shape"),
+        options=(*COMMON, *LOADING, "inputs", "strict", "only", "exclude", "input_shape"),
         run=check.run,
         epilog=texts.CHECK_EPILOG,
     ),

@@ -69,12 +69,12 @@ def report_payload(input_path: str, output: str | None, report) -> dict[str, Any
     return payload
 
 
-def refuse_unmatched(report) -> None:
+def refuse_unmatched(report, consequence: str = "nothing was written") -> None:
     """An ``--exclude`` pattern that matches nothing or an ``--only`` kind the model lacks is an error (exit 2, no
-    file written): a typo would otherwise fold what was meant to stay."""
+    file written): a typo would otherwise fold what was meant to stay.  ``consequence`` ends the message."""
     if report.unmatched:
         more = f" (and {len(report.unmatched) - 1} more)" if len(report.unmatched) > 1 else ""
-        raise BnfoldError(f"{report.unmatched[0]}{more}; nothing was written")
+        raise BnfoldError(f"{report.unmatched[0]}{more}; {consequence}")
 
 
 def run(args: argparse.Namespace) -> int:

@@ -28,8 +28,19 @@ class Parser(argparse.ArgumentParser):
     """argparse's parser whose errors are one line, as bnfold's own (exit 2), with the ``--help`` to read
     instead of the whole usage block."""
 
+    commands: dict[str, argparse.ArgumentParser]  #: each command's own parser, by name
+
     def error(self, message: str):  # type: ignore[override]
         self.exit(2, f"bnfold: error: {message}; see '{self.prog} --help'\n")
+
+    def parse_args(self, args=None, namespace=None):  # type: ignore[override]
+        """argparse's, except that an unknown option after a command is that command's error: it points at
+        ``bnfold COMMAND --help``, where the options it takes are listed."""
+        parsed, extra = self.parse_known_args(args, namespace)
+        if extra:
+            where = getattr(self, "commands", {}).get(getattr(parsed, "command", None), self)
+            where.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         if option.anywhere:
             option.add_to(parser, name, hidden=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    parser.commands = {}
     for command in COMMANDS:
         p = sub.add_parser(
             command.name,
@@ -55,4 +67,5 @@ def build_parser() -> argparse.ArgumentParser:
         )
         _add_options(p, command.options)
         p.set_defaults(func=command.run)
+        parser.commands[command.name] = p
     return parser
