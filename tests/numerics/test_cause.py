@@ -32,19 +32,23 @@ CAUSES = {
 
 
 def _model(name, fmt):
-    m = rm.build(name) if name != "wide_scores" else _wide_scores()
+    m = rm.build(name) if name != "raw_scores" else _raw_scores()
     return (rm.program(m) if fmt == "pt2" else rm.onnx_model(m)), rm.batches(m)
 
 
-def _wide_scores():
-    """The attention model with q and k twice as large: the scores after ``/ sqrt(d)`` (the softmax's input) pass
-    65504 themselves, so no exact rewrite brings them into fp16 (softmax is not homogeneous)."""
-    m = rm.build("attention")
-    with torch.no_grad():
-        for layer in (m.q, m.k):
-            layer.weight.mul_(2.0)
-            layer.bias.mul_(2.0)
-    return m
+class _RawScores(rm.AttentionScores):
+    """The attention model with its ``1/sqrt(d)`` left out (as if folded into ``q``): the matmul's output is the
+    softmax's input and passes 65504 itself, so no exact rewrite changes anything (softmax is not homogeneous) and
+    the prescription is a float32 island of the model as given.  (Where a rewrite fixes part of a model, the island
+    is searched on the rewritten one: ``test_prescribe_on_rewrite.py``.)"""
+
+    def forward(self, x):
+        q, k, v = self.q(x), self.k(x), self.v(x)
+        return self.head(((q @ k.transpose(-2, -1)).softmax(dim=-1) @ v).mean(dim=1))
+
+
+def _raw_scores():
+    return _RawScores().eval()
 
 
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
@@ -77,15 +81,20 @@ def test_range_model_cause_verdict_and_rewrite(name, fmt):
 
 @pytest.mark.parametrize("fmt", ["pt2", "onnx"])
 def test_island_where_no_rewrite_holds(fmt):
-    """Scores past 65504 at the softmax's input: the range rewrite is tried and does not hold, so the prescription is
-    the float32 island, grown from the cause until the verdict holds."""
-    model, xs = _model("wide_scores", fmt)
+    """Scores past 65504 at the softmax's input, straight from the matmul: the range rewrite changes nothing, so the
+    prescription is the float32 island of the model as given, grown from the cause until the verdict holds."""
+    model, xs = _model("raw_scores", fmt)
     rep = bnfold.audit(model, xs)
     d = rep.to_dict()
     assert rep.deploy is False and d["cause"]["kind"] == "overflow" and d["cause"]["op"] in ("matmul", "MatMul")
     pres = d["prescription"]
-    assert {t["name"]: t["holds"] for t in pres["tried"]}.get("fp16_range") is False
-    assert pres["rewrite"] == [] and pres["holds"] and d["cause"]["node"] in pres["fp32_nodes"]
+    assert "fp16_range" not in {t["name"] for t in pres["tried"]}  # it rescaled nothing
+    assert (
+        pres["rewrite"] == []
+        and pres["base"] == "unfolded"
+        and pres["holds"]
+        and d["cause"]["node"] in pres["fp32_nodes"]
+    )
     assert 0 < len(pres["fp32_nodes"]) < pres["nodes"]
     assert rep.prescription.end_to_end is not None and not rep.prescription.end_to_end.output.nonfinite
 
@@ -142,11 +151,11 @@ def test_block_list_round_trip_through_onnxconverter_common(tmp_path):
     model does not overflow here: the ``fp16`` profile is a GPU's or NPU's storage, not ORT CPU's.)"""
     ort = pytest.importorskip("onnxruntime")
     f16 = pytest.importorskip("onnxconverter_common.float16")
-    model, xs = _model("wide_scores", "onnx")
+    model, xs = _model("raw_scores", "onnx")
     rep = bnfold.audit(model, xs)
     listed = json.loads(block_list.render(rep.prescription, "onnxconverter-common", onnx=True))
     nodes = listed["node_block_list"]
-    assert nodes == rep.prescription.fp32_nodes == ["/MatMul", "/Div", "/Softmax"] and listed["base"] == "unfolded"
+    assert nodes == rep.prescription.fp32_nodes == ["/MatMul", "/Softmax"] and listed["base"] == "unfolded"
     blocked = f16.convert_float_to_float16(model, keep_io_types=True, node_block_list=nodes)
     producer = {o: n for n in blocked.graph.node for o in n.output}
     for node in (
@@ -173,7 +182,7 @@ def _cli(capsys, *argv):
 
 
 def test_cli_writes_each_block_list_format(tmp_path, capsys):
-    model, xs = _model("wide_scores", "onnx")
+    model, xs = _model("raw_scores", "onnx")
     path, npz = tmp_path / "attn.onnx", tmp_path / "attn.npz"
     onnx.save(model, path)
     np.savez(npz, x0=np.stack([x.numpy() for (x,) in xs]))
@@ -193,6 +202,7 @@ def test_cli_writes_each_block_list_format(tmp_path, capsys):
         "rt_info": "disable_fp16_compression_0",
         "nodes": nodes,
         "base": "unfolded",
+        "rewrite": [],
     }
     assert (
         texts["tensorrt"]
@@ -206,7 +216,7 @@ def test_cli_writes_each_block_list_format(tmp_path, capsys):
 
 
 def test_cli_torch_block_list_holds_module_paths(tmp_path, capsys):
-    m = nn.Sequential(_wide_scores()).eval()  # its attention ops under the module path "0"
+    m = nn.Sequential(_raw_scores()).eval()  # its attention ops under the module path "0"
     m.shapes = m[0].shapes
     path, npz = tmp_path / "scores.pt2", tmp_path / "scores.npz"
     torch.export.save(rm.program(m), path)
@@ -216,7 +226,7 @@ def test_cli_torch_block_list_holds_module_paths(tmp_path, capsys):
     assert code == 0, err
     doc, listed = json.loads(stdout), json.loads(out.read_text())
     assert doc["block_list"] == str(out) and listed["nodes"] == doc["prescription"]["fp32_nodes"]
-    assert listed["nodes"] == ["matmul", "div", "softmax"] and listed["module_paths"] == ["0"]
+    assert listed["nodes"] == ["matmul", "softmax"] and listed["module_paths"] == ["0"]
 
 
 def _page(seed: int, size: int = 128) -> tuple:

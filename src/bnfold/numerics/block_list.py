@@ -8,6 +8,9 @@
   ``DisableFP16Compression`` attribute is stored under, and the nodes (ONNX node names) to mark with it.
 * ``tensorrt``: one line of trtexec flags, ``--precisionConstraints=obey --layerPrecisions=name:fp32,...``.
 * ``torch``: ``{"module_paths": [...], "nodes": [...]}`` of a torch program.
+
+The JSON formats also hold ``base`` (the model the names are of: "unfolded", "folded" or "rewritten") and
+``rewrite`` (the rewrites ``bnfold fold`` applies first when the base is "rewritten", e.g. ``["fp16_range"]``).
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ def render(prescription, fmt: str, onnx: bool) -> str:
     else:
         data = {"module_paths": list(prescription.labels), "nodes": nodes}
     data["base"] = prescription.base
+    data["rewrite"] = list(prescription.rewrite) if prescription.base == "rewritten" else []
     return json.dumps(data, indent=1) + "\n"
 
 

@@ -42,10 +42,29 @@ def diagnose(
                     pres.rewrite = [rewrite.name]
                     break
         if not pres.rewrite:
-            pres.fp32_nodes, pres.holds, pres.end_to_end = island(search, program, records, rep.cause)
-            steps = {s.name: s for s in program.steps}
-            pres.labels = list(dict.fromkeys(steps[n].label or n for n in pres.fp32_nodes))
+            _island(pres, search, program, records, rep.cause)
     elif not rep.deploy:
         pres.holds = False
     pres.runs = search.runs
     rep.prescription = pres
+
+
+def _island(pres: Prescription, search: Search, program, records: list, cause) -> None:
+    """The float32 island when no rewrite holds alone.  A range rewrite that changed the model but left part of it
+    broken (a residual stream it rescaled, scores at a softmax it cannot) is kept: the island is searched on the
+    rewritten model first, from its own cause, so that it holds only what no exact rewrite fixes; the model as
+    shipped is searched when that island does not hold."""
+    partial = [v for v in pres.tried if v.program is not None and not v.holds and v.rewrite.name == "fp16_range"]
+    for v in partial:
+        nodes, holds, e2e = island(search, v.program, v.records, find_cause(v.records, damaged=True))
+        if holds:
+            pres.rewrite, pres.base, pres.nodes = [v.rewrite.name], "rewritten", len(v.program.steps)
+            _set_island(pres, v.program, nodes, holds, e2e)
+            return
+    _set_island(pres, program, *island(search, program, records, cause))
+
+
+def _set_island(pres: Prescription, program, nodes: list, holds: bool, e2e) -> None:
+    pres.fp32_nodes, pres.holds, pres.end_to_end = nodes, holds, e2e
+    steps = {s.name: s for s in program.steps}
+    pres.labels = list(dict.fromkeys(steps[n].label or n for n in nodes))

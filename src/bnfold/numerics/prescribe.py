@@ -49,11 +49,15 @@ def changed(report) -> bool:
 
 @dataclass
 class Verified:
-    """A rewrite and the end-to-end numbers of the rewritten model's emulation."""
+    """A rewrite and the end-to-end numbers of the rewritten model's emulation (``program``, ``records``: the
+    rewritten model's program and per-op records, for an island search on top of a rewrite that does not hold
+    alone)."""
 
     rewrite: Rewrite
     end_to_end: object
     holds: bool
+    program: object = field(default=None, repr=False, compare=False)
+    records: list = field(default_factory=list, repr=False, compare=False)
 
     def to_dict(self) -> dict:
         e = self.end_to_end.to_dict()
@@ -63,10 +67,12 @@ class Verified:
 
 @dataclass
 class Prescription:
-    """``rewrite``: the verified rewrites that make the verdict hold (each alone); ``fp32_nodes``: the nodes of the
-    ``base`` program ("folded": the model ``bnfold fold`` writes; "unfolded": the model as given) to keep in float32
-    when no rewrite does, ``labels`` their module paths (torch programs); ``holds``: the verdict holds with them;
-    ``tried``: every rewrite verified; ``runs``: the emulations the search made; ``nodes``: the base's node count."""
+    """``rewrite``: the verified rewrites that make the verdict hold (each alone), or, with ``fp32_nodes``, the one
+    rewrite the island is found on top of; ``fp32_nodes``: the nodes of the ``base`` program ("folded": the model
+    ``bnfold fold`` writes; "unfolded": the model as given; "rewritten": the model ``bnfold fold`` writes with the
+    ``rewrite``'s flag) to keep in float32 when no rewrite holds alone, ``labels`` their module paths (torch
+    programs); ``holds``: the verdict holds with them; ``tried``: every rewrite verified; ``runs``: the emulations
+    the search made; ``nodes``: the base's node count."""
 
     rewrite: list[str] = field(default_factory=list)
     fp32_nodes: list[str] = field(default_factory=list)
@@ -79,13 +85,16 @@ class Prescription:
     end_to_end: object = None  # the base with fp32_nodes in float32
 
     def line(self) -> str:
-        if self.rewrite:
-            flags = " + ".join(v.rewrite.flag for v in self.tried if v.rewrite.name in self.rewrite)
+        flags = " + ".join(v.rewrite.flag for v in self.tried if v.rewrite.name in self.rewrite)
+        if self.rewrite and not self.fp32_nodes:
             return f"prescription: {flags} (verified by emulating the rewritten model)."
         if not self.fp32_nodes:
             return "prescription: none found (no rewrite holds, no op to keep in float32 was located)."
         shown = ", ".join(f"`{n}`" for n in self.fp32_nodes[:6]) + (" ..." if len(self.fp32_nodes) > 6 else "")
-        base = "of the folded model (bnfold fold first) " if self.base == "folded" else ""
+        base = {
+            "folded": "of the folded model (bnfold fold first) ",
+            "rewritten": f"of the model `bnfold fold {flags}` writes ",
+        }.get(self.base, "")
         ok = "the verdict then holds" if self.holds else f"the verdict still fails after {self.runs} runs"
         return (
             f"prescription: keep {len(self.fp32_nodes)} of {self.nodes} nodes {base}in float32: {shown}; {ok} "
@@ -143,8 +152,9 @@ def verify(search: Search, fmt, model, rewrite: Rewrite):
     result = bnfold_fold(model, **rewrite.options(search.batches))
     if not rewrite.applies(result.report):
         return None
-    e2e, _ = search.run(fmt.program(result.model))
-    return Verified(rewrite, e2e, search.floor.holds(e2e))
+    program = fmt.program(result.model)
+    e2e, records = search.run(program)
+    return Verified(rewrite, e2e, search.floor.holds(e2e), program, records)
 
 
 def island(search: Search, program, records: list[OpRecord], cause: Cause | None) -> tuple[list[str], bool, object]:

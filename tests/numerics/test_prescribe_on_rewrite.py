@@ -1,0 +1,102 @@
+"""A range rewrite that fixes part of a model, and a float32 island for the rest: a residual stream past 65504 (the
+exact rewrite rescales it) feeds one attention head whose scores pass 65504 at the softmax (nothing exact fixes
+that).  The island is searched on the rewritten model, so it holds the scores only, not the stream; through
+``bnfold fold --fp16-range``, onnxconverter-common's ``node_block_list`` and ONNX Runtime the model keeps the task."""
+
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import bnfold
+from bnfold.numerics import block_list
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import range_models as rm  # noqa: E402
+
+onnx = pytest.importorskip("onnx")
+
+
+class StreamThenScores(nn.Module):
+    """``rm.ResidualStream``'s stream and final norm, then one attention head whose q and k are 160x: the scores
+    after ``/ sqrt(d)`` reach ~1e5."""
+
+    shapes = ((2, 8, 32),)
+
+    def __init__(self, d: int = 32):
+        super().__init__()
+        torch.manual_seed(0)
+        self.stream = rm.ResidualStream(d)
+        self.q, self.k, self.v = nn.Linear(d, d), nn.Linear(d, d), nn.Linear(d, d)
+        self.head = nn.Linear(d, 10)
+        self.d = d
+        with torch.no_grad():
+            self.q.weight.mul_(160.0)
+            self.k.weight.copy_(self.q.weight)
+            self.k.bias.copy_(self.q.bias)
+
+    def forward(self, x):
+        s = self.stream
+        h = s.embed(x)
+        for norm, proj in zip(s.norms, s.projs):
+            h = h + proj(norm(h))
+        h = s.final(h)
+        scores = (self.q(h) @ self.k(h).transpose(-2, -1)) / math.sqrt(self.d)
+        return self.head((scores.softmax(dim=-1) @ self.v(h)).mean(dim=1))
+
+
+def _model(fmt):
+    m = StreamThenScores().eval()
+    return (rm.program(m) if fmt == "pt2" else rm.onnx_model(m)), rm.batches(m)
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_the_island_is_searched_on_the_rewritten_model(fmt):
+    model, xs = _model(fmt)
+    rep = bnfold.audit(model, xs)
+    d = rep.to_dict()
+    assert rep.deploy is False and d["cause"]["kind"] == "overflow"
+    pres = d["prescription"]
+    tried = {t["name"]: t["holds"] for t in pres["tried"]}
+    assert tried["fp16_range"] is False  # the rewrite alone leaves the scores past 65504
+    assert pres["rewrite"] == ["fp16_range"] and pres["base"] == "rewritten" and pres["holds"]
+    # the island holds the scores' ops only: no op of the stream, which the rewrite brought into range
+    assert 0 < len(pres["fp32_nodes"]) <= 3, pres["fp32_nodes"]
+    softmax = "softmax" if fmt == "pt2" else "/Softmax"
+    assert softmax in pres["fp32_nodes"]
+    assert not any(("norm" in n or "embed" in n or "pow" in n) for n in pres["fp32_nodes"] + pres["labels"])
+    assert rep.prescription.end_to_end is not None and not rep.prescription.end_to_end.output.nonfinite
+    line = rep.advice()[1]
+    assert line.startswith(f"prescription: keep {len(pres['fp32_nodes'])} of {pres['nodes']} nodes of the model ")
+    assert "`bnfold fold --fp16-range INPUTS.npz` writes in float32" in line
+
+
+def test_rewrite_then_block_list_through_onnxconverter_common_and_onnx_runtime():
+    """The prescription carried out as a user would: ``bnfold.fold(model, fp16_range=batches)``, then
+    ``convert_float_to_float16(node_block_list=...)`` with the block list's nodes (names of the rewritten model),
+    then ONNX Runtime: finite, within the floor against the float model."""
+    ort = pytest.importorskip("onnxruntime")
+    f16 = pytest.importorskip("onnxconverter_common.float16")
+    model, xs = _model("onnx")
+    rep = bnfold.audit(model, xs)
+    listed = json.loads(block_list.render(rep.prescription, "onnxconverter-common", onnx=True))
+    assert listed["base"] == "rewritten" and listed["rewrite"] == ["fp16_range"]
+    rewritten = bnfold.fold(model, fp16_range=xs).model
+    names = {n.name for n in rewritten.graph.node}
+    assert set(listed["node_block_list"]) <= names  # every name is the rewritten model's own
+    blocked = f16.convert_float_to_float16(rewritten, keep_io_types=True, node_block_list=listed["node_block_list"])
+
+    def run(m):
+        sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+        return np.concatenate([sess.run(None, {"x0": x.numpy()})[0] for (x,) in xs])
+
+    ref, out = run(model), run(blocked)
+    assert np.isfinite(out).all()
+    sqnr = 10 * math.log10(float((ref**2).sum()) / float(((out - ref) ** 2).sum()))
+    assert sqnr >= rep.floor.min_sqnr_db
+    assert (out.argmax(1) == ref.argmax(1)).mean() >= rep.floor.min_agreement
