@@ -3,6 +3,7 @@ plain fold, the input untouched, hostile references refused in one line, and a b
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import subprocess
@@ -12,7 +13,9 @@ import onnx
 import pytest
 from stream_models import largest_tensor, linear_stack
 
+import bnfold
 from bnfold.cli.main import main
+from bnfold.errors import ModelFileError
 
 
 def _stack(n: int = 3, width: int = 64) -> onnx.ModelProto:
@@ -144,3 +147,46 @@ def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     plain = _peak(["fold", path, "-o", str(tmp_path / "p.onnx"), "-q"]) - base
     assert plain > 2 * weights  # the plain fold holds the input and the folded copy
     assert stream < 12 * largest < weights / 2, (stream, plain, weights)
+
+
+def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    return outs
+
+
+def test_without_the_kernels_copy_the_save_copies_through_memory(tmp_path, monkeypatch):
+    """Where ``copy_file_range`` cannot copy (another file system, an old kernel), the streamed save copies the
+    same bytes in chunks."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, "one")
+    calls = []
+
+    def refuse(*args):
+        calls.append(args)
+        raise OSError(errno.EXDEV, "cross-device")
+
+    monkeypatch.setattr(os, "copy_file_range", refuse, raising=False)
+    outs = _plain_and_streamed(tmp_path, path)
+    assert calls and outs["stream"] == outs["plain"]
+
+
+def test_a_data_file_cut_short_after_the_load_is_refused_in_one_line(tmp_path):
+    """The streamed load checked the data file; one that shrinks before the fold reads it is a file error (the
+    read finds its end), not a weight of zeros, and nothing is written."""
+    from bnfold.io.onnx import load_onnx, save_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, "one")
+    model, layout = load_onnx(path, stream=True)
+    os.truncate(src / "m.data", os.path.getsize(src / "m.data") // 2)
+    out = tmp_path / "out.onnx"
+    with layout.reading(), pytest.raises(ModelFileError, match="changed while it was read") as err:
+        save_onnx(bnfold.fold(model).model, out, layout)
+    assert "\n" not in str(err.value)
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()

@@ -13,11 +13,13 @@ holds the graph and the tensor in hand.  :func:`save_streamed` writes the same f
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -65,51 +67,72 @@ class ExternalSource:
         real = "" if k == "scratch" else self.files[int(k)]
         return real, int(info["offset"]), int(info["length"])
 
-    def read(self, t: TensorProto) -> bytes:
+    def read(self, t: TensorProto) -> np.ndarray:
+        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy)."""
         real, offset, length = self.where(t)
-        if not real:
-            assert self.scratch is not None
-            data = os.pread(self.scratch.fileno(), length, offset) if length else b""
-            if len(data) != length:
-                raise FoldError(f"tensor {t.name!r}: the scratch file is short")
-            return data
-        return _read_range(real, offset, length, self.path)
+        buf = np.empty(length, np.uint8)
+        with self._opened(real) as fd:
+            done = 0
+            while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
+                n = os.preadv(fd, [memoryview(buf)[done:]], offset + done)
+                if not n:
+                    raise self._changed(real)
+                done += n
+        return buf
 
-    def spill(self, t: TensorProto) -> TensorProto:
-        if not t.HasField("raw_data") or len(t.raw_data) < SPILL_BYTES:
+    def store(self, t: TensorProto, data: np.ndarray) -> TensorProto:
+        """``t`` (a new parameter's name, type and dims) holding the bytes ``data``: in ``raw_data`` when
+        small, else written to the scratch file and referred to there."""
+        if data.nbytes < SPILL_BYTES:
+            t.raw_data = data.tobytes()
             return t
         if self.scratch is None:
             self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
         f = self.scratch
         offset = f.seek(0, os.SEEK_END)
-        f.write(t.raw_data)
+        f.write(memoryview(data.reshape(-1).view(np.uint8)))
         f.flush()
-        length = len(t.raw_data)
-        t.ClearField("raw_data")
         t.data_location = TensorProto.EXTERNAL
-        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(length))))
+        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(data.nbytes))))
         return t
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
-        """Copy the tensor's bytes to ``out`` in chunks; returns their length."""
+        """Copy the tensor's bytes to the end of ``out`` in the kernel (``copy_file_range``; chunks through
+        memory where the kernel cannot); returns their length."""
         real, offset, length = self.where(t)
-        if not real:
-            assert self.scratch is not None
-            fd, close = self.scratch.fileno(), False
-        else:
-            fd, close = open_regular(real, self.path), True
-        try:
+        out.flush()
+        start, dst = out.tell(), out.fileno()
+        with self._opened(real) as fd:
             done = 0
             while done < length:
-                chunk = os.pread(fd, min(_CHUNK, length - done), offset + done)
-                if not chunk:
-                    raise ModelFileError(f"{self.path}: external data {os.path.basename(real)!r} changed while read")
-                out.write(chunk)
-                done += len(chunk)
-        finally:
-            if close:
-                os.close(fd)
+                try:
+                    n = _copy_range(fd, offset + done, dst, start + done, min(_CHUNK, length - done))
+                except OSError as e:
+                    if e.errno not in _NO_KERNEL_COPY:
+                        raise
+                    n = _copy_range(fd, offset + done, dst, start + done, min(_CHUNK, length - done), kernel=False)
+                if not n:
+                    raise self._changed(real)
+                done += n
+        out.seek(start + length)
         return length
+
+    @contextlib.contextmanager
+    def _opened(self, real: str) -> Iterator[int]:
+        """A descriptor of the checked data file ``real`` (opened again, a regular file), or of the scratch file."""
+        if not real:
+            assert self.scratch is not None
+            yield self.scratch.fileno()
+            return
+        fd = open_regular(real, self.path)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _changed(self, real: str) -> ModelFileError:
+        what = os.path.basename(real) if real else "the scratch file"
+        return ModelFileError(f"{self.path}: external data {what!r} changed while it was read")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -124,6 +147,20 @@ class ExternalSource:
             if not self.depth:
                 self.stack.close()
                 self.scratch = None
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+
+
+def _copy_range(src: int, offset: int, dst: int, at: int, n: int, kernel: bool = True) -> int:
+    """Up to ``n`` bytes of ``src`` at ``offset`` to ``dst`` at ``at``; the bytes copied (0 at the end of ``src``)."""
+    if kernel and hasattr(os, "copy_file_range"):
+        return os.copy_file_range(src, dst, n, offset, at)
+    chunk = os.pread(src, n, offset)
+    done = 0
+    while done < len(chunk):
+        done += os.pwrite(dst, memoryview(chunk)[done:], at + done)
+    return len(chunk)
 
 
 @dataclass(frozen=True)
@@ -203,7 +240,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
         for t in all_tensors(model):  # a streamed tensor the layout keeps inline is read back
             if is_external(t) and id(t) not in ids:
                 moved.append((t, _entries(t), None))
-                raw = source.read(t)
+                raw = source.read(t).tobytes()
                 del t.external_data[:]
                 t.data_location = TensorProto.DEFAULT
                 t.raw_data = raw
