@@ -190,3 +190,32 @@ def test_a_data_file_cut_short_after_the_load_is_refused_in_one_line(tmp_path):
         save_onnx(bnfold.fold(model).model, out, layout)
     assert "\n" not in str(err.value)
     assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+
+
+@pytest.mark.parametrize("layout", ["one", "many", "mixed", "none"])
+def test_the_api_folds_an_onnx_path_streamed_to_the_model_the_plain_load_gives(tmp_path, layout, monkeypatch):
+    """``bnfold.fold(path)`` reads an .onnx file streamed (the weights stay on disk while the fold runs) and
+    returns the model, report and bytes that folding the plainly loaded model gives, holding every tensor."""
+    from bnfold.io import onnx_stream
+    from bnfold.io.onnx import load_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    model = _stack(width=128)
+    if layout == "none":
+        path = str(src / "m.onnx")
+        onnx.save(model, path)
+    else:
+        path = _external(model, src, layout)
+    before = _files(src)
+    plain = bnfold.fold(load_onnx(path).model, exclude="l1*")
+    reads = []
+    real_read = onnx_stream.ExternalSource.read
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+    streamed = bnfold.fold(path, exclude="l1*")
+    assert streamed.model.SerializeToString() == plain.model.SerializeToString()
+    untimed = lambda r: {**r.to_dict(), "summary": {**r.to_dict()["summary"], "seconds": 0}}  # noqa: E731
+    assert untimed(streamed.report) == untimed(plain.report)
+    assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in streamed.model.graph.initializer)
+    assert bool(reads) == (layout != "none")  # the weights were read from disk one at a time
+    assert _files(src) == before

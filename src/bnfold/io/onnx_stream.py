@@ -173,6 +173,24 @@ class StreamedLayout(ExternalLayout):
         assert self.source is not None
         return self.source.reading()
 
+    def hold(self, model: onnx.ModelProto) -> None:
+        """Read every tensor of ``model`` this source still keeps (on disk, in the scratch file) into memory,
+        inside :meth:`reading`: then ``model`` refers to no file, as after the plain load and fold."""
+        assert self.source is not None
+        for t in all_tensors(model):
+            if is_external(t):
+                made = not self.source.where(t)[0]  # a new parameter (scratch file), made with no data_location
+                _inline(t, self.source.read(t).tobytes())
+                if made:
+                    t.ClearField("data_location")
+
+
+def _inline(t: TensorProto, raw: bytes) -> None:
+    """``t`` holding ``raw`` in its ``raw_data``, as the plain load leaves an external tensor it read."""
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+    t.raw_data = raw
+
 
 def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> StreamedLayout | None:
     """Check every external reference of ``model`` (parsed from ``path``) and point it at a token of
@@ -192,9 +210,7 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     numbers: dict[str, int] = {}
     for t, (real, offset, length) in found:
         if length < SPILL_BYTES:  # small tensors (norm parameters, shapes) are read as the plain load reads them
-            t.raw_data = _read_range(real, offset, length, path)
-            t.data_location = TensorProto.DEFAULT
-            del t.external_data[:]
+            _inline(t, _read_range(real, offset, length, path))
             continue
         k = numbers.setdefault(real, len(numbers))
         t.ClearField("raw_data")
@@ -240,10 +256,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
         for t in all_tensors(model):  # a streamed tensor the layout keeps inline is read back
             if is_external(t) and id(t) not in ids:
                 moved.append((t, _entries(t), None))
-                raw = source.read(t).tobytes()
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-                t.raw_data = raw
+                _inline(t, source.read(t).tobytes())
         for t in chosen:
             offset = data.tell()
             if is_external(t):
@@ -264,9 +277,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
                 t.data_location = TensorProto.EXTERNAL
                 _set_entries(t, entries)
             else:
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-                t.raw_data = raw
+                _inline(t, raw)
 
 
 def _entries(t: TensorProto) -> list[tuple[str, str]]:
