@@ -68,10 +68,10 @@ def fold(
     (drop the ``nn.Module`` the program was exported from, whose parameters it shares), so the peak
     is the weights plus the largest tensor being folded.  The result is the same as without it.
     A ``.pt2`` path is always folded in place: the program read from it is bnfold's own.  An ``.onnx`` path is
-    read streamed (:func:`bnfold.io.onnx.load_onnx` ``stream=True``; plainly with ``fp16_range``, whose
-    calibration runs read every weight): its external data stays on disk while the fold reads one tensor at a
-    time, and the result's model then holds every tensor, the same model as folding the file's loaded model,
-    at a peak of about that model instead of several times its weights.
+    read streamed (:func:`bnfold.io.onnx.load_onnx` ``stream=True``): its external data stays on disk while the
+    fold reads one tensor at a time, and the result's model then holds every tensor, the same model as folding
+    the file's loaded model, at a peak of about that model instead of several times its weights (``fp16_range``'s
+    calibration runs still hold every weight while they run).
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
     options = dict(only=kinds, exclude=patterns, lower_unfoldable=lower_unfoldable, profile=profile)
@@ -106,7 +106,7 @@ def _fold_file(path, example_inputs, inplace: bool, fp16_range, fp16_margin: flo
     """:func:`fold` of the model in a file: a ``.pt2`` program in place, an ``.onnx`` model streamed."""
     from .io.models import hold, load_model, reading
 
-    loaded = load_model(check_model_path(path), stream=fp16_range is None)
+    loaded = load_model(check_model_path(path), stream=True)
     frontend = frontend_for(loaded.model)
     inplace = inplace or (frontend is not None and frontend.folds_in_place)
     with reading(loaded):  # a streamed model's tensors are read (and the fold's new ones kept) in here

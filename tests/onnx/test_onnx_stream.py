@@ -9,8 +9,10 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import onnx
 import pytest
+import torch
 from stream_models import largest_tensor, linear_stack
 
 import bnfold
@@ -192,10 +194,13 @@ def test_a_data_file_cut_short_after_the_load_is_refused_in_one_line(tmp_path):
     assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
 
 
-@pytest.mark.parametrize("layout", ["one", "many", "mixed", "none"])
-def test_the_api_folds_an_onnx_path_streamed_to_the_model_the_plain_load_gives(tmp_path, layout, monkeypatch):
+@pytest.mark.parametrize(
+    ("layout", "ranged"), [("one", False), ("many", False), ("mixed", False), ("none", False), ("one", True)]
+)
+def test_the_api_folds_an_onnx_path_streamed_to_the_model_the_plain_load_gives(tmp_path, layout, ranged, monkeypatch):
     """``bnfold.fold(path)`` reads an .onnx file streamed (the weights stay on disk while the fold runs) and
-    returns the model, report and bytes that folding the plainly loaded model gives, holding every tensor."""
+    returns the model, report and bytes that folding the plainly loaded model gives, holding every tensor; with
+    ``fp16_range`` too (its rewrite scales weights: new tensors kept in the scratch file, then held)."""
     from bnfold.io import onnx_stream
     from bnfold.io.onnx import load_onnx
 
@@ -208,14 +213,38 @@ def test_the_api_folds_an_onnx_path_streamed_to_the_model_the_plain_load_gives(t
     else:
         path = _external(model, src, layout)
     before = _files(src)
-    plain = bnfold.fold(load_onnx(path).model, exclude="l1*")
+    options = {"exclude": "l1*"}
+    if ranged:  # inputs that take h1 past fp16's range: the rewrite scales the projection and what follows
+        x = np.random.default_rng(0).standard_normal((2, 1, 3, 8, 8)).astype(np.float32) * 1e4
+        options["fp16_range"] = [(torch.from_numpy(b),) for b in x]
+    plain = bnfold.fold(load_onnx(path).model, **options)
     reads = []
     real_read = onnx_stream.ExternalSource.read
     monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
-    streamed = bnfold.fold(path, exclude="l1*")
+    streamed = bnfold.fold(path, **options)
     assert streamed.model.SerializeToString() == plain.model.SerializeToString()
     untimed = lambda r: {**r.to_dict(), "summary": {**r.to_dict()["summary"], "seconds": 0}}  # noqa: E731
     assert untimed(streamed.report) == untimed(plain.report)
     assert not any(t.data_location == onnx.TensorProto.EXTERNAL for t in streamed.model.graph.initializer)
     assert bool(reads) == (layout != "none")  # the weights were read from disk one at a time
+    assert any(e.factor != 1.0 for e in streamed.report.rescaled) == ranged
     assert _files(src) == before
+
+
+def test_the_streamed_fold_with_fp16_range_writes_the_plain_folds_files(tmp_path):
+    """``--fp16-range`` with ``--low-memory``: the fold, the rewrite's scaled weights and the save stream (the
+    calibration runs read every weight while they run); the files are those of the plain fold."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, "one")
+    x = np.random.default_rng(0).standard_normal((2, 1, 3, 8, 8)).astype(np.float32) * 1e4
+    np.savez(tmp_path / "in.npz", x=x)
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        out = str(tmp_path / name / "out.onnx")
+        assert main(["fold", path, "-o", out, "-q", "--fp16-range", str(tmp_path / "in.npz"), *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    assert outs["stream"] == outs["plain"]
+    (tmp_path / "unranged").mkdir()
+    assert outs["plain"] != _plain_and_streamed(tmp_path / "unranged", path)["plain"]  # the rewrite changed weights
