@@ -135,8 +135,9 @@ def _peak(args: list[str]) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     """24 layers of 4 MB (96 MB of weights), each fold in a fresh process: what the streamed fold's peak rises
-    above the same fold of a 2-layer model of 64 KB tensors (the same imports and code) is a few times the largest
-    tensor (the float64 fold of one weight), not the weights; the plain fold holds them several times over."""
+    above the same fold of a 2-layer model of 64 KB tensors (the same imports and code) is under 4x the largest
+    tensor (the weight read and its folded copy, 2.4x measured; 6.2x when each weight was read three times and
+    copied), not the weights; the plain fold holds them several times over."""
     small, big = tmp_path / "small", tmp_path / "big"
     small.mkdir(), big.mkdir()
     tiny = _external(_stack(n=2, width=128), small, "one")
@@ -148,7 +149,7 @@ def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     stream = _peak(["fold", path, "-o", str(tmp_path / "s.onnx"), "-q", "--low-memory"]) - base
     plain = _peak(["fold", path, "-o", str(tmp_path / "p.onnx"), "-q"]) - base
     assert plain > 2 * weights  # the plain fold holds the input and the folded copy
-    assert stream < 12 * largest < weights / 2, (stream, plain, weights)
+    assert stream < 4 * largest < weights / 2, (stream, plain, weights)
 
 
 def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:

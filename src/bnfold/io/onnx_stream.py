@@ -88,10 +88,10 @@ class ExternalSource:
             return t
         if self.scratch is None:
             self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
-        f = self.scratch
-        offset = f.seek(0, os.SEEK_END)
-        f.write(memoryview(data.reshape(-1).view(np.uint8)))
-        f.flush()
+        fd, view = self.scratch.fileno(), memoryview(data.reshape(-1).view(np.uint8))
+        offset = done = os.fstat(fd).st_size
+        while done - offset < len(view):  # straight from the tensor's memory (no buffered file between)
+            done += os.pwrite(fd, view[done - offset :], done)
         t.data_location = TensorProto.EXTERNAL
         _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(data.nbytes))))
         return t
