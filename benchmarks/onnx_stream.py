@@ -5,7 +5,7 @@ layers with random float32 weights, saved with its weights in one external data 
 ``bnfold fold`` on it in a fresh subprocess per measurement and reads the peak RSS (``VmHWM``) and the time.
 The baseline is ``shutil.copyfile`` of the data file.  Prints a table; asserts nothing.
 
-    python -m benchmarks.onnx_stream --mb 1024 --dir /tmp/stream [--before OTHER/src] [--rounds 2]
+    python -m benchmarks.onnx_stream --mb 1024 --dir /tmp/stream [--before OTHER/src] [--rounds 2] [--fp16-range]
 
 ``--before`` runs another checkout's streamed fold in the same rounds (its ``src`` folder first on the path).
 """
@@ -20,8 +20,10 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import onnx
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # common (--save)
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "onnx"))
 from stream_models import largest_tensor, linear_stack  # noqa: E402
 
@@ -105,7 +107,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dir", default="/tmp/bnfold_stream", help="working folder (emptied)")
     ap.add_argument("--rounds", type=int, default=2, help="rounds, each command once per round, interleaved")
     ap.add_argument("--before", metavar="SRC", help="another bnfold's src folder: its streamed fold, interleaved")
+    ap.add_argument("--fp16-range", action="store_true", help="also both folds with --fp16-range (2 batches)")
+    ap.add_argument("--save", action="store_true", help="write the table to benchmarks/results/onnx_stream.md")
     a = ap.parse_args(argv)
+    load = os.getloadavg()[0]
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     src = os.path.join(a.dir, "big.onnx")
@@ -116,11 +121,22 @@ def main(argv: list[str] | None = None) -> int:
     tiny = os.path.join(a.dir, "tiny", "tiny.onnx")  # the same code on 64 KiB tensors: the floor of the peak
     os.makedirs(os.path.dirname(tiny))
     onnx.save(linear_stack(2, 128), tiny, save_as_external_data=True, location="tiny.onnx.data", size_threshold=0)
-    runs = [("plain", "src", []), ("streamed (--low-memory)", "src", ["--low-memory"])]
+    # (name, src folder, extra arguments, the run whose files it must equal)
+    runs = [("plain", "src", [], 0), ("streamed (--low-memory)", "src", ["--low-memory"], 0)]
     if a.before:
-        runs.append(("streamed, before", a.before, ["--low-memory"]))
-    times: dict[str, list[float]] = {name: [] for name, _, _ in runs}
-    peaks: dict[str, list[int]] = {name: [] for name, _, _ in runs}
+        runs.append(("streamed, before", a.before, ["--low-memory"], 0))
+    if a.fp16_range:
+        inputs = os.path.join(a.dir, "inputs.npz")
+        x = np.random.default_rng(0).standard_normal((2, 1, 3, 16, 16)).astype(np.float32) * 1e4
+        np.savez(inputs, x=x)
+        ranged = ["--fp16-range", inputs]
+        first = len(runs)
+        runs += [
+            ("plain --fp16-range", "src", ranged, first),
+            ("streamed --fp16-range", "src", [*ranged, "--low-memory"], first),
+        ]
+    times: dict[str, list[float]] = {name: [] for name, *_ in runs}
+    peaks: dict[str, list[int]] = {name: [] for name, *_ in runs}
     kernel, loop, imports, floor = [], [], [], []
     for _ in range(a.rounds):
         k, lp = copies(data, a.dir)
@@ -130,40 +146,49 @@ def main(argv: list[str] | None = None) -> int:
         floor.append(
             measure(["fold", tiny, "-o", os.path.join(a.dir, "tiny", "out.onnx"), "-q", "--force", "--low-memory"])
         )
-        for i, (name, code, extra) in enumerate(runs):
+        for i, (name, code, extra, _) in enumerate(runs):
             folder = os.path.join(a.dir, f"out{i}")
             os.makedirs(folder, exist_ok=True)
             dt, hwm = measure(["fold", src, "-o", os.path.join(folder, "out.onnx"), "--force", "-q", *extra], code)
             times[name].append(dt)
             peaks[name].append(hwm)
     same = all(
-        _same(os.path.join(a.dir, "out0", f), os.path.join(a.dir, f"out{i}", f))
-        for i in range(1, len(runs))
+        _same(os.path.join(a.dir, f"out{ref}", f), os.path.join(a.dir, f"out{i}", f))
+        for i, (*_, ref) in enumerate(runs)
         for f in ("out.onnx", "out.onnx.data")
     )
     mb = 2**20
     copy_s, loop_s = statistics.median(kernel), statistics.median(loop)
     over0, floor_s = max(hwm for _, hwm in floor), statistics.median(t for t, _ in floor)
-    print(
+    lines = [
         f"weights {weights / mb:.0f} MB in {info['layers'] + 2} layers, largest tensor {info['largest'] / mb:.1f} MB, "
         f"graph file {graph / 1024:.0f} KB. The floor, the streamed fold of a 2-layer model of 64 KiB tensors "
         f"(interpreter, imports, code): peak {over0 / mb:.0f} MB, {floor_s:.2f} s. Importing onnx (not in the "
         f"times): {statistics.median(imports):.2f} s. Copy of the data: shutil.copyfile {copy_s:.2f} s, a "
-        f"read/write loop {loop_s:.2f} s. Medians of {a.rounds} rounds."
-    )
-    print(
-        "| fold | peak RSS (MB) | peak - floor (MB) | / weights | / largest tensor | time (s) | / copyfile | / loop |"
-    )
-    print("|---|---|---|---|---|---|---|---|")
-    for name, _, _ in runs:
+        f"read/write loop {loop_s:.2f} s. Medians of {a.rounds} rounds, load {load:.1f} -> {os.getloadavg()[0]:.1f} "
+        f"on {os.cpu_count()} CPUs.",
+        "",
+        "| fold | peak RSS (MB) | peak - floor (MB) | / weights | / largest tensor | time (s) | / copyfile | / loop |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for name, *_ in runs:
         hwm, dt = statistics.median(peaks[name]), statistics.median(times[name])
         over = hwm - over0
-        print(
+        lines.append(
             f"| {name} | {hwm / mb:.0f} | {over / mb:.0f} | {over / weights:.2f} | {over / info['largest']:.1f} "
             f"| {dt:.2f} | {dt / copy_s:.1f} | {dt / loop_s:.1f} |"
         )
-    print("| goal: streamed | | <= largest tensor + graph | | <= 1 | | <= 1.5 | |")
-    print(f"outputs byte-identical: {same}")
+    lines += [
+        "| goal: streamed | | <= largest tensor + graph | | <= 1 | | <= 1.5 | |",
+        "",
+        f"outputs byte-identical (streamed to plain, each with the same options): {same}",
+    ]
+    text = "\n".join(lines)
+    print(text)
+    if a.save:
+        from common import write_text
+
+        print(f"wrote {write_text('onnx_stream', text)}")
     return 0
 
 
