@@ -249,3 +249,31 @@ def test_the_streamed_fold_with_fp16_range_writes_the_plain_folds_files(tmp_path
     assert outs["stream"] == outs["plain"]
     (tmp_path / "unranged").mkdir()
     assert outs["plain"] != _plain_and_streamed(tmp_path / "unranged", path)["plain"]  # the rewrite changed weights
+
+
+def test_a_streamed_tensor_numpy_cannot_read_as_it_is_reads_as_the_plain_load(tmp_path):
+    """A bfloat16 (or int16) tensor left on disk is read through onnx's own conversion, from the bytes the
+    source read: the values the plain load gives."""
+    from onnx import TensorProto, helper
+
+    from bnfold.io.onnx import load_onnx
+    from bnfold.onnx.tensors import to_numpy
+
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**15, 64 * 1024, dtype=np.uint16)  # 128 KiB: left on disk
+    tensors = [
+        helper.make_tensor("bf", TensorProto.BFLOAT16, [256, 256], bits.tobytes(), raw=True),
+        helper.make_tensor("i16", TensorProto.INT16, [256, 256], bits.astype(np.int16).tobytes(), raw=True),
+    ]
+    nodes = [helper.make_node("Identity", [t.name], [t.name + "_out"]) for t in tensors]
+    outs = [helper.make_tensor_value_info(t.name + "_out", t.data_type, [256, 256]) for t in tensors]
+    graph = helper.make_graph(nodes, "g", [], outs, tensors)
+    path = str(tmp_path / "m.onnx")
+    onnx.save(helper.make_model(graph), path, save_as_external_data=True, location="m.data", size_threshold=0)
+    plain = {t.name: to_numpy(t) for t in load_onnx(path).model.graph.initializer}
+    model, layout = load_onnx(path, stream=True)
+    with layout.reading():
+        assert all(t.data_location == TensorProto.EXTERNAL for t in model.graph.initializer)
+        for t in model.graph.initializer:
+            streamed = to_numpy(t)
+            assert streamed.dtype == plain[t.name].dtype and streamed.tobytes() == plain[t.name].tobytes()

@@ -1,13 +1,15 @@
 """The streamed ONNX fold's files: external data is checked and left on disk at load, read one tensor
 at a time while the fold runs, and copied into the output's data file in order at save.
 
-:func:`load_streamed` checks every external reference as :func:`bnfold.io.onnx.load_onnx` does
+:func:`place_external` checks every external reference as :func:`bnfold.io.onnx.load_onnx` does
 (folder, links, regular file, offsets, lengths, overlaps, the byte budget) and then points each one
 at a token its :class:`ExternalSource` owns, so no reference left in the model names a file.
-Inside ``source.reading()`` the fold reads a tensor's bytes with one ``pread`` and its new
-parameters go to an unnamed scratch file (:func:`bnfold.io.atomic.scratch_file`), so memory
-holds the graph and the tensor in hand.  :func:`save_streamed` writes the same files as
-``save_onnx`` with the plain load's layout: the same tensors in the same order, copied in chunks.
+Inside ``source.reading()`` the fold reads a tensor's bytes once, with one ``preadv`` into a buffer
+it owns, when it needs its values; its new parameters go from their memory to an unnamed scratch
+file (:func:`bnfold.io.atomic.scratch_file`), so memory holds the graph and the tensor in hand.
+:func:`serialize_streamed` writes the same files as ``save_onnx`` with the plain load's layout: the same
+tensors in the same order, copied by the kernel (``copy_file_range``).  ``StreamedLayout.hold``
+instead reads every tensor back into the model (``bnfold.fold`` on a path returns such a model).
 """
 
 from __future__ import annotations
@@ -179,10 +181,16 @@ class StreamedLayout(ExternalLayout):
         assert self.source is not None
         for t in all_tensors(model):
             if is_external(t):
-                made = not self.source.where(t)[0]  # a new parameter (scratch file), made with no data_location
-                _inline(t, self.source.read(t).tobytes())
-                if made:
-                    t.ClearField("data_location")
+                _read_back(t, self.source)
+
+
+def _read_back(t: TensorProto, source: ExternalSource) -> None:
+    """``t``'s bytes back in memory, as the plain route holds them: a tensor the load read from a data file says
+    ``data_location`` DEFAULT (``read_external``), a parameter the fold made (the scratch file) says none."""
+    made = not source.where(t)[0]
+    _inline(t, source.read(t).tobytes())
+    if made:
+        t.ClearField("data_location")
 
 
 def _inline(t: TensorProto, raw: bytes) -> None:
@@ -256,7 +264,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
         for t in all_tensors(model):  # a streamed tensor the layout keeps inline is read back
             if is_external(t) and id(t) not in ids:
                 moved.append((t, _entries(t), None))
-                _inline(t, source.read(t).tobytes())
+                _read_back(t, source)
         for t in chosen:
             offset = data.tell()
             if is_external(t):

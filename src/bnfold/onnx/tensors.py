@@ -116,7 +116,7 @@ def to_numpy(t: TensorProto) -> np.ndarray:
             copy.CopyFrom(t)
             del copy.external_data[:]
             copy.data_location = TensorProto.DEFAULT
-            copy.raw_data = data
+            copy.raw_data = bytes(data)
             return numpy_helper.to_array(copy)
         raise FoldError(_NOT_LOADED.format(t.name))
     return numpy_helper.to_array(t)
