@@ -178,6 +178,17 @@ def test_without_the_kernels_copy_the_save_copies_through_memory(tmp_path, monke
     assert calls and outs["stream"] == outs["plain"]
 
 
+def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):
+    """Where ``os.preadv`` is missing, a streamed tensor is read with ``pread`` in chunks: the same files."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, "one")
+    monkeypatch.delattr(os, "preadv", raising=False)
+    monkeypatch.setattr("bnfold.io.onnx_stream._CHUNK", 1000)  # several reads per tensor
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+
+
 def test_a_data_file_cut_short_after_the_load_is_refused_in_one_line(tmp_path):
     """The streamed load checked the data file; one that shrinks before the fold reads it is a file error (the
     read finds its end), not a weight of zeros, and nothing is written."""

@@ -76,7 +76,7 @@ class ExternalSource:
         with self._opened(real) as fd:
             done = 0
             while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
-                n = os.preadv(fd, [memoryview(buf)[done:]], offset + done)
+                n = _read_into(fd, memoryview(buf)[done:], offset + done)
                 if not n:
                     raise self._changed(real)
                 done += n
@@ -149,6 +149,15 @@ class ExternalSource:
             if not self.depth:
                 self.stack.close()
                 self.scratch = None
+
+
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Bytes of ``fd`` at ``offset`` into ``view`` (``preadv``; ``pread`` and a copy where there is none)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    chunk = os.pread(fd, min(len(view), _CHUNK), offset)
+    view[: len(chunk)] = chunk
+    return len(chunk)
 
 
 _NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
