@@ -67,12 +67,16 @@ def fold(
     tensor replaces the one it was computed from, which is released as soon as nothing else holds it
     (drop the ``nn.Module`` the program was exported from, whose parameters it shares), so the peak
     is the weights plus the largest tensor being folded.  The result is the same as without it.
-    A ``.pt2`` path is always folded in place: the program read from it is bnfold's own.
+    A ``.pt2`` path is always folded in place: the program read from it is bnfold's own.  An ``.onnx`` path is
+    read streamed (:func:`bnfold.io.onnx.load_onnx` ``stream=True``): its external data stays on disk while the
+    fold reads one tensor at a time, and the result's model then holds every tensor, the same model as folding
+    the file's loaded model, at a peak of about that model instead of several times its weights (``fp16_range``'s
+    calibration runs still hold every weight while they run).
     """
     kinds, patterns = check_only(only), check_exclude(exclude)
-    from_path = isinstance(model, (str, os.PathLike))
-    if from_path:
-        model = load_path(model)
+    options = dict(only=kinds, exclude=patterns, lower_unfoldable=lower_unfoldable, profile=profile)
+    if isinstance(model, (str, os.PathLike)):
+        return _fold_file(model, example_inputs, inplace, fp16_range, fp16_margin, options)
     frontend = frontend_for(model)
     if frontend is None:
         raise TypeError(
@@ -95,9 +99,22 @@ def fold(
         if inplace:
             raise TypeError(f"inplace=True folds an ExportedProgram; a {type(model).__name__} is folded into a copy")
         return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, request)
-    return frontend.fold(
-        model, example_inputs, kinds, patterns, lower_unfoldable, request, inplace=inplace or from_path
-    )
+    return frontend.fold(model, example_inputs, kinds, patterns, lower_unfoldable, request, inplace=inplace)
+
+
+def _fold_file(path, example_inputs, inplace: bool, fp16_range, fp16_margin: float, options: dict) -> FoldResult:
+    """:func:`fold` of the model in a file: a ``.pt2`` program in place, an ``.onnx`` model streamed."""
+    from .io.models import hold, load_model, reading
+
+    loaded = load_model(check_model_path(path), stream=True)
+    frontend = frontend_for(loaded.model)
+    inplace = inplace or (frontend is not None and frontend.folds_in_place)
+    with reading(loaded):  # a streamed model's tensors are read (and the fold's new ones kept) in here
+        result = fold(
+            loaded.model, example_inputs, inplace=inplace, fp16_range=fp16_range, fp16_margin=fp16_margin, **options
+        )
+        hold(loaded, result.model)
+    return result
 
 
 def check(

@@ -206,7 +206,8 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
     this is the exact product of the weight and the rounded scale, rounded
     once (as a runtime BatchNorm with a ``dtype`` scale would compute it).  It
     reads and writes the weight once, instead of three float64 passes.
-    Raises FoldError on overflow or underflow to zero.
+    Raises FoldError on overflow or underflow to zero.  The checks reduce over the product in memory order (a
+    transposed weight, as MatMul stores it, is read row by row).
     """
     if dtype is None:
         return weight.detach().to(torch.float64) * slices
@@ -218,16 +219,23 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
     if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()):
         return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)  # names the problem
     out = weight.detach() * s
+    flat = _in_memory_order(out)  # the checks reduce over every element: in memory order, they stream
     if out.numel():
-        lo, hi = torch.aminmax(out)
+        lo, hi = torch.aminmax(flat)
         if not bool(torch.isfinite(torch.stack((lo, hi))).all()):  # NaN propagates through aminmax
             return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     # |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a
     # smaller scale can underflow a nonzero weight to zero, and only where the product is zero.
-    if bool(((s != 0) & (s.abs() <= 0.5)).any()) and out.numel() and not bool(out.abs().amin() > 0):
-        if bool((s == 0).any()) or int(torch.count_nonzero(out)) != int(torch.count_nonzero(weight)):
+    if bool(((s != 0) & (s.abs() <= 0.5)).any()) and out.numel() and not bool(flat.abs().amin() > 0):
+        if bool((s == 0).any()) or int(torch.count_nonzero(flat)) != int(torch.count_nonzero(_in_memory_order(weight))):
             return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     return out
+
+
+def _in_memory_order(t: torch.Tensor) -> torch.Tensor:
+    """A 1-D view of a dense tensor's elements in memory order (a transposed weight's rows), else ``t``."""
+    p = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
+    return p.reshape(-1) if p.is_contiguous() else t
 
 
 def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dtype: torch.dtype | None = None):

@@ -126,3 +126,34 @@ def test_a_cast_out_of_range_is_a_fold_error_with_a_code():
     with pytest.raises(FoldError) as err:
         fold_math.cast_checked(torch.tensor([1e-50], dtype=torch.float64), torch.float32, "w")
     assert err.value.code == Code.CAST_RANGE
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("case", ["plain", "underflow", "overflow", "nan"])
+def test_a_transposed_weight_scales_to_the_same_bits_and_errors(dtype, case):
+    """``scale_weight`` reads a transposed weight (MatMul's ``[in, out]`` seen as ``[out, in]``) in memory
+    order for its checks: the product, its layout, and each refusal are those of the contiguous weight."""
+    stored = _t(3, 48, 32).to(dtype)  # [in, out] as stored
+    scale = _t(4, 32, lo=0.5, hi=2.0)
+    if case == "underflow":
+        tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # the smallest subnormal
+        stored[5, 7] = 4 * tiny  # that a scale of 2^-8 takes to zero
+        stored[5, 8] = 0.0
+        scale[7] = 2.0**-8
+    if case == "overflow":
+        stored[2, 3] = torch.finfo(dtype).max / 2
+        scale[3] = 4.0
+    if case == "nan":
+        stored[9, 1] = float("nan")
+    w = stored.T  # [out, in], not contiguous
+    slices = fold_math.per_slice(scale, "linear", "out", tuple(w.shape))
+    outcomes = []
+    for weight in (w, w.contiguous()):
+        try:
+            outcomes.append(fold_math.scale_weight(weight, slices, dtype, "linear weight"))
+        except FoldError as err:
+            outcomes.append(str(err))
+    if case == "plain":
+        assert torch.equal(outcomes[0], outcomes[1]) and outcomes[0].stride() == w.stride()
+    else:
+        assert isinstance(outcomes[0], str) and outcomes[0] == outcomes[1], outcomes

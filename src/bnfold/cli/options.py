@@ -126,7 +126,7 @@ OPTIONS: dict[str, Option] = {
         "fold the .pt2 program in place as it was read: each folded weight replaces its original, so the peak "
         "is the weights once plus the largest tensor being folded, not twice the folded ones; an .onnx model's "
         "external data stays on disk: each tensor is read when the fold needs it and copied to the output "
-        "in order (same output files)",
+        "in order (same output files; --fp16-range's calibration runs still hold every weight while they run)",
         {"action": "store_true"},
     ),
     "force": Option(("--force",), "replace OUT if it exists", {"action": "store_true"}),

@@ -80,6 +80,14 @@ def reading(loaded: LoadedModel) -> contextlib.AbstractContextManager:
     return opened() if opened is not None else contextlib.nullcontext()
 
 
+def hold(loaded: LoadedModel, model: Any) -> None:
+    """Inside :func:`reading`: ``model`` (the folded ``loaded.model``) holds every tensor in memory, as
+    after a plain load (a streamed layout's ``hold``); a no-op for a model held in memory."""
+    held = getattr(loaded.layout, "hold", None)
+    if held is not None:
+        held(model)
+
+
 def check_cost(loaded: LoadedModel) -> None:
     """Refuse a model whose one run (its own example shapes) costs more than its content justifies
     (its frontend's ``check_cost``)."""

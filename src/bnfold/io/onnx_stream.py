@@ -1,23 +1,27 @@
 """The streamed ONNX fold's files: external data is checked and left on disk at load, read one tensor
 at a time while the fold runs, and copied into the output's data file in order at save.
 
-:func:`load_streamed` checks every external reference as :func:`bnfold.io.onnx.load_onnx` does
+:func:`place_external` checks every external reference as :func:`bnfold.io.onnx.load_onnx` does
 (folder, links, regular file, offsets, lengths, overlaps, the byte budget) and then points each one
 at a token its :class:`ExternalSource` owns, so no reference left in the model names a file.
-Inside ``source.reading()`` the fold reads a tensor's bytes with one ``pread`` and its new
-parameters go to an unnamed scratch file (:func:`bnfold.io.atomic.scratch_file`), so memory
-holds the graph and the tensor in hand.  :func:`save_streamed` writes the same files as
-``save_onnx`` with the plain load's layout: the same tensors in the same order, copied in chunks.
+Inside ``source.reading()`` the fold reads a tensor's bytes once, with one ``preadv`` into a buffer
+it owns, when it needs its values; its new parameters go from their memory to an unnamed scratch
+file (:func:`bnfold.io.atomic.scratch_file`), so memory holds the graph and the tensor in hand.
+:func:`serialize_streamed` writes the same files as ``save_onnx`` with the plain load's layout: the same
+tensors in the same order, copied by the kernel (``copy_file_range``).  ``StreamedLayout.hold``
+instead reads every tensor back into the model (``bnfold.fold`` on a path returns such a model).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+import numpy as np
 import onnx
 from onnx import TensorProto
 
@@ -65,51 +69,72 @@ class ExternalSource:
         real = "" if k == "scratch" else self.files[int(k)]
         return real, int(info["offset"]), int(info["length"])
 
-    def read(self, t: TensorProto) -> bytes:
+    def read(self, t: TensorProto) -> np.ndarray:
+        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy)."""
         real, offset, length = self.where(t)
-        if not real:
-            assert self.scratch is not None
-            data = os.pread(self.scratch.fileno(), length, offset) if length else b""
-            if len(data) != length:
-                raise FoldError(f"tensor {t.name!r}: the scratch file is short")
-            return data
-        return _read_range(real, offset, length, self.path)
+        buf = np.empty(length, np.uint8)
+        with self._opened(real) as fd:
+            done = 0
+            while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
+                n = _read_into(fd, memoryview(buf)[done:], offset + done)
+                if not n:
+                    raise self._changed(real)
+                done += n
+        return buf
 
-    def spill(self, t: TensorProto) -> TensorProto:
-        if not t.HasField("raw_data") or len(t.raw_data) < SPILL_BYTES:
+    def store(self, t: TensorProto, data: np.ndarray) -> TensorProto:
+        """``t`` (a new parameter's name, type and dims) holding the bytes ``data``: in ``raw_data`` when
+        small, else written to the scratch file and referred to there."""
+        if data.nbytes < SPILL_BYTES:
+            t.raw_data = data.tobytes()
             return t
         if self.scratch is None:
             self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
-        f = self.scratch
-        offset = f.seek(0, os.SEEK_END)
-        f.write(t.raw_data)
-        f.flush()
-        length = len(t.raw_data)
-        t.ClearField("raw_data")
+        fd, view = self.scratch.fileno(), memoryview(data.reshape(-1).view(np.uint8))
+        offset = done = os.fstat(fd).st_size
+        while done - offset < len(view):  # straight from the tensor's memory (no buffered file between)
+            done += os.pwrite(fd, view[done - offset :], done)
         t.data_location = TensorProto.EXTERNAL
-        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(length))))
+        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(data.nbytes))))
         return t
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
-        """Copy the tensor's bytes to ``out`` in chunks; returns their length."""
+        """Copy the tensor's bytes to the end of ``out`` in the kernel (``copy_file_range``; chunks through
+        memory where the kernel cannot); returns their length."""
         real, offset, length = self.where(t)
-        if not real:
-            assert self.scratch is not None
-            fd, close = self.scratch.fileno(), False
-        else:
-            fd, close = open_regular(real, self.path), True
-        try:
+        out.flush()
+        start, dst = out.tell(), out.fileno()
+        with self._opened(real) as fd:
             done = 0
             while done < length:
-                chunk = os.pread(fd, min(_CHUNK, length - done), offset + done)
-                if not chunk:
-                    raise ModelFileError(f"{self.path}: external data {os.path.basename(real)!r} changed while read")
-                out.write(chunk)
-                done += len(chunk)
-        finally:
-            if close:
-                os.close(fd)
+                try:
+                    n = _copy_range(fd, offset + done, dst, start + done, min(_CHUNK, length - done))
+                except OSError as e:
+                    if e.errno not in _NO_KERNEL_COPY:
+                        raise
+                    n = _copy_range(fd, offset + done, dst, start + done, min(_CHUNK, length - done), kernel=False)
+                if not n:
+                    raise self._changed(real)
+                done += n
+        out.seek(start + length)
         return length
+
+    @contextlib.contextmanager
+    def _opened(self, real: str) -> Iterator[int]:
+        """A descriptor of the checked data file ``real`` (opened again, a regular file), or of the scratch file."""
+        if not real:
+            assert self.scratch is not None
+            yield self.scratch.fileno()
+            return
+        fd = open_regular(real, self.path)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
+
+    def _changed(self, real: str) -> ModelFileError:
+        what = os.path.basename(real) if real else "the scratch file"
+        return ModelFileError(f"{self.path}: external data {what!r} changed while it was read")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -126,6 +151,29 @@ class ExternalSource:
                 self.scratch = None
 
 
+def _read_into(fd: int, view: memoryview, offset: int) -> int:
+    """Bytes of ``fd`` at ``offset`` into ``view`` (``preadv``; ``pread`` and a copy where there is none)."""
+    if hasattr(os, "preadv"):
+        return os.preadv(fd, [view], offset)
+    chunk = os.pread(fd, min(len(view), _CHUNK), offset)
+    view[: len(chunk)] = chunk
+    return len(chunk)
+
+
+_NO_KERNEL_COPY = {errno.EXDEV, errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP}
+
+
+def _copy_range(src: int, offset: int, dst: int, at: int, n: int, kernel: bool = True) -> int:
+    """Up to ``n`` bytes of ``src`` at ``offset`` to ``dst`` at ``at``; the bytes copied (0 at the end of ``src``)."""
+    if kernel and hasattr(os, "copy_file_range"):
+        return os.copy_file_range(src, dst, n, offset, at)
+    chunk = os.pread(src, n, offset)
+    done = 0
+    while done < len(chunk):
+        done += os.pwrite(dst, memoryview(chunk)[done:], at + done)
+    return len(chunk)
+
+
 @dataclass(frozen=True)
 class StreamedLayout(ExternalLayout):
     """The plain load's layout of the same file, with the source that still holds the tensors."""
@@ -135,6 +183,30 @@ class StreamedLayout(ExternalLayout):
     def reading(self) -> contextlib.AbstractContextManager:
         assert self.source is not None
         return self.source.reading()
+
+    def hold(self, model: onnx.ModelProto) -> None:
+        """Read every tensor of ``model`` this source still keeps (on disk, in the scratch file) into memory,
+        inside :meth:`reading`: then ``model`` refers to no file, as after the plain load and fold."""
+        assert self.source is not None
+        for t in all_tensors(model):
+            if is_external(t):
+                _read_back(t, self.source)
+
+
+def _read_back(t: TensorProto, source: ExternalSource) -> None:
+    """``t``'s bytes back in memory, as the plain route holds them: a tensor the load read from a data file says
+    ``data_location`` DEFAULT (``read_external``), a parameter the fold made (the scratch file) says none."""
+    made = not source.where(t)[0]
+    _inline(t, source.read(t).tobytes())
+    if made:
+        t.ClearField("data_location")
+
+
+def _inline(t: TensorProto, raw: bytes) -> None:
+    """``t`` holding ``raw`` in its ``raw_data``, as the plain load leaves an external tensor it read."""
+    del t.external_data[:]
+    t.data_location = TensorProto.DEFAULT
+    t.raw_data = raw
 
 
 def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> StreamedLayout | None:
@@ -155,9 +227,7 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     numbers: dict[str, int] = {}
     for t, (real, offset, length) in found:
         if length < SPILL_BYTES:  # small tensors (norm parameters, shapes) are read as the plain load reads them
-            t.raw_data = _read_range(real, offset, length, path)
-            t.data_location = TensorProto.DEFAULT
-            del t.external_data[:]
+            _inline(t, _read_range(real, offset, length, path))
             continue
         k = numbers.setdefault(real, len(numbers))
         t.ClearField("raw_data")
@@ -203,10 +273,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
         for t in all_tensors(model):  # a streamed tensor the layout keeps inline is read back
             if is_external(t) and id(t) not in ids:
                 moved.append((t, _entries(t), None))
-                raw = source.read(t)
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-                t.raw_data = raw
+                _read_back(t, source)
         for t in chosen:
             offset = data.tell()
             if is_external(t):
@@ -227,9 +294,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
                 t.data_location = TensorProto.EXTERNAL
                 _set_entries(t, entries)
             else:
-                del t.external_data[:]
-                t.data_location = TensorProto.DEFAULT
-                t.raw_data = raw
+                _inline(t, raw)
 
 
 def _entries(t: TensorProto) -> list[tuple[str, str]]:

@@ -53,12 +53,23 @@ def evaluate_node(node: NodeProto, values: list, meter: WorkMeter, opset: int | 
 
 @dataclass
 class Const:
-    """A constant's value and where it is stored."""
+    """A constant's value and where it is stored.  A streamed initializer (its data left on disk by
+    ``load_onnx(path, stream=True)``) is read when ``value`` is asked for, each time, and never held:
+    finding a constant, its shape and where it is stored read no data."""
 
-    value: np.ndarray
+    stored: np.ndarray | None  # the value, or None for a streamed initializer (``tensor``)
     elem_type: int
     gi: GraphInfo
     node: NodeProto | None  # the Constant node, or None for an initializer
+    tensor: TensorProto | None = None  # the streamed initializer
+
+    @property
+    def value(self) -> np.ndarray:
+        return tensors.to_numpy(self.tensor) if self.stored is None else self.stored
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.tensor.dims) if self.stored is None else self.stored.shape
 
 
 class ConstantEvaluator:
@@ -238,7 +249,7 @@ class ConstantEvaluator:
         a stored or computed constant's own shape, else what shape inference gives a computed value."""
         found = self._find(gi, name, "input")
         if isinstance(found, Const):
-            dims = list(found.value.shape)
+            dims = list(found.shape)
         elif isinstance(found, tuple) and self._values.get(id(found[1])) is not None:
             dims = list(self._values[id(found[1])].shape)
         else:
@@ -260,6 +271,8 @@ class ConstantEvaluator:
 
 def _const(t: TensorProto, gi: GraphInfo, node: NodeProto | None) -> Const | str:
     try:
+        if tensors.streamed(t):
+            return Const(None, t.data_type, gi, node, t)
         return Const(tensors.to_numpy(t), t.data_type, gi, node)
     except FoldError as e:
         return str(e)

@@ -53,9 +53,11 @@ def is_external(t: TensorProto) -> bool:
 class ExternalReader(Protocol):
     """Reads the external data of tensors a streamed load left in place (``bnfold.io.onnx_stream``)."""
 
-    def read(self, t: TensorProto) -> bytes: ...  # the tensor's bytes, or a FoldError for an unknown reference
+    def read(self, t: TensorProto) -> bytes | bytearray: ...  # the tensor's bytes, or a FoldError (unknown reference)
 
-    def spill(self, t: TensorProto) -> TensorProto: ...  # ``t`` with its data moved out of memory, or ``t``
+    def where(self, t: TensorProto) -> tuple[str, int, int]: ...  # its place, or a FoldError (unknown reference)
+
+    def store(self, t: TensorProto, data: np.ndarray) -> TensorProto: ...  # ``t`` holding ``data``'s bytes
 
 
 _READER: contextvars.ContextVar[ExternalReader | None] = contextvars.ContextVar("bnfold_external", default=None)
@@ -64,13 +66,30 @@ _READER: contextvars.ContextVar[ExternalReader | None] = contextvars.ContextVar(
 @contextlib.contextmanager
 def reading_external(reader: ExternalReader) -> Iterator[None]:
     """Within the block, :func:`to_numpy` reads external tensors through ``reader`` and the fold's new
-    parameters are handed to ``reader.spill`` (a streamed fold keeps one tensor in memory at a time)."""
+    parameters are handed to ``reader.store`` (a streamed fold keeps one tensor in memory at a time)."""
     token = _READER.set(reader)
     try:
         yield
     finally:
         _READER.reset(token)
 
+
+def streamed(t: TensorProto) -> bool:
+    """Whether ``t``'s data is left on disk for the active :func:`reading_external` reader (read it with
+    :func:`to_numpy` when needed); a FoldError for external data no reader placed."""
+    if not is_external(t):
+        return False
+    reader = _READER.get()
+    if reader is None:
+        raise FoldError(_NOT_LOADED.format(t.name))
+    reader.where(t)
+    return True
+
+
+_NOT_LOADED = (
+    "tensor {!r} keeps its data in an external file that was not loaded; "
+    "pass the model path (or use bnfold.onnx.load_onnx) so the data is read safely"
+)
 
 #: element types whose raw bytes numpy reads as they are
 _LITTLE_ENDIAN = {
@@ -97,12 +116,9 @@ def to_numpy(t: TensorProto) -> np.ndarray:
             copy.CopyFrom(t)
             del copy.external_data[:]
             copy.data_location = TensorProto.DEFAULT
-            copy.raw_data = data
+            copy.raw_data = bytes(data)
             return numpy_helper.to_array(copy)
-        raise FoldError(
-            f"tensor {t.name!r} keeps its data in an external file that was not loaded; "
-            "pass the model path (or use bnfold.onnx.load_onnx) so the data is read safely"
-        )
+        raise FoldError(_NOT_LOADED.format(t.name))
     return numpy_helper.to_array(t)
 
 
@@ -119,26 +135,25 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
 
 
 def from_torch(t: torch.Tensor, name: str, elem_type: int, shape=None) -> TensorProto:
-    """A TensorProto named ``name`` holding ``t`` (already cast to ``elem_type``'s dtype)."""
+    """A TensorProto named ``name`` holding ``t`` (already cast to ``elem_type``'s dtype); inside
+    :func:`reading_external`, its bytes are handed to the reader (a large one goes to disk), not copied."""
     t = t.detach().contiguous()
     if shape is not None:
         t = t.reshape(tuple(shape))
-    if elem_type == TensorProto.BFLOAT16:
-        raw = t.view(torch.int16).numpy().tobytes()
-        out = TensorProto()
-        out.name = name
-        out.data_type = elem_type
-        out.dims.extend(t.shape)
-        out.raw_data = raw
-        return _spilled(out)
-    if TORCH_DTYPES.get(elem_type) != t.dtype:
+    if elem_type != TensorProto.BFLOAT16 and TORCH_DTYPES.get(elem_type) != t.dtype:
         raise AssertionError(f"internal: {name} is {t.dtype}, expected {type_name(elem_type)}")
-    return _spilled(numpy_helper.from_array(t.numpy(), name))
-
-
-def _spilled(t: TensorProto) -> TensorProto:
+    a = t.view(torch.int16).numpy() if elem_type == TensorProto.BFLOAT16 else t.numpy()
+    out = TensorProto()
+    out.name = name
+    out.data_type = elem_type
+    out.dims.extend(t.shape)
     reader = _READER.get()
-    return t if reader is None else reader.spill(t)
+    if reader is not None:
+        return reader.store(out, a.astype(a.dtype.newbyteorder("<"), copy=False))
+    if elem_type == TensorProto.BFLOAT16:
+        out.raw_data = a.tobytes()
+        return out
+    return numpy_helper.from_array(t.numpy(), name)
 
 
 def nbytes(t: TensorProto) -> int:
