@@ -91,6 +91,11 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
         run.release()
 
 
+def watching() -> bool:
+    """Whether a watched command is running (:func:`watch`): without one, :func:`before_op` has nothing to do."""
+    return _RUN.get() is not None
+
+
 def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
     """The plan of the run about to start (``numerics.audit_memory``): its byte budget bounds each op, its
     FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:

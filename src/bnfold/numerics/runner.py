@@ -22,8 +22,9 @@ from typing import Any, Protocol
 
 import torch
 
-from ..io.run_checks import OpSizes
+from ..io.run_checks import OpSizes, watching
 from .audit_memory import AuditHold
+from .compiled import Compiled, Measures, Mode, generate
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 from .tensor_error import ErrorMeter, TensorError
@@ -191,6 +192,9 @@ class EmulationResult:
             self.reference.append(batch.reference)
 
 
+#: a run mode's runs by the interpreter before its generated code (:mod:`.compiled`) runs the later ones
+COMPILE_AFTER = 1
+
 #: float constants of at most this many elements are rounded together (:func:`_round_constants`)
 ROUNDED_TOGETHER = 1 << 12
 #: elements per 64 bytes of float32: where each constant starts in the concatenation (torch aligns an allocation to
@@ -304,6 +308,10 @@ class Runner:
         self._holding = self._const_held  # what a run holds now (:meth:`_held`)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
+        #: runs of a mode before its generated code runs them (:meth:`compiled`; None: the interpreter only)
+        self.compile_after: int | None = COMPILE_AFTER
+        self._code: dict[Mode, Compiled] = {}
+        self._code_runs: dict[Mode, int] = {}
         wide = {v for s in program.steps if s.name in self.fp32 for v in s.outs if v}
         #: per step under the profile, which of its inputs a float32 step wrote (cast to the storage format)
         self._casts = {s.name: k for s in program.steps if s.name not in self.fp32 if (k := _reads(s, wide))}
@@ -371,11 +379,33 @@ class Runner:
             out = [step.accumulated(ins, prof.acc_chunk)]
         else:
             out = step.run(ins, torch.float32, eps=eps if norm is not None else None)
+        return [round_floats(o) for o in out] if self._rounds(step) else out
+
+    def _rounds(self, step: Step) -> bool:
+        """Whether ``step``'s outputs are rounded to the storage format once its op ran (the profile's rule)."""
+        prof = self.profile
         if prof.fp16_storage:
-            return out if step.rounding != DEFAULT_ROUNDING else [round_floats(o) for o in out]
-        if step.fp16_class and step.fp16_class in prof.fp16_classes:
-            return [round_floats(o) for o in out]
-        return out
+            return step.rounding == DEFAULT_ROUNDING
+        return bool(step.fp16_class) and step.fp16_class in prof.fp16_classes
+
+    def emulator(self, step: Step) -> Callable[[list], list]:
+        """``ins -> outputs``: :meth:`_emulate` of ``step`` as one callable (the compiled run's,
+        :mod:`.compiled`).  A plain step (no float32 island, cast, fusion, host batch norm or fp16 accumulation
+        applies to it) is its ``Step.run`` in float32 with the rounding of :meth:`_rounds` fused in, the branches
+        decided here once; any other calls :meth:`_emulate` with its inputs as the values it reads."""
+        prof, name, norm = self.profile, step.name, step.norm
+        special = name in self.fp32 or name in self._casts or name in self._fused
+        special = special or (norm is not None and prof.htp_batch_norm)
+        special = special or (prof.fp16_accumulate and step.accumulated is not None)
+        if special:
+            return lambda ins: self._emulate(step, ins, dict(zip(step.ins, ins)))
+        run, f32 = step.run, torch.float32
+        eps = self.bn_eps if norm is not None else None
+        if not self._rounds(step):
+            return (lambda ins: run(ins, f32)) if eps is None else (lambda ins: run(ins, f32, eps=eps))
+        if eps is None:
+            return lambda ins: [round_floats(o) for o in run(ins, f32)]
+        return lambda ins: [round_floats(o) for o in run(ins, f32, eps=eps)]
 
     def _float32(self, step: Step, ins: list) -> list:
         """``step`` kept in float32: its constants unrounded, its output stored in float32."""
@@ -423,6 +453,10 @@ class Runner:
         prog, prof = self.program, self.profile
         meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
         feed = prog.feed(xs)
+        mode = Mode(reference, against is not None, keep_reference, on_node is not None, watching())
+        code = self.compiled(mode)
+        if code is not None:
+            return self._run_compiled(code, feed, meter, against, against_stats or {}, on_node, holding)
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
         env_l: dict[str, Any] = {}
@@ -494,6 +528,51 @@ class Runner:
         outputs = [env_e[o] for o in prog.outputs]
         ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
+
+    def compiled(self, mode: Mode) -> Compiled | None:
+        """The generated run of ``mode`` (:mod:`.compiled`), or None where the interpreter runs: the local runs
+        (``segments``) and a mode's first :attr:`compile_after` runs (compiling
+        costs about one run: one batch runs interpreted, the second and later compiled; None: never)."""
+        if self.compile_after is None or self.segments:
+            return None
+        code = self._code.get(mode)
+        if code is None:
+            seen = self._code_runs[mode] = self._code_runs.get(mode, 0) + 1
+            if seen <= self.compile_after:
+                return None
+            code = self._code[mode] = generate(self, mode)
+        return code
+
+    def _run_compiled(self, code: Compiled, feed, meter, against, known, on_node, holding: int) -> BatchResult:
+        """One batch through ``code`` (:meth:`run`'s results, the same numbers)."""
+        errors: dict[str, TensorError] = {}
+        probes: dict[str, NormProbe] = {}
+        kept: dict[str, Any] = {}
+        alive: dict[str, int] = {}
+        self._holding = holding + self._const_held
+        steps = self.program.steps
+
+        def free(name: str) -> None:
+            self._holding -= alive.pop(name, 0)
+
+        def hold(name: str, x: Any) -> None:
+            self._hold(alive, name, x)
+
+        def chk(i: int, ins: list) -> list:
+            self._check(i, steps[i], ins)
+            return ins
+
+        def writes(kept: dict, refs: list) -> None:  # as run() before an in-place op
+            meter.flush()
+            _copy_aliases(kept, refs)
+
+        m = Measures(meter, errors, known, probes)
+        fn = code.fn
+        outputs, ref_out = fn(
+            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes
+        )
+        meter.flush()
+        return BatchResult(outputs, ref_out, errors, {}, probes, kept)
 
     def _hold(self, alive: dict, name: str, x: Any) -> None:
         """Count value ``name`` (``x``) as held while it lives."""

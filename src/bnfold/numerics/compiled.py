@@ -1,0 +1,243 @@
+""":meth:`.runner.Runner.run` as generated Python: one function per runner and run mode, compiled once.
+
+The runner's loop looks up each value by name in dicts, and decides per step and per output what to run, round,
+keep and measure.  All of that is fixed by the program, the profile and the run's mode, so :func:`generate` writes it
+out once as straight-line Python: each value a local variable (``v<j>`` emulated, ``w<j>`` reference, ``j`` the
+value's position in :attr:`Compiled.names`), each step a call of its emulator (:meth:`.runner.Runner.emulator`: the
+interpreter's :meth:`~.runner.Runner._emulate`, with the profile's rounding fused in for a plain step) and of its
+``Step.run`` in the reference dtype, the measurements only for the values the runner measures, a value set to
+``None`` after its last reader.
+
+Security (SECURITY.md: nothing from a model file is pasted into generated source): the source holds only
+positions, fixed identifiers and Python keywords; names, op types and tensors reach the code through the tables it
+indexes (``N``, ``OP``, ``SN``, ``E``, ``R``, ``K``), never as text.
+
+The run-time size check keeps its semantics: where a watched command is running (:func:`bnfold.io.run_checks.watch`),
+the checked variant calls :meth:`~.runner.Runner._check` before each step's emulated op, with the live values counted
+as the interpreter counts them; without one the check has nothing to do (``before_op`` returns at once), so the
+unchecked variant leaves it out: the decision is made once per run, not per op.
+
+What the generated code does not do, where the interpreter runs instead (:meth:`.runner.Runner.compiled`): the local
+runs (``segments``), and the first run of each mode (compiling costs about as much as one run: it pays from the
+second batch).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from .probe import NormProbe
+from .tensor_error import ErrorMeter
+
+if TYPE_CHECKING:
+    from .runner import Runner
+
+
+@dataclass(frozen=True)
+class Mode:
+    """What one run does: ``reference`` run too, measured ``against`` given references, the reference values
+    ``keep`` returned by name, ``on_node`` called, ``checked`` (the run-time check before each op)."""
+
+    reference: bool
+    against: bool
+    keep: frozenset
+    on_node: bool
+    checked: bool
+
+
+@dataclass
+class Compiled:
+    """A runner's run in one :class:`Mode` as a Python function: ``fn(feed, refs, known, meter, errors, probes,
+    kept, on_node, chk, hold, free, M, MS, PR, W) -> (outputs, reference outputs)`` (``M``, ``MS``, ``PR``: a
+    run's :class:`Measures`; ``W(kept, refs)`` before an in-place op); ``source``: its text."""
+
+    fn: Callable
+    source: str
+    names: list[str]
+
+
+class _Writer:
+    """The generated function's lines, and where each value name lives now (a local, a constant, nothing)."""
+
+    def __init__(self, runner: Runner, mode: Mode):
+        self.runner, self.mode = runner, mode
+        self.lines: list[str] = []
+        self.index: dict[str, int] = {}
+        self.names: list[str] = []
+        self.consts: dict[str, Any] = {}
+        self.emu: dict[str, str] = {}  # value name -> the expression of its emulated value now
+        self.ref: dict[str, str] = {}  # value name -> the expression of its reference value now (reference runs)
+
+    def j(self, name: str) -> int:
+        if name not in self.index:
+            self.index[name] = len(self.names)
+            self.names.append(name)
+        return self.index[name]
+
+    def put(self, depth: int, line: str) -> None:
+        self.lines.append("    " * depth + line)
+
+    def read(self, name: str, reference: bool) -> str:
+        """The expression of value ``name`` (``None`` for an omitted input)."""
+        if not name:
+            return "None"
+        bound = (self.ref if reference else self.emu).get(name)
+        if bound is not None:
+            return bound
+        r = self.runner
+        table = r._const_r if reference else r._const_e
+        if name in table:  # a constant: a global of the function
+            g = f"{'q' if reference else 'c'}{self.j(name)}"
+            self.consts[g] = table[name]
+            return g
+        return f"MISSING[N[{self.j(name)}]]"  # a KeyError, as the interpreter's dict lookup raises
+
+    def refs_of(self, name: str) -> str:
+        """The expression of the reference ``name`` is measured against (None: none)."""
+        if self.mode.against:
+            return f"refs.get(N[{self.j(name)}])"
+        if self.mode.reference:
+            bound = self.ref.get(name)
+            return bound if bound is not None else self.read(name, True) if name in self.runner._const_r else "None"
+        return "None"
+
+
+def generate(runner: Runner, mode: Mode) -> Compiled:
+    """The function of ``runner``'s run in ``mode`` (see the module docstring)."""
+    prog, w = runner.program, _Writer(runner, mode)
+    measuring = mode.reference or mode.against
+    w.put(0, "def run(feed, refs, known, meter, errors, kept, on_node, chk, hold, free, M, MS, PR, W):")
+    w.put(1, "pass")
+    for k, name in enumerate(prog.inputs):
+        j = w.j(name)
+        w.put(1, f"x = feed[{k}]")
+        if mode.checked:
+            w.put(1, f"hold(N[{j}], x)")
+        w.put(1, "if is_float(x):")
+        w.put(2, f"v{j} = ROUND(x.detach().to(F32))")
+        if mode.reference:
+            w.put(2, f"w{j} = x.detach().to(RD)")
+        if mode.against:
+            w.put(2, f"if N[{j}] in refs:")
+            w.put(3, f'meter.add(errors, N[{j}], "input", v{j}, refs[N[{j}]], known.get(N[{j}]))')
+        elif mode.reference:
+            w.put(2, f'meter.add(errors, N[{j}], "input", v{j}, w{j}, known.get(N[{j}]))')
+        w.put(1, "else:")
+        w.put(2, f"v{j} = x")
+        if mode.reference:
+            w.put(2, f"w{j} = x")
+        w.emu[name] = f"v{j}"
+        if mode.reference:
+            w.ref[name] = f"w{j}"
+    n = len(prog.steps)
+    for i, step in enumerate(prog.steps):
+        _step(w, runner, i, step, n, measuring)
+    outs = ", ".join(w.read(o, False) for o in prog.outputs)
+    refs = ", ".join(w.refs_of(o) for o in prog.outputs)
+    w.put(1, f"return [{outs}], [{refs}]" if measuring else f"return [{outs}], []")
+    source = "\n".join(w.lines) + "\n"
+    space: dict[str, Any] = {
+        "N": w.names,
+        "OP": [s.op for s in prog.steps],
+        "SN": [s.name for s in prog.steps],
+        "E": [runner.emulator(s) for s in prog.steps],
+        "R": [s.run for s in prog.steps],
+        "AX": [s.norm.axis if s.norm is not None else None for s in prog.steps],
+        "ROUND": runner.profile.round,
+        "F32": torch.float32,
+        "RD": runner._ref_dtype,
+        "MISSING": {},
+        "is_float": _is_float,
+        **w.consts,
+    }
+    exec(compile(source, "<bnfold.numerics.compiled>", "exec"), space)  # noqa: S102 - our own text: positions only
+    return Compiled(space["run"], source, w.names)
+
+
+def _is_float(t: Any) -> bool:
+    return isinstance(t, torch.Tensor) and t.is_floating_point()
+
+
+class Measures:
+    """What one run measures, as the interpreter does: :meth:`M` a value against its reference, :meth:`MS` a value
+    of a ``same`` step (its input's statistics, where they cover it), :meth:`PR` a batch norm's probe."""
+
+    def __init__(self, meter: ErrorMeter, errors: dict, known: dict, probes: dict):
+        self.meter, self.errors, self.known, self.probes = meter, errors, known, probes
+
+    def M(self, name: str, op: str, e: Any, r: Any) -> None:  # noqa: N802 - the generated code's short name
+        if _is_float(e) and _is_float(r):
+            self.meter.add(self.errors, name, op, e, r, self.known.get(name))
+
+    def MS(self, name: str, op: str, e: Any, r: Any, src: str) -> None:  # noqa: N802
+        if _is_float(e) and _is_float(r):
+            s = self.errors.get(src)
+            if s is not None and s.count == r.numel():
+                self.errors[name] = replace(s, node=name, op=op, shape=tuple(r.shape))
+            else:
+                self.meter.add(self.errors, name, op, e, r, self.known.get(name))
+
+    def PR(self, node: str, e: Any, r: Any, axis: int) -> None:  # noqa: N802
+        if _is_float(r):
+            self.probes[node] = NormProbe.of(node, e, r, axis)
+
+
+def _outs(w: _Writer, step, call: str, prefix: str, depth: int = 1) -> list[tuple[int, str, str]]:
+    """The lines binding ``step``'s named outputs from ``call`` (its op's list of outputs), one line for a step of
+    one output; ``[(k, value name, variable)]``."""
+    named = [(k, out, f"{prefix}{w.j(out)}") for k, out in enumerate(step.outs) if out]
+    if len(step.outs) == 1 and named:
+        w.put(depth, f"{named[0][2]} = {call}[0]")
+        return named
+    w.put(depth, f"o = {call}")
+    for k, _, var in named:
+        w.put(depth, f"if len(o) > {k}: {var} = o[{k}]")  # an op may return fewer (the interpreter skips those)
+    return named
+
+
+def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> None:
+    """The lines of step ``i``: as :meth:`.runner.Runner.run`'s loop body, with what is fixed decided here."""
+    mode, put = w.mode, w.put
+    if mode.on_node:
+        put(1, f"on_node({i}, {n})")
+    if step.mutates:  # an in-place op: what is held of its inputs is read before they change
+        refs = ", ".join(w.read(v, True) for v in step.ins if v) if mode.reference else ""
+        put(1, f"W(kept, [{refs}])")
+    ins = "[" + ", ".join(w.read(v, False) for v in step.ins) + "]"
+    norm = step.norm
+    probe = norm is not None and measuring
+    if probe:  # the emulated value of the norm's input as the step reads it (before its outputs are bound)
+        e_in, r_in = w.read(norm.input, False), w.refs_of(norm.input)
+    named = _outs(w, step, f"E[{i}](chk({i}, {ins}))" if mode.checked else f"E[{i}]({ins})", "v")
+    if mode.reference:
+        _outs(w, step, f"R[{i}]([{', '.join(w.read(v, True) for v in step.ins)}], RD)", "w")
+    if probe:
+        put(1, f"PR(SN[{i}], {e_in}, {r_in}, AX[{i}])")
+    same = step.rounding == "same" and bool(step.ins) and bool(step.ins[0]) and step.name not in runner._casts
+    for _, out, var in named:
+        j = w.j(out)
+        if mode.checked:
+            put(1, f"hold(N[{j}], {var})")
+        if mode.reference and out in mode.keep:
+            put(1, f"kept[N[{j}]] = w{j}")
+        w.emu[out] = var
+        if mode.reference:
+            w.ref[out] = f"w{j}"
+        if measuring and (runner.measured is None or out in runner.measured):
+            r = w.refs_of(out)
+            if same:
+                put(1, f"MS(N[{j}], OP[{i}], {var}, {r}, N[{w.j(step.ins[0])}])")
+            else:
+                put(1, f"M(N[{j}], OP[{i}], {var}, {r})")
+    freed = []
+    for dead in runner._free_after.get(i, ()):
+        j = w.j(dead)
+        if mode.checked:
+            put(1, f"free(N[{j}])")
+        freed += [v for v in (w.emu.pop(dead, None), w.ref.pop(dead, None)) if v is not None and v[0] in "vw"]
+    if freed:
+        put(1, " = ".join(freed) + " = None")
