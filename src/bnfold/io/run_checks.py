@@ -193,10 +193,14 @@ class OpSizes:
     """:func:`before_op` for the ops of one program, run batch after batch (the numerics runner's), with the meta
     run only where nothing else sizes an op's outputs: the plan (``values`` it sized), a bound from the op's shape
     fact (:func:`shape_bound`) within the budget, or the meta run of the same op (``key``) on inputs of the same
-    signature (:func:`meta_signature`: it would find what it found).  The same decisions as :func:`before_op`'s."""
+    signature (:func:`meta_signature`: it would find what it found; the bound too, computed once per signature).  The
+    same decisions as :func:`before_op`'s."""
 
     def __init__(self):
         self._found: dict[Any, tuple] = {}  # key -> (input signature, its outputs' bytes or None: no meta kernel tells)
+        self._bounds: dict[
+            Any, tuple
+        ] = {}  # key -> (input signature, its shape fact's bound: a function of the shapes)
 
     def check(
         self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None, held=None
@@ -207,12 +211,21 @@ class OpSizes:
         if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
             before_op(label, values=values)
             return
+        if values and run.sized and all(v in run.sized for v in values if v):  # the plan sized them: before_op's
+            before_op(label, values=values)  # answer whatever the signature (it returns before sizing anything)
+            return
         sig = meta_signature(ins)
         found = self._found.get(key)
         if found is not None and found[0] == sig:
             before_op(label, values=values, nbytes=found[1], held=held)
             return
-        bound = shape_bound(shape, ins, outs, channel_axis)
+        known = self._bounds.get(key)
+        if known is not None and known[0] == sig:
+            bound = known[1]
+        else:
+            bound = shape_bound(shape, ins, outs, channel_axis)
+            if sig is not None:
+                self._bounds[key] = (sig, bound)
         if bound is not None and (bound if held is None else held(bound)) <= run.budget.bytes:
             before_op(label, values=values)
             return
