@@ -136,16 +136,33 @@ def _resize_by_values(path):
         h.make_node("Relu", ["y"], ["out"]),
     ]
     inits = [h.make_tensor("mask", T.FLOAT, [4], [0, 0, 1, 1]), h.make_tensor("one", T.FLOAT, [4], [1, 1, 1, 1])]
-    x = h.make_tensor_value_info("x", T.FLOAT, [1, 1, 4, 4])
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 1, 8, 8])
     g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("out", T.FLOAT, None)], inits)
     onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
 
 
 def test_the_size_check_refuses_inside_generated_code(tmp_path, generated):
+    """The third batch has the first two's shape; its values, not its shape, make the Resize too large.  Its sizes
+    were checked once for the run (from the first batch's), but the scales are a small value computed at run time:
+    compared before the Resize runs, they differ, and the batch runs again with each op checked."""
     path = tmp_path / "grow.onnx"
     _resize_by_values(path)
-    small = torch.zeros(1, 1, 4, 4)
-    large = torch.full((1, 1, 4, 4), 5000.0 / 16)  # scales 5001: a [1, 1, 20004, 20004] float32 value, 1.49 GiB
-    with watch(), pytest.raises(WorkError, match="Resize .* would create 1.49 GiB"):
+    small = torch.zeros(1, 1, 8, 8)
+    large = torch.full((1, 1, 8, 8), 60000.0 / 64)  # scales ~6e4: ~840 GiB of float32 (no allocator would give it)
+    with watch(), pytest.raises(WorkError, match=r"Resize .* would create \d+(\.\d+)? GiB"):
         bnfold.audit(str(path), [(small,), (small,), (large,)], local=False)
-    assert generated and all(m.checked for m in generated)  # the third batch ran generated, checked
+    assert generated and all(m.checked == "op" for m in generated)  # the later batches ran generated, sized at once
+
+
+def test_a_watched_audit_checks_sizes_once_per_feed_signature(monkeypatch, generated):
+    model = onnx_keeping_batch_norms(small_net(), torch.randn(2, 3, 8, 8))
+    batches = _batches((2, 3, 8, 8), n=3)
+    fold = bnfold.fold(model)
+    docs = {}
+    for after in (None, 1):
+        monkeypatch.setattr(runner_module, "COMPILE_AFTER", after)
+        generated.clear()
+        with watch():
+            docs[after] = bnfold.audit(model, batches, fold=fold, local=False).to_dict()
+    assert generated and all(m.checked == "op" for m in generated)  # sized once for each later batch
+    assert not _same(docs[None], docs[1])

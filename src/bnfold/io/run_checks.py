@@ -204,21 +204,23 @@ class OpSizes:
 
     def check(
         self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None, held=None
-    ) -> None:
+    ) -> int | None:
         """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs
-        (``held``: see :func:`before_op`)."""
+        (``held``: see :func:`before_op`).  Returns what sized it, where a function of the inputs' signature alone:
+        the bytes it compared (``held`` of them) with the budget, :data:`PLANNED` (the plan sized its outputs), else
+        None (no budget, no signature, no meta kernel tells)."""
         run = _RUN.get()
         if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
             before_op(label, values=values)
-            return
+            return None
         if values and run.sized and all(v in run.sized for v in values if v):  # the plan sized them: before_op's
             before_op(label, values=values)  # answer whatever the signature (it returns before sizing anything)
-            return
+            return PLANNED
         sig = meta_signature(ins)
         found = self._found.get(key)
         if found is not None and found[0] == sig:
             before_op(label, values=values, nbytes=found[1], held=held)
-            return
+            return found[1]
         known = self._bounds.get(key)
         if known is not None and known[0] == sig:
             bound = known[1]
@@ -228,10 +230,22 @@ class OpSizes:
                 self._bounds[key] = (sig, bound)
         if bound is not None and (bound if held is None else held(bound)) <= run.budget.bytes:
             before_op(label, values=values)
-            return
+            return None if sig is None else bound
         outs = before_op(label, fn, args, values=values, held=held)
+        nbytes = None if outs is None else sum(o.nbytes for o in outs)
         if sig is not None:
-            self._found[key] = (sig, None if outs is None else sum(o.nbytes for o in outs))
+            self._found[key] = (sig, nbytes)
+        return nbytes if sig is not None else None
+
+
+#: :meth:`OpSizes.check`'s answer for an op whose outputs the plan sized (nothing compared at run time)
+PLANNED = -1
+
+
+def budget_bytes() -> int | None:
+    """The byte budget of the watched command running now (None: none, or no plan yet)."""
+    run = _RUN.get()
+    return None if run is None or run.budget is None else run.budget.bytes
 
 
 def shape_bound(shape: str, ins: list, outs: int, channel_axis: int | None = None) -> int | None:
@@ -284,7 +298,8 @@ def meta_outputs(fn: Callable[..., Any], args: Any, kwargs: dict) -> list[Out] |
 
 def meta_signature(values: list) -> tuple | None:
     """What a meta run (:func:`meta_outputs`) reads of ``values``, an op's tensor inputs: each one's dtype, shape
-    and strides, and the elements of those it keeps real; None when a value is neither a tensor nor None.  Two
+    and strides, and the elements of those it keeps real (a tuple of them: theirs); None when a value is neither a
+    tensor, such a tuple nor None.  Two
     runs of one op on values of the same signature find the same outputs."""
     import torch
 
@@ -295,6 +310,8 @@ def meta_signature(values: list) -> tuple | None:
             sig.append((v.dtype, tuple(v.shape), v.stride(), small))
         elif v is None:
             sig.append(None)
+        elif isinstance(v, tuple) and (inner := meta_signature(list(v))) is not None:  # an op's several outputs
+            sig.append(("tuple", inner))
         else:
             return None
     return tuple(sig)

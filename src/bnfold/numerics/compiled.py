@@ -12,10 +12,12 @@ Security (SECURITY.md: nothing from a model file is pasted into generated source
 positions, fixed identifiers and Python keywords; names, op types and tensors reach the code through the tables it
 indexes (``N``, ``OP``, ``SN``, ``E``, ``R``, ``K``), never as text.
 
-The run-time size check keeps its semantics: where a watched command is running (:func:`bnfold.io.run_checks.watch`),
-the checked variant calls :meth:`~.runner.Runner._check` before each step's emulated op, with the live values counted
-as the interpreter counts them; without one the check has nothing to do (``before_op`` returns at once), so the
-unchecked variant leaves it out: the decision is made once per run, not per op.
+The run-time size check keeps its semantics.  Where a watched command is running (:func:`bnfold.io.run_checks.watch`),
+the ``full`` variant calls :meth:`~.runner.Runner._check` before each step's emulated op, with the live values counted
+as the interpreter counts them; the ``op`` variant, for a run whose sizes :meth:`~.runner.Runner._checks` checked at
+once (a feed of a signature seen before, whose ops' sizes follow from it), only records each op (an allocator failure
+names it) and bounds the CPU time.  Without a watched command the check has nothing to do (``before_op`` returns at
+once), and the code leaves it out.
 
 What the generated code does not do, where the interpreter runs instead (:meth:`.runner.Runner.compiled`): the local
 runs (``segments``), and the first run of each mode (compiling costs about as much as one run: it pays from the
@@ -40,20 +42,23 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class Mode:
     """What one run does: ``reference`` run too, measured ``against`` given references, the reference values
-    ``keep`` returned by name, ``on_node`` called, ``checked`` (the run-time check before each op)."""
+    ``keep`` returned by name, ``on_node`` called, ``checked``: the run-time check before each op (``"full"``), the
+    op recorded and the CPU time bounded only (``"op"``: the sizes were checked for the whole run, see
+    :meth:`.runner.Runner._checks`), or nothing (``""``: no watched command)."""
 
     reference: bool
     against: bool
     keep: frozenset
     on_node: bool
-    checked: bool
+    checked: str
 
 
 @dataclass
 class Compiled:
-    """A runner's run in one :class:`Mode` as a Python function: ``fn(feed, refs, known, meter, errors, probes,
-    kept, on_node, chk, hold, free, M, MS, PR, W) -> (outputs, reference outputs)`` (``M``, ``MS``, ``PR``: a
-    run's :class:`Measures`; ``W(kept, refs)`` before an in-place op); ``source``: its text."""
+    """A runner's run in one :class:`Mode` as a Python function: ``fn(feed, refs, known, meter, errors, kept,
+    on_node, chk, hold, free, M, MS, PR, W, T) -> (outputs, reference outputs)`` (``M``, ``MS``, ``PR``: a run's
+    :class:`Measures`; ``W(kept, refs)`` before an in-place op; ``T(i, ins)``: op ``i`` recorded); ``source``: the
+    text."""
 
     fn: Callable
     source: str
@@ -110,12 +115,12 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
     """The function of ``runner``'s run in ``mode`` (see the module docstring)."""
     prog, w = runner.program, _Writer(runner, mode)
     measuring = mode.reference or mode.against
-    w.put(0, "def run(feed, refs, known, meter, errors, kept, on_node, chk, hold, free, M, MS, PR, W):")
+    w.put(0, "def run(feed, refs, known, meter, errors, kept, on_node, chk, hold, free, M, MS, PR, W, T):")
     w.put(1, "pass")
     for k, name in enumerate(prog.inputs):
         j = w.j(name)
         w.put(1, f"x = feed[{k}]")
-        if mode.checked:
+        if mode.checked == "full":
             w.put(1, f"hold(N[{j}], x)")
         w.put(1, "if is_float(x):")
         w.put(2, f"v{j} = ROUND(x.detach().to(F32))")
@@ -212,7 +217,9 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
     probe = norm is not None and measuring
     if probe:  # the emulated value of the norm's input as the step reads it (before its outputs are bound)
         e_in, r_in = w.read(norm.input, False), w.refs_of(norm.input)
-    named = _outs(w, step, f"E[{i}](chk({i}, {ins}))" if mode.checked else f"E[{i}]({ins})", "v")
+    full = mode.checked == "full"
+    check = "chk" if full else "T" if mode.checked == "op" else ""
+    named = _outs(w, step, f"E[{i}]({check}({i}, {ins}))" if check else f"E[{i}]({ins})", "v")
     if mode.reference:
         _outs(w, step, f"R[{i}]([{', '.join(w.read(v, True) for v in step.ins)}], RD)", "w")
     if probe:
@@ -220,7 +227,7 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
     same = step.rounding == "same" and bool(step.ins) and bool(step.ins[0]) and step.name not in runner._casts
     for _, out, var in named:
         j = w.j(out)
-        if mode.checked:
+        if full:
             put(1, f"hold(N[{j}], {var})")
         if mode.reference and out in mode.keep:
             put(1, f"kept[N[{j}]] = w{j}")
@@ -236,7 +243,7 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
     freed = []
     for dead in runner._free_after.get(i, ()):
         j = w.j(dead)
-        if mode.checked:
+        if full:
             put(1, f"free(N[{j}])")
         freed += [v for v in (w.emu.pop(dead, None), w.ref.pop(dead, None)) if v is not None and v[0] in "vw"]
     if freed:

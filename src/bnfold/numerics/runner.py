@@ -22,7 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..io.run_checks import OpSizes, watching
+from ..io.run_checks import PLANNED, SMALL_REAL, OpSizes, before_op, budget_bytes, meta_signature, watching
 from .audit_memory import AuditHold
 from .compiled import Compiled, Measures, Mode, generate
 from .probe import NormProbe
@@ -234,6 +234,20 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
     return out
 
 
+class _Stale(Exception):
+    """A run whose sizes were checked at once reached an op whose small inputs differ from those they came from."""
+
+
+def _carries_values(x: Any, large: bool = False) -> bool:
+    """Whether ``x`` (a value, or a tuple of them) holds a tensor whose elements a meta run reads (a small one);
+    ``large``: one whose elements it does not read."""
+    if isinstance(x, tuple):
+        return any(_carries_values(t, large) for t in x)
+    if not isinstance(x, torch.Tensor):
+        return large  # no signature: treated as unknown
+    return x.numel() > SMALL_REAL if large else 0 < x.numel() <= SMALL_REAL
+
+
 def _reads(step: Step, values: set) -> frozenset:
     """The positions of ``step``'s inputs that read one of ``values``."""
     return frozenset(k for k, v in enumerate(step.ins) if v in values)
@@ -312,6 +326,12 @@ class Runner:
         self.compile_after: int | None = COMPILE_AFTER
         self._code: dict[Mode, Compiled] = {}
         self._code_runs: dict[Mode, int] = {}
+        self._mutates = any(s.mutates for s in program.steps)
+        #: per feed signature, the most a run adds to what is held at any op it sizes, and the signatures of the
+        #: inputs of the ops that read small run-time values (None: the sizes are not a function of it)
+        self._hoisted: dict[tuple, tuple | None] = {}
+        self._recording: tuple | None = None
+        self._guards: dict[int, tuple] = {}
         wide = {v for s in program.steps if s.name in self.fp32 for v in s.outs if v}
         #: per step under the profile, which of its inputs a float32 step wrote (cast to the storage format)
         self._casts = {s.name: k for s in program.steps if s.name not in self.fp32 if (k := _reads(s, wide))}
@@ -351,9 +371,11 @@ class Runner:
         parameters, else its meta kernels, once per input signature)."""
         norm, sized = step.norm, step.outs if self.planned else ()
         axis = norm.axis if norm is not None and step.ins[0] == norm.input else None
-        self._sizes.check(
+        nbytes = self._sizes.check(
             i, self._labels[i], step.run, (ins, torch.float32), ins, len(step.outs), sized, step.shape, axis, self._held
         )
+        if self._recording is not None:  # what sized it (:meth:`_checks`)
+            self._recording[2].append(self._record(step, ins, nbytes))
 
     def _held(self, nbytes: int) -> int:
         """What the audit holds once this op made outputs of ``nbytes`` (float32 values, as the plan counts them:
@@ -453,10 +475,16 @@ class Runner:
         prog, prof = self.program, self.profile
         meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
         feed = prog.feed(xs)
-        mode = Mode(reference, against is not None, keep_reference, on_node is not None, watching())
+        mode = Mode(reference, against is not None, keep_reference, on_node is not None, self._checks(feed, holding))
         code = self.compiled(mode)
         if code is not None:
-            return self._run_compiled(code, feed, meter, against, against_stats or {}, on_node, holding)
+            try:
+                res = self._run_compiled(code, feed, meter, against, against_stats or {}, on_node, holding)
+            except _Stale:  # a small value that sizes an op differs from the run the sizes came from: op by op
+                meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
+            else:
+                self._recorded()
+                return res
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
         env_l: dict[str, Any] = {}
@@ -527,7 +555,77 @@ class Runner:
         meter.flush()
         outputs = [env_e[o] for o in prog.outputs]
         ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
+        self._recorded()
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
+
+    # -- the run-time check, once per input signature -------------------------------------------------
+
+    def _checks(self, feed: list, holding: int) -> str:
+        """How this run checks its ops (:class:`.compiled.Mode`'s ``checked``): ``""`` outside a watched command
+        (the check has nothing to do); ``"op"``: each op recorded and the CPU time bounded, the sizes checked once
+        for the run, here; ``"full"``: each op sized before it runs.
+
+        The sizes are checked once where an earlier run on a feed of the same signature (shapes, and the values of
+        small inputs) found every op's size a function of that signature (each op sized by its meta kernels or a
+        shape fact).  Its ops then make what they made, with what the run holds at each op as then, from what the
+        caller holds now: if the largest of those sums is within the budget, every op's own check would pass (the
+        same comparisons).  Else each op is checked, and the one over the budget refused before it allocates.  An op
+        that reads a small value computed at run time (a shape, scales: :meth:`_value_free`) is sized once too,
+        where that value is the recorded one: its inputs' signature is compared before it runs (where it differs,
+        :class:`_Stale`: the batch runs again, each op checked)."""
+        self._recording = None
+        if not watching():
+            return ""
+        budget = budget_bytes()
+        if budget is None:
+            return "op"  # the check sizes nothing: it records the op and bounds the CPU time
+        if self._mutates:
+            return "full"  # an in-place op may change a constant (and what a later op reads of it)
+        sig = meta_signature(feed)
+        if sig is None:
+            return "full"
+        if sig not in self._hoisted:
+            self._recording = (sig, holding + self._const_held, [])
+            return "full"
+        hoisted = self._hoisted[sig]
+        if hoisted is None or holding + self._const_held + hoisted[0] > budget:
+            return "full"
+        self._guards = hoisted[1]
+        return "op"
+
+    def _record(self, step: Step, ins: list, nbytes: int | None) -> tuple | None:
+        """What a run that records its checks keeps of an op the check sized as ``nbytes`` (:meth:`_checks`):
+        ``(nbytes, what the run holds, the signature its inputs must have again or None)``; None where its size
+        may change on a feed of the same signature.  An op nothing sized (no meta kernel tells) whose inputs are all
+        small (their values in the signature) is kept as one the plan sized: nothing is compared for it, and its
+        outputs follow from its inputs' signature."""
+        if nbytes is None:
+            if not all(x is None or not _carries_values(x, large=True) for x in ins):
+                return None
+            return (PLANNED, self._holding, meta_signature(ins))
+        return (nbytes, self._holding, None if self._value_free(step, ins) else meta_signature(ins))
+
+    def _value_free(self, step: Step, ins: list) -> bool:
+        """Whether ``step``'s output sizes follow from its inputs' shapes alone: a shape fact that says so, a layer or
+        a batch norm, or no input that is a small value (up to :data:`~bnfold.io.run_checks.SMALL_REAL` elements,
+        which a meta run reads) computed at run time."""
+        if step.shape in ("same", "broadcast") or step.layer is not None or step.norm is not None:
+            return True
+        return not any(v not in self._const_e and _carries_values(x) for v, x in zip(step.ins, ins))
+
+    def _recorded(self) -> None:
+        """After a run that recorded its checks (:meth:`_checks`): what the feed's signature needs, or None."""
+        rec, self._recording = self._recording, None
+        if rec is None:
+            return
+        sig, base, found = rec
+        steps = len(self.program.steps)
+        if len(found) != steps or any(f is None for f in found):
+            self._hoisted[sig] = None
+            return
+        held = [h - base + AuditHold.held(nb // 4, nb, True) for nb, h, _ in found if nb != PLANNED]
+        guards = {i: g for i, (_, _, g) in enumerate(found) if g is not None}
+        self._hoisted[sig] = (max(held, default=0), guards)
 
     def compiled(self, mode: Mode) -> Compiled | None:
         """The generated run of ``mode`` (:mod:`.compiled`), or None where the interpreter runs: the local runs
@@ -537,7 +635,8 @@ class Runner:
             return None
         code = self._code.get(mode)
         if code is None:
-            seen = self._code_runs[mode] = self._code_runs.get(mode, 0) + 1
+            runs = replace(mode, checked="")  # the runs of a mode, however checked
+            seen = self._code_runs[runs] = self._code_runs.get(runs, 0) + 1
             if seen <= self.compile_after:
                 return None
             code = self._code[mode] = generate(self, mode)
@@ -566,10 +665,17 @@ class Runner:
             meter.flush()
             _copy_aliases(kept, refs)
 
-        m = Measures(meter, errors, known, probes)
+        def op(i: int, ins: list) -> list:  # the sizes were checked for the run (_checks)
+            before_op(labels[i])
+            guard = guards.get(i)
+            if guard is not None and meta_signature(ins) != guard:
+                raise _Stale
+            return ins
+
+        m, labels, guards = Measures(meter, errors, known, probes), self._labels, self._guards
         fn = code.fn
         outputs, ref_out = fn(
-            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes
+            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes, op
         )
         meter.flush()
         return BatchResult(outputs, ref_out, errors, {}, probes, kept)
