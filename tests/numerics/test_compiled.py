@@ -104,15 +104,17 @@ def test_generated_audit_on_a_torchvision_class(monkeypatch, generated, fmt):
         pytest.skip(available())
     module, x = build("tv:resnet18")
     model = export(module, x) if fmt == "pt2" else onnx_keeping_batch_norms(module, x)
-    for profile in ("fp16", "ort-cpu"):
-        _both(monkeypatch, generated, model, [(x,), (x * 2,)], profile=profile, tensors=False, local=False)
+    for profile, local in (("fp16", False), ("ort-cpu", True)):  # with the local runs: its ReLUs write in place
+        _both(monkeypatch, generated, model, [(x,), (x * 2,)], profile=profile, tensors=False, local=local)
 
 
-def test_the_local_runs_stay_with_the_interpreter(monkeypatch, generated):
-    model = export(small_net(), torch.randn(2, 3, 8, 8))
-    monkeypatch.setattr(runner_module, "COMPILE_AFTER", 0)
-    bnfold.audit(model, _batches((2, 3, 8, 8)), local=True)
-    assert generated == [] or all(not m.reference for m in generated)  # the unfolded run has the segments
+@pytest.mark.parametrize("profile", ["fp16", "htp", "ort-cpu"])
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_generated_local_runs_are_the_interpreters(monkeypatch, generated, profile, fmt):
+    batches = _batches((2, 3, 8, 8))
+    module = mixed()
+    model = export(module, batches[0][0]) if fmt == "pt2" else onnx_keeping_batch_norms(module, batches[0][0])
+    _both(monkeypatch, generated, model, batches, profile=profile, tensors=False, local=True)
 
 
 def test_the_first_run_of_a_mode_is_interpreted(generated):

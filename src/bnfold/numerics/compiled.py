@@ -19,9 +19,8 @@ once (a feed of a signature seen before, whose ops' sizes follow from it), only 
 names it) and bounds the CPU time.  Without a watched command the check has nothing to do (``before_op`` returns at
 once), and the code leaves it out.
 
-What the generated code does not do, where the interpreter runs instead (:meth:`.runner.Runner.compiled`): the local
-runs (``segments``), and the first run of each mode (compiling costs about as much as one run: it pays from the
-second batch).
+The interpreter runs each mode's first run (:meth:`.runner.Runner.compiled`): compiling costs about as much as one
+run, so the code pays from the second batch on.
 """
 
 from __future__ import annotations
@@ -76,6 +75,9 @@ class _Writer:
         self.consts: dict[str, Any] = {}
         self.emu: dict[str, str] = {}  # value name -> the expression of its emulated value now
         self.ref: dict[str, str] = {}  # value name -> the expression of its reference value now (reference runs)
+        self.loc: dict[
+            str, str
+        ] = {}  # value name -> its local run's value (a segment's, :meth:`.runner.Runner._local`)
 
     def j(self, name: str) -> int:
         if name not in self.index:
@@ -115,7 +117,7 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
     """The function of ``runner``'s run in ``mode`` (see the module docstring)."""
     prog, w = runner.program, _Writer(runner, mode)
     measuring = mode.reference or mode.against
-    w.put(0, "def run(feed, refs, known, meter, errors, kept, on_node, chk, hold, free, M, MS, PR, W, T):")
+    w.put(0, "def run(feed, refs, known, meter, errors, kept, on_node, chk, hold, free, M, MS, PR, W, T, LM):")
     w.put(1, "pass")
     for k, name in enumerate(prog.inputs):
         j = w.j(name)
@@ -157,6 +159,10 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
         "RD": runner._ref_dtype,
         "MISSING": {},
         "is_float": _is_float,
+        "TR": lambda e: e.to(runner._ref_dtype) if _is_float(e) else e,
+        "TRC": lambda e: (
+            (e.clone() if e.dtype == runner._ref_dtype else e.to(runner._ref_dtype)) if _is_float(e) else e
+        ),
         **w.consts,
     }
     exec(compile(source, "<bnfold.numerics.compiled>", "exec"), space)  # noqa: S102 - our own text: positions only
@@ -169,10 +175,11 @@ def _is_float(t: Any) -> bool:
 
 class Measures:
     """What one run measures, as the interpreter does: :meth:`M` a value against its reference, :meth:`MS` a value
-    of a ``same`` step (its input's statistics, where they cover it), :meth:`PR` a batch norm's probe."""
+    of a ``same`` step (its input's statistics, where they cover it), :meth:`LM` a value against its local run,
+    :meth:`PR` a batch norm's probe."""
 
-    def __init__(self, meter: ErrorMeter, errors: dict, known: dict, probes: dict):
-        self.meter, self.errors, self.known, self.probes = meter, errors, known, probes
+    def __init__(self, meter: ErrorMeter, errors: dict, known: dict, probes: dict, local: dict):
+        self.meter, self.errors, self.known, self.probes, self.local = meter, errors, known, probes, local
 
     def M(self, name: str, op: str, e: Any, r: Any) -> None:  # noqa: N802 - the generated code's short name
         if _is_float(e) and _is_float(r):
@@ -185,6 +192,10 @@ class Measures:
                 self.errors[name] = replace(s, node=name, op=op, shape=tuple(r.shape))
             else:
                 self.meter.add(self.errors, name, op, e, r, self.known.get(name))
+
+    def LM(self, name: str, op: str, e: Any, lv: Any) -> None:  # noqa: N802
+        if _is_float(e) and _is_float(lv):
+            self.meter.add(self.local, name, op, e, lv)
 
     def PR(self, node: str, e: Any, r: Any, axis: int) -> None:  # noqa: N802
         if _is_float(r):
@@ -225,7 +236,7 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
     if probe:
         put(1, f"PR(SN[{i}], {e_in}, {r_in}, AX[{i}])")
     same = step.rounding == "same" and bool(step.ins) and bool(step.ins[0]) and step.name not in runner._casts
-    for _, out, var in named:
+    for k, out, var in named:
         j = w.j(out)
         if full:
             put(1, f"hold(N[{j}], {var})")
@@ -234,6 +245,8 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
         w.emu[out] = var
         if mode.reference:
             w.ref[out] = f"w{j}"
+        if out in runner.segments:
+            _local(w, runner, i, step, k, out, var)
         if measuring and (runner.measured is None or out in runner.measured):
             r = w.refs_of(out)
             if same:
@@ -245,6 +258,31 @@ def _step(w: _Writer, runner: Runner, i: int, step, n: int, measuring: bool) -> 
         j = w.j(dead)
         if full:
             put(1, f"free(N[{j}])")
-        freed += [v for v in (w.emu.pop(dead, None), w.ref.pop(dead, None)) if v is not None and v[0] in "vw"]
+        bound = (w.emu.pop(dead, None), w.ref.pop(dead, None), w.loc.pop(dead, None))
+        freed += [v for v in bound if v is not None and v[0] in "vwl"]
     if freed:
         put(1, " = ".join(freed) + " = None")
+
+
+def _local(w: _Writer, runner: Runner, i: int, step, k: int, out: str, var: str) -> None:
+    """The line of output ``k`` of step ``i`` (value ``out``, emulated ``var``) from its segment's local values
+    (:meth:`.runner.Runner._local`, decided here): in the reference dtype from the segment's own values before it, the
+    unrounded constants and, for any other input, the emulated value; the emulated value itself where it is not a
+    float (the interpreter keeps no local value then, and its readers read the emulated one)."""
+    seg, ins = runner.segments[out], []
+    for v in step.ins:
+        if not v:
+            ins.append("None")
+        elif v in w.loc and runner.segments.get(v) == seg:
+            ins.append(w.loc[v])
+        elif v in runner._const_r:
+            g = f"q{w.j(v)}"
+            w.consts[g] = runner._const_r[v]
+            ins.append(g)
+        else:  # a copy where the op would write the emulated value itself
+            ins.append(f"{'TRC' if step.mutates else 'TR'}({w.read(v, False)})")
+    j = w.j(out)
+    w.put(1, f"l{j} = R[{i}]([{', '.join(ins)}], RD)[{k}] if is_float({var}) else {var}")
+    w.loc[out] = f"l{j}"
+    if runner.local_measured is None or out in runner.local_measured:
+        w.put(1, f"LM(N[{j}], OP[{i}], {var}, l{j})")

@@ -628,10 +628,10 @@ class Runner:
         self._hoisted[sig] = (max(held, default=0), guards)
 
     def compiled(self, mode: Mode) -> Compiled | None:
-        """The generated run of ``mode`` (:mod:`.compiled`), or None where the interpreter runs: the local runs
-        (``segments``) and a mode's first :attr:`compile_after` runs (compiling
-        costs about one run: one batch runs interpreted, the second and later compiled; None: never)."""
-        if self.compile_after is None or self.segments:
+        """The generated run of ``mode`` (:mod:`.compiled`), or None where the interpreter runs: a mode's first
+        :attr:`compile_after` runs (compiling costs about one run: one batch runs interpreted, the second and later
+        compiled; None: never)."""
+        if self.compile_after is None:
             return None
         code = self._code.get(mode)
         if code is None:
@@ -672,13 +672,14 @@ class Runner:
                 raise _Stale
             return ins
 
-        m, labels, guards = Measures(meter, errors, known, probes), self._labels, self._guards
+        local: dict[str, TensorError] = {}
+        m, labels, guards = Measures(meter, errors, known, probes, local), self._labels, self._guards
         fn = code.fn
         outputs, ref_out = fn(
-            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes, op
+            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes, op, m.LM
         )
         meter.flush()
-        return BatchResult(outputs, ref_out, errors, {}, probes, kept)
+        return BatchResult(outputs, ref_out, errors, local, probes, kept)
 
     def _hold(self, alive: dict, name: str, x: Any) -> None:
         """Count value ``name`` (``x``) as held while it lives."""
