@@ -130,13 +130,14 @@ def _resize_by_values(path):
     from onnx import TensorProto as T
     from onnx import helper as h
 
-    nodes = [
-        h.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
-        h.make_node("Mul", ["s", "mask"], ["z"]),
-        h.make_node("Add", ["one", "z"], ["scales"]),
-        h.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest"),
-        h.make_node("Relu", ["y"], ["out"]),
+    spec = [
+        ("ReduceSum", ["x"], ["s"], {"keepdims": 0}),
+        ("Mul", ["s", "mask"], ["z"], {}),
+        ("Add", ["one", "z"], ["scales"], {}),
+        ("Resize", ["x", "", "scales"], ["y"], {"mode": "nearest"}),
+        ("Relu", ["y"], ["out"], {}),
     ]
+    nodes = [h.make_node(op, ins, outs, **kw) for op, ins, outs, kw in spec]
     inits = [h.make_tensor("mask", T.FLOAT, [4], [0, 0, 1, 1]), h.make_tensor("one", T.FLOAT, [4], [1, 1, 1, 1])]
     x = h.make_tensor_value_info("x", T.FLOAT, [1, 1, 8, 8])
     g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("out", T.FLOAT, None)], inits)

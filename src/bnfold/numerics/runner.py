@@ -12,6 +12,10 @@ float32's), the local (per-segment) errors and the batch-norm probes.
 Each float value (by name) is compared with its reference as soon as it exists; values are dropped
 after their last use.  :meth:`Runner._emulate` is the single place an op runs emulated (a per-op
 check belongs there).
+
+:meth:`Runner.run`'s loop is the definition; from a run mode's second run on, the same run executes as Python
+generated once for the runner and that mode (:mod:`.compiled`: the loop's decisions taken once, the values in
+locals), with the same step callables, emulators and measurements, and the same report.
 """
 
 from __future__ import annotations
@@ -573,7 +577,7 @@ class Runner:
         that reads a small value computed at run time (a shape, scales: :meth:`_value_free`) is sized once too,
         where that value is the recorded one: its inputs' signature is compared before it runs (where it differs,
         :class:`_Stale`: the batch runs again, each op checked)."""
-        self._recording = None
+        self._recording, self._guards = None, {}
         if not watching():
             return ""
         budget = budget_bytes()
