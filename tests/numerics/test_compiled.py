@@ -169,3 +169,31 @@ def test_a_watched_audit_checks_sizes_once_per_feed_signature(monkeypatch, gener
             docs[after] = bnfold.audit(model, batches, fold=fold, local=False).to_dict()
     assert generated and all(m.checked == "op" for m in generated)  # sized once for each later batch
     assert not _same(docs[None], docs[1])
+
+
+@pytest.mark.parametrize("profile", ["fp16", "ort-cpu"])  # ort-cpu: the fused conv + batch norm (emulated by _emulate)
+def test_a_runner_and_its_code_go_with_their_last_reference(profile):
+    """The generated code holds no reference to its runner: the runner, its rounded constants and its code are freed
+    when the audit drops it, without waiting for the garbage collector (a cycle would keep a model's weights)."""
+    import gc
+    import weakref
+
+    from bnfold.frontends import frontend_for
+
+    module = mixed()
+    x = torch.randn(2, 3, 8, 8)
+    model = onnx_keeping_batch_norms(module, x)
+    runner = runner_module.Runner(frontend_for(model).numerics().program(model), profile, segments=None)
+    runner.compile_after = 0
+    runner.run(x)
+    runner.run(x, reference=False)
+    assert len(runner._code) == 2
+    gone = weakref.ref(runner)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del runner
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()

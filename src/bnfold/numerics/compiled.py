@@ -147,6 +147,7 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
     refs = ", ".join(w.refs_of(o) for o in prog.outputs)
     w.put(1, f"return [{outs}], [{refs}]" if measuring else f"return [{outs}], []")
     source = "\n".join(w.lines) + "\n"
+    rd = runner._ref_dtype  # the code holds no reference to the runner (which holds the code): no cycle to collect
     space: dict[str, Any] = {
         "N": w.names,
         "OP": [s.op for s in prog.steps],
@@ -159,10 +160,8 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
         "RD": runner._ref_dtype,
         "MISSING": {},
         "is_float": _is_float,
-        "TR": lambda e: e.to(runner._ref_dtype) if _is_float(e) else e,
-        "TRC": lambda e: (
-            (e.clone() if e.dtype == runner._ref_dtype else e.to(runner._ref_dtype)) if _is_float(e) else e
-        ),
+        "TR": lambda e, rd=rd: e.to(rd) if _is_float(e) else e,
+        "TRC": lambda e, rd=rd: (e.clone() if e.dtype == rd else e.to(rd)) if _is_float(e) else e,
         **w.consts,
     }
     exec(compile(source, "<bnfold.numerics.compiled>", "exec"), space)  # noqa: S102 - our own text: positions only

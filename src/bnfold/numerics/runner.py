@@ -20,6 +20,7 @@ locals), with the same step callables, emulators and measurements, and the same 
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -424,7 +425,8 @@ class Runner:
         special = special or (norm is not None and prof.htp_batch_norm)
         special = special or (prof.fp16_accumulate and step.accumulated is not None)
         if special:
-            return lambda ins: self._emulate(step, ins, dict(zip(step.ins, ins)))
+            me = weakref.ref(self)  # the runner holds its code, which holds this: no cycle to collect
+            return lambda ins: me()._emulate(step, ins, dict(zip(step.ins, ins)))
         run, f32 = step.run, torch.float32
         eps = self.bn_eps if norm is not None else None
         if not self._rounds(step):
