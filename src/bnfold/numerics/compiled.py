@@ -10,7 +10,7 @@ interpreter's :meth:`~.runner.Runner._emulate`, with the profile's rounding fuse
 
 Security (SECURITY.md: nothing from a model file is pasted into generated source): the source holds only
 positions, fixed identifiers and Python keywords; names, op types and tensors reach the code through the tables it
-indexes (``N``, ``OP``, ``SN``, ``E``, ``R``, ``K``), never as text.
+indexes (``N``, ``OP``, ``SN``, ``E``, ``R``, ``AX``), never as text.
 
 The run-time size check keeps its semantics.  Where a watched command is running (:func:`bnfold.io.run_checks.watch`),
 the ``full`` variant calls :meth:`~.runner.Runner._check` before each step's emulated op, with the live values counted
@@ -55,9 +55,9 @@ class Mode:
 @dataclass
 class Compiled:
     """A runner's run in one :class:`Mode` as a Python function: ``fn(feed, refs, known, meter, errors, kept,
-    on_node, chk, hold, free, M, MS, PR, W, T) -> (outputs, reference outputs)`` (``M``, ``MS``, ``PR``: a run's
-    :class:`Measures`; ``W(kept, refs)`` before an in-place op; ``T(i, ins)``: op ``i`` recorded); ``source``: the
-    text."""
+    on_node, chk, hold, free, M, MS, PR, W, T, LM) -> (outputs, reference outputs)`` (``M``, ``MS``, ``PR``,
+    ``LM``: a run's :class:`Measures`; ``W(kept, refs)`` before an in-place op; ``T(i, ins)``: op ``i`` recorded);
+    ``source``: the text."""
 
     fn: Callable
     source: str
@@ -75,9 +75,7 @@ class _Writer:
         self.consts: dict[str, Any] = {}
         self.emu: dict[str, str] = {}  # value name -> the expression of its emulated value now
         self.ref: dict[str, str] = {}  # value name -> the expression of its reference value now (reference runs)
-        self.loc: dict[
-            str, str
-        ] = {}  # value name -> its local run's value (a segment's, :meth:`.runner.Runner._local`)
+        self.loc: dict[str, str] = {}  # value name -> its local run's value (:meth:`.runner.Runner._local`)
 
     def j(self, name: str) -> int:
         if name not in self.index:
