@@ -10,16 +10,19 @@ multiples of the fp32 forward):
 * ``set-up``   the unfolded program built (``Frontend.numerics().program``) and its ``Runner`` made (constants
                rounded, the frees, the fusion plan): paid once per program, not per batch;
 * ``run``      ``Runner.run`` of the unfolded program on one batch, as the audit's table runs it: emulated and
-               reference, the values the rows read measured, the run-time size check before each op;
+               reference, the values the rows read measured, the run-time size check before each op, by the
+               interpreter (``compile_after = None``);
+* ``generated`` the same run as the code :mod:`bnfold.numerics.compiled` generates for it (what the audit runs from
+               a program's second batch on; compiled before the timing);
 * ``straight`` the same step callables run in a plain loop with the profile's storage rounding after each op that
                rounds (``Step.rounding``), values freed at last use, no check and no measurement: the emulated run
                and the reference run (the floor a generated runner over these callables reaches, two forwards at best);
 * ``gap``      ``run - straight``: what the interpreter (per-step dispatch, the size checks, the measurements the rows
                read) adds on this program;
-* ``unmeasured`` ``Runner.run`` with no value measured (``measured=set()``; the batch-norm probes, which the report
-               reads, still run): ``run - unmeasured`` is the rows' measurements;
-* ``emulated``   ``Runner.run(x, reference=False)``: the emulated run alone (no reference, no probe, no measurement):
-               ``emulated - straight emu`` is the interpreter's own cost on the emulated run.
+* ``unmeasured`` ``Runner.run`` (interpreted) with no value measured (``measured=set()``; the batch-norm probes,
+               which the report reads, still run): ``run - unmeasured`` is the rows' measurements;
+* ``emulated``   ``Runner.run(x, reference=False)`` (interpreted): the emulated run alone (no reference, no probe,
+               no measurement): ``emulated - straight emu`` is the interpreter's own cost on the emulated run.
 
 A benchmark, not a test: nothing asserts on a time.  The straight loop is not the profile's semantics (no fp16
 accumulation, ORT fusion, float32 islands or host batch norm; under ``fp16`` none of these applies): it is a lower
@@ -70,13 +73,18 @@ def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
         return Runner(prog, profile, measured=outs)
 
     runner = setup()
+    runner.compile_after = None
+    gen = Runner(runner.program, profile, measured=runner.measured)
+    gen.compile_after = 0
     bare = Runner(runner.program, profile, measured=set())
+    bare.compile_after = None
     with torch.no_grad():
-        fwd, built, run, emu, ref, unmeasured, emulated = _min_times(
+        fwd, built, run, generated, emu, ref, unmeasured, emulated = _min_times(
             [
                 forward,
                 setup,
                 lambda: runner.run(x),
+                lambda: gen.run(x),
                 lambda: _straight(runner, (x,), True),
                 lambda: _straight(runner, (x,), False),
                 lambda: bare.run(x),
@@ -86,7 +94,7 @@ def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
         )
     cells = [
         f"{t * 1e3:.2f} ({t / fwd:.1f}x)"
-        for t in (built, run, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated)
+        for t in (built, run, generated, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated)
     ]
     return [label, str(len(runner.program.steps)), f"{fwd * 1e3:.2f}", *cells]
 
@@ -118,6 +126,7 @@ def main(argv=None) -> int:
         "fwd ms",
         "set-up",
         "run",
+        "generated",
         "straight emu",
         "straight ref",
         "straight",

@@ -91,6 +91,11 @@ def watch(address_cap: bool = False) -> Iterator[Run]:
         run.release()
 
 
+def watching() -> bool:
+    """Whether a watched command is running (:func:`watch`): without one, :func:`before_op` has nothing to do."""
+    return _RUN.get() is not None
+
+
 def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
     """The plan of the run about to start (``numerics.audit_memory``): its byte budget bounds each op, its
     FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:
@@ -188,32 +193,59 @@ class OpSizes:
     """:func:`before_op` for the ops of one program, run batch after batch (the numerics runner's), with the meta
     run only where nothing else sizes an op's outputs: the plan (``values`` it sized), a bound from the op's shape
     fact (:func:`shape_bound`) within the budget, or the meta run of the same op (``key``) on inputs of the same
-    signature (:func:`meta_signature`: it would find what it found).  The same decisions as :func:`before_op`'s."""
+    signature (:func:`meta_signature`: it would find what it found; the bound too, computed once per signature).  The
+    same decisions as :func:`before_op`'s."""
 
     def __init__(self):
         self._found: dict[Any, tuple] = {}  # key -> (input signature, its outputs' bytes or None: no meta kernel tells)
+        self._bounds: dict[
+            Any, tuple
+        ] = {}  # key -> (input signature, its shape fact's bound: a function of the shapes)
 
     def check(
         self, key, label: str, fn, args, ins: list, outs: int, values=(), shape="", channel_axis=None, held=None
-    ) -> None:
+    ) -> int | None:
         """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs
-        (``held``: see :func:`before_op`)."""
+        (``held``: see :func:`before_op`).  Returns what sized it, where a function of the inputs' signature alone:
+        the bytes it compared (``held`` of them) with the budget, :data:`PLANNED` (the plan sized its outputs), else
+        None (no budget, no signature, no meta kernel tells)."""
         run = _RUN.get()
         if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
             before_op(label, values=values)
-            return
+            return None
+        if values and run.sized and all(v in run.sized for v in values if v):  # the plan sized them: before_op's
+            before_op(label, values=values)  # answer whatever the signature (it returns before sizing anything)
+            return PLANNED
         sig = meta_signature(ins)
         found = self._found.get(key)
         if found is not None and found[0] == sig:
             before_op(label, values=values, nbytes=found[1], held=held)
-            return
-        bound = shape_bound(shape, ins, outs, channel_axis)
+            return found[1]
+        known = self._bounds.get(key)
+        if known is not None and known[0] == sig:
+            bound = known[1]
+        else:
+            bound = shape_bound(shape, ins, outs, channel_axis)
+            if sig is not None:
+                self._bounds[key] = (sig, bound)
         if bound is not None and (bound if held is None else held(bound)) <= run.budget.bytes:
             before_op(label, values=values)
-            return
+            return None if sig is None else bound
         outs = before_op(label, fn, args, values=values, held=held)
+        nbytes = None if outs is None else sum(o.nbytes for o in outs)
         if sig is not None:
-            self._found[key] = (sig, None if outs is None else sum(o.nbytes for o in outs))
+            self._found[key] = (sig, nbytes)
+        return nbytes if sig is not None else None
+
+
+#: :meth:`OpSizes.check`'s answer for an op whose outputs the plan sized (nothing compared at run time)
+PLANNED = -1
+
+
+def budget_bytes() -> int | None:
+    """The byte budget of the watched command running now (None: none, or no plan yet)."""
+    run = _RUN.get()
+    return None if run is None or run.budget is None else run.budget.bytes
 
 
 def shape_bound(shape: str, ins: list, outs: int, channel_axis: int | None = None) -> int | None:
@@ -266,7 +298,8 @@ def meta_outputs(fn: Callable[..., Any], args: Any, kwargs: dict) -> list[Out] |
 
 def meta_signature(values: list) -> tuple | None:
     """What a meta run (:func:`meta_outputs`) reads of ``values``, an op's tensor inputs: each one's dtype, shape
-    and strides, and the elements of those it keeps real; None when a value is neither a tensor nor None.  Two
+    and strides, and the elements of those it keeps real (a tuple of them: theirs); None when a value is neither a
+    tensor, such a tuple nor None.  Two
     runs of one op on values of the same signature find the same outputs."""
     import torch
 
@@ -277,6 +310,8 @@ def meta_signature(values: list) -> tuple | None:
             sig.append((v.dtype, tuple(v.shape), v.stride(), small))
         elif v is None:
             sig.append(None)
+        elif isinstance(v, tuple) and (inner := meta_signature(list(v))) is not None:  # an op's several outputs
+            sig.append(("tuple", inner))
         else:
             return None
     return tuple(sig)

@@ -12,18 +12,24 @@ float32's), the local (per-segment) errors and the batch-norm probes.
 Each float value (by name) is compared with its reference as soon as it exists; values are dropped
 after their last use.  :meth:`Runner._emulate` is the single place an op runs emulated (a per-op
 check belongs there).
+
+:meth:`Runner.run`'s loop is the definition; from a run mode's second run on, the same run executes as Python
+generated once for the runner and that mode (:mod:`.compiled`: the loop's decisions taken once, the values in
+locals), with the same step callables, emulators and measurements, and the same report.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 import torch
 
-from ..io.run_checks import OpSizes
+from ..io.run_checks import PLANNED, SMALL_REAL, OpSizes, before_op, budget_bytes, meta_signature, watching
 from .audit_memory import AuditHold
+from .compiled import Compiled, Measures, Mode, generate
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 from .tensor_error import ErrorMeter, TensorError
@@ -191,6 +197,9 @@ class EmulationResult:
             self.reference.append(batch.reference)
 
 
+#: a run mode's runs by the interpreter before its generated code (:mod:`.compiled`) runs the later ones
+COMPILE_AFTER = 1
+
 #: float constants of at most this many elements are rounded together (:func:`_round_constants`)
 ROUNDED_TOGETHER = 1 << 12
 #: elements per 64 bytes of float32: where each constant starts in the concatenation (torch aligns an allocation to
@@ -228,6 +237,20 @@ def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict |
     for k, at in zip(together, starts):
         out[k] = flat.as_strided(f32[k].shape, f32[k].stride(), at)  # one op (a split part, then a view: two)
     return out
+
+
+class _Stale(Exception):
+    """A run whose sizes were checked at once reached an op whose small inputs differ from those they came from."""
+
+
+def _carries_values(x: Any, large: bool = False) -> bool:
+    """Whether ``x`` (a value, or a tuple of them) holds a tensor whose elements a meta run reads (a small one);
+    ``large``: one whose elements it does not read."""
+    if isinstance(x, tuple):
+        return any(_carries_values(t, large) for t in x)
+    if not isinstance(x, torch.Tensor):
+        return large  # no signature: treated as unknown
+    return x.numel() > SMALL_REAL if large else 0 < x.numel() <= SMALL_REAL
 
 
 def _reads(step: Step, values: set) -> frozenset:
@@ -304,6 +327,16 @@ class Runner:
         self._holding = self._const_held  # what a run holds now (:meth:`_held`)
         self._htp: dict[str, tuple] = {}
         self._fused: dict[str, Any] = self._ort_fusion(readers) if prof.fp16_conv_fusion else {}
+        #: runs of a mode before its generated code runs them (:meth:`compiled`; None: the interpreter only)
+        self.compile_after: int | None = COMPILE_AFTER
+        self._code: dict[Mode, Compiled] = {}
+        self._code_runs: dict[Mode, int] = {}
+        self._mutates = any(s.mutates for s in program.steps)
+        #: per feed signature, the most a run adds to what is held at any op it sizes, and the signatures of the
+        #: inputs of the ops that read small run-time values (None: the sizes are not a function of it)
+        self._hoisted: dict[tuple, tuple | None] = {}
+        self._recording: tuple | None = None
+        self._guards: dict[int, tuple] = {}
         wide = {v for s in program.steps if s.name in self.fp32 for v in s.outs if v}
         #: per step under the profile, which of its inputs a float32 step wrote (cast to the storage format)
         self._casts = {s.name: k for s in program.steps if s.name not in self.fp32 if (k := _reads(s, wide))}
@@ -343,9 +376,11 @@ class Runner:
         parameters, else its meta kernels, once per input signature)."""
         norm, sized = step.norm, step.outs if self.planned else ()
         axis = norm.axis if norm is not None and step.ins[0] == norm.input else None
-        self._sizes.check(
+        nbytes = self._sizes.check(
             i, self._labels[i], step.run, (ins, torch.float32), ins, len(step.outs), sized, step.shape, axis, self._held
         )
+        if self._recording is not None:  # what sized it (:meth:`_checks`)
+            self._recording[2].append(self._record(step, ins, nbytes))
 
     def _held(self, nbytes: int) -> int:
         """What the audit holds once this op made outputs of ``nbytes`` (float32 values, as the plan counts them:
@@ -371,11 +406,34 @@ class Runner:
             out = [step.accumulated(ins, prof.acc_chunk)]
         else:
             out = step.run(ins, torch.float32, eps=eps if norm is not None else None)
+        return [round_floats(o) for o in out] if self._rounds(step) else out
+
+    def _rounds(self, step: Step) -> bool:
+        """Whether ``step``'s outputs are rounded to the storage format once its op ran (the profile's rule)."""
+        prof = self.profile
         if prof.fp16_storage:
-            return out if step.rounding != DEFAULT_ROUNDING else [round_floats(o) for o in out]
-        if step.fp16_class and step.fp16_class in prof.fp16_classes:
-            return [round_floats(o) for o in out]
-        return out
+            return step.rounding == DEFAULT_ROUNDING
+        return bool(step.fp16_class) and step.fp16_class in prof.fp16_classes
+
+    def emulator(self, step: Step) -> Callable[[list], list]:
+        """``ins -> outputs``: :meth:`_emulate` of ``step`` as one callable (the compiled run's,
+        :mod:`.compiled`).  A plain step (no float32 island, cast, fusion, host batch norm or fp16 accumulation
+        applies to it) is its ``Step.run`` in float32 with the rounding of :meth:`_rounds` fused in, the branches
+        decided here once; any other calls :meth:`_emulate` with its inputs as the values it reads."""
+        prof, name, norm = self.profile, step.name, step.norm
+        special = name in self.fp32 or name in self._casts or name in self._fused
+        special = special or (norm is not None and prof.htp_batch_norm)
+        special = special or (prof.fp16_accumulate and step.accumulated is not None)
+        if special:
+            me = weakref.ref(self)  # the runner holds its code, which holds this: no cycle to collect
+            return lambda ins: me()._emulate(step, ins, dict(zip(step.ins, ins)))
+        run, f32 = step.run, torch.float32
+        eps = self.bn_eps if norm is not None else None
+        if not self._rounds(step):
+            return (lambda ins: run(ins, f32)) if eps is None else (lambda ins: run(ins, f32, eps=eps))
+        if eps is None:
+            return lambda ins: [round_floats(o) for o in run(ins, f32)]
+        return lambda ins: [round_floats(o) for o in run(ins, f32, eps=eps)]
 
     def _float32(self, step: Step, ins: list) -> list:
         """``step`` kept in float32: its constants unrounded, its output stored in float32."""
@@ -423,6 +481,16 @@ class Runner:
         prog, prof = self.program, self.profile
         meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
         feed = prog.feed(xs)
+        mode = Mode(reference, against is not None, keep_reference, on_node is not None, self._checks(feed, holding))
+        code = self.compiled(mode)
+        if code is not None:
+            try:
+                res = self._run_compiled(code, feed, meter, against, against_stats or {}, on_node, holding)
+            except _Stale:  # a small value that sizes an op differs from the run the sizes came from: op by op
+                meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
+            else:
+                self._recorded()
+                return res
         env_e: dict[str, Any] = dict(self._const_e)
         env_r: dict[str, Any] = dict(self._const_r) if reference else {}
         env_l: dict[str, Any] = {}
@@ -493,6 +561,130 @@ class Runner:
         meter.flush()
         outputs = [env_e[o] for o in prog.outputs]
         ref_out = [refs.get(o) for o in prog.outputs] if measuring else []
+        self._recorded()
+        return BatchResult(outputs, ref_out, errors, local, probes, kept)
+
+    # -- the run-time check, once per input signature -------------------------------------------------
+
+    def _checks(self, feed: list, holding: int) -> str:
+        """How this run checks its ops (:class:`.compiled.Mode`'s ``checked``): ``""`` outside a watched command
+        (the check has nothing to do); ``"op"``: each op recorded and the CPU time bounded, the sizes checked once
+        for the run, here; ``"full"``: each op sized before it runs.
+
+        The sizes are checked once where an earlier run on a feed of the same signature (shapes, and the values of
+        small inputs) found every op's size a function of that signature (each op sized by its meta kernels or a
+        shape fact).  Its ops then make what they made, with what the run holds at each op as then, from what the
+        caller holds now: if the largest of those sums is within the budget, every op's own check would pass (the
+        same comparisons).  Else each op is checked, and the one over the budget refused before it allocates.  An op
+        that reads a small value computed at run time (a shape, scales: :meth:`_value_free`) is sized once too,
+        where that value is the recorded one: its inputs' signature is compared before it runs (where it differs,
+        :class:`_Stale`: the batch runs again, each op checked)."""
+        self._recording, self._guards = None, {}
+        if not watching():
+            return ""
+        budget = budget_bytes()
+        if budget is None:
+            return "op"  # the check sizes nothing: it records the op and bounds the CPU time
+        if self._mutates:
+            return "full"  # an in-place op may change a constant (and what a later op reads of it)
+        sig = meta_signature(feed)
+        if sig is None:
+            return "full"
+        if sig not in self._hoisted:
+            self._recording = (sig, holding + self._const_held, [])
+            return "full"
+        hoisted = self._hoisted[sig]
+        if hoisted is None or holding + self._const_held + hoisted[0] > budget:
+            return "full"
+        self._guards = hoisted[1]
+        return "op"
+
+    def _record(self, step: Step, ins: list, nbytes: int | None) -> tuple | None:
+        """What a run that records its checks keeps of an op the check sized as ``nbytes`` (:meth:`_checks`):
+        ``(nbytes, what the run holds, the signature its inputs must have again or None)``; None where its size
+        may change on a feed of the same signature.  An op nothing sized (no meta kernel tells) whose inputs are all
+        small (their values in the signature) is kept as one the plan sized: nothing is compared for it, and its
+        outputs follow from its inputs' signature."""
+        if nbytes is None:
+            if not all(x is None or not _carries_values(x, large=True) for x in ins):
+                return None
+            return (PLANNED, self._holding, meta_signature(ins))
+        return (nbytes, self._holding, None if self._value_free(step, ins) else meta_signature(ins))
+
+    def _value_free(self, step: Step, ins: list) -> bool:
+        """Whether ``step``'s output sizes follow from its inputs' shapes alone: a shape fact that says so, a layer or
+        a batch norm, or no input that is a small value (up to :data:`~bnfold.io.run_checks.SMALL_REAL` elements,
+        which a meta run reads) computed at run time."""
+        if step.shape in ("same", "broadcast") or step.layer is not None or step.norm is not None:
+            return True
+        return not any(v not in self._const_e and _carries_values(x) for v, x in zip(step.ins, ins))
+
+    def _recorded(self) -> None:
+        """After a run that recorded its checks (:meth:`_checks`): what the feed's signature needs, or None."""
+        rec, self._recording = self._recording, None
+        if rec is None:
+            return
+        sig, base, found = rec
+        steps = len(self.program.steps)
+        if len(found) != steps or any(f is None for f in found):
+            self._hoisted[sig] = None
+            return
+        held = [h - base + AuditHold.held(nb // 4, nb, True) for nb, h, _ in found if nb != PLANNED]
+        guards = {i: g for i, (_, _, g) in enumerate(found) if g is not None}
+        self._hoisted[sig] = (max(held, default=0), guards)
+
+    def compiled(self, mode: Mode) -> Compiled | None:
+        """The generated run of ``mode`` (:mod:`.compiled`), or None where the interpreter runs: a mode's first
+        :attr:`compile_after` runs (compiling costs about one run: one batch runs interpreted, the second and later
+        compiled; None: never)."""
+        if self.compile_after is None:
+            return None
+        code = self._code.get(mode)
+        if code is None:
+            runs = replace(mode, checked="")  # the runs of a mode, however checked
+            seen = self._code_runs[runs] = self._code_runs.get(runs, 0) + 1
+            if seen <= self.compile_after:
+                return None
+            code = self._code[mode] = generate(self, mode)
+        return code
+
+    def _run_compiled(self, code: Compiled, feed, meter, against, known, on_node, holding: int) -> BatchResult:
+        """One batch through ``code`` (:meth:`run`'s results, the same numbers)."""
+        errors: dict[str, TensorError] = {}
+        probes: dict[str, NormProbe] = {}
+        kept: dict[str, Any] = {}
+        alive: dict[str, int] = {}
+        self._holding = holding + self._const_held
+        steps = self.program.steps
+
+        def free(name: str) -> None:
+            self._holding -= alive.pop(name, 0)
+
+        def hold(name: str, x: Any) -> None:
+            self._hold(alive, name, x)
+
+        def chk(i: int, ins: list) -> list:
+            self._check(i, steps[i], ins)
+            return ins
+
+        def writes(kept: dict, refs: list) -> None:  # as run() before an in-place op
+            meter.flush()
+            _copy_aliases(kept, refs)
+
+        def op(i: int, ins: list) -> list:  # the sizes were checked for the run (_checks)
+            before_op(labels[i])
+            guard = guards.get(i)
+            if guard is not None and meta_signature(ins) != guard:
+                raise _Stale
+            return ins
+
+        local: dict[str, TensorError] = {}
+        m, labels, guards = Measures(meter, errors, known, probes, local), self._labels, self._guards
+        fn = code.fn
+        outputs, ref_out = fn(
+            feed, against, known, meter, errors, kept, on_node, chk, hold, free, m.M, m.MS, m.PR, writes, op, m.LM
+        )
+        meter.flush()
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
 
     def _hold(self, alive: dict, name: str, x: Any) -> None:

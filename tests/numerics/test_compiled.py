@@ -1,0 +1,199 @@
+"""The audit's generated runs (:mod:`bnfold.numerics.compiled`) give the interpreter's report.
+
+Each audit runs twice on the same batches and the same fold: once with the interpreter only
+(``runner.COMPILE_AFTER = None``), once with every run generated (``0``); every number of ``to_dict()`` agrees within
+1e-9, on the tests' own networks and a torchvision class as torch programs and as ONNX, and on the PaddleOCR angle
+classifier, under every profile.  The run-time size check still refuses a hostile op inside generated code, on a
+batch whose values (not its shape) make the op too large.
+"""
+
+import math
+
+import pytest
+import torch
+from numerics_helpers import export, mixed, onnx_keeping_batch_norms, small_net
+
+import bnfold
+import bnfold.numerics.runner as runner_module
+from bnfold.io.budget import WorkError
+from bnfold.io.run_checks import watch
+from bnfold.numerics.profiles import PROFILE_NAMES
+
+onnx = pytest.importorskip("onnx")
+
+
+def _flat(doc, path=""):
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            yield from _flat(v, f"{path}.{k}")
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            yield from _flat(v, f"{path}[{i}]")
+    else:
+        yield path, doc
+
+
+def _same(a: dict, b: dict) -> list[str]:
+    """The paths where two reports' ``to_dict()`` differ (numbers: by more than 1e-9 of their size)."""
+    fa, fb = dict(_flat(a)), dict(_flat(b))
+    bad = sorted(set(fa) ^ set(fb))
+    for k in fa.keys() & fb.keys():
+        x, y = fa[k], fb[k]
+        if isinstance(x, float) and isinstance(y, float):
+            if not (x == y or (math.isnan(x) and math.isnan(y)) or abs(x - y) <= 1e-9 * max(1.0, abs(x))):
+                bad.append(f"{k}: {x} != {y}")
+        elif x != y:
+            bad.append(f"{k}: {x!r} != {y!r}")
+    return bad
+
+
+@pytest.fixture
+def generated(monkeypatch):
+    """Counts the generated runs made (``generate`` calls)."""
+    made = []
+    real = runner_module.generate
+
+    def counting(runner, mode):
+        made.append(mode)
+        return real(runner, mode)
+
+    monkeypatch.setattr(runner_module, "generate", counting)
+    return made
+
+
+def _both(monkeypatch, generated, model, batches, **kw) -> None:
+    fold = bnfold.fold(model)
+    docs = {}
+    for after in (None, 0):
+        monkeypatch.setattr(runner_module, "COMPILE_AFTER", after)
+        generated.clear()
+        docs[after] = bnfold.audit(model, batches, fold=fold, **kw).to_dict()
+        assert bool(generated) == (after is not None)
+    assert not _same(docs[None], docs[0])
+
+
+def _batches(shape, n=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.randn(shape, generator=g) * (1 + k),) for k in range(n)]
+
+
+@pytest.mark.parametrize("profile", PROFILE_NAMES)
+@pytest.mark.parametrize("net", ["small", "mixed"])
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_generated_audit_is_the_interpreters(monkeypatch, generated, profile, net, fmt):
+    module = small_net() if net == "small" else mixed()
+    batches = _batches((2, 3, 8, 8))
+    x = batches[0][0]
+    model = export(module, x) if fmt == "pt2" else onnx_keeping_batch_norms(module, x)
+    _both(monkeypatch, generated, model, batches, profile=profile, tensors=fmt == "pt2", local=False)
+
+
+def test_generated_audit_on_the_paddleocr_classifier(monkeypatch, generated):
+    from paddleocr_models import model_path
+
+    model = onnx.load(model_path("cls"))
+    for profile in PROFILE_NAMES:
+        _both(monkeypatch, generated, model, _batches((1, 3, 48, 96)), profile=profile, local=False)
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_generated_audit_on_a_torchvision_class(monkeypatch, generated, fmt):
+    from library_models import available, build
+
+    if available() is not None:
+        pytest.skip(available())
+    module, x = build("tv:resnet18")
+    model = export(module, x) if fmt == "pt2" else onnx_keeping_batch_norms(module, x)
+    for profile, local in (("fp16", False), ("ort-cpu", True)):  # with the local runs: its ReLUs write in place
+        _both(monkeypatch, generated, model, [(x,), (x * 2,)], profile=profile, tensors=False, local=local)
+
+
+@pytest.mark.parametrize("profile", ["fp16", "htp", "ort-cpu"])
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_generated_local_runs_are_the_interpreters(monkeypatch, generated, profile, fmt):
+    batches = _batches((2, 3, 8, 8))
+    module = mixed()
+    model = export(module, batches[0][0]) if fmt == "pt2" else onnx_keeping_batch_norms(module, batches[0][0])
+    _both(monkeypatch, generated, model, batches, profile=profile, tensors=False, local=True)
+
+
+def test_the_first_run_of_a_mode_is_interpreted(generated):
+    model = export(small_net(), torch.randn(2, 3, 8, 8))
+    bnfold.audit(model, _batches((2, 3, 8, 8), n=1), local=False)
+    assert generated == []  # one batch: compiling would cost more than it saves
+    bnfold.audit(model, _batches((2, 3, 8, 8), n=3), local=False)
+    assert len(generated) == 2  # the unfolded and the folded program's mode, from their second batch
+
+
+def _resize_by_values(path):
+    """A Resize whose scales grow with the input's values: ``[1, 1, 1 + sum(x), 1 + sum(x)]``."""
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    spec = [
+        ("ReduceSum", ["x"], ["s"], {"keepdims": 0}),
+        ("Mul", ["s", "mask"], ["z"], {}),
+        ("Add", ["one", "z"], ["scales"], {}),
+        ("Resize", ["x", "", "scales"], ["y"], {"mode": "nearest"}),
+        ("Relu", ["y"], ["out"], {}),
+    ]
+    nodes = [h.make_node(op, ins, outs, **kw) for op, ins, outs, kw in spec]
+    inits = [h.make_tensor("mask", T.FLOAT, [4], [0, 0, 1, 1]), h.make_tensor("one", T.FLOAT, [4], [1, 1, 1, 1])]
+    x = h.make_tensor_value_info("x", T.FLOAT, [1, 1, 8, 8])
+    g = h.make_graph(nodes, "g", [x], [h.make_tensor_value_info("out", T.FLOAT, None)], inits)
+    onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), path)
+
+
+def test_the_size_check_refuses_inside_generated_code(tmp_path, generated):
+    """The third batch has the first two's shape; its values, not its shape, make the Resize too large.  Its sizes
+    were checked once for the run (from the first batch's), but the scales are a small value computed at run time:
+    compared before the Resize runs, they differ, and the batch runs again with each op checked."""
+    path = tmp_path / "grow.onnx"
+    _resize_by_values(path)
+    small = torch.zeros(1, 1, 8, 8)
+    large = torch.full((1, 1, 8, 8), 60000.0 / 64)  # scales ~6e4: ~840 GiB of float32 (no allocator would give it)
+    with watch(), pytest.raises(WorkError, match=r"Resize .* would create \d+(\.\d+)? GiB"):
+        bnfold.audit(str(path), [(small,), (small,), (large,)], local=False)
+    assert generated and all(m.checked == "op" for m in generated)  # the later batches ran generated, sized at once
+
+
+def test_a_watched_audit_checks_sizes_once_per_feed_signature(monkeypatch, generated):
+    model = onnx_keeping_batch_norms(small_net(), torch.randn(2, 3, 8, 8))
+    batches = _batches((2, 3, 8, 8), n=3)
+    fold = bnfold.fold(model)
+    docs = {}
+    for after in (None, 1):
+        monkeypatch.setattr(runner_module, "COMPILE_AFTER", after)
+        generated.clear()
+        with watch():
+            docs[after] = bnfold.audit(model, batches, fold=fold, local=False).to_dict()
+    assert generated and all(m.checked == "op" for m in generated)  # sized once for each later batch
+    assert not _same(docs[None], docs[1])
+
+
+@pytest.mark.parametrize("profile", ["fp16", "ort-cpu"])  # ort-cpu: the fused conv + batch norm (emulated by _emulate)
+def test_a_runner_and_its_code_go_with_their_last_reference(profile):
+    """The generated code holds no reference to its runner: the runner, its rounded constants and its code are freed
+    when the audit drops it, without waiting for the garbage collector (a cycle would keep a model's weights)."""
+    import gc
+    import weakref
+
+    from bnfold.frontends import frontend_for
+
+    module = mixed()
+    x = torch.randn(2, 3, 8, 8)
+    model = onnx_keeping_batch_norms(module, x)
+    runner = runner_module.Runner(frontend_for(model).numerics().program(model), profile, segments=None)
+    runner.compile_after = 0
+    runner.run(x)
+    runner.run(x, reference=False)
+    assert len(runner._code) == 2
+    gone = weakref.ref(runner)
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        del runner
+        assert gone() is None
+    finally:
+        if enabled:
+            gc.enable()
