@@ -137,8 +137,10 @@ def audit(
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
-    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only
-    with inputs_chosen(not random_inputs or bool(input_shapes)):
+    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
+    # prescription's folds and runs on the same batches too)
+    chosen = not random_inputs or bool(input_shapes)
+    with inputs_chosen(chosen):
         model, batches, name, random_inputs = fmt.prepare(
             model,
             inputs,
@@ -222,7 +224,8 @@ def audit(
     search = Search(prof, bn_eps, batches, lambda: EndToEndSum(spec, label_batches), floor, reference, prog)
     search.shared, search.max_runs, search.holding = rounded, max_runs, constants
     programs, results = {"unfolded": prog, "folded": fprog}, {"unfolded": unfolded, "folded": folded}
-    diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
+    with inputs_chosen(chosen):
+        diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
     if runtime is not None:
         from .real_runtimes import runtime_run
 
