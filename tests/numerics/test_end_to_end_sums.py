@@ -123,3 +123,17 @@ def test_the_summed_numbers_are_those_of_the_whole_arrays(tensors):
         batch_sqnr = [_sqnr(_whole(list(o), list(r))) for o, r in zip(outs, refs)]
         assert all(_close(w, g) for w, g in zip(batch_sqnr, got["batch_output_sqnr_db"]))
     assert _close(float((fp32 == labels).double().mean()), rep.fp32_accuracy)
+
+
+@pytest.mark.parametrize("profile", ["fp16", "fp32"])
+def test_the_reference_run_alone_gives_the_runs_reference_bit_for_bit(profile):
+    """The prescription's runs and the real runtimes read the float model's outputs of a batch again from the reference
+    run alone (``Runner.reference_outputs``): the same values as the audit's run gave, bit for bit (float32 under fp16,
+    float64 under fp32)."""
+    ep = torch.export.export(_model(), _batches()[0])
+    runner = Runner(fx_program(ep), profile)
+    for x in _batches():
+        again = runner.reference_outputs(*x)
+        ran = runner.run(*x).reference
+        assert len(again) == len(ran) == 2
+        assert all(a.dtype == r.dtype and torch.equal(a, r) for a, r in zip(again, ran))
