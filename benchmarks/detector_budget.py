@@ -36,6 +36,7 @@ from torch import nn
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [HERE, os.path.join(os.path.dirname(HERE), "tests")]
 from common import load_now, log, table  # noqa: E402
+from models import calibrate  # noqa: E402
 
 from library_models import import_torchvision  # noqa: E402
 
@@ -87,12 +88,8 @@ class UNetDetector(nn.Module):
 
 def build() -> nn.Module:
     torch.manual_seed(0)
-    m = UNetDetector()
-    m.train()
     with torch.no_grad():
-        for _ in range(2):
-            m(torch.rand(2, 3, 128, 128))
-    return m.eval()
+        return calibrate(UNetDetector(), (1, 3, 128, 128), batches=2, batch_size=2)
 
 
 def plans(model: nn.Module, side: tuple[int, int], batches: int, d: str) -> list[list]:

@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from numerics_helpers import calibrated
 from torch import nn
 
 import bnfold
@@ -36,12 +37,7 @@ class TwoHeads(nn.Module):
 
 def _model():
     torch.manual_seed(0)
-    m = TwoHeads()
-    m.train()
-    with torch.no_grad():
-        for _ in range(3):
-            m(torch.randn(8, 3, 6, 6))
-    return m.eval()
+    return calibrated(TwoHeads(), (8, 3, 6, 6), rounds=3)
 
 
 def _batches():
