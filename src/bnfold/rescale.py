@@ -59,6 +59,7 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     """``result`` (a fold's) with its model rewritten for fp16 range and ``report.rescaled`` filled in; the
     model is returned as it is when nothing passes the target.  ``fmt`` (the model's ``AuditFormat``) and
     ``range_edit`` are its frontend's hooks (``bnfold.frontends.Frontend``)."""
+    from .io.budget import inputs_chosen
     from .numerics.batches import as_batches
     from .numerics.ranges import fresh_batches, relative_error, run_plain
 
@@ -67,7 +68,8 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     fresh = fresh_batches(batches)
     # the audit's checks and work budget, on the calibration batches and the fresh ones: each runs at most three
     # times (float32 here; float64 in the proof, the model as folded and as rewritten)
-    model, both, _, _ = fmt.prepare(result.model, batches + fresh, fold=True)
+    with inputs_chosen(True, outer=False):  # the caller's batches: their sizes buy work (bnfold.io.budget)
+        model, both, _, _ = fmt.prepare(result.model, batches + fresh, fold=True)
     batches, check = both[: len(batches)], both
     program = fmt.program(model)
     peaks: dict[str, float] = {}

@@ -215,3 +215,27 @@ def npz_bomb(d: Path) -> Path:
         z.write(buf, "arr_0.npy")
     buf.unlink()
     return path
+
+
+def computed_resize(d: Path, scale: float) -> Path:
+    """A few hundred bytes of ONNX: ``Resize(x, scales = [1, 1, s, s] + 0 * sum(x))``, scales the graph computes from
+    a ``[1, 1, 4, 4]`` input at run time (no plan can size the result: ``[1, 1, 4 s, 4 s]``), then a Relu."""
+    import onnx
+
+    nodes = [
+        helper.make_node("ReduceSum", ["x"], ["s"], keepdims=0),
+        helper.make_node("Mul", ["s", "zero"], ["z"]),
+        helper.make_node("Add", ["base", "z"], ["scales"]),
+        helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest"),
+        helper.make_node("Relu", ["y"], ["out"]),
+    ]
+    inits = [
+        helper.make_tensor("zero", TensorProto.FLOAT, [], [0.0]),
+        helper.make_tensor("base", TensorProto.FLOAT, [4], [1, 1, scale, scale]),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 1, 4, 4])
+    out = helper.make_tensor_value_info("out", TensorProto.FLOAT, None)
+    g = helper.make_graph(nodes, "g", [x], [out], inits)
+    path = d / f"resize_{scale:g}.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
+    return path

@@ -56,8 +56,8 @@ def test_the_allowance_is_per_weight_per_input_element_per_run_and_only_for_chos
 def test_a_fully_convolutional_model_on_a_large_chosen_input_fits():
     """512x512 through six convs of 32 channels: ~5e11 FLOPs for 8 batches of 3 runs, over the content's
     budget (~7e10) but within one multiply-add per weight per input element."""
-    with pytest.raises(WorkError, match="FLOPs"):
-        _plan(FullyConv(), 512, chosen=False)  # the file's own shapes: the content's budget, as before
+    with pytest.raises(WorkError, match="FLOPs|values alive at once"):
+        _plan(FullyConv(), 512, chosen=False)  # the file's own shapes: the content's budget (its bytes refuse first)
     _plan(FullyConv(), 512, chosen=True)
 
 
@@ -70,9 +70,9 @@ def test_a_fully_convolutional_model_on_a_large_chosen_input_fits():
 )
 def test_values_that_outgrow_the_chosen_input_are_still_refused(hostile):
     """The same chosen input, the same weights: a file whose values grow past the input's size (an upsample's
-    factor, a conv's padding) spends the allowance at the rate they grow, and is refused on its FLOPs (its bytes
-    fit: the byte budget is not what stops it)."""
-    with pytest.raises(WorkError, match="FLOPs"):
+    factor, a conv's padding) spends the allowances at the rate they grow, and is refused (on its bytes: 9x and 17x
+    the honest model's plan, over the chosen input's allowance)."""
+    with pytest.raises(WorkError, match="FLOPs|values alive at once"):
         _plan(hostile, 128, chosen=True)
     _plan(FullyConv(), 128, chosen=True)  # the honest model at that input
 
@@ -89,8 +89,23 @@ def test_ppocr_v4_det_at_960_fits_on_chosen_inputs():
         pytest.skip(str(e))
     model = onnx.load(path)
     x = np.zeros((1, 3, 960, 960), dtype=np.float32)
-    with pytest.raises(WorkError, match="FLOPs"), inputs_chosen(False):
+    with pytest.raises(WorkError, match="FLOPs|values alive at once"), inputs_chosen(False):
         onnx_audit_plan(model, [(x,)] * BATCHES, "det")
     with inputs_chosen(True):
         plan = onnx_audit_plan(model, [(x,)] * BATCHES, "det")
     assert 2e11 < plan.flops < plan.budget.flops
+
+
+def test_the_audit_byte_budget_has_a_floor_under_1_gib_and_grows_with_the_content_and_chosen_inputs():
+    """Issue 44's bound: an audit's floor (512 MiB as the audit counts what it holds) keeps a file under 100 KB under
+    1 GiB; weights justify 8 x 16 bytes each, a chosen input 8 x 64 per byte, a file's own input shapes nothing."""
+    from bnfold.io.budget import AUDIT_FLOOR_BYTES, MIB, Budget
+
+    assert AUDIT_FLOOR_BYTES == 512 * MIB
+    with inputs_chosen(False):
+        assert Budget.for_audit(100_000, 64 * MIB, 8).bytes == AUDIT_FLOOR_BYTES  # a large declared input buys nothing
+        assert Budget.for_audit(100 * MIB, 0, 8).bytes == 8 * 16 * 100 * MIB
+    with inputs_chosen(True):
+        assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == AUDIT_FLOOR_BYTES + 8 * 64 * 3 * MIB
+        with max_work(1 << 30):
+            assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == 8 << 30

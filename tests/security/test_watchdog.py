@@ -85,15 +85,20 @@ def test_values_the_plan_sized_are_not_sized_again(monkeypatch):
     monkeypatch.setattr(run_checks, "meta_outputs", lambda *a: calls.append(a) or [run_checks.Out((1 << 40,), 1 << 42)])
     zeros = torch.ops.aten.zeros.default
     with run_checks.watch():
-        run_checks.expect(cost.Budget(1 << 20, 1 << 28), 0, "m.pt2", sized=frozenset({"conv", "bn"}))
+        run_checks.expect(cost.Budget(1 << 20, 1 << 28), 0, "m.pt2", sized={"conv": 64, "bn": 64})
         assert run_checks.before_op("conv 'conv'", zeros, ([2],), values=["conv"]) is None and not calls
         with pytest.raises(cost.WorkError, match=r"m.pt2: zeros 'z' would create .* GiB, over the budget of 1 MiB"):
             run_checks.before_op("zeros 'z'", zeros, ([2],), values=["conv", "z"])  # one output not sized
         assert len(calls) == 1
+        # what the run holds with a sized value is still checked, with the plan's size (no meta run)
+        with pytest.raises(cost.WorkError, match=r"m.pt2: conv 'conv' would create 64 bytes \(the run would hold 2"):
+            run_checks.before_op("conv 'conv'", zeros, ([2],), values=["conv"], held=lambda n: n + (2 << 20))
+        assert len(calls) == 1
     ep = torch.export.export(crafted.ConvBN().eval(), (torch.randn(1, 3, 8, 8),))
     (x,) = [s.arg.name for s in ep.graph_signature.input_specs if s.kind.name == "USER_INPUT"]
     plan = fx_cost.fx_plan(ep, [(torch.randn(1, 3, 8, 8),)], runs=3, hold=AuditHold(3))
-    assert {n.name for n in ep.graph.nodes if n.op == "call_function"} <= plan.sized and x in plan.sized
+    assert {n.name for n in ep.graph.nodes if n.op == "call_function"} <= plan.sized.keys() and x in plan.sized
+    assert plan.sized[x] == 1 * 3 * 8 * 8 * 4  # the value's bytes
 
 
 def test_cpu_time_bound_stops_the_op_loop(monkeypatch):

@@ -22,6 +22,14 @@ MAX_BATCHES = 10_000
 #: model does that applies every weight at every position of its input: a fully convolutional net at the
 #: input's resolution; an honest one does less, its later layers on smaller maps).
 INPUT_FLOPS_PER_WEIGHT = 2
+#: The least byte budget of an audit (what it holds counted as :mod:`bnfold.numerics.audit_memory` counts it): with
+#: the ~330 MiB that Python, torch and onnx take, a file whose content justifies less cannot make the audit peak past
+#: 1 GiB (issue 44; SECURITY.md, "The audit's own bounds").
+AUDIT_FLOOR_BYTES = 512 * MIB
+#: The audit's bytes per byte of one batch of inputs the user chose, per unit of the audit's multiple (its values held
+#: 8x: 512 bytes per input byte): a fully convolutional model of 32 channels at the input's resolution plans ~450
+#: (six 3x3 convs, 128x128 and 512x512), PP-OCRv4 det 88-94 (640x640, 960x960).  A file's own shapes get none.
+CHOSEN_INPUT_MULTIPLE = 64
 MAX_WORK_HINT = "pass --max-work N (bytes, e.g. 4GiB) to allow more if the model really is that big"
 #: the units ``--max-work`` / ``--max-bytes`` take (``4GiB``, ``512M``, ``2GB``, ``1e9``); K, M, G, T alone are binary
 BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": MIB, "g": 1 << 30, "t": 1 << 40}
@@ -86,20 +94,38 @@ class Budget:
         return cls(b, FLOPS_PER_BYTE * b)
 
     @classmethod
+    def for_audit(cls, weights: int, inputs: int, multiple: int, flops: int = 0) -> Budget:
+        """The budget of an audit of a model whose weights hold ``weights`` bytes, on ``inputs`` bytes of one batch,
+        that holds each value ``multiple`` times over (``per_byte``): ``multiple`` x the content's part, at least
+        :data:`AUDIT_FLOOR_BYTES`, plus ``multiple`` x :data:`CHOSEN_INPUT_MULTIPLE` x the inputs when the user chose
+        them (:func:`inputs_chosen`: a file's own shapes buy nothing); under ``--max-work N``, ``multiple`` x N.
+        FLOPs: the content's, plus ``flops`` (:func:`input_flops`)."""
+        content = cls.for_content(weights, inputs)
+        override = current_override()
+        if override:
+            nbytes = override * multiple
+        else:
+            own = max(AUDIT_FLOOR_BYTES, multiple * CONTENT_MULTIPLE * max(0, int(weights)))
+            nbytes = own + (multiple * CHOSEN_INPUT_MULTIPLE * inputs if _CHOSEN.get() else 0)
+        return cls(nbytes, content.flops + flops, multiple)
+
+    @classmethod
     def for_inputs(cls, weights: int, override: int | None = None) -> int:
         """The most bytes one batch of inputs may take for a model with ``weights`` bytes of weights."""
         return cls.for_content(weights, 0, override).bytes // INPUT_MULTIPLE
 
 
 _OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)
-_CHOSEN: contextvars.ContextVar[bool] = contextvars.ContextVar("bnfold_inputs_chosen", default=False)
+_CHOSEN: contextvars.ContextVar[bool | None] = contextvars.ContextVar("bnfold_inputs_chosen", default=None)
 
 
 @contextlib.contextmanager
-def inputs_chosen(chosen: bool) -> Iterator[None]:
+def inputs_chosen(chosen: bool, outer: bool = True) -> Iterator[None]:
     """Within the block, the inputs the audit runs were chosen by the user (tensors passed in, an ``.npz`` file,
-    ``--input-shape``), not taken from the file's own shapes: :func:`input_flops` grants their work."""
-    token = _CHOSEN.set(bool(chosen))
+    ``--input-shape``), not taken from the file's own shapes: :func:`input_flops` grants their work and
+    :meth:`Budget.for_audit` their bytes.  ``outer=False``: unless an enclosing block said otherwise (the fold's
+    ``fp16_range`` calibration batches are the user's, unless the audit drew them from the file's shapes)."""
+    token = _CHOSEN.set(bool(chosen) if outer or _CHOSEN.get() is None else _CHOSEN.get())
     try:
         yield
     finally:

@@ -14,7 +14,8 @@ when they exceed the :class:`Budget`:
 * bytes: ``max(256 MiB, 16 x the weights) + 4 x one batch of inputs`` (an
   activation of a real model is of that order: a layer's output is its
   input's size times a few channels, or the weights' size times a few); one
-  batch of inputs may itself take at most a quarter of the weights' part;
+  batch of inputs may itself take at most a quarter of the weights' part; the audit's, counting its copies of each
+  value: :meth:`Budget.for_audit`;
 * FLOPs: ``256 x`` the byte budget, for all the runs the audit makes;
 * at most :data:`MAX_BATCHES` batches.
 
@@ -27,7 +28,7 @@ the audit holds of each value is the numerics' memory model (:mod:`bnfold.numeri
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where callers find them)
     CONTENT_MULTIPLE,
@@ -78,12 +79,12 @@ class PlanStep:
 class Plan:
     """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits; ``sized``: the
     values whose sizes the plan read from sizes the same meta kernels give (a torch program's load-checked
-    metadata), whose run-time check need not run them again (:func:`bnfold.io.run_checks.before_op`)."""
+    metadata) and their bytes, whose run-time check need not run them again (:func:`bnfold.io.run_checks.before_op`)."""
 
     peak: int
     flops: int
     budget: Budget
-    sized: frozenset = frozenset()
+    sized: dict = field(default_factory=dict)
 
 
 def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
@@ -125,16 +126,6 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
     if refusal is not None:
         raise WorkError(f"{refusal}; {max_work_needed(peak, flops, per_byte=budget.per_byte)}")
     return Plan(peak, flops, budget)
-
-
-def check_kept(label: str, nbytes: int, budget: Budget, where: str) -> None:
-    """An output the audit keeps for every batch: refused by name when that alone exceeds the budget
-    (before the plan counts the earlier batches' outputs as held from the start)."""
-    if nbytes > budget.bytes:
-        raise WorkError(
-            f"{where}: {label} would create {size_text(nbytes)} (kept for every batch), over the budget of "
-            f"{size_text(budget.bytes)}; {MAX_WORK_HINT}"
-        )
 
 
 def check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:

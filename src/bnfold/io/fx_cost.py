@@ -17,7 +17,6 @@ from .cost import (
     PlanStep,
     check_batches,
     check_inputs,
-    check_kept,
     check_plan,
     is_fx_conv,
 )
@@ -161,16 +160,14 @@ def fx_plan(
             live[node.name] = 0 if hold else nbytes
     check_inputs(inputs, weights, where)
     budget = Budget.for_content(weights, sum(inputs.values()))
-    n_batches = len(batches or [1])
     runs_all = runs * (len(batches) if batches else 1)
     if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
         in_elements = sum(elements(s.dims) for name in inputs for s in (rec.get(name) or []))
         extra = input_flops(float_weights, in_elements, runs_all)
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra, hold.budget_multiple)
+        budget = Budget.for_audit(weights, sum(inputs.values()), hold.budget_multiple, extra)
     outs = {a.name for a in ep.graph.output_node().all_input_nodes}
-    if hold:  # the weights' copies, and the outputs of the batches before the last
-        out_elements = sum(elements(s.dims) for n in outs for s in (rec.get(n) or []))
-        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, n_batches - 1)
+    if hold:  # the weights' copies (each batch's outputs are dropped after its run: they count at their step)
+        live["(held by the audit)"] = hold.constants(weights, float_weights)
     counted: dict[Any, tuple[int, int]] = {}  # a spec's elements and the bytes counted (values of one spec alike)
     steps = []
     for node in ep.graph.nodes:
@@ -187,9 +184,8 @@ def fx_plan(
                 got = counted[s] = (n, hold.value(s) if hold else n * s.dtype.itemsize)
             ns.append(got[0])
             nbytes += got[1]
-        if hold and node.name in outs:  # an output: every batch's stays
-            nbytes += hold.outputs(sum(ns), 1)
-            check_kept(label, nbytes + hold.outputs(sum(ns), n_batches - 1), budget, where)
+        if hold and node.name in outs:  # an output: the batch's stays until the end-to-end numbers read it
+            nbytes += hold.outputs(sum(ns))
         in_dims, in_ns = [], []  # by position: x @ x reads x twice
         for a in _arg_nodes(node.args):
             if a.name in firsts:
@@ -206,7 +202,8 @@ def fx_plan(
             firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
     plan = check_plan(steps, budget, where, live=live, runs=runs_all)
-    return replace(plan, sized=frozenset(name for name, vals in rec.items() if vals is not None))
+    sized = {name: sum(elements(s.dims) * s.dtype.itemsize for s in vals) for name, vals in rec.items() if vals}
+    return replace(plan, sized=sized)
 
 
 #: ops that index a table with an input: (table argument, index argument, axis argument or a fixed axis)

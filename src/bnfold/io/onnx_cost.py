@@ -14,7 +14,6 @@ from .cost import (
     Plan,
     PlanStep,
     check_inputs,
-    check_kept,
     check_plan,
 )
 from .fx_cost import einsum_flops
@@ -172,29 +171,18 @@ def onnx_plan(
     runs = hold.runs * batches if hold else 1
     if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
         extra = input_flops(float_weights + const_floats, in_elements, runs)
-        budget = Budget(budget.bytes * hold.budget_multiple, budget.flops + extra, hold.budget_multiple)
+        budget = Budget.for_audit(weights, sum(inputs.values()), hold.budget_multiple, extra)
         for name in init:
             live[name] = 0
     outs = {o.name for o in g.output}
-    if hold:  # the weights' copies, and the outputs of the batches before the last
-        out_elements = sum(info(o)[1] for o in outs)
-        live["(held by the audit)"] = hold.constants(weights, float_weights) + hold.outputs(out_elements, batches - 1)
+    if hold:  # the weights' copies (each batch's outputs are dropped after its run: they count at their step)
+        live["(held by the audit)"] = hold.constants(weights, float_weights)
     dims = {n: info.dims(n) for n in live}
-    steps = _onnx_steps(nodes, ops, info, dims, outs, hold, budget, where, batches)
+    steps = _onnx_steps(nodes, ops, info, dims, outs, hold)
     return check_plan(steps, budget, where, live=live, runs=runs)
 
 
-def _onnx_steps(
-    nodes: list,
-    ops: list[str],
-    info: _OnnxValues,
-    dims: dict,
-    outs: set,
-    hold: Any,
-    budget: Budget,
-    where: str,
-    batches: int,
-) -> list[PlanStep]:
+def _onnx_steps(nodes: list, ops: list[str], info: _OnnxValues, dims: dict, outs: set, hold: Any) -> list[PlanStep]:
     """``nodes`` (op types ``ops``) as the steps of :func:`onnx_plan` (``dims``: the dims of the values present
     so far, each node's outputs added as they are counted)."""
     steps = []
@@ -219,9 +207,8 @@ def _onnx_steps(
             out_b += nb
             if d is None:
                 continue
-            if hold and o in outs:  # an output: every batch's stays
-                out_b += hold.outputs(n, 1)
-                check_kept(label, out_b + hold.outputs(n, batches - 1), budget, where)
+            if hold and o in outs:  # an output: the batch's stays until the end-to-end numbers read it
+                out_b += hold.outputs(n)
             ins = [dims.get(i) for i in reads]
             flops += _onnx_flops(node, op, ins, n)
             if hold:

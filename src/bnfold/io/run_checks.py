@@ -27,8 +27,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from .budget import MAX_WORK_HINT, Budget, WorkError, size_text
@@ -49,7 +49,7 @@ class Run:
     op: str = ""
     budget: Budget | None = None
     cpu_deadline: float | None = None
-    sized: frozenset = frozenset()  # the values the plan sized with the ops' own meta kernels
+    sized: Mapping = field(default_factory=dict)  # the values the plan sized with the ops' own meta kernels: bytes
     saved_limit: tuple[int, int] | None = None
 
     def release(self) -> None:
@@ -96,10 +96,12 @@ def watching() -> bool:
     return _RUN.get() is not None
 
 
-def expect(budget: Budget, flops: int, where: str, sized: frozenset = frozenset()) -> None:
+def expect(budget: Budget, flops: int, where: str, sized: Mapping | None = None) -> None:
     """The plan of the run about to start (``numerics.audit_memory``): its byte budget bounds each op, its
     FLOPs the CPU time of the op loop, and (with ``address_cap``) the process's address space; ``sized``:
-    the values whose sizes it read from what the ops' meta kernels give (:attr:`bnfold.io.cost.Plan.sized`)."""
+    the values whose sizes it read from what the ops' meta kernels give, and their bytes
+    (:attr:`bnfold.io.cost.Plan.sized`)."""
+    sized = sized or {}
     run = _RUN.get()
     if run is None:
         return
@@ -158,11 +160,11 @@ def before_op(
     Records the op (an allocator failure names it), stops the op loop past its CPU time, and sizes
     the op's outputs: ``nbytes`` when the caller knows them, else ``fn``'s meta kernels on meta
     copies of the arguments, unless the watched run's plan sized every one of the op's output
-    ``values`` (names) with those kernels already (:func:`expect`).  Outputs over ``budget`` (default:
-    the watched run's) are refused (:class:`WorkError`) before anything is allocated; ``held(nbytes)``: what the run
-    holds in all once it has made outputs of ``nbytes`` (the values it holds already and what it keeps of these, as
-    the plan counts them), checked in their place.  Returns the
-    outputs the meta kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
+    ``values`` (names) with those kernels already (:func:`expect`: then its sizes are the plan's).  Outputs over
+    ``budget`` (default: the watched run's) are refused (:class:`WorkError`) before anything is allocated;
+    ``held(nbytes)``: what the run holds in all once it has made outputs of ``nbytes`` (the values it holds already
+    and what it keeps of these, as the plan counts them), checked in their place.  Returns the outputs the meta
+    kernels found (:class:`Out`), or None when none was asked for or no meta kernel tells."""
     run = _RUN.get()
     if run is not None:
         run.op = label
@@ -172,7 +174,9 @@ def before_op(
                 f"{where}the run passed its CPU-time bound at {label} (the plan's FLOPs take far less); {MAX_WORK_HINT}"
             )
         if values and run.sized and budget is None and nbytes is None and all(v in run.sized for v in values if v):
-            return None  # the plan counted these outputs within the budget
+            if held is None:
+                return None  # the plan counted these outputs within the budget
+            nbytes = sum(run.sized[v] for v in values if v)  # the plan's sizes: what the run holds with them is checked
     limit = budget or (run.budget if run is not None else None)
     outs = None
     if nbytes is None and fn is not None and limit is not None:
@@ -207,15 +211,15 @@ class OpSizes:
     ) -> int | None:
         """Check the op ``key`` (``label``) about to run ``fn(*args)`` on the tensors ``ins`` into ``outs`` outputs
         (``held``: see :func:`before_op`).  Returns what sized it, where a function of the inputs' signature alone:
-        the bytes it compared (``held`` of them) with the budget, :data:`PLANNED` (the plan sized its outputs), else
-        None (no budget, no signature, no meta kernel tells)."""
+        the bytes it compared (``held`` of them) with the budget (the plan's bytes where the plan sized its outputs),
+        else None (no budget, no signature, no meta kernel tells)."""
         run = _RUN.get()
         if run is None or run.budget is None:  # the op is recorded (an allocator failure names it); nothing to size
             before_op(label, values=values)
             return None
-        if values and run.sized and all(v in run.sized for v in values if v):  # the plan sized them: before_op's
-            before_op(label, values=values)  # answer whatever the signature (it returns before sizing anything)
-            return PLANNED
+        if values and run.sized and all(v in run.sized for v in values if v):  # the plan sized them: their bytes,
+            before_op(label, values=values, held=held)  # with what the run holds, whatever the signature
+            return sum(run.sized[v] for v in values if v)
         sig = meta_signature(ins)
         found = self._found.get(key)
         if found is not None and found[0] == sig:
@@ -238,7 +242,8 @@ class OpSizes:
         return nbytes if sig is not None else None
 
 
-#: :meth:`OpSizes.check`'s answer for an op whose outputs the plan sized (nothing compared at run time)
+#: what a run that records its checks keeps of an op nothing sized whose outputs follow from its small inputs
+#: (``numerics.runner``): nothing is compared for it at run time
 PLANNED = -1
 
 

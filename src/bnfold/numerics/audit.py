@@ -28,10 +28,9 @@ import torch
 from ..io.budget import inputs_chosen
 from ..module import AUDIT_EVAL_COPY_NOTE, in_training
 from ..report import FoldResult
-from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .diagnose import diagnose
-from .end_to_end import check_class_axis, end_to_end_of, fp32_accuracy, output_index, split_labels, task, top1_of
+from .end_to_end import EndToEndSum, FloatAccuracy, check_class_axis, output_index, split_labels, task
 from .execute import execute, execute_pair
 from .norm_rows import norm_audits
 from .prescribe import Search
@@ -138,8 +137,10 @@ def audit(
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
-    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only
-    with inputs_chosen(not random_inputs or bool(input_shapes)):
+    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
+    # prescription's folds and runs on the same batches too)
+    chosen = not random_inputs or bool(input_shapes)
+    with inputs_chosen(chosen):
         model, batches, name, random_inputs = fmt.prepare(
             model,
             inputs,
@@ -169,10 +170,20 @@ def audit(
     rounded: dict = {}  # the constants both programs hold (a weight the fold left as it was) are rounded once
     runner = Runner(prog, prof, bn_eps, seg, outs, None if tensors else outs | norm_outs, planned=True, shared=rounded)
     unfolded = EmulationResult(prof.name, not_emulated=runner.not_emulated)
-    folded = None
+    label_batches = split_labels(labels, batches)
+    # the end-to-end numbers, summed as the batches run: no batch's outputs are kept past its run
+    sums = {"unfolded": EndToEndSum(spec, label_batches), "folded": EndToEndSum(spec, label_batches)}
+    accuracy = FloatAccuracy(spec, label_batches)
+
+    def judge(which: str, outs: list, refs: list) -> None:
+        sums[which].add(outs, refs)
+        if which == "unfolded":
+            accuracy.add(refs)
+
+    folded = frunner = None
     if fprog is None:
         _stage(progress, "emulate unfolded")
-        execute(runner, batches, unfolded, progress)
+        execute(runner, batches, unfolded, progress, judge)
     else:  # batch by batch: one batch's references held at a time (execute_pair)
         fseg = segments(fg, [(r.name, r.name, r.folded) for r in row_list if r.folded is not None]) if local else {}
         fouts = {r.folded for r in row_list if r.folded is not None}
@@ -182,9 +193,13 @@ def audit(
             need = fouts | set(fprog.inputs) | {st.norm.input for st in fprog.steps if st.norm is not None}
             names = {f: u for f, u in names.items() if f in need}
         _stage(progress, "emulate unfolded and folded")
-        execute_pair(runner, frunner, batches, (unfolded, folded), progress, names)
-    label_batches = split_labels(labels, batches)
-    top1 = top1_of(unfolded.reference, spec.at)
+        execute_pair(runner, frunner, batches, (unfolded, folded), progress, names, judge)
+    constants = sum(r.held_constants for r in (runner, frunner) if r is not None)
+
+    def reference(i: int, holding: int) -> list:
+        """The float model's outputs of batch ``i``, computed again (the unfolded run's reference, bit for bit)."""
+        return runner.reference_outputs(*batches[i], holding=holding + constants)
+
     layer_rows = layers(row_list, unfolded, folded)
     rep = AuditReport(
         profile=prof.name,
@@ -193,9 +208,9 @@ def audit(
         batches=len(batches),
         norms=norm_audits(prog, unfolded, report, bn_eps, prof, layer_rows),
         layers=layer_rows,
-        unfolded=end_to_end_of(unfolded, unfolded.reference, top1, label_batches, spec),
-        folded=None if folded is None else end_to_end_of(folded, unfolded.reference, top1, label_batches, spec),
-        fp32_accuracy=fp32_accuracy(unfolded.reference, top1, label_batches, spec),
+        unfolded=sums["unfolded"].result(),
+        folded=None if folded is None else sums["folded"].result(),
+        fp32_accuracy=accuracy.result(),
         fold_report=report,
         errors={k: r.errors for k, r in (("unfolded", unfolded), ("folded", folded)) if r is not None},
         all_tensors=tensors,
@@ -206,16 +221,14 @@ def audit(
         notes=notes,
     )
     rep.floor = floor
-    search = Search(
-        prof, bn_eps, batches, lambda res: end_to_end_of(res, unfolded.reference, top1, label_batches, spec), floor
-    )
-    search.shared, search.max_runs = rounded, max_runs
-    search.holding = sum(AuditHold.kept([r.outputs, r.reference]) for r in (unfolded, folded) if r is not None)
+    search = Search(prof, bn_eps, batches, lambda: EndToEndSum(spec, label_batches), floor, reference, prog)
+    search.shared, search.max_runs, search.holding = rounded, max_runs, constants
     programs, results = {"unfolded": prog, "folded": fprog}, {"unfolded": unfolded, "folded": folded}
-    diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
+    with inputs_chosen(chosen):
+        diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
     if runtime is not None:
         from .real_runtimes import runtime_run
 
         _stage(progress, f"run {runtime}")
-        rep.runtime = runtime_run(runtime, model, folded_model, batches, unfolded.reference, spec)
+        rep.runtime = runtime_run(runtime, model, folded_model, batches, reference, spec)
     return rep

@@ -31,7 +31,9 @@ AUDIT_SLACK = (3, 2)
 
 #: The audit's byte budget is this multiple of the content's: it holds every value three times (the
 #: float32 run, the float64 reference, the float64 local run: 20 bytes per float32 element, 5x) plus
-#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content.
+#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content; at least
+#: :data:`bnfold.io.budget.AUDIT_FLOOR_BYTES` (``Budget.for_audit``: a file under 100 KB cannot make the audit peak
+#: past 1 GiB).
 AUDIT_BUDGET_MULTIPLE = 8
 
 
@@ -43,7 +45,9 @@ def _slack(n: int) -> int:
 class AuditHold:
     """What an audit of ``runs`` runs per batch keeps besides the values of the graph: each emulator
     (unfolded and folded) holds its constants in float32 and float64, the folded program its own
-    weights, and every batch's outputs stay (emulated float32 and float64 reference, per emulator)."""
+    weights, and one batch's outputs stay until the end-to-end numbers read them (emulated float32 and float64
+    reference, per emulator; :func:`bnfold.numerics.execute.execute_pair`).  The reference values the folded run is
+    measured against are counted at run time (``Runner.run``), where which ones are kept is known."""
 
     runs: int
     #: the audit's byte budget is this multiple of the content's (:data:`AUDIT_BUDGET_MULTIPLE`)
@@ -73,9 +77,10 @@ class AuditHold:
         emulators = 2 if self.runs > 2 else 1
         return _slack(weights * emulators + emulators * float_elements * (4 + 8))
 
-    def outputs(self, out_elements: int, batches: int) -> int:
+    def outputs(self, out_elements: int) -> int:
+        """One batch's outputs of ``out_elements`` elements, kept until the end-to-end numbers read them."""
         emulators = 2 if self.runs > 2 else 1
-        return _slack(emulators * batches * out_elements * (4 + 8))
+        return _slack(emulators * out_elements * (4 + 8))
 
     @staticmethod
     def temp(conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:

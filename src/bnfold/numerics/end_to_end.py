@@ -6,7 +6,8 @@ against labels (classifiers).
 The reference of the agreement numbers is the float model's output: the unfolded model's reference run
 (float64, or float32 under the profiles that store fp16: what float32 gives, up to float32 rounding), handed
 over as float32 tensors.  Top-1 and
-the mask read the model's first output.
+the mask read the model's first output.  The numbers are accumulated batch by batch (:class:`EndToEndSum`): the
+audit holds one batch's outputs at a time.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from dataclasses import dataclass, replace
 import torch
 
 from .audit_report import EndToEnd
-from .runner import EmulationResult
 from .tensor_error import TensorError, measure
 
 
@@ -168,39 +168,102 @@ class _Agreement:
             e2e.metric = self.metric_sum / self.metric_weight if self.metric_weight else math.nan
 
 
-def end_to_end_of(
-    res: EmulationResult, ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None = None
-) -> EndToEnd:
-    spec = spec or Task()
-    per_batch = []  # each batch's output error: the output named, else its float outputs together
-    each: dict[int, list[TensorError]] = {}  # per output, its error in each batch
-    agreement = _Agreement(spec)
-    for outs, refs in zip(res.outputs, ref_outputs):
+class EndToEndSum:
+    """The end-to-end numbers of one program (:class:`EndToEnd`), accumulated batch by batch (:meth:`add`) so that
+    the audit holds one batch's outputs at a time: per-batch errors merged in batch order (the numbers of measuring
+    every batch, then merging), per output, the task's agreement as integer counts and weighted sums
+    (:class:`_Agreement`), and the top-1 of an ``[N, classes]`` output against the float model's (``top1``; a real
+    runtime's run has none).  ``labels``: per batch, for the accuracy (:meth:`result`)."""
+
+    def __init__(self, spec: Task | None = None, labels: list | None = None, top1: bool = True):
+        self.spec = spec or Task()
+        self.labels = labels
+        self.top1 = top1
+        self.total: TensorError | None = None  # the output error (the output named, else the float outputs together)
+        self.batch_sqnr_db: list[float] = []
+        self.each: dict[int, TensorError] = {}  # per output, its error over the batches so far
+        self.agreement = _Agreement(self.spec)
+        self.preds: list[torch.Tensor] = []  # per batch, the top-1 of an [N, classes] output
+        self.agree = self.positions = 0
+        self.every = True  # every batch so far had a top-1, emulated and float
+
+    def add(self, outs: list, refs: list) -> None:
+        """One batch: the program's outputs ``outs`` against the float model's ``refs``."""
+        spec = self.spec
         errs = {
             i: measure(f"output {i}", "output", o, r, exact_diff=True)
             for i, (o, r) in enumerate(zip(outs, refs))
             if isinstance(r, torch.Tensor) and r.is_floating_point()
         }
         for i, e in errs.items():
-            each.setdefault(i, []).append(e)
+            _merge_into(self.each, i, e)
         judged = [errs[spec.output]] if spec.output is not None and spec.output in errs else list(errs.values())
         if judged:
-            per_batch.append(_total(judged))
-        agreement.add(outs, refs)
-    e2e = EndToEnd(
-        _total(per_batch) if per_batch else TensorError("output", "output", ()),
-        batch_sqnr_db=[b.sqnr_db for b in per_batch],
-        outputs={i: _total(v) for i, v in each.items()},
-        output_index=spec.output,
-    )
-    preds = top1_of(res.outputs, spec.at) if spec.class_axis is None else []
-    if preds and len(preds) == len(fp32_top1):
-        e2e.predictions = torch.cat(preds)
-        e2e.class_axis = 1
-        e2e.top1_agreement = float((e2e.predictions == torch.cat(fp32_top1)).double().mean())
-    agreement.into(e2e)
-    e2e.accuracy = _accuracy(e2e.predictions, labels)
-    return e2e
+            batch = _total(judged)
+            self.batch_sqnr_db.append(batch.sqnr_db)
+            self.total = replace(batch) if self.total is None else _merged(self.total, batch)
+        self.agreement.add(outs, refs)
+        if self.top1 and spec.class_axis is None and self.every:
+            p, r = top1(outs, spec.at), top1(refs, spec.at)
+            if p is None or r is None:
+                self.every, self.preds = False, []
+            else:
+                self.preds.append(p)
+                self.agree += int((p == r).sum())
+                self.positions += p.numel()
+
+    def result(self) -> EndToEnd:
+        spec = self.spec
+        e2e = EndToEnd(
+            self.total if self.total is not None else TensorError("output", "output", ()),
+            batch_sqnr_db=list(self.batch_sqnr_db),
+            outputs=dict(self.each),
+            output_index=spec.output,
+        )
+        if self.preds and self.every:
+            e2e.predictions = torch.cat(self.preds)
+            e2e.class_axis = 1
+            e2e.top1_agreement = self.agree / self.positions if self.positions else math.nan
+        self.agreement.into(e2e)
+        e2e.accuracy = _accuracy(e2e.predictions, self.labels)
+        return e2e
+
+
+class FloatAccuracy:
+    """The float model's accuracy against ``labels`` (see :func:`_accuracy`), from its outputs batch by batch: its
+    argmax along ``spec.class_axis`` of the output the task reads, else the top-1 of an ``[N, classes]`` output."""
+
+    def __init__(self, spec: Task | None, labels: list | None):
+        self.spec, self.labels = spec, labels
+        self.preds: list[torch.Tensor] = []
+        self.every = True
+
+    def add(self, refs: list) -> None:
+        if self.labels is None:
+            return
+        spec = self.spec
+        if spec is not None and spec.class_axis is not None:
+            if len(refs) > spec.at:
+                self.preds.append(refs[spec.at].to(torch.float32).argmax(spec.class_axis).flatten())
+        elif (p := top1(refs, spec.at if spec is not None else 0)) is not None and self.every:
+            self.preds.append(p)
+        else:
+            self.every, self.preds = False, []
+
+    def result(self) -> float | None:
+        if self.labels is None:
+            return None
+        return _accuracy(torch.cat(self.preds) if self.preds else None, self.labels)
+
+
+def _merge_into(totals: dict, key, e: TensorError) -> None:
+    """Merge ``e`` into ``totals[key]`` (a copy of ``e`` when there is none yet)."""
+    totals[key] = replace(e) if key not in totals else _merged(totals[key], e)
+
+
+def _merged(total: TensorError, e: TensorError) -> TensorError:
+    total.merge(e)
+    return total
 
 
 def _total(errs: list[TensorError]) -> TensorError:
@@ -211,15 +274,12 @@ def _total(errs: list[TensorError]) -> TensorError:
     return total
 
 
-def top1_of(outputs: list, k: int = 0) -> list:
-    """Per batch, the top-1 of a classifier's outputs (output ``k`` of shape [N, classes]); [] unless every
-    batch has one."""
-    out = []
-    for outs in outputs:
-        first = outs[k] if len(outs) > k else None
-        if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
-            out.append(first.argmax(1))
-    return out if len(out) == len(outputs) else []
+def top1(outs: list, k: int = 0) -> torch.Tensor | None:
+    """The top-1 of one batch of a classifier's outputs (output ``k`` of shape [N, classes]); None when it has none."""
+    first = outs[k] if len(outs) > k else None
+    if isinstance(first, torch.Tensor) and first.dim() == 2 and first.shape[1] > 1:
+        return first.argmax(1)
+    return None
 
 
 def _accuracy(preds: torch.Tensor | None, labels: list | None) -> float | None:
@@ -228,19 +288,6 @@ def _accuracy(preds: torch.Tensor | None, labels: list | None) -> float | None:
         return None
     lab = torch.cat([torch.as_tensor(t).flatten() for t in labels])
     return float((preds == lab).double().mean()) if preds.shape == lab.shape else None
-
-
-def fp32_accuracy(ref_outputs: list, fp32_top1: list, labels: list | None, spec: Task | None) -> float | None:
-    """The float model's accuracy against ``labels`` (see :func:`_accuracy`): its argmax along
-    ``spec.class_axis`` (of the first reference output), else the float32 top-1 of an ``[N, classes]`` output."""
-    if labels is None:
-        return None
-    if spec is not None and spec.class_axis is not None:
-        k = spec.at
-        preds = [refs[k].to(torch.float32).argmax(spec.class_axis).flatten() for refs in ref_outputs if len(refs) > k]
-    else:
-        preds = fp32_top1
-    return _accuracy(torch.cat(preds) if preds else None, labels)
 
 
 def split_labels(labels, batches: list[tuple]) -> list[torch.Tensor] | None:

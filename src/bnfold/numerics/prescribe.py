@@ -114,34 +114,43 @@ class Prescription:
         }
 
 
-def run_program(program, profile, bn_eps, batches: list, fp32: frozenset = frozenset(), shared=None, holding=0):
-    """An emulation of ``program`` (every float value measured against its own reference run) with ``fp32`` kept
-    in float32 (``holding``: what the audit holds besides, see :func:`.execute.execute`)."""
-    runner = Runner(program, profile, bn_eps, fp32=fp32, shared=shared)
-    res = EmulationResult(runner.profile.name, not_emulated=runner.not_emulated)
-    execute(runner, batches, res, None, holding=holding)
-    return res
-
-
 @dataclass
 class Search:
-    """What the search needs of the audit: the profile, eps, batches, the float model's outputs and how to judge
-    an emulation (``judge(result) -> EndToEnd``) against ``floor``."""
+    """What the search needs of the audit: the profile, eps, batches, how to judge an emulation against ``floor``
+    (``judge()``: a fresh :class:`.end_to_end.EndToEndSum` whose ``result()`` is the run's end-to-end numbers) and
+    the float model's outputs of batch ``i`` (``reference(i, holding)``, computed again: no batch's outputs are kept
+    past its run); ``program``: the audit's unfolded program, whose own reference run gives them."""
 
     profile: object
     bn_eps: float | None
     batches: list
     judge: Callable
     floor: object
+    reference: Callable
+    program: object = None
     shared: dict = field(default_factory=dict)
     max_runs: int = 8
     runs: int = 0
-    holding: int = 0  # what the audit holds while the search runs (its runs' outputs)
+    holding: int = 0  # what the audit holds while the search runs (its runners' constants)
 
     def run(self, program, fp32: frozenset = frozenset()) -> tuple[object, list[OpRecord]]:
+        """An emulation of ``program`` (every float value measured against its own reference run) with ``fp32`` kept
+        in float32: its end-to-end numbers and per-op records."""
         self.runs += 1
-        res = run_program(program, self.profile, self.bn_eps, self.batches, fp32, self.shared, self.holding)
-        return self.judge(res), op_records(program, res.errors, self.profile, fp32)
+        runner = Runner(program, self.profile, self.bn_eps, fp32=fp32, shared=self.shared)
+        res = EmulationResult(runner.profile.name, not_emulated=runner.not_emulated)
+        judged = self.judge()
+        same = program is self.program  # its own reference run is the float model's
+        execute(
+            runner,
+            self.batches,
+            res,
+            None,
+            lambda _, outs, refs: judged.add(outs, refs),
+            self.holding,
+            None if same else self.reference,
+        )
+        return judged.result(), op_records(program, res.errors, self.profile, fp32)
 
 
 def verify(search: Search, fmt, model, rewrite: Rewrite):

@@ -15,9 +15,9 @@ import onnx
 import torch
 
 from .audit_report import RuntimeRun
-from .end_to_end import end_to_end_of
+from .end_to_end import EndToEndSum
 from .onnx_program import onnx_program
-from .runner import EmulationResult, run_in
+from .runner import run_in
 
 RUNTIMES = {"torch": "fp16", "onnxruntime": "ort-cpu"}
 
@@ -68,15 +68,18 @@ def _runner(runtime: str, model: onnx.ModelProto):
     raise ValueError(f"unknown runtime {runtime!r}; choose from {', '.join(RUNTIMES)}")
 
 
-def runtime_run(runtime: str, model, folded_model, batches: list[tuple], reference: list, task=None) -> RuntimeRun:
+def runtime_run(runtime: str, model, folded_model, batches: list[tuple], reference, task=None) -> RuntimeRun:
     """Run ``runtime`` on the unfolded (and folded) model; end-to-end numbers (and those of ``task``,
-    a :class:`~bnfold.numerics.end_to_end.Task`) against ``reference``."""
+    a :class:`~bnfold.numerics.end_to_end.Task`) against ``reference(i, holding)``, the float model's outputs of
+    batch ``i`` (computed once per batch, as the runtimes run batch by batch: no batch's outputs are kept)."""
     out = RuntimeRun(runtime, RUNTIMES.get(runtime, "?"), None)
-    for which, m in (("unfolded", model), ("folded", folded_model)):
-        if m is None:
-            continue
-        run = _runner(runtime, m)
-        res = EmulationResult(runtime)
-        res.outputs = [run(b) for b in batches]
-        setattr(out, which, end_to_end_of(res, reference, [], None, task))
+    runs = {which: _runner(runtime, m) for which, m in (("unfolded", model), ("folded", folded_model)) if m is not None}
+    sums = {which: EndToEndSum(task, top1=False) for which in runs}
+    for i, b in enumerate(batches):
+        refs = reference(i, 0)
+        for which, run in runs.items():
+            sums[which].add(run(b), refs)
+        del refs
+    for which, s in sums.items():
+        setattr(out, which, s.result())
     return out

@@ -169,7 +169,9 @@ class BatchResult:
 
 @dataclass
 class EmulationResult:
-    """All batches: per-tensor errors merged over batches, outputs kept per batch.
+    """All batches: per-tensor errors merged over batches; ``outputs`` / ``reference``: each batch's, when
+    :meth:`add` is asked to keep them (``emulate``'s default; the audit keeps none: its end-to-end numbers are summed
+    as the batches run, :class:`.end_to_end.EndToEndSum`).
 
     ``errors`` are cumulative (against the reference run of the whole program, :func:`reference_dtype`); ``local``
     holds the error each segment adds by itself (see :class:`Runner`); ``probes`` the input range of each batch norm;
@@ -185,7 +187,7 @@ class EmulationResult:
     probes: dict[str, NormProbe] = field(default_factory=dict)
     not_emulated: list[tuple[str, str, str]] = field(default_factory=list)
 
-    def add(self, batch: BatchResult, keep_outputs: bool = True) -> None:
+    def add(self, batch: BatchResult, keep_outputs: bool = False) -> None:
         for mine, theirs in ((self.errors, batch.errors), (self.local, batch.local), (self.probes, batch.probes)):
             for name, value in theirs.items():
                 if name in mine:
@@ -555,6 +557,8 @@ class Runner:
                         meter.add(errors, out, step.op, e, r, known.get(out))
             for dead in self._free_after.get(i, ()):
                 self._holding -= alive.pop(dead, 0)
+                if dead in kept:  # its reference stays, returned to the caller
+                    self._holding += AuditHold.kept(kept[dead])
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
                 env_l.pop(dead, None)
@@ -687,6 +691,18 @@ class Runner:
         meter.flush()
         return BatchResult(outputs, ref_out, errors, local, probes, kept)
 
+    @property
+    def held_constants(self) -> int:
+        """What this runner's constants take, emulated and reference, as the plan counts them."""
+        return self._const_held
+
+    def reference_outputs(self, *xs: Any, holding: int = 0) -> list:
+        """The reference run alone on one batch: the outputs :meth:`run` returns as ``reference``, the same ops on
+        the same values (for a second look at a batch whose outputs were not kept: the prescription's runs and the
+        real runtimes are measured against them).  ``holding``: as in :meth:`run`."""
+        self._holding = holding + self._const_held
+        return run_in(self.program, xs, self._ref_dtype, self._const_r, self._held)
+
     def _hold(self, alive: dict, name: str, x: Any) -> None:
         """Count value ``name`` (``x``) as held while it lives."""
         if isinstance(x, torch.Tensor):
@@ -742,18 +758,23 @@ def labels(program: Program) -> list[str]:
     return [f"{s.op} {s.label or s.name!r}" for s in program.steps]
 
 
-def run_in(program: Program, xs: tuple, dtype: torch.dtype) -> list:
+def run_in(
+    program: Program, xs: tuple, dtype: torch.dtype, constants: dict | None = None, held: Callable | None = None
+) -> list:
     """``program``'s outputs on the batch ``xs`` with every float input, constant and value in ``dtype``: a real
-    runtime's own precision (``torch`` half on CPU), no emulation and no reference.  The run-time check sizes
-    each op before it runs (:class:`bnfold.io.run_checks.OpSizes`), and each value is dropped after its last
-    reader, as in :meth:`Runner.run`."""
-    env = {k: v.to(dtype) if v.is_floating_point() else v for k, v in program.constants.items()}
+    runtime's own precision (``torch`` half on CPU), or the reference run alone (``constants``: the program's
+    constants already in ``dtype``), no emulation.  The run-time check sizes each op before it runs
+    (:class:`bnfold.io.run_checks.OpSizes`; ``held``: what the run holds with an op's outputs, as there), and each
+    value is dropped after its last reader, as in :meth:`Runner.run`."""
+    if constants is None:
+        constants = {k: v.to(dtype) if v.is_floating_point() else v for k, v in program.constants.items()}
+    env = dict(constants)
     for name, x in zip(program.inputs, program.feed(xs)):
-        env[name] = x.to(dtype) if x.is_floating_point() else x
+        env[name] = x.detach().to(dtype) if x.is_floating_point() else x
     sizes, names, dead = OpSizes(), labels(program), free_after(program)
     for i, step in enumerate(program.steps):
         ins = [env[v] if v else None for v in step.ins]
-        sizes.check(i, names[i], step.run, (ins, dtype), ins, len(step.outs), (), step.shape, None)
+        sizes.check(i, names[i], step.run, (ins, dtype), ins, len(step.outs), (), step.shape, None, held)
         outs = step.run(ins, dtype)
         env.update((o, v) for o, v in zip(step.outs, outs) if o)
         for v in dead.get(i, ()):
