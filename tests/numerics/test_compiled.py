@@ -197,3 +197,60 @@ def test_a_runner_and_its_code_go_with_their_last_reference(profile):
     finally:
         if enabled:
             gc.enable()
+
+
+def test_names_from_the_file_never_enter_the_generated_source(monkeypatch, tmp_path):
+    """A model whose value and node names are Python: the generated source holds positions only (SECURITY.md), the
+    audit runs as the interpreter's, and nothing the names say is run."""
+    import numpy as np
+    from onnx import TensorProto as T
+    from onnx import helper as h
+    from onnx import numpy_helper as nh
+
+    canary = tmp_path / "ran"
+    bad = f"x'); open({str(canary)!r}, 'w') #"
+    names = {k: f'{bad} {k} """ ]}} \\' for k in ("x", "w", "c", "s", "b", "m", "v", "y", "out")}
+    rng = np.random.default_rng(0)
+    inits = [
+        nh.from_array(rng.standard_normal((4, 3, 3, 3)).astype(np.float32), names["w"]),
+        nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), names["s"]),
+        nh.from_array(rng.standard_normal(4).astype(np.float32), names["b"]),
+        nh.from_array(rng.standard_normal(4).astype(np.float32), names["m"]),
+        nh.from_array(rng.uniform(0.5, 2, 4).astype(np.float32), names["v"]),
+    ]
+    nodes = [
+        h.make_node("Conv", [names["x"], names["w"]], [names["c"]], name=f"{bad} conv", pads=[1, 1, 1, 1]),
+        h.make_node(
+            "BatchNormalization",
+            [names["c"], names["s"], names["b"], names["m"], names["v"]],
+            [names["y"]],
+            name=f"{bad} bn",
+        ),
+        h.make_node("Relu", [names["y"]], [names["out"]], name=f"{bad} relu"),
+    ]
+    graph = h.make_graph(
+        nodes,
+        "g",
+        [h.make_tensor_value_info(names["x"], T.FLOAT, [1, 3, 8, 8])],
+        [h.make_tensor_value_info(names["out"], T.FLOAT, [1, 4, 8, 8])],
+        inits,
+    )
+    model = h.make_model(graph, opset_imports=[h.make_opsetid("", 13)])
+    sources = []
+    real = runner_module.generate
+
+    def keeping(runner, mode):
+        code = real(runner, mode)
+        sources.append(code.source)
+        return code
+
+    monkeypatch.setattr(runner_module, "generate", keeping)
+    fold = bnfold.fold(model)
+    docs = {}
+    for after in (None, 0):
+        monkeypatch.setattr(runner_module, "COMPILE_AFTER", after)
+        docs[after] = bnfold.audit(model, _batches((1, 3, 8, 8), n=3), fold=fold).to_dict()
+    assert sources and not _same(docs[None], docs[0])
+    for text in sources:
+        assert bad not in text and "open(" not in text and "#" not in text.replace("# noqa", "")
+    assert not canary.exists()
