@@ -50,11 +50,11 @@ def diagnose(
 
 
 def _island(pres: Prescription, search: Search, program, records: list, cause) -> None:
-    """The float32 island when no rewrite holds alone.  A range rewrite that changed the model but left part of it
-    broken (a residual stream it rescaled, scores at a softmax it cannot) is kept: the island is searched on the
-    rewritten model first, from its own cause, so that it holds only what no exact rewrite fixes; the model as
-    shipped is searched when that island does not hold."""
-    partial = [v for v in pres.tried if v.program is not None and not v.holds and v.rewrite.name == "fp16_range"]
+    """The float32 island when no rewrite holds alone.  A rewrite that changed the model but left part of it broken
+    (the range rewrite: a residual stream it rescaled, scores at a softmax it cannot) is kept: the island is searched
+    on the rewritten model first (each such rewrite in :data:`REWRITES` order), from its own cause, so that it holds
+    only what no rewrite fixes; the model as shipped is searched when no such island holds."""
+    partial = [v for v in pres.tried if v.program is not None and not v.holds]  # the fold's own entry has none
     for v in partial:
         nodes, holds, e2e = island(search, v.program, v.records, find_cause(v.records, damaged=True))
         if holds:
