@@ -18,6 +18,7 @@ Weight layouts (``kind``):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -196,7 +197,116 @@ def per_slice(values: torch.Tensor, kind: str, side: str, shape, groups: int = 1
     return values[idx].reshape(*idx.shape, *([1] * (rank - 2)))
 
 
-def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype | None, what: str) -> torch.Tensor:
+#: elements of a weight's product made at a time: at most torch's grain for splitting an op across threads
+#: (32768), so each block's product and reduction run on the calling thread, in cache, with no hand-off to a
+#: thread pool (on a busy machine each hand-off waits for a descheduled thread)
+BLOCK_ELEMENTS = 1 << 15
+#: bytes of a deferred product handed to its writer at a time (blocks gathered in one buffer)
+STAGE_BYTES = 1 << 18
+
+
+@dataclass(frozen=True)
+class Product:
+    """``weight * s`` in the weight's dtype (``s``: the per-slice scales already rounded to it, broadcasting
+    against it), checked by :func:`scale_weight` and not materialized: :meth:`stages` makes it a few blocks at
+    a time, each element rounded as in the whole product (an elementwise product of two values of one dtype)."""
+
+    weight: torch.Tensor
+    s: torch.Tensor
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.weight.dtype
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.weight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.numel() * self.weight.element_size()
+
+    @property
+    def T(self) -> Product:  # noqa: N802 (as torch names it)
+        """The product of a 2-D weight, transposed (a MatMul weight back to its stored ``[in, out]``)."""
+        return Product(self.weight.T, self.s.expand(self.weight.shape).T)
+
+    def stages(self) -> Iterator[torch.Tensor]:
+        """The product in row-major order of :attr:`shape`, as 1-D pieces of about :data:`STAGE_BYTES`: views
+        of one buffer, each valid until the next is asked for."""
+        w, s = self.weight, self.s.expand(self.weight.shape)
+        if w.dim() < 2:
+            yield (w * s).reshape(-1)
+            return
+        per_block = _rows_per_block(w)
+        per_stage = per_block * max(1, STAGE_BYTES // max(1, per_block * w[0].numel() * w.element_size()))
+        stage = torch.empty((min(per_stage, w.shape[0]), *w.shape[1:]), dtype=w.dtype)
+        for i in range(0, w.shape[0], per_stage):
+            rows = min(per_stage, w.shape[0] - i)
+            for k in range(i, i + rows, per_block):
+                n = min(per_block, i + rows - k)
+                torch.mul(w[k : k + n], s[k : k + n], out=stage[k - i : k - i + n])
+            yield stage[:rows].reshape(-1)
+
+    def materialize(self) -> torch.Tensor:
+        return self.weight * self.s
+
+
+def _rows_per_block(w: torch.Tensor) -> int:
+    return max(1, BLOCK_ELEMENTS // max(1, w[0].numel())) if w.dim() and w.shape[0] else 1
+
+
+def _memory_order(t: torch.Tensor) -> tuple[int, ...]:
+    """The dims of a dense tensor from the slowest to the fastest in memory (a transposed weight read row by
+    row), else the natural order."""
+    order = tuple(sorted(range(t.dim()), key=t.stride, reverse=True))
+    return order if t.permute(order).is_contiguous() else tuple(range(t.dim()))
+
+
+def _checked_blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None) -> bool:
+    """Whether ``weight * s`` (both in the weight's dtype) is finite and loses no nonzero weight to zero,
+    made block by block in memory order (into ``out``'s blocks when given, else into a block of its own).
+
+    |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a smaller
+    scale can underflow a nonzero weight to zero, and only where the product is zero: there the block's
+    nonzero count is compared with the weight's (a product is nonzero only where the weight is)."""
+    small = bool(((s != 0) & (s.abs() <= 0.5)).any())
+    zero_scale = small and bool((s == 0).any())
+    ends: list[torch.Tensor] = []
+    own = mag = None  # one block's product (when there is no ``out``) and its magnitudes, reused
+    for wb, sb, ob in _blocks(weight, s, out):
+        if ob is None:
+            own = torch.empty_like(wb) if own is None else own
+            ob = own[: wb.shape[0]] if wb.dim() else own
+        b = torch.mul(wb, sb, out=ob)
+        if not b.numel():
+            continue
+        ends.extend(torch.aminmax(b))
+        if small:
+            mag = torch.empty_like(b) if mag is None else mag
+            if not bool(torch.abs(b, out=mag[: b.shape[0]] if b.dim() else mag).amin() > 0):
+                if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
+                    return False
+    return not ends or bool(torch.isfinite(torch.stack(ends)).all())  # NaN propagates through aminmax
+
+
+def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
+    """``(weight rows, their scales, out rows or None)``, rows in memory order, at most :data:`BLOCK_ELEMENTS`
+    at a time (at least one row); a weight that small is one block as it is."""
+    if weight.numel() <= BLOCK_ELEMENTS or weight.dim() == 0:
+        yield weight, s, out
+        return
+    order = _memory_order(weight)
+    w, s = weight.permute(order), s.expand(weight.shape).permute(order)
+    o = out.permute(order) if out is not None else None
+    step = _rows_per_block(w)
+    for i in range(0, w.shape[0], step):
+        yield w[i : i + step], s[i : i + step], (o[i : i + step] if o is not None else None)
+
+
+def scale_weight(
+    weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype | None, what: str, deferred: bool = False
+) -> torch.Tensor | Product:
     """``weight * slices`` (float64 per-slice scales), rounded once to ``dtype`` with checks.
 
     ``dtype`` None: the float64 product.  For a float32/float16/bfloat16
@@ -206,8 +316,10 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
     this is the exact product of the weight and the rounded scale, rounded
     once (as a runtime BatchNorm with a ``dtype`` scale would compute it).  It
     reads and writes the weight once, instead of three float64 passes.
-    Raises FoldError on overflow or underflow to zero.  The checks reduce over the product in memory order (a
-    transposed weight, as MatMul stores it, is read row by row).
+    Raises FoldError on overflow or underflow to zero.  The checks run block by block over the product in
+    memory order (a transposed weight, as MatMul stores it, is read row by row), each block as it is made.
+    ``deferred``: that product comes back as a :class:`Product` (checked, made again block by block where it
+    is written), so the weight and a block are held, not the weight twice; other cases return a tensor.
     """
     if dtype is None:
         return weight.detach().to(torch.float64) * slices
@@ -216,40 +328,28 @@ def scale_weight(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype 
     if weight.dtype != dtype or dtype == torch.float64:
         return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     s = slices.to(dtype)
-    if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()):
-        return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)  # names the problem
-    out = weight.detach() * s
-    flat = _in_memory_order(out)  # the checks reduce over every element: in memory order, they stream
-    if out.numel():
-        lo, hi = torch.aminmax(flat)
-        if not bool(torch.isfinite(torch.stack((lo, hi))).all()):  # NaN propagates through aminmax
-            return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
-    # |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a
-    # smaller scale can underflow a nonzero weight to zero, and only where the product is zero.
-    if bool(((s != 0) & (s.abs() <= 0.5)).any()) and out.numel() and not bool(flat.abs().amin() > 0):
-        if bool((s == 0).any()) or int(torch.count_nonzero(flat)) != int(torch.count_nonzero(_in_memory_order(weight))):
-            return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
-    return out
+    w = weight.detach()
+    out = None if deferred else torch.empty_like(w)  # the weight's layout
+    if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()) or not _checked_blocks(w, s, out):
+        return cast_checked(w.to(torch.float64) * slices, dtype, what)  # names the problem
+    return Product(w, s) if deferred else out
 
 
-def _in_memory_order(t: torch.Tensor) -> torch.Tensor:
-    """A 1-D view of a dense tensor's elements in memory order (a transposed weight's rows), else ``t``."""
-    p = t.permute(sorted(range(t.dim()), key=t.stride, reverse=True))
-    return p.reshape(-1) if p.is_contiguous() else t
-
-
-def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dtype: torch.dtype | None = None):
+def fold_output_affine(
+    weight, bias, aff: Affine, kind: str, groups: int = 1, dtype: torch.dtype | None = None, deferred: bool = False
+):
     """Fold ``y = producer(x) * scale + shift`` into the producer's weight/bias.
 
     Returns ``(new_weight, new_bias)``: the weight in ``dtype`` (see
-    :func:`scale_weight`; float64 when None), the bias in float64.  ``bias`` may be ``None``.
+    :func:`scale_weight`, also for ``deferred``; float64 when None), the bias in float64.  ``bias`` may be ``None``.
     """
     n_out = out_channels(kind, weight.shape, groups)
     if aff.channels != n_out:
         raise FoldError(
             f"normalization has {aff.channels} channels but the {kind} has {n_out} output channels", CHANNELS
         )
-    new_w = scale_weight(weight, per_slice(aff.scale, kind, "out", weight.shape, groups), dtype, f"{kind} weight")
+    slices = per_slice(aff.scale, kind, "out", weight.shape, groups)
+    new_w = scale_weight(weight, slices, dtype, f"{kind} weight", deferred)
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if b.numel() != n_out:
         raise FoldError(f"bias has {b.numel()} elements, expected {n_out}", Code.LAYER_SHAPE)
@@ -257,7 +357,14 @@ def fold_output_affine(weight, bias, aff: Affine, kind: str, groups: int = 1, dt
 
 
 def fold_input_affine(
-    weight, bias, aff: Affine, kind: str, groups: int = 1, shift_exact: bool = True, dtype: torch.dtype | None = None
+    weight,
+    bias,
+    aff: Affine,
+    kind: str,
+    groups: int = 1,
+    shift_exact: bool = True,
+    dtype: torch.dtype | None = None,
+    deferred: bool = False,
 ):
     """Fold ``y = consumer(x * scale + shift)`` into the consumer's weight/bias.
 
@@ -266,7 +373,7 @@ def fold_input_affine(
     when every output sees every kernel tap of the shifted input: a consumer
     with zero padding (``shift_exact=True``).  Transposed convs scatter a
     variable number of taps into each output, so their shift must be zero.
-    The weight is returned in ``dtype`` as by :func:`scale_weight`, the bias in float64.
+    The weight is returned in ``dtype`` as by :func:`scale_weight` (also for ``deferred``), the bias in float64.
     """
     n_in = in_channels(kind, weight.shape, groups)
     if aff.channels != n_in:
@@ -282,7 +389,9 @@ def fold_input_affine(
             "a nonzero shift before a padded conv does not fold exactly (padding would see the shift)",
             Code.SHIFT_PADDING,
         )
-    new_w = scale_weight(weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight")
+    new_w = scale_weight(
+        weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight", deferred
+    )
     n_out = out_channels(kind, weight.shape, groups)
     b = torch.zeros(n_out, dtype=torch.float64) if bias is None else _f64(bias)
     if has_shift:

@@ -68,7 +68,8 @@ class LayerWeights:
     ``weight`` is in the kind's layout, ``bias`` is 1-D or None.  ``pre`` is an
     affine the layer applies after its bias-free product (ONNX Gemm's
     ``alpha`` and ``beta * C``); the bias is then None.  The dtypes are those
-    of the stored tensors, which the folded values are cast back to.
+    of the stored tensors, which the folded values are cast back to.  ``deferred``: the adapter writes a
+    folded weight given as a ``fold_math.Product`` (made block by block as it is written: a streamed load).
     """
 
     weight: torch.Tensor
@@ -76,6 +77,7 @@ class LayerWeights:
     weight_dtype: torch.dtype
     bias_dtype: torch.dtype
     pre: Affine | None = None
+    deferred: bool = False
 
 
 @dataclass

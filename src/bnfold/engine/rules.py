@@ -69,7 +69,9 @@ def output_params(layer: Layer, w: LayerWeights, total: Affine):
     """The layer's weight and bias with ``total`` applied after it."""
     if w.pre is not None:
         total = w.pre.then(total)
-    new_w, new_b = fold_math.fold_output_affine(w.weight, w.bias, total, layer.kind, layer.groups, w.weight_dtype)
+    new_w, new_b = fold_math.fold_output_affine(
+        w.weight, w.bias, total, layer.kind, layer.groups, w.weight_dtype, w.deferred
+    )
     return _finish(layer, w, new_w, new_b)
 
 
@@ -77,7 +79,14 @@ def input_params(layer: Layer, w: LayerWeights, total: Affine):
     """The layer's weight and bias with ``total`` applied to its input."""
     if w.pre is None:
         new_w, new_b = fold_math.fold_input_affine(
-            w.weight, w.bias, total, layer.kind, layer.groups, shift_exact=layer.zero_padding, dtype=w.weight_dtype
+            w.weight,
+            w.bias,
+            total,
+            layer.kind,
+            layer.groups,
+            shift_exact=layer.zero_padding,
+            dtype=w.weight_dtype,
+            deferred=w.deferred,
         )
     else:  # the layer's own affine after the product: fold both in float64, round once
         new_w, new_b = fold_math.fold_input_affine(

@@ -16,8 +16,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import mmap
 import os
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -70,9 +71,11 @@ class ExternalSource:
         return real, int(info["offset"]), int(info["length"])
 
     def read(self, t: TensorProto) -> np.ndarray:
-        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy)."""
+        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy): pages
+        of its own (an anonymous map), given back to the system when the last view of it goes, so no freed
+        weight stays in the allocator's heap (glibc keeps up to twice its largest freed block)."""
         real, offset, length = self.where(t)
-        buf = np.empty(length, np.uint8)
+        buf = np.frombuffer(_pages(length), np.uint8) if length else np.empty(0, np.uint8)
         with self._opened(real) as fd:
             done = 0
             while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
@@ -85,17 +88,31 @@ class ExternalSource:
     def store(self, t: TensorProto, data: np.ndarray) -> TensorProto:
         """``t`` (a new parameter's name, type and dims) holding the bytes ``data``: in ``raw_data`` when
         small, else written to the scratch file and referred to there."""
-        if data.nbytes < SPILL_BYTES:
-            t.raw_data = data.tobytes()
+        return self.store_blocks(t, [data], data.nbytes)
+
+    def store_blocks(self, t: TensorProto, blocks: Iterable[np.ndarray], nbytes: int) -> TensorProto:
+        """:meth:`store` of the ``nbytes`` bytes that ``blocks`` hold in order, written as each block comes (a
+        deferred product is never whole in memory); the scratch file is cut back if they do not all come."""
+        if nbytes < SPILL_BYTES:
+            t.raw_data = b"".join(b.tobytes() for b in blocks)
             return t
         if self.scratch is None:
             self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
-        fd, view = self.scratch.fileno(), memoryview(data.reshape(-1).view(np.uint8))
+        fd = self.scratch.fileno()
         offset = done = os.fstat(fd).st_size
-        while done - offset < len(view):  # straight from the tensor's memory (no buffered file between)
-            done += os.pwrite(fd, view[done - offset :], done)
+        try:
+            for block in blocks:
+                view = memoryview(block.reshape(-1).view(np.uint8))
+                end = done + len(view)
+                while done < end:  # straight from the block's memory (no buffered file between)
+                    done += os.pwrite(fd, view[len(view) - (end - done) :], done)
+            if done - offset != nbytes:
+                raise AssertionError(f"internal: {t.name} has {done - offset} bytes, expected {nbytes}")
+        except BaseException:
+            os.ftruncate(fd, offset)
+            raise
         t.data_location = TensorProto.EXTERNAL
-        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(data.nbytes))))
+        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(nbytes))))
         return t
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
@@ -149,6 +166,12 @@ class ExternalSource:
             if not self.depth:
                 self.stack.close()
                 self.scratch = None
+
+
+def _pages(length: int) -> mmap.mmap:
+    """``length`` bytes of fresh anonymous memory, filled in one go where the system can (``MAP_POPULATE``)."""
+    flags = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | getattr(mmap, "MAP_POPULATE", 0)
+    return mmap.mmap(-1, length, flags=flags)
 
 
 def _read_into(fd: int, view: memoryview, offset: int) -> int:

@@ -16,7 +16,7 @@ import onnx
 import torch
 
 from ..engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo
-from ..fold_math import FoldError, affine, in_channels, out_channels
+from ..fold_math import FoldError, Product, affine, in_channels, out_channels
 from ..report import Code
 from .axes import consumer_dims, follow_axis, merge_dims, producer_rank
 from .const_eval import Const
@@ -273,7 +273,8 @@ class OnnxGraph(OnnxRange):
                 bias = None  # alpha and beta * C act after the product, as ``pre``
         except FoldError as err:
             return str(err)
-        return LayerWeights(w, bias, dtype, bias_dtype, pre)
+        # a weight a streamed load left on disk is folded as a Product, written block by block (from_torch)
+        return LayerWeights(w, bias, dtype, bias_dtype, pre, deferred=self._streamed(layer.weight) is not None)
 
     def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str:
         return follow_axis(self, hop, axis, forward)
@@ -331,7 +332,8 @@ class OnnxGraph(OnnxRange):
             old = self.const(layer.bias) if layer.bias is not None else None
             shape = tuple(old.value.shape) if old is not None and old.value.size == bias.numel() else (bias.numel(),)
             extra += set_param(index, gi, wiring.bias_node, wiring.bias_slot, bias.reshape(shape))
-        stored = (weight.T if wiring.transposed else weight).contiguous()
+        stored = weight.T if wiring.transposed else weight
+        stored = stored if isinstance(stored, Product) else stored.contiguous()
         holder = node
         if wiring.expand is not None:
             holder = self._own_expand(layer)

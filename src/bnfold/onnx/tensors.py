@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -16,7 +16,7 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
-from ..fold_math import FoldError
+from ..fold_math import FoldError, Product
 
 #: The ONNX element types whose parameters the fold can write back, as torch dtypes.
 TORCH_DTYPES = {
@@ -58,6 +58,8 @@ class ExternalReader(Protocol):
     def where(self, t: TensorProto) -> tuple[str, int, int]: ...  # its place, or a FoldError (unknown reference)
 
     def store(self, t: TensorProto, data: np.ndarray) -> TensorProto: ...  # ``t`` holding ``data``'s bytes
+
+    def store_blocks(self, t: TensorProto, blocks: Iterable[np.ndarray], nbytes: int) -> TensorProto: ...  # in order
 
 
 _READER: contextvars.ContextVar[ExternalReader | None] = contextvars.ContextVar("bnfold_external", default=None)
@@ -134,26 +136,43 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def from_torch(t: torch.Tensor, name: str, elem_type: int, shape=None) -> TensorProto:
+def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None) -> TensorProto:
     """A TensorProto named ``name`` holding ``t`` (already cast to ``elem_type``'s dtype); inside
-    :func:`reading_external`, its bytes are handed to the reader (a large one goes to disk), not copied."""
+    :func:`reading_external`, its bytes are handed to the reader (a large one goes to disk), not copied, and a
+    deferred product (``fold_math.Product``) is made and handed over block by block (elsewhere, made whole)."""
+    reader = _READER.get()
+    if isinstance(t, Product) and (reader is None or shape is not None):
+        t = t.materialize()
+    if isinstance(t, Product):
+        out = _header(name, elem_type, t.dtype, t.shape)
+        return reader.store_blocks(out, (_little_endian(b, elem_type) for b in t.stages()), t.nbytes)
     t = t.detach().contiguous()
     if shape is not None:
         t = t.reshape(tuple(shape))
-    if elem_type != TensorProto.BFLOAT16 and TORCH_DTYPES.get(elem_type) != t.dtype:
-        raise AssertionError(f"internal: {name} is {t.dtype}, expected {type_name(elem_type)}")
-    a = t.view(torch.int16).numpy() if elem_type == TensorProto.BFLOAT16 else t.numpy()
+    out = _header(name, elem_type, t.dtype, t.shape)
+    if reader is not None:
+        return reader.store(out, _little_endian(t, elem_type))
+    if elem_type == TensorProto.BFLOAT16:
+        out.raw_data = _little_endian(t, elem_type).tobytes()
+        return out
+    return numpy_helper.from_array(t.numpy(), name)
+
+
+def _header(name: str, elem_type: int, dtype: torch.dtype, dims) -> TensorProto:
+    """An empty TensorProto of ``name``, ``elem_type`` and ``dims`` (``dtype``: that of its values, checked)."""
+    if elem_type != TensorProto.BFLOAT16 and TORCH_DTYPES.get(elem_type) != dtype:
+        raise AssertionError(f"internal: {name} is {dtype}, expected {type_name(elem_type)}")
     out = TensorProto()
     out.name = name
     out.data_type = elem_type
-    out.dims.extend(t.shape)
-    reader = _READER.get()
-    if reader is not None:
-        return reader.store(out, a.astype(a.dtype.newbyteorder("<"), copy=False))
-    if elem_type == TensorProto.BFLOAT16:
-        out.raw_data = a.tobytes()
-        return out
-    return numpy_helper.from_array(t.numpy(), name)
+    out.dims.extend(dims)
+    return out
+
+
+def _little_endian(t: torch.Tensor, elem_type: int) -> np.ndarray:
+    """A contiguous tensor's values as numpy, in the byte order ONNX stores (bfloat16 as its bit pattern)."""
+    a = t.view(torch.int16).numpy() if elem_type == TensorProto.BFLOAT16 else t.numpy()
+    return a.astype(a.dtype.newbyteorder("<"), copy=False)
 
 
 def nbytes(t: TensorProto) -> int:
