@@ -128,32 +128,43 @@ def test_a_cast_out_of_range_is_a_fold_error_with_a_code():
     assert err.value.code == Code.CAST_RANGE
 
 
+@pytest.mark.parametrize("size", [(48, 32), (300, 256)])  # one block; several blocks of a [in, out] weight
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("case", ["plain", "underflow", "overflow", "nan"])
-def test_a_transposed_weight_scales_to_the_same_bits_and_errors(dtype, case):
+def test_a_transposed_weight_scales_to_the_same_bits_and_errors(dtype, case, size):
     """``scale_weight`` reads a transposed weight (MatMul's ``[in, out]`` seen as ``[out, in]``) in memory
-    order for its checks: the product, its layout, and each refusal are those of the contiguous weight."""
-    stored = _t(3, 48, 32).to(dtype)  # [in, out] as stored
-    scale = _t(4, 32, lo=0.5, hi=2.0)
+    order for its checks: the product, its layout, and each refusal are those of the contiguous weight; a
+    deferred product (``fold_math.Product``, made block by block where it is written) has the same bytes, in
+    the stored layout too, and the same refusals (before anything is made)."""
+    stored = _t(3, *size).to(dtype)  # [in, out] as stored
+    scale = _t(4, size[1], lo=0.5, hi=2.0)
     if case == "underflow":
         tiny = torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps  # the smallest subnormal
-        stored[5, 7] = 4 * tiny  # that a scale of 2^-8 takes to zero
-        stored[5, 8] = 0.0
+        stored[-5, 7] = 4 * tiny  # that a scale of 2^-8 takes to zero
+        stored[-5, 8] = 0.0
         scale[7] = 2.0**-8
     if case == "overflow":
-        stored[2, 3] = torch.finfo(dtype).max / 2
+        stored[-2, 3] = torch.finfo(dtype).max / 2
         scale[3] = 4.0
     if case == "nan":
-        stored[9, 1] = float("nan")
+        stored[-9, 1] = float("nan")
     w = stored.T  # [out, in], not contiguous
     slices = fold_math.per_slice(scale, "linear", "out", tuple(w.shape))
     outcomes = []
-    for weight in (w, w.contiguous()):
+    for weight, deferred in ((w, False), (w.contiguous(), False), (w, True)):
         try:
-            outcomes.append(fold_math.scale_weight(weight, slices, dtype, "linear weight"))
+            outcomes.append(fold_math.scale_weight(weight, slices, dtype, "linear weight", deferred))
         except FoldError as err:
             outcomes.append(str(err))
     if case == "plain":
-        assert torch.equal(outcomes[0], outcomes[1]) and outcomes[0].stride() == w.stride()
+        eager, product = outcomes[0], outcomes[2]
+        assert torch.equal(eager, outcomes[1]) and eager.stride() == w.stride()
+        assert isinstance(product, fold_math.Product) and product.shape == w.shape and product.dtype == dtype
+        # each stage is a view of one buffer, valid until the next is made: cloned as it comes
+        assert torch.equal(torch.cat([b.clone() for b in product.stages()]), eager.contiguous().reshape(-1))
+        assert torch.equal(
+            torch.cat([b.clone() for b in product.T.stages()]), eager.T.contiguous().reshape(-1)
+        )  # as stored
+        assert torch.equal(product.materialize(), eager)
     else:
-        assert isinstance(outcomes[0], str) and outcomes[0] == outcomes[1], outcomes
+        assert isinstance(outcomes[0], str) and outcomes[0] == outcomes[1] == outcomes[2], outcomes

@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from stream_models import largest_tensor, linear_stack
+from stream_models import edge_cases, largest_tensor, linear_stack
 
 import bnfold
 from bnfold.cli.main import main
@@ -135,9 +135,10 @@ def _peak(args: list[str]) -> int:
 @pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
 def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     """24 layers of 4 MB (96 MB of weights), each fold in a fresh process: what the streamed fold's peak rises
-    above the same fold of a 2-layer model of 64 KB tensors (the same imports and code) is under 4x the largest
-    tensor (the weight read and its folded copy, 2.4x measured; 6.2x when each weight was read three times and
-    copied), not the weights; the plain fold holds them several times over."""
+    above the same fold of a 2-layer model of 64 KB tensors (the same imports and code) is under the largest
+    tensor and 3 MiB (the weight read, a block of its product at a time, the larger graph: 4 MiB + 1.6 MiB
+    measured; + 5.6 MiB when the folded copy was made whole, 6.2x the tensor when each weight was read three
+    times and copied), not the weights; the plain fold holds them several times over."""
     small, big = tmp_path / "small", tmp_path / "big"
     small.mkdir(), big.mkdir()
     tiny = _external(_stack(n=2, width=128), small, "one")
@@ -149,7 +150,7 @@ def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     stream = _peak(["fold", path, "-o", str(tmp_path / "s.onnx"), "-q", "--low-memory"]) - base
     plain = _peak(["fold", path, "-o", str(tmp_path / "p.onnx"), "-q"]) - base
     assert plain > 2 * weights  # the plain fold holds the input and the folded copy
-    assert stream < 4 * largest < weights / 2, (stream, plain, weights)
+    assert stream < largest + 3 * 2**20 < weights / 2, (stream - largest, plain, weights)
 
 
 def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:
@@ -288,3 +289,74 @@ def test_a_streamed_tensor_numpy_cannot_read_as_it_is_reads_as_the_plain_load(tm
         for t in model.graph.initializer:
             streamed = to_numpy(t)
             assert streamed.dtype == plain[t.name].dtype and streamed.tobytes() == plain[t.name].tobytes()
+
+
+def _external_lengths(path: str) -> int:
+    """Bytes the saved model's tensors refer to in external data (each range once)."""
+    m = onnx.load(path, load_external_data=False)
+    spans = set()
+    for t in m.graph.initializer:
+        if t.data_location == onnx.TensorProto.EXTERNAL:
+            info = {e.key: e.value for e in t.external_data}
+            spans.add((int(info.get("offset", 0)), int(info["length"])))
+    return sum(length for _, length in spans)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_every_edge_case_streams_to_the_plain_folds_bytes(tmp_path, dtype, monkeypatch):
+    """A refusal mid-chain (the chain retried on the same weight), a shared weight, MatMul weights stored
+    [in, out], fp16, products that overflow or underflow (nothing folds, the weight's bytes stay) and a fan-out
+    whose second layer refuses (neither is written): the streamed fold writes the plain fold's files, folds each
+    streamed weight as a deferred product (never whole in memory) and leaves no refused fold's bytes behind."""
+    from bnfold import fold_math
+    from bnfold.io.onnx import load_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(edge_cases(dtype), src, "one")
+    made = []
+    real_stages = fold_math.Product.stages
+    monkeypatch.setattr(fold_math.Product, "stages", lambda self: made.append(self.shape) or real_stages(self))
+    monkeypatch.setattr(fold_math.Product, "materialize", lambda self: pytest.fail("a streamed product made whole"))
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+    # chain, shared_a, shared_b (one weight, written twice: a private copy and the original) and the conv
+    assert sorted(tuple(s) for s in made) == [(128, 32, 3, 3)] + [(512, 512)] * 3
+    out = str(tmp_path / "stream" / "out.onnx")
+    assert os.path.getsize(out + ".data") == _external_lengths(out)  # no bytes of a refused fold in the data
+    before = {t.name: t for t in load_onnx(path).model.graph.initializer}
+    after = {t.name: t for t in load_onnx(out).model.graph.initializer}
+    for name in ("w.refused", "w.under", "w.fan_a", "w.fan_b"):  # refused: the input's bytes
+        assert after[name].raw_data == before[name].raw_data
+    for name in ("w.chain", "w.shared"):
+        assert after[name].raw_data != before[name].raw_data
+    streamed = bnfold.fold(path)  # the API on a path streams too
+    plain = bnfold.fold(load_onnx(path).model)
+    assert streamed.model.SerializeToString() == plain.model.SerializeToString()
+    kept = {e["node"]: e["code"] for e in streamed.report.to_dict()["kept_ops"]}
+    assert kept == {n: "cast_range" for n in ("chain.mul2", "refused.mul", "under.mul", "fan.mul")}
+    folded = {e["norm"] for e in streamed.report.to_dict()["folded"]}
+    assert folded == {"affine chain.mul1", "affine shared_a.mul", "affine shared_b.mul", "bn"}
+
+
+def test_a_product_cut_short_leaves_no_bytes_in_the_scratch_file(tmp_path):
+    """When the blocks of a new parameter stop coming (an error while they are made), the scratch file is cut
+    back to where the parameter began: nothing of it is kept, what was stored before is."""
+    from onnx import TensorProto
+
+    from bnfold.io.onnx_stream import SPILL_BYTES, ExternalSource
+
+    source = ExternalSource(str(tmp_path / "m.onnx"))
+    block = np.arange(SPILL_BYTES, dtype=np.uint8)
+
+    def cut():
+        yield block
+        raise ValueError("made no further")
+
+    with source.reading():
+        first = source.store_blocks(TensorProto(name="a", data_type=TensorProto.UINT8), [block, block], 2 * SPILL_BYTES)
+        size = os.fstat(source.scratch.fileno()).st_size
+        with pytest.raises(ValueError, match="made no further"):
+            source.store_blocks(TensorProto(name="b", data_type=TensorProto.UINT8), cut(), 2 * SPILL_BYTES)
+        assert os.fstat(source.scratch.fileno()).st_size == size == 2 * SPILL_BYTES
+        assert source.read(first).tobytes() == block.tobytes() * 2

@@ -18,6 +18,7 @@ import contextlib
 import errno
 import mmap
 import os
+import weakref
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -59,6 +60,7 @@ class ExternalSource:
     scratch: BinaryIO | None = None
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     depth: int = 0
+    lent: list[tuple[weakref.ref, mmap.mmap]] = field(default_factory=list)  # read buffers and their pages
 
     def where(self, t: TensorProto) -> tuple[str, int, int]:
         """``(real path, offset, length)`` of a tensor this source placed; a FoldError for any other."""
@@ -71,11 +73,9 @@ class ExternalSource:
         return real, int(info["offset"]), int(info["length"])
 
     def read(self, t: TensorProto) -> np.ndarray:
-        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy): pages
-        of its own (an anonymous map), given back to the system when the last view of it goes, so no freed
-        weight stays in the allocator's heap (glibc keeps up to twice its largest freed block)."""
+        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy)."""
         real, offset, length = self.where(t)
-        buf = np.frombuffer(_pages(length), np.uint8) if length else np.empty(0, np.uint8)
+        buf = self._buffer(length)
         with self._opened(real) as fd:
             done = 0
             while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
@@ -136,6 +136,31 @@ class ExternalSource:
         out.seek(start + length)
         return length
 
+    def _buffer(self, length: int) -> np.ndarray:
+        """``length`` writable bytes in pages of their own (an anonymous map, not the allocator's heap, which
+        keeps up to twice its largest freed block): those of a buffer read before that nothing references any
+        more (no pages to fault in and zero again) when they are enough, else fresh ones; pages of the others
+        nothing references go back to the system first."""
+        kept, free = [], None
+        for ref, pages in self.lent:
+            if ref() is None and free is None and len(pages) >= length:
+                free = pages
+            elif ref() is None:
+                pages.close()
+            else:
+                kept.append((ref, pages))
+        pages = free if free is not None else _pages(max(length, 1))
+        buf = np.frombuffer(pages, np.uint8, count=length)
+        self.lent = [*kept, (weakref.ref(buf), pages)]
+        return buf
+
+    def _give_back(self) -> None:
+        """Close the pages of every buffer nothing references (those still referenced go with their arrays)."""
+        for ref, pages in self.lent:
+            if ref() is None:
+                pages.close()
+        self.lent = []
+
     @contextlib.contextmanager
     def _opened(self, real: str) -> Iterator[int]:
         """A descriptor of the checked data file ``real`` (opened again, a regular file), or of the scratch file."""
@@ -166,6 +191,7 @@ class ExternalSource:
             if not self.depth:
                 self.stack.close()
                 self.scratch = None
+                self._give_back()
 
 
 def _pages(length: int) -> mmap.mmap:
