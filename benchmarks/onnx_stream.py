@@ -121,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     tiny = os.path.join(a.dir, "tiny", "tiny.onnx")  # the same code on 64 KiB tensors: the floor of the peak
     os.makedirs(os.path.dirname(tiny))
     onnx.save(linear_stack(2, 128), tiny, save_as_external_data=True, location="tiny.onnx.data", size_threshold=0)
+    # the same graph with 64 KiB tensors: the floor with this graph (what the graph costs in memory)
+    graph_path = os.path.join(a.dir, "graph", "graph.onnx")
+    os.makedirs(os.path.dirname(graph_path))
+    onnx.save(linear_stack(info["layers"], 128), graph_path, save_as_external_data=True, location="graph.onnx.data")
     # (name, src folder, extra arguments, the run whose files it must equal)
     runs = [("plain", "src", [], 0), ("streamed (--low-memory)", "src", ["--low-memory"], 0)]
     if a.before:
@@ -137,15 +141,15 @@ def main(argv: list[str] | None = None) -> int:
         ]
     times: dict[str, list[float]] = {name: [] for name, *_ in runs}
     peaks: dict[str, list[int]] = {name: [] for name, *_ in runs}
-    kernel, loop, imports, floor = [], [], [], []
+    kernel, loop, imports, floor, graph_floor = [], [], [], [], []
     for _ in range(a.rounds):
         k, lp = copies(data, a.dir)
         kernel.append(k)
         loop.append(lp)
         imports.append(import_time())
-        floor.append(
-            measure(["fold", tiny, "-o", os.path.join(a.dir, "tiny", "out.onnx"), "-q", "--force", "--low-memory"])
-        )
+        for path, into in ((tiny, floor), (graph_path, graph_floor)):
+            out = os.path.join(os.path.dirname(path), "out.onnx")
+            into.append(measure(["fold", path, "-o", out, "-q", "--force", "--low-memory"]))
         for i, (name, code, extra, _) in enumerate(runs):
             folder = os.path.join(a.dir, f"out{i}")
             os.makedirs(folder, exist_ok=True)
@@ -160,26 +164,30 @@ def main(argv: list[str] | None = None) -> int:
     mb = 2**20
     copy_s, loop_s = statistics.median(kernel), statistics.median(loop)
     over0, floor_s = max(hwm for _, hwm in floor), statistics.median(t for t, _ in floor)
+    over_g = max(hwm for _, hwm in graph_floor)
     lines = [
         f"weights {weights / mb:.0f} MB in {info['layers'] + 2} layers, largest tensor {info['largest'] / mb:.1f} MB, "
         f"graph file {graph / 1024:.0f} KB. The floor, the streamed fold of a 2-layer model of 64 KiB tensors "
-        f"(interpreter, imports, code): peak {over0 / mb:.0f} MB, {floor_s:.2f} s. Importing onnx (not in the "
+        f"(interpreter, imports, code): peak {over0 / mb:.0f} MB, {floor_s:.2f} s; with this graph (the same "
+        f"layers, 64 KiB tensors): {over_g / mb:.0f} MB. Importing onnx (not in the "
         f"times): {statistics.median(imports):.2f} s. Copy of the data: shutil.copyfile {copy_s:.2f} s, a "
         f"read/write loop {loop_s:.2f} s. Medians of {a.rounds} rounds, load {load:.1f} -> {os.getloadavg()[0]:.1f} "
         f"on {os.cpu_count()} CPUs.",
         "",
-        "| fold | peak RSS (MB) | peak - floor (MB) | / weights | / largest tensor | time (s) | / copyfile | / loop |",
-        "|---|---|---|---|---|---|---|---|",
+        "| fold | peak RSS (MB) | peak - floor (MB) | / weights | / largest tensor | peak - floor with this graph "
+        "(MB) | / largest tensor | time (s) | / copyfile | / loop |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for name, *_ in runs:
         hwm, dt = statistics.median(peaks[name]), statistics.median(times[name])
-        over = hwm - over0
+        over, over_graph = hwm - over0, hwm - over_g
         lines.append(
-            f"| {name} | {hwm / mb:.0f} | {over / mb:.0f} | {over / weights:.2f} | {over / info['largest']:.1f} "
+            f"| {name} | {hwm / mb:.0f} | {over / mb:.0f} | {over / weights:.2f} | {over / info['largest']:.2f} "
+            f"| {over_graph / mb:.1f} | {over_graph / info['largest']:.2f} "
             f"| {dt:.2f} | {dt / copy_s:.1f} | {dt / loop_s:.1f} |"
         )
     lines += [
-        "| goal: streamed | | <= largest tensor + graph | | <= 1 | | <= 1.5 | |",
+        "| goal: streamed | | <= largest tensor + graph | | | | <= 1 | | <= 1.5 | |",
         "",
         f"outputs byte-identical (streamed to plain, each with the same options): {same}",
     ]

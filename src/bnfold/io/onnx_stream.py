@@ -154,7 +154,7 @@ class ExternalSource:
         self.lent = [*kept, (weakref.ref(buf), pages)]
         return buf
 
-    def _give_back(self) -> None:
+    def give_back(self) -> None:
         """Close the pages of every buffer nothing references (those still referenced go with their arrays)."""
         for ref, pages in self.lent:
             if ref() is None:
@@ -191,7 +191,7 @@ class ExternalSource:
             if not self.depth:
                 self.stack.close()
                 self.scratch = None
-                self._give_back()
+                self.give_back()
 
 
 def _pages(length: int) -> mmap.mmap:
@@ -315,6 +315,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
     model bytes that refer to them; the caller's model is left as it was."""
     source = layout.source
     assert source is not None
+    source.give_back()  # the fold's last read buffer is not held through the save
     moved: list[tuple[TensorProto, list[tuple[str, str]], bytes | None]] = []  # (tensor, its entries, its bytes)
     try:
         chosen = _chosen(model, layout)
