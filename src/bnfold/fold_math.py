@@ -403,11 +403,30 @@ def fold_input_affine(
 
 def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str) -> torch.Tensor:
     """``value * 2 ** exponent`` in ``dtype``: exact (a power of two only moves the exponent), or FoldError when
-    the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits)."""
-    out = cast_checked(value.detach().to(torch.float64) * 2.0**exponent, dtype, what)
-    if not torch.equal(out.to(torch.float64) * 2.0**-exponent, value.detach().to(torch.float64)):
-        raise FoldError(f"{what} times 2^{exponent} is not exact in {dtype} (it underflows)", Code.CAST_RANGE)
+    the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits).  Computed in
+    slices along the first dim (about :data:`_POW2_CHUNK` elements each), so its float64 copies are a slice's, not
+    the tensor's; a slice that fails is reported as the whole tensor fails."""
+    value = value.detach()
+    out = torch.empty_like(value, dtype=dtype)
+    rows = max(1, _POW2_CHUNK // max(1, value[0].numel())) if value.dim() and value.numel() else 0
+    for start in range(0, len(value), rows) if rows else (None,):
+        part = value[start : start + rows] if rows else value
+        try:
+            done = cast_checked(part.to(torch.float64) * 2.0**exponent, dtype, what)
+        except FoldError:
+            cast_checked(value.to(torch.float64) * 2.0**exponent, dtype, what)  # the whole tensor's message
+            raise
+        if not torch.equal(done.to(torch.float64) * 2.0**-exponent, part.to(torch.float64)):
+            raise FoldError(f"{what} times 2^{exponent} is not exact in {dtype} (it underflows)", Code.CAST_RANGE)
+        if rows:
+            out[start : start + rows] = done
+        else:
+            out = done
     return out
+
+
+#: elements of a slice :func:`scale_pow2` computes at a time
+_POW2_CHUNK = 1 << 18
 
 
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:

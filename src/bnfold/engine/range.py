@@ -33,6 +33,9 @@ from .graph import GraphAdapter, Layer, LayerWeights
 
 #: a plan visits at most this many nodes (a region is never worth an unbounded walk)
 MAX_REGION = 4096
+#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
+#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
+HELD_BYTES = 1 << 20
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Planner:
         self.g, self.peaks, self.limits = graph, peaks, limits
         self.order = {n: i for i, n in enumerate(graph.ordered_nodes())}
         self._ops: dict = {}
+        self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
         self.written: dict = {}  # a layer's output value -> its node
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
         for layer in graph.layers():
@@ -89,18 +93,44 @@ class Planner:
     # ------------------------------------------------------------------ reading the graph
 
     def layer(self, node: Any) -> tuple[Layer, Any] | None:
-        """``node`` as a layer whose weights are constants (and its weights), or None."""
+        """``node`` as a layer whose weights are constants (and its weights, None where they are large: read
+        them with :meth:`weights`), or None."""
         if node is None:
             return None
         if node not in self._ops:
             layer = self.g.layer(node)
-            w = self.g.weights(layer) if layer is not None else None
-            ok = layer is not None and not isinstance(w, str)
-            if ok and w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
-                ok = bool((w.pre.scale == 1).all())
-                w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype) if ok else w
-            self._ops[node] = (layer, w) if ok else None
+            w = self._read(layer) if layer is not None else None
+            ok = layer is not None and w is not None
+            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
+            self._ops[node] = (layer, w if held else None) if ok else None
         return self._ops[node]
+
+    def _read(self, layer: Layer) -> LayerWeights | None:
+        """The weights of ``layer`` as the plan reads them (a Gemm's ``beta * C`` as its bias), or None when they
+        are not constants or the layer applies a scale of its own."""
+        w = self.g.weights(layer)
+        if isinstance(w, str):
+            return None
+        if w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
+            if not bool((w.pre.scale == 1).all()):
+                return None
+            w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype)
+        return w
+
+    def weights(self, node: Any) -> LayerWeights:
+        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again."""
+        layer, w = self._ops[node]
+        if w is None:
+            w = self._read(layer)
+            assert w is not None  # the graph has not changed since :meth:`layer` read them
+        return w
+
+    def spans(self, node: Any) -> tuple[tuple[float, float], tuple[float, float] | None]:
+        """The spans (:func:`_span`) of the layer ``node``'s weight and bias (None: no bias), read once."""
+        if node not in self._spans:
+            w = self.weights(node)
+            self._spans[node] = (_span(w.weight), None if w.bias is None else _span(w.bias))
+        return self._spans[node]
 
     def rop(self, node: Any):
         key = ("op", node)
@@ -379,10 +409,10 @@ class Planner:
             value = self._operand(node, slot)
             out.append((*_span(self._const(value)), e))
         for node, (w_e, b_e) in self.layer_exps(p).items():
-            weights = self.layer(node)[1]
-            out.append((*_span(weights.weight), w_e))
-            if weights.bias is not None:
-                out.append((*_span(weights.bias), b_e))
+            weight, bias = self.spans(node)
+            out.append((*weight, w_e))
+            if bias is not None:
+                out.append((*bias, b_e))
         return out
 
     def _operand(self, node: Any, slot: Any) -> Any:
@@ -411,9 +441,17 @@ class Planner:
 
 
 def _span(t) -> tuple[float, float]:
-    a = t.detach().abs().double()
-    nz = a[a > 0]
-    return (float(nz.min()) if nz.numel() else 0.0, float(a.max()) if a.numel() else 0.0)
+    """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
+    dtype (the same floats as in float64, without a float64 copy)."""
+    if not t.numel():
+        return (0.0, 0.0)
+    a = t.detach().abs()
+    if not a.is_floating_point():
+        a = a.double()
+    high = float(a.max())
+    positive = a > 0
+    low = float(a.masked_fill_(~positive, math.inf).min()) if bool(positive.any()) else 0.0
+    return (low, high)
 
 
 def kind_of(planner: Planner, p: Plan, hot: Any) -> str:
@@ -481,8 +519,8 @@ def _hot_constants(planner: Planner) -> list[tuple[Any, str, float]]:
     (the value: the layer's output), a constant operand of a sum, product or quotient (the value: its output)."""
     out, limit = [], planner.limits.constant
     for value, node in planner.written.items():
-        w = planner.layer(node)[1]
-        high = max(_span(w.weight)[1], _span(w.bias)[1] if w.bias is not None else 0.0)
+        weight, bias = planner.spans(node)
+        high = max(weight[1], bias[1] if bias is not None else 0.0)
         if high > limit:
             out.append((value, f"{planner.g.node_name(node)} weight", high))
     for node in planner.g.ordered_nodes():
@@ -543,19 +581,30 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             op = planner.rop(user) if user is not None else None
             if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
                 eps.append((user, op.eps * factor(2 * e)))
-    writes = []
-    for node, (w_e, b_e) in planner.layer_exps(p).items():
-        layer, w = planner.layer(node)
+
+    def scaled(node: Any, w_e: Fraction, b_e: Fraction) -> tuple:
+        layer, w = planner.layer(node)[0], planner.weights(node)
         try:
             weight = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, f"{layer.op} weight")
             bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
         except FoldError as err:
             raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
-        writes.append((layer, weight, bias))
+        return layer, weight, bias
+
+    # every layer is scaled (and checked) before any is written; a large one's result is not kept but made again
+    # when it is written (the same arithmetic), so the edit holds one large weight at a time
+    writes = []
+    for node, exps in planner.layer_exps(p).items():
+        layer, weight, bias = scaled(node, *exps)
+        held = planner.layer(node)[1] is not None
+        writes.append((node, exps, (layer, weight, bias) if held else None))
+        del weight, bias
     edited = []
-    for layer, weight, bias in writes:
+    for node, exps, done in writes:
+        layer, weight, bias = done if done is not None else scaled(node, *exps)
         g.write_layer(layer, weight, bias, label)
         edited.append(g.node_name(layer.node))
+        del weight, bias, done
     for (node, slot), e in p.operands.items():
         if e != 0:
             g.scale_operand(node, slot, factor(e))
