@@ -29,6 +29,7 @@ import torch
 from ..io.budget import inputs_chosen
 from ..module import AUDIT_EVAL_COPY_NOTE, in_training
 from ..report import FoldResult
+from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
 from .batches import as_batches
 from .diagnose import diagnose
@@ -152,6 +153,7 @@ def audit(
             random_inputs=random_inputs,
             runtime=runtime,
             fold=isinstance(fold, FoldResult) or bool(fold),
+            hold=AuditHold.of(3, reference_dtype(prof), local),  # what this audit's runs hold of each value
         )
     folded_model = report = None
     if isinstance(fold, FoldResult):
