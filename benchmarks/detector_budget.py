@@ -1,7 +1,8 @@
 """Issue 43, "a budget that scales with what the user asked for": does a VGG16-BN U-Net text detector audit without
-``--max-work`` at 3x1024x1024?
+``--max-work`` at 3x1024x1024, and how close is the audit's plan to what it holds?
 
-    .venv/bin/python benchmarks/detector_budget.py [--sides 256x512,1024x1024] [--batches 1,3] [--run SIDE]
+    .venv/bin/python benchmarks/detector_budget.py [--sides 256x512,1024x1024] [--batches 1,3]
+        [--run 512x512,1024x1024] [--formats pt2,onnx] [--ppocr 960x960]
 
 The detector of the issue (a trained one from a registry wheel, 83 MB of weights: 20.8M parameters) cannot be
 downloaded here; its architecture is built from torchvision's ``vgg16_bn`` class with random weights (the budget
@@ -12,11 +13,13 @@ batch norms are calibrated on random inputs, then it is exported as a ``.pt2`` p
 exporter, opset 17) with a static 1x3xHxW input.
 
 For each side and batch count it prints the audit's plan (``bnfold.numerics.audit_memory``, what ``bnfold audit``
-checks before anything runs): the bytes it plans to hold at once against the byte budget, and the FLOPs of its
-runs against the FLOPs budget, on inputs the user chose (``--inputs X.npz``, tensors, ``--input-shape``) and on
-batches shaped like the file's own input (``--random``).  ``--run SIDE`` also runs ``bnfold audit det.onnx --input-shape
-x:1,3,H,W --random 1 -q`` (one batch at that side, a fresh process; the model exported with open sides) and prints its
-peak RSS and exit code.
+checks before anything runs, counted as its default holds: the fp16 profile's float32 reference, no local runs):
+the bytes it plans to hold at once against the byte budget, and the FLOPs of its runs against the FLOPs budget, on
+inputs the user chose (``--inputs X.npz``, tensors, ``--input-shape``) and on batches shaped like the file's own
+input (``--random``).  ``--run SIDES`` also runs ``bnfold audit FILE --input-shape x:1,3,H,W --random 1 -q`` (one
+batch, a fresh process) on the ``.pt2`` exported at that side and on the ONNX exported with open sides
+(``--formats``), and prints its exit code, peak RSS and the plan's peak; ``--ppocr SIDE`` the same for rapidocr's
+PP-OCRv4 det (ONNX, open sides).
 """
 
 from __future__ import annotations
@@ -100,6 +103,7 @@ def plans(model: nn.Module, side: tuple[int, int], batches: int, d: str) -> list
     from bnfold.io.fx_cost import fx_plan
     from bnfold.numerics.audit_memory import AuditHold, onnx_audit_plan
 
+    hold = AuditHold.of(3, torch.float32, local=False)  # bnfold audit's default: fp16, no --local
     x = torch.rand(1, 3, *side)
     ep = torch.export.export(model, (x,))
     path = os.path.join(d, f"det_{side[0]}x{side[1]}.onnx")
@@ -107,8 +111,8 @@ def plans(model: nn.Module, side: tuple[int, int], batches: int, d: str) -> list
     om = onnx.load(path)
     rows = []
     for fmt, plan in (
-        (".pt2", lambda b: fx_plan(ep, b, where="det", runs=3, hold=AuditHold(3))),  # fx_audit_plan's plan
-        ("ONNX", lambda b: onnx_audit_plan(om, b, "det")),
+        (".pt2", lambda b: fx_plan(ep, b, where="det", runs=3, hold=hold)),  # fx_audit_plan's plan
+        ("ONNX", lambda b: onnx_audit_plan(om, b, "det", hold)),
     ):
         for chosen in (True, False):
             with inputs_chosen(chosen):
@@ -130,22 +134,53 @@ print(json.dumps({"rc": p.returncode, "peak": peak, "err": p.stderr.strip().spli
 """
 
 
-def run_audit(model: nn.Module, side: tuple[int, int], d: str) -> dict:
-    """``bnfold audit det.onnx --input-shape x:1,3,H,W --random 1 -q``: exit code, peak RSS, seconds.  The ONNX model
-    is exported at a page's size with its sides left open (a file that declares 1024x1024 itself is checked at
-    load on the content's budget, and its one run's FLOPs are refused there; the ``.npz`` reader of a ``.pt2``
-    takes the program's example shape)."""
+def export(model: nn.Module, side: tuple[int, int], fmt: str, d: str) -> str:
+    """The detector as a ``.pt2`` exported at ``side`` (its input is static: the file declares that size), or as ONNX
+    exported at a page's size with its sides left open."""
+    from bnfold.io.pt2 import save_pt2
+
+    if fmt == "pt2":
+        path = os.path.join(d, f"det_{side[0]}x{side[1]}.pt2")
+        save_pt2(torch.export.export(model, (torch.rand(1, 3, *side),)), path)
+        return path
     path = os.path.join(d, "det_open.onnx")
     x = torch.rand(1, 3, 256, 512)
     axes = {"x": {2: "h", 3: "w"}}
     torch.onnx.export(model, (x,), path, input_names=["x"], opset_version=17, dynamo=False, dynamic_axes=axes)
-    shape = f"x:1,3,{side[0]},{side[1]}"
+    return path
+
+
+def run_audit(path: str, side: tuple[int, int]) -> dict:
+    """``bnfold audit PATH --input-shape x:1,3,H,W --random 1 -q`` in a fresh process: exit code, peak RSS (MiB),
+    seconds, and the audit's plan peak (MiB) at that input, as ``bnfold audit`` counts it."""
+    from bnfold.io import load_model
+    from bnfold.io.budget import inputs_chosen
+    from bnfold.numerics.audit_memory import AuditHold, fx_audit_plan, onnx_audit_plan
+
     t = time.perf_counter()
-    argv = ["audit", path, "--input-shape", shape, "--random", "1", "-q"]
+    argv = ["audit", path, "--input-shape", f"x:1,3,{side[0]},{side[1]}", "--random", "1", "-q"]
     out = subprocess.run([sys.executable, "-c", _PEAK, *argv], capture_output=True)
     got = json.loads(out.stdout)
     got["s"] = round(time.perf_counter() - t, 1)
     got["peak_MiB"] = round(got.pop("peak") / 2**20)
+    hold, x = AuditHold.of(3, torch.float32, local=False), torch.rand(1, 3, *side)
+    plans = []
+    with inputs_chosen(True, elements=x.numel()):
+        model = load_model(path).model
+        if path.endswith(".pt2"):
+            import bnfold.numerics.audit_memory as am
+
+            fx_plan = am.fx_plan
+            am.fx_plan = lambda *a, **k: plans.append(fx_plan(*a, **k)) or plans[-1]
+            try:
+                fx_audit_plan(model, [(x,)], runs=3, hold=hold)
+            finally:
+                am.fx_plan = fx_plan
+        else:
+            from bnfold.cli.shapes import fix_input_shapes
+
+            plans.append(onnx_audit_plan(fix_input_shapes(model, {"x": tuple(x.shape)}, path), [(x,)], path, hold))
+    got["plan_MiB"] = round(plans[-1].peak / 2**20)
     return got
 
 
@@ -153,24 +188,36 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sides", default="256x512,1024x1024")
     ap.add_argument("--batches", default="1,3")
-    ap.add_argument("--run", default=None, help="also run the audit once at this side (HxW)")
+    ap.add_argument("--run", default=None, help="also run the audit once at these sides (HxW,...)")
+    ap.add_argument("--formats", default="pt2,onnx", help="the formats --run audits")
+    ap.add_argument("--ppocr", default=None, help="also run the audit of PP-OCRv4 det at this side (HxW)")
     args = ap.parse_args()
     model = build()
     n = sum(p.numel() for p in model.parameters())
     log(f"detector: {n / 1e6:.1f}M parameters ({n * 4 / 1e6:.0f} MB float32), load {load_now()}")
-    sides = [tuple(int(v) for v in s.split("x")) for s in args.sides.split(",")]
+    parse = lambda text: [tuple(int(v) for v in s.split("x")) for s in text.split(",")] if text else []  # noqa: E731
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        for side in sides:
+        for side in parse(args.sides):
             for b in (int(v) for v in args.batches.split(",")):
                 rows += plans(model, side, b, d)
         head = ["input", "batches", "format", "inputs", "plan peak", "byte budget", "FLOPs", "FLOPs budget", "plan"]
-        print(table(head, rows))
-        if args.run:
-            side = tuple(int(v) for v in args.run.split("x"))
-            got = run_audit(model, side, d)
-            cmd = f"bnfold audit det.onnx --input-shape x:1,3,{side[0]},{side[1]} --random 1 -q"
-            print(f"{cmd}: {got}, load {load_now()}")
+        if rows:
+            print(table(head, rows))
+        runs = []
+        for side in parse(args.run):
+            for fmt in args.formats.split(","):
+                got = run_audit(export(model, side, fmt, d), side)
+                runs.append([f"{side[0]}x{side[1]}", fmt, got["rc"], got["plan_MiB"], got["peak_MiB"], got["s"]])
+                log(f"{fmt} {side}: {got}, load {load_now()}")
+        for side in parse(args.ppocr):
+            from numerics.paddleocr_models import model_path
+
+            got = run_audit(model_path("v4-det"), side)
+            runs.append([f"{side[0]}x{side[1]}", "PP-OCRv4 det", got["rc"], got["plan_MiB"], got["peak_MiB"], got["s"]])
+            log(f"PP-OCRv4 det {side}: {got}, load {load_now()}")
+        if runs:
+            print(table(["input", "format", "exit", "plan peak MiB", "peak RSS MiB", "s"], runs))
     print(f"peak RSS of this process: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
 
 

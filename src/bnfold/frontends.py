@@ -248,9 +248,12 @@ def _onnx_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: 
 
 
 def _program_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None) -> list[tuple]:
+    from .errors import BnfoldError
     from .io import batches
 
-    return batches.npz_batches(model, npz) if npz else batches.random_batches(model, n, seed=seed)
+    if npz and input_shapes:
+        raise BnfoldError("--input-shape shapes the --random batches of a .pt2 program; an --inputs file has its own")
+    return batches.npz_batches(model, npz) if npz else batches.random_batches(model, n, seed, input_shapes)
 
 
 def _onnx_numerics() -> Any:

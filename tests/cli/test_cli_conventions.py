@@ -129,10 +129,9 @@ def test_bad_input_shapes_are_one_line_errors(run, dynamic_onnx, spec, words):
     assert words in err and "Traceback" not in err
 
 
-@pytest.mark.parametrize("command", ["audit", "fold"])
-def test_input_shape_is_for_onnx_models(run, models, command, tmp_path):
-    out = ("-o", tmp_path / "out.pt2") if command == "fold" else ()
-    code, _, err = run(command, models["conv_bn"], *out, "--input-shape", "x:1,3,8,8")
+def test_input_shape_is_for_onnx_models_when_folding(run, models, tmp_path):
+    """(``audit`` shapes a program's random batches with it: tests/cli/test_cli_pt2_shapes.py.)"""
+    code, _, err = run("fold", models["conv_bn"], "-o", tmp_path / "out.pt2", "--input-shape", "x:1,3,8,8")
     assert code == 2 and "--input-shape is for ONNX models" in err
 
 

@@ -109,3 +109,64 @@ def test_the_audit_byte_budget_has_a_floor_under_1_gib_and_grows_with_the_conten
         assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == AUDIT_FLOOR_BYTES + 8 * 64 * 3 * MIB
         with max_work(1 << 30):
             assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == 8 << 30
+
+
+class Wide(nn.Module):
+    """Ten 9x9 convs of 16 channels at the input's resolution: at 1x16x512x512, 1.1e11 FLOPs a run, over the content's
+    budget (8.6e10: 256 FLOPs per byte of 256 MiB plus 4x the input) with 0.8 MB of weights."""
+
+    def __init__(self):
+        super().__init__()
+        self.convs = nn.Sequential(*(nn.Conv2d(16, 16, 9, padding=4) for _ in range(10)))
+
+    def forward(self, x):
+        return self.convs(x)
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory) -> dict:
+    """:class:`Wide` saved at 1x16x512x512 as a ``.pt2`` and as ONNX, and an ``.npz`` of one such batch."""
+    from bnfold.io.pt2 import save_pt2
+
+    d = tmp_path_factory.mktemp("wide")
+    x = torch.randn(1, 16, 512, 512)
+    model = Wide().eval()
+    save_pt2(torch.export.export(model, (x,)), d / "wide.pt2")
+    np.savez(d / "x.npz", x=x.numpy()[None])
+    files = {"pt2": d / "wide.pt2", "npz": d / "x.npz", "elements": x.numel()}
+    if pytest.importorskip("onnx"):
+        torch.onnx.export(model, (x,), str(d / "wide.onnx"), input_names=["x"], opset_version=17, dynamo=False)
+        files["onnx"] = d / "wide.onnx"
+    return files
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_a_file_checked_at_load_gets_the_work_of_its_own_shapes_up_to_what_the_user_chose(wide, fmt):
+    """A file's one run at its own input shapes, checked at load: on the content's budget alone (the file is all
+    there is), refused; when the user chose inputs of that size (``--inputs``, ``--input-shape``), their work is
+    granted, as the audit's plan grants it; inputs the user chose smaller grant only their own size's work."""
+    from bnfold.io import load_model
+
+    n = wide["elements"]
+    with pytest.raises(WorkError, match="FLOPs"):
+        load_model(wide[fmt])
+    with inputs_chosen(True, elements=n):
+        load_model(wide[fmt])
+    with pytest.raises(WorkError, match="FLOPs"), inputs_chosen(True, elements=n // 1024):
+        load_model(wide[fmt])
+
+
+def test_the_cli_loads_a_file_at_the_size_the_user_chose_and_refuses_it_alone(wide, capsys):
+    """``bnfold audit wide.pt2``: refused at load on the content's budget (a file cannot buy itself work); with
+    ``--inputs`` of its shape or ``--input-shape`` its size, loaded (the run stops here at an out-of-range
+    ``--class-axis``, checked after the load, the fold and the batches)."""
+    from bnfold.cli import main
+
+    def audit(*argv) -> str:
+        assert main(["audit", str(wide["pt2"]), *map(str, argv)]) == 2
+        return capsys.readouterr().err
+
+    assert "FLOPs" in audit("--random", 1) and "over the budget" in audit("--random", 1)
+    for chosen in (("--inputs", wide["npz"]), ("--input-shape", "x:1,16,512,512", "--random", 1)):
+        err = audit(*chosen, "--class-axis", 7)
+        assert "--class-axis: class axis 7 is out of range" in err and "FLOPs" not in err, err

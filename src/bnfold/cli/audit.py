@@ -10,6 +10,7 @@ import os
 from ..checks import refuse_training
 from ..errors import BnfoldError
 from ..io import quiet
+from ..io.budget import inputs_chosen
 from . import shapes, verbosity
 from .args import opt
 from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
@@ -38,8 +39,9 @@ def run(args: argparse.Namespace) -> int:
     frozen = False
     try:
         progress.stage("load")
-        loaded = load(args.input, args)
-        model = shapes.apply(loaded, args)  # --input-shape: the ONNX model with these dims fixed
+        with inputs_chosen(*chosen_inputs(args)):  # the inputs' sizes are the user's: their work is too
+            loaded = load(args.input, args)
+        model = shapes.apply(loaded, args, batches_only=True)  # --input-shape: an ONNX model's dims fixed
         # what is loaded by now (torch, onnx, the model: ~180k objects) stays until the audit ends: the full
         # collections its allocations set off (two or three) need not walk it again (~0.1 s each); a caller's
         # own frozen objects (a process that froze before) are left as they are
@@ -79,6 +81,21 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def chosen_inputs(args: argparse.Namespace) -> tuple[bool, bool, int | None]:
+    """:func:`bnfold.io.budget.inputs_chosen`'s arguments for loading the model: whether the user chose the inputs'
+    sizes (``--inputs``, ``--input-shape``), and how many elements they hold at most (every array of the ``.npz``
+    file; the shapes given), so that a file's one run at its own example shapes, checked at load, is granted those
+    shapes' work up to what the user chose (a file alone, with ``--random``, gets none)."""
+    from ..io.npz import npz_elements
+    from ..io.sizes import elements
+
+    given = shapes.input_shapes(getattr(args, "input_shape", None))
+    if not args.batches and not given:
+        return False, True, None
+    n = npz_elements(args.batches) if args.batches else 0
+    return True, True, max(n, sum(elements(dims) for dims in given.values()))
+
+
 def _audit(model, args: argparse.Namespace, progress, debug: bool):
     """The audit of the loaded model on ``--inputs`` or ``--random`` batches, folded once: the fold's report
     also tells the normalizations in training mode (refused).  The model's frontend
@@ -94,7 +111,7 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool):
     if args.runtime and args.runtime not in fe.runtimes:
         raise BnfoldError(f"--runtime is for {' and '.join(f'{f.noun}s' for f in FRONTENDS if f.runtimes)}")
     cannot_run = fe.numerics().cannot_run
-    input_shapes = shapes.input_shapes(getattr(args, "input_shape", None)) if fe.open_dims else None
+    input_shapes = shapes.input_shapes(getattr(args, "input_shape", None)) or None  # a program's: its batches
     try:
         Floor(args.min_agreement, args.min_sqnr)
     except ValueError as e:

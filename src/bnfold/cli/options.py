@@ -79,7 +79,8 @@ OPTIONS: dict[str, Option] = {
     ),
     "input_shape": Option(
         ("--input-shape",),
-        "ONNX: fix the shape of input NAME (dims the model leaves open, e.g. a batch or a side); repeatable "
+        "ONNX: fix the shape of input NAME (dims the model leaves open, e.g. a batch or a side); audit of a .pt2: "
+        "the shape of its --random batches, within the program's constraints; repeatable "
         "(onnxsim's --overwrite-input-shape convention)",
         {"metavar": "NAME:D0,D1,...", "type": shapes.input_shape, "action": "append"},
     ),

@@ -63,14 +63,17 @@ def fix_input_shapes(model, shapes: dict[str, tuple[int, ...]], path: str):
     return model
 
 
-def apply(loaded, args: argparse.Namespace):
-    """The loaded model with ``--input-shape`` applied (ONNX only; an error for a .pt2)."""
+def apply(loaded, args: argparse.Namespace, batches_only: bool = False):
+    """The loaded model with ``--input-shape`` applied (ONNX only; an error for a .pt2, unless ``batches_only``:
+    the audit shapes a program's random batches with it, within the program's own constraints)."""
     shapes = input_shapes(getattr(args, "input_shape", None))
     if not shapes:
         return loaded.model
     from ..frontends import FRONTENDS, for_kind
 
     if not for_kind(loaded.kind).open_dims:
+        if batches_only:
+            return loaded.model
         nouns = " and ".join(f"{f.noun}s" for f in FRONTENDS if f.open_dims)
         raise BnfoldError(f"{loaded.path}: --input-shape is for {nouns} (a .pt2 program has its shapes)")
     return fix_input_shapes(loaded.model, shapes, loaded.path)

@@ -74,9 +74,10 @@ examples:
 
 --inputs FILE.npz holds one array per program input, named arr_0, arr_1, ... or
 by input name, batch axis first: [N, *example_shape] is N batches, and
-[N*B, ...] is split into batches of the example batch size B. It is read with
+[N*B, ...] is split into batches of the example batch size B (a dim the program
+leaves dynamic may take any size its constraints allow). It is read with
 allow_pickle=False. --random N draws N batches shaped like the program's
-example inputs from a fixed seed (--seed). An ONNX model is audited with the
+example inputs (or --input-shape NAME:D0,D1,...) from a fixed seed (--seed). An ONNX model is audited with the
 ONNX that `bnfold fold` writes for it, both run node by node (its node names are
 the layer names); --input-shape NAME:1,3,48,320 fixes the dims it leaves open,
 --inputs arrays have the input's rank (one batch) or one axis more (N batches),

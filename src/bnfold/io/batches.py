@@ -58,13 +58,16 @@ def input_specs(ep) -> list[InputSpec]:
     return specs
 
 
-def random_batches(ep, n: int, seed: int = 0) -> list[tuple]:
-    """``n`` batches shaped like the program's example inputs, from a fixed seed."""
+def random_batches(ep, n: int, seed: int = 0, shapes: dict[str, tuple[int, ...]] | None = None) -> list[tuple]:
+    """``n`` batches shaped like the program's example inputs, from a fixed seed; ``shapes`` (``--input-shape``:
+    input name -> dims) shapes those inputs instead, within the program's own constraints
+    (:func:`bnfold.io.input_dims.shape_error`)."""
     import torch
 
     if n < 1:
         raise BnfoldError("--random needs at least 1 batch")
     specs = input_specs(ep)
+    dims = _chosen_dims(ep, specs, shapes or {})
     g = torch.Generator().manual_seed(seed)
     batches = []
     for _ in range(n):
@@ -73,28 +76,53 @@ def random_batches(ep, n: int, seed: int = 0) -> list[tuple]:
             x = spec.example
             if not isinstance(x, torch.Tensor):
                 batch.append(x)
-            elif x.dtype.is_complex:
-                batch.append(torch.randn(x.shape, generator=g, dtype=x.dtype))
+                continue
+            shape = dims.get(spec.name, x.shape)
+            if x.dtype.is_complex:
+                batch.append(torch.randn(shape, generator=g, dtype=x.dtype))
             elif x.dtype.is_floating_point:
-                batch.append(torch.randn(x.shape, generator=g, dtype=torch.float32).to(x.dtype))
+                batch.append(torch.randn(shape, generator=g, dtype=torch.float32).to(x.dtype))
             elif x.dtype == torch.bool:
-                batch.append(torch.randint(0, 2, x.shape, generator=g).bool())
+                batch.append(torch.randint(0, 2, shape, generator=g).bool())
             else:
                 lo, hi = (int(x.min()), int(x.max())) if x.numel() else (0, 0)
-                batch.append(torch.randint(lo, hi + 1, x.shape, generator=g, dtype=torch.int64).to(x.dtype))
+                batch.append(torch.randint(lo, hi + 1, shape, generator=g, dtype=torch.int64).to(x.dtype))
         batches.append(tuple(batch))
     return batches
+
+
+def _chosen_dims(ep, specs: list[InputSpec], shapes: dict[str, tuple[int, ...]]) -> dict[str, tuple[int, ...]]:
+    """``--input-shape``'s ``shapes``, each naming a tensor input of the program, within its constraints."""
+    import torch
+
+    from .input_dims import dims_text, shape_error, user_placeholders
+
+    tensors = [s.name for s in specs if isinstance(s.example, torch.Tensor)]
+    unknown = [name for name in shapes if name not in tensors]
+    if unknown:
+        raise BnfoldError(
+            f"--input-shape names {', '.join(map(repr, unknown))}, which is not a tensor input of the program "
+            f"(its inputs: {', '.join(map(repr, tensors)) or 'none'})"
+        )
+    bad = shape_error(ep, shapes)
+    if bad is not None:
+        name, why = bad
+        val = next(n.meta.get("val") for n in user_placeholders(ep) if n.name == name)
+        raise BnfoldError(f"--input-shape {name}: {why} (the program's input: [{', '.join(dims_text(ep, val))}])")
+    return dict(shapes)
 
 
 def npz_batches(ep, path: str) -> list[tuple]:
     """Batches from an ``.npz``: one array per input, named ``arr_0``.. or by input name, batch axis first.
 
-    An array shaped ``[N, *example.shape]`` is N batches; one shaped like the
-    example except for the first axis is split into batches of the example's
-    batch size.
+    An array with one axis more than the input is N batches; one of the input's rank holds samples along the batch
+    axis, taken the example's batch size at a time.  Each batch's shapes must be the program's example shapes or,
+    where the program leaves dims dynamic, within its own constraints (:func:`bnfold.io.input_dims.shape_error`).
     """
     import numpy as np
     import torch
+
+    from .input_dims import dims_text, shape_error, user_placeholders
 
     arrays = read_npz(path)
     specs = input_specs(ep)
@@ -109,6 +137,7 @@ def npz_batches(ep, path: str) -> list[tuple]:
             f"{path}: expected arrays named {', '.join(by_name)} (or {', '.join(by_pos)}), "
             f"found {', '.join(sorted(arrays))}"
         )
+    stated = {n.name: n.meta.get("val") for n in user_placeholders(ep)}
     columns = []
     for key, spec in zip(keys, specs):
         arr = arrays[key]
@@ -117,20 +146,30 @@ def npz_batches(ep, path: str) -> list[tuple]:
             raise BnfoldError(f"input {spec.name} is not a tensor; it cannot come from an .npz file")
         t = torch.from_numpy(np.ascontiguousarray(arr)).to(ex.dtype)
         shape = tuple(ex.shape)
-        if tuple(t.shape[1:]) == shape:
-            columns.append(list(t.unbind(0)))
-        elif t.dim() == len(shape) and len(shape) > 0 and tuple(t.shape[1:]) == shape[1:]:
-            columns.append(_samples(t, shape[0], path, key, spec.name))
+        val = stated.get(spec.name)
+        need = dims_text(ep, val) if isinstance(val, torch.Tensor) else [str(d) for d in shape]
+        if t.dim() == len(shape) + 1:
+            column = list(t.unbind(0))
+        elif t.dim() == len(shape) and len(shape) > 0:
+            column = _samples(t, shape[0], path, key, spec.name)
         else:
+            column = None
+        bad = shape_error(ep, {spec.name: tuple(column[0].shape)}) if column else None
+        if column is None or bad is not None:
+            why = f" ({bad[1]})" if bad is not None else ""
             raise ModelFileError(
-                f"{path}: array {key} has shape {tuple(arr.shape)}; input {spec.name} needs [N, *{list(shape)}] "
-                f"or [N*{shape[0] if shape else 1}, *{list(shape[1:])}]"
+                f"{path}: array {key} has shape {tuple(arr.shape)}; input {spec.name} needs [N, *[{', '.join(need)}]] "
+                f"or [N*{shape[0] if shape else 1}, *[{', '.join(need[1:])}]]{why}"
             )
+        columns.append(column)
     counts = {len(c) for c in columns}
     if len(counts) != 1:
         raise ModelFileError(f"{path}: the arrays hold different numbers of batches ({sorted(counts)})")
     if counts == {0}:
         raise ModelFileError(f"{path}: the arrays hold no batches")
+    bad = shape_error(ep, {s.name: tuple(c[0].shape) for s, c in zip(specs, columns)})  # a symbol shared by inputs
+    if bad is not None:
+        raise ModelFileError(f"{path}: input {bad[0]}: {bad[1]}")
     return [tuple(col[i] for col in columns) for i in range(counts.pop())]
 
 

@@ -83,15 +83,16 @@ class Budget:
     per_byte: int = 1  #: bytes of this budget per byte of ``--max-work`` (the audit's budget holds its values 8x)
 
     @classmethod
-    def for_content(cls, weights: int, inputs: int = 0, override: int | None = None) -> Budget:
-        """The budget of a model whose weights hold ``weights`` bytes, run on ``inputs`` bytes of one batch."""
+    def for_content(cls, weights: int, inputs: int = 0, override: int | None = None, flops: int = 0) -> Budget:
+        """The budget of a model whose weights hold ``weights`` bytes, run on ``inputs`` bytes of one batch
+        (``flops``: the work of inputs the user chose, :func:`input_flops`, beyond the content's)."""
         override = current_override() if override is None else override
         b = (
             override
             if override
             else max(FLOOR_BYTES, CONTENT_MULTIPLE * max(0, int(weights))) + INPUT_MULTIPLE * inputs
         )
-        return cls(b, FLOPS_PER_BYTE * b)
+        return cls(b, FLOPS_PER_BYTE * b + flops)
 
     @classmethod
     def for_audit(cls, weights: int, inputs: int, multiple: int, flops: int = 0) -> Budget:
@@ -117,18 +118,24 @@ class Budget:
 
 _OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)
 _CHOSEN: contextvars.ContextVar[bool | None] = contextvars.ContextVar("bnfold_inputs_chosen", default=None)
+_CHOSEN_ELEMENTS: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_chosen_elements", default=None)
 
 
 @contextlib.contextmanager
-def inputs_chosen(chosen: bool, outer: bool = True) -> Iterator[None]:
+def inputs_chosen(chosen: bool, outer: bool = True, elements: int | None = None) -> Iterator[None]:
     """Within the block, the inputs the audit runs were chosen by the user (tensors passed in, an ``.npz`` file,
     ``--input-shape``), not taken from the file's own shapes: :func:`input_flops` grants their work and
     :meth:`Budget.for_audit` their bytes.  ``outer=False``: unless an enclosing block said otherwise (the fold's
-    ``fp16_range`` calibration batches are the user's, unless the audit drew them from the file's shapes)."""
-    token = _CHOSEN.set(bool(chosen) if outer or _CHOSEN.get() is None else _CHOSEN.get())
+    ``fp16_range`` calibration batches are the user's, unless the audit drew them from the file's shapes).
+    ``elements``: the most input elements the user chose (the load's check of a file's own example shapes, before
+    the batches exist: :func:`input_flops` grants those shapes' work up to this many elements, never more)."""
+    inherit = not outer and _CHOSEN.get() is not None
+    token = _CHOSEN.set(_CHOSEN.get() if inherit else bool(chosen))
+    cap = _CHOSEN_ELEMENTS.set(_CHOSEN_ELEMENTS.get() if inherit else elements)
     try:
         yield
     finally:
+        _CHOSEN_ELEMENTS.reset(cap)
         _CHOSEN.reset(token)
 
 
@@ -141,6 +148,9 @@ def input_flops(weight_elements: int, input_elements: int, runs: int) -> int:
     the rate its outputs grow, and meets the byte budget and this one as before."""
     if not _CHOSEN.get() or current_override():
         return 0
+    cap = _CHOSEN_ELEMENTS.get()
+    if cap is not None:  # a file's own example shapes, checked at load: no more than the user chose
+        input_elements = min(input_elements, cap)
     return max(0, runs) * INPUT_FLOPS_PER_WEIGHT * max(0, weight_elements) * max(0, input_elements)
 
 

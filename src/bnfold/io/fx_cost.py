@@ -159,11 +159,12 @@ def fx_plan(
             float_weights += float_n
             live[node.name] = 0 if hold else nbytes
     check_inputs(inputs, weights, where)
-    budget = Budget.for_content(weights, sum(inputs.values()))
     runs_all = runs * (len(batches) if batches else 1)
-    if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
-        in_elements = sum(elements(s.dims) for name in inputs for s in (rec.get(name) or []))
-        extra = input_flops(float_weights, in_elements, runs_all)
+    # the work of inputs the user chose (none for a file's own shapes: bnfold.io.budget.input_flops)
+    in_elements = sum(elements(s.dims) for name in inputs for s in (rec.get(name) or []))
+    extra = input_flops(float_weights, in_elements, runs_all)
+    budget = Budget.for_content(weights, sum(inputs.values()), flops=extra)
+    if hold:  # the audit: its byte multiple
         budget = Budget.for_audit(weights, sum(inputs.values()), hold.budget_multiple, extra)
     outs = {a.name for a in ep.graph.output_node().all_input_nodes}
     if hold:  # the weights' copies (each batch's outputs are dropped after its run: they count at their step)

@@ -11,11 +11,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, BinaryIO
 
 from ..errors import ModelFileError
 
@@ -50,6 +52,17 @@ def read_regular_file(path: str, what: str = "model file") -> bytes:
     descriptor, so a FIFO or a device is refused instead of read (a FIFO with no
     writer would block forever), and the file checked is the file read.
     """
+    with open_regular_file(path, what) as f:
+        try:
+            return f.read()
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+
+
+@contextlib.contextmanager
+def open_regular_file(path: str, what: str = "model file") -> Iterator[BinaryIO]:
+    """The regular file at ``path`` open for reading (:func:`read_regular_file`'s checks); a one-line
+    ``ModelFileError`` for anything else."""
     if not os.path.lexists(path):
         raise ModelFileError(f"{path}: no such file; check the path to the {what}")
     if os.path.isdir(path):
@@ -59,12 +72,14 @@ def read_regular_file(path: str, what: str = "model file") -> bytes:
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        try:
+            regular = stat.S_ISREG(os.fstat(fd).st_mode)
+        except OSError as e:
+            raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+        if not regular:
             raise ModelFileError(f"{path}: not a regular file (a FIFO, device or socket?); pass a {what}")
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return f.read()
-    except OSError as e:
-        raise ModelFileError(f"{path}: cannot read the file ({e.strerror or e})") from None
+            yield f
     finally:
         os.close(fd)
 

@@ -8,7 +8,7 @@ import zipfile
 
 from ..errors import ModelFileError
 from .errors import one_line
-from .limits import RATIO_FREE_BYTES, Limits, read_regular_file
+from .limits import RATIO_FREE_BYTES, Limits, open_regular_file, read_regular_file
 
 #: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
 NUMERIC_KINDS = "biufc"
@@ -57,3 +57,26 @@ def read_npz(path: str, limits: Limits | None = None):
                 f"{path}: array {name!r} has dtype {a.dtype}; inputs must be numeric (bool, integer, float)"
             )
     return arrays
+
+
+def npz_elements(path: str) -> int:
+    """The elements of all the arrays of the ``.npz`` file at ``path``, from their headers (no array is read):
+    what the user chose to feed, which bounds the work a model file's own input shapes are granted when it is
+    checked at load (:func:`bnfold.io.budget.inputs_chosen`).  0 for a file that cannot be read so (the audit's
+    reader, :func:`read_npz`, then says why)."""
+    import numpy as np
+
+    from .sizes import elements
+
+    fmt = np.lib.format
+    total = 0
+    try:
+        with open_regular_file(path, ".npz file") as f, zipfile.ZipFile(f) as zf:
+            for info in zf.infolist():
+                with zf.open(info) as entry:
+                    version = fmt.read_magic(entry)
+                    read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+                    total += elements(read(entry)[0])
+    except Exception:  # noqa: BLE001 - any unreadable file: no allowance here, read_npz's error later
+        return 0
+    return total

@@ -167,10 +167,11 @@ def onnx_plan(
                         weights += elements(t.dims) * info.itemsize(t.data_type)
                         const_floats += elements(t.dims) if t.data_type in _ONNX_FLOATS else 0
     check_inputs(inputs, weights, where)
-    budget = Budget.for_content(weights, sum(inputs.values()))
     runs = hold.runs * batches if hold else 1
-    if hold:  # the audit: its byte multiple, and the work of the inputs the user chose
-        extra = input_flops(float_weights + const_floats, in_elements, runs)
+    # the work of inputs the user chose (none for a file's own shapes: bnfold.io.budget.input_flops)
+    extra = input_flops(float_weights + const_floats, in_elements, runs)
+    budget = Budget.for_content(weights, sum(inputs.values()), flops=extra)
+    if hold:  # the audit: its byte multiple
         budget = Budget.for_audit(weights, sum(inputs.values()), hold.budget_multiple, extra)
         for name in init:
             live[name] = 0

@@ -22,13 +22,16 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import replace
+from typing import Any
 
 import torch
 
 from ..io.budget import inputs_chosen
 from ..module import AUDIT_EVAL_COPY_NOTE, in_training
 from ..report import FoldResult
+from .audit_memory import AuditHold
 from .audit_report import AuditReport, EndToEnd, LayerAudit, NormAudit, RuntimeRun  # noqa: F401 (re-exported)
+from .batches import as_batches
 from .diagnose import diagnose
 from .end_to_end import EndToEndSum, FloatAccuracy, check_class_axis, output_index, split_labels, task
 from .execute import execute, execute_pair
@@ -119,11 +122,16 @@ def audit(
     from ..frontends import frontend_for
 
     spec = task(class_axis, threshold, metric)
+    # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
+    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
+    # prescription's folds and runs on the same batches too)
+    chosen = (inputs is not None and not random_inputs) or bool(input_shapes)
     if isinstance(model, (str, os.PathLike)):  # a .pt2 or .onnx file, read as fold and check read it
         from ..api import load_path
 
         name = name or os.path.basename(model)
-        model = load_path(model)
+        with inputs_chosen(chosen, elements=chosen_elements(inputs, input_shapes)):  # its one run at its shapes
+            model = load_path(model)
     floor = Floor(float(min_agreement), float(min_sqnr_db))
     fe = frontend_for(model)
     if fe is None or fe.numerics is None:
@@ -136,10 +144,6 @@ def audit(
     if output is None:
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
-    # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
-    # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
-    # prescription's folds and runs on the same batches too)
-    chosen = not random_inputs or bool(input_shapes)
     with inputs_chosen(chosen):
         model, batches, name, random_inputs = fmt.prepare(
             model,
@@ -149,6 +153,7 @@ def audit(
             random_inputs=random_inputs,
             runtime=runtime,
             fold=isinstance(fold, FoldResult) or bool(fold),
+            hold=AuditHold.of(3, reference_dtype(prof), local),  # what this audit's runs hold of each value
         )
     folded_model = report = None
     if isinstance(fold, FoldResult):
@@ -232,3 +237,15 @@ def audit(
         _stage(progress, f"run {runtime}")
         rep.runtime = runtime_run(runtime, model, folded_model, batches, reference, spec)
     return rep
+
+
+def chosen_elements(inputs: Any, input_shapes: dict | None) -> int:
+    """The most input elements the user chose: the largest batch of ``inputs`` (tensors), or the shapes given."""
+    from ..io.sizes import elements
+
+    most = sum(elements(dims) for dims in (input_shapes or {}).values())
+    if inputs is None:
+        return most
+    for batch in as_batches(inputs):
+        most = max(most, sum(x.numel() for x in batch if isinstance(x, torch.Tensor)))
+    return most

@@ -5,7 +5,7 @@ checks armed (:func:`bnfold.io.run_checks.expect`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ModelFileError
@@ -15,10 +15,11 @@ from ..io.onnx_cost import onnx_plan
 from ..io.run_checks import expect
 from ..io.sizes import elements
 
-#: What the audit holds per element of a floating value while it runs (``numerics.fx_program``): the
-#: emulated value (float32), the reference, and the local run of a layer's segment, both counted as float64 (under the
-#: profiles that store fp16 they compute in float32: ``runner.reference_dtype``; the count is then an upper bound).
-AUDIT_FLOAT_BYTES = 4 + 8 + 8
+#: What the audit holds per element of a floating value while it runs (``numerics.runner``): the emulated value
+#: (float32), the reference, and with local runs (``--local``) the local run of a layer's segment, both in the
+#: reference dtype (``runner.reference_dtype``: float32 under the profiles that store fp16, else float64).  Without
+#: a profile (:class:`AuditHold`'s defaults): a float64 reference and local runs, the most any audit holds.
+AUDIT_EMULATED_BYTES = 4
 #: ... of an integer / bool value: the emulated and the reference runs compute it each.
 AUDIT_OTHER_COPIES = 2
 #: ... per element of an op's output while it is measured (float64 differences, a norm's probe).
@@ -29,9 +30,9 @@ AUDIT_TEMP_BYTES = 24
 AUDIT_SLACK = (3, 2)
 
 
-#: The audit's byte budget is this multiple of the content's: it holds every value three times (the
-#: float32 run, the float64 reference, the float64 local run: 20 bytes per float32 element, 5x) plus
-#: a convolution's float64 im2col buffer, each an overhead of bnfold's, proportional to the content; at least
+#: The audit's byte budget is this multiple of the content's: it holds every value two or three times (the
+#: float32 run, the reference, the local run: 8 to 20 bytes per float32 element, 2-5x) plus a float64 convolution's
+#: im2col buffer, each an overhead of bnfold's, proportional to the content; at least
 #: :data:`bnfold.io.budget.AUDIT_FLOOR_BYTES` (``Budget.for_audit``: a file under 100 KB cannot make the audit peak
 #: past 1 GiB).
 AUDIT_BUDGET_MULTIPLE = 8
@@ -44,24 +45,42 @@ def _slack(n: int) -> int:
 @dataclass(frozen=True)
 class AuditHold:
     """What an audit of ``runs`` runs per batch keeps besides the values of the graph: each emulator
-    (unfolded and folded) holds its constants in float32 and float64, the folded program its own
-    weights, and one batch's outputs stay until the end-to-end numbers read them (emulated float32 and float64
-    reference, per emulator; :func:`bnfold.numerics.execute.execute_pair`).  The reference values the folded run is
-    measured against are counted at run time (``Runner.run``), where which ones are kept is known."""
+    (unfolded and folded) holds its constants in float32 and in the reference dtype, the folded program its own
+    weights, and one batch's outputs stay until the end-to-end numbers read them (emulated float32 and reference,
+    per emulator; :func:`bnfold.numerics.execute.execute_pair`).  The reference values the folded run is
+    measured against are counted at run time (``Runner.run``), where which ones are kept is known.
+
+    ``reference_bytes``: the reference run's bytes per element (4 under the profiles that store fp16, 8 else:
+    ``runner.reference_dtype``); ``local``: the local runs are on (``--local``).  The defaults count the most any
+    audit holds; the audit counts its own profile's and options' (:meth:`of`), the plan as the run-time check."""
 
     runs: int
     #: the audit's byte budget is this multiple of the content's (:data:`AUDIT_BUDGET_MULTIPLE`)
     budget_multiple: int = AUDIT_BUDGET_MULTIPLE
+    reference_bytes: int = 8
+    local: bool = True
+
+    @classmethod
+    def of(cls, runs: int, reference_dtype: Any, local: bool) -> AuditHold:
+        """What an audit whose reference runs in ``reference_dtype`` holds, with or without ``local`` runs."""
+        return cls(runs, reference_bytes=reference_dtype.itemsize, local=bool(local))
+
+    def with_runs(self, runs: int) -> AuditHold:
+        return replace(self, runs=runs)
+
+    @property
+    def float_bytes(self) -> int:
+        """Bytes per element of a floating value while it lives: emulated, reference and local (when on)."""
+        return AUDIT_EMULATED_BYTES + self.reference_bytes * (2 if self.local else 1)
 
     def value(self, s: Any) -> int:
         """What the audit holds of a value of spec ``s`` (its ``dims``, ``nbytes``, ``is_float``)."""
         return self.held(elements(s.dims), s.nbytes, s.is_float)
 
-    @staticmethod
-    def held(n: int, nbytes: int, is_float: bool) -> int:
+    def held(self, n: int, nbytes: int, is_float: bool) -> int:
         """What the audit holds of a value of ``n`` elements in ``nbytes`` bytes."""
         if is_float:
-            return _slack(n * AUDIT_FLOAT_BYTES)
+            return _slack(n * self.float_bytes)
         return _slack(nbytes * AUDIT_OTHER_COPIES)
 
     @staticmethod
@@ -75,36 +94,35 @@ class AuditHold:
 
     def constants(self, weights: int, float_elements: int) -> int:
         emulators = 2 if self.runs > 2 else 1
-        return _slack(weights * emulators + emulators * float_elements * (4 + 8))
+        return _slack(weights * emulators + emulators * float_elements * (AUDIT_EMULATED_BYTES + self.reference_bytes))
 
     def outputs(self, out_elements: int) -> int:
         """One batch's outputs of ``out_elements`` elements, kept until the end-to-end numbers read them."""
         emulators = 2 if self.runs > 2 else 1
-        return _slack(emulators * out_elements * (4 + 8))
+        return _slack(emulators * out_elements * (AUDIT_EMULATED_BYTES + self.reference_bytes))
 
-    @staticmethod
-    def temp(conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:
+    def temp(self, conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:
         """What one op holds while it runs (``out``: ``out_dims``' element count, when the caller has it)."""
-        return _slack(AuditHold._temp(conv, out_dims, in_dims, elements(out_dims) if out is None else out))
+        return _slack(self._temp(conv, out_dims, in_dims, elements(out_dims) if out is None else out))
 
-    @staticmethod
-    def _temp(conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
-        """What one op holds while it runs: the float64 reference convolution's im2col buffer (CPU:
-        each output position times the weight's fan-in, 8 bytes each; measured 162 MiB for a
-        [4, 32, 128, 128] input and a 3x3 kernel), else the float64 temporaries of the error
+    def _temp(self, conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
+        """What one op holds while it runs: a float64 reference convolution's im2col buffer (CPU: each output
+        position times the weight's fan-in, 8 bytes each; measured 162 MiB for a [4, 32, 128, 128] input and a 3x3
+        kernel; a float32 convolution runs without one, in oneDNN), else the float64 temporaries of the error
         measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe.  An input's
         dims may be None (unknown: none counted)."""
         measured = out * AUDIT_TEMP_BYTES
-        if conv and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
+        if conv and self.reference_bytes == 8 and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
             columns = out // out_dims[1] * elements((in_dims[1] or [])[1:]) * 8
             return max(columns, measured)
         return measured
 
 
-def onnx_audit_plan(model: Any, batches: list, where: str) -> Plan:
+def onnx_audit_plan(model: Any, batches: list, where: str, hold: AuditHold | None = None) -> Plan:
     """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
     check before it runs: dims the file leaves open are then those of the real inputs), counting what
-    the audit holds; then the run-time checks of the op loop are armed (:func:`bnfold.io.run_checks.expect`)."""
+    the audit holds (``hold``, three runs a batch; default: the most any audit holds); then the run-time checks of the
+    op loop are armed (:func:`bnfold.io.run_checks.expect`)."""
 
     init = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in init]
@@ -114,15 +132,19 @@ def onnx_audit_plan(model: Any, batches: list, where: str) -> Plan:
             shape = tuple(int(d) for d in getattr(x, "shape", ()))
             if elements(shape) >= elements(largest.get(v.name, ())):
                 largest[v.name] = shape
-    plan = onnx_plan(model, where, hold=AuditHold(3), batches=max(len(batches), 1), input_dims=largest)
+    hold = (hold or AuditHold(3)).with_runs(3)
+    plan = onnx_plan(model, where, hold=hold, batches=max(len(batches), 1), input_dims=largest)
     expect(plan.budget, plan.flops, where)
     return plan
 
 
-def fx_audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None = None) -> None:
+def fx_audit_plan(
+    model: Any, batches: list, *, runs: int = 3, name: str | None = None, hold: AuditHold | None = None
+) -> None:
     """The check the audit makes before it runs a torch program (``model``, an ExportedProgram; an ONNX
     model's is :func:`onnx_audit_plan`): no higher-order op (the audit cannot run one), indices inside their
-    tables, and the plan of ``runs`` runs per batch within the budget."""
+    tables, and the plan of ``runs`` runs per batch within the budget, counting what the audit holds (``hold``;
+    default: the most any audit holds)."""
     where = name or "the model"
     hops = higher_order_ops(model)
     if hops:
@@ -132,6 +154,6 @@ def fx_audit_plan(model: Any, batches: list, *, runs: int = 3, name: str | None 
             "fold and check handle it, audit a program without it"
         )
     check_indices(model, batches)
-    plan = fx_plan(model, batches, where=where, runs=runs, hold=AuditHold(runs))
+    plan = fx_plan(model, batches, where=where, runs=runs, hold=(hold or AuditHold(runs)).with_runs(runs))
 
     expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.run_checks)

@@ -270,7 +270,9 @@ class ProgramAudit:
 
     cannot_run: tuple[type[Exception], ...] = ()  # a program's errors come as they are
 
-    def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+    def prepare(
+        self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True, hold=None
+    ):
         """Random batches shaped like the program's example inputs when ``inputs`` is None (flagged as such);
         a program in training mode is a :class:`~bnfold.errors.TrainingModeError`."""
         if runtime is not None:
@@ -282,7 +284,7 @@ class ProgramAudit:
         training = training_norms(model)
         if training:  # its numbers would change from run to run
             raise TrainingModeError.naming(name or "the program", training)
-        self.plan(model, batches, runs=3 if fold else 2, name=name)
+        self.plan(model, batches, runs=3 if fold else 2, name=name, hold=hold)
         return model, batches, name, random_inputs
 
     def _random(self, model) -> list[tuple]:
@@ -294,8 +296,8 @@ class ProgramAudit:
         """The program to audit and its name."""
         return model, name
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
-        fx_audit_plan(model, batches, runs=runs, name=name)
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> None:
+        fx_audit_plan(model, batches, runs=runs, name=name, hold=hold)
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
         return fx_program(model, like)  # a program's constants are in memory: none is lazy

@@ -298,18 +298,20 @@ class OnnxAudit:
     #: an op the audit cannot run (:class:`UnsupportedOp`), inputs that do not fit the model, an op that fails
     cannot_run: tuple[type[Exception], ...] = (NotImplementedError, ValueError)
 
-    def prepare(self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True):
+    def prepare(
+        self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True, hold=None
+    ):
         """Random batches shaped by ``input_shapes`` when ``inputs`` is None."""
         if inputs is None:
             batches = random_batches(model, input_shapes, RANDOM_BATCHES)
         else:
             batches = as_batches(inputs)
             check_batches(model, batches, input_shapes)
-        self.plan(model, batches, runs=3, name=name)
+        self.plan(model, batches, runs=3, name=name, hold=hold)
         return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
-        onnx_audit_plan(model, batches, name or "the model")  # counts three runs, whatever ``runs`` says
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> None:
+        onnx_audit_plan(model, batches, name or "the model", hold)  # counts three runs, whatever ``runs`` says
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
         return onnx_program(model, like, lazy)

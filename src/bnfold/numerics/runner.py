@@ -134,14 +134,16 @@ class AuditFormat(Protocol):
         random_inputs: bool = False,
         runtime: str | None = None,
         fold: bool = True,
+        hold: AuditHold | None = None,
     ) -> tuple[Any, list[tuple], str | None, bool]:
         """Check what the audit is given (an nn.Module is exported) and run :meth:`plan`: ``(model, batches,
         name, random_inputs)``."""
         ...
 
-    def plan(self, model: Any, batches: list[tuple], *, runs: int, name: str | None) -> None:
-        """The audit's cost check before anything runs (:mod:`.audit_memory`: ``runs`` runs per batch), which
-        arms the run-time checks of the op loop."""
+    def plan(self, model: Any, batches: list[tuple], *, runs: int, name: str | None, hold: AuditHold | None) -> None:
+        """The audit's cost check before anything runs (:mod:`.audit_memory`: ``runs`` runs per batch, each value
+        counted as ``hold`` counts it: the audit's profile and options), which arms the run-time checks of the op
+        loop."""
         ...
 
     def program(self, model: Any, like: Program | None = None, lazy: bool = False) -> Program:
@@ -325,7 +327,10 @@ class Runner:
         self._free_after = free_after(program)
         self._labels = labels(program)  # what before_op records
         self._sizes = OpSizes()  # what the run-time check found of each step (_check)
-        held = (AuditHold.held(v.numel(), v.nbytes, v.is_floating_point()) for v in consts.values() if is_tensor(v))
+        #: what the run holds of each value (emulated, reference, local when on), as the audit's plan counts it
+        self.audit_hold = AuditHold.of(0, self._ref_dtype, bool(self.segments))
+        count = self.audit_hold.held
+        held = (count(v.numel(), v.nbytes, v.is_floating_point()) for v in consts.values() if is_tensor(v))
         self._const_held = sum(held)  # the constants, emulated and reference, as the plan counts them
         self._holding = self._const_held  # what a run holds now (:meth:`_held`)
         self._htp: dict[str, tuple] = {}
@@ -388,7 +393,7 @@ class Runner:
     def _held(self, nbytes: int) -> int:
         """What the audit holds once this op made outputs of ``nbytes`` (float32 values, as the plan counts them:
         :class:`~.audit_memory.AuditHold`): what the caller keeps, this run's constants and live values, and these."""
-        return self._holding + AuditHold.held(nbytes // 4, nbytes, True)
+        return self._holding + self.audit_hold.held(nbytes // 4, nbytes, True)
 
     def _emulate(self, step: Step, ins: list, env: dict) -> list:
         """``step`` under the profile, on the emulated values ``ins`` (the one place an op runs emulated)."""
@@ -634,7 +639,7 @@ class Runner:
         if len(found) != steps or any(f is None for f in found):
             self._hoisted[sig] = None
             return
-        held = [h - base + AuditHold.held(nb // 4, nb, True) for nb, h, _ in found if nb != PLANNED]
+        held = [h - base + self.audit_hold.held(nb // 4, nb, True) for nb, h, _ in found if nb != PLANNED]
         guards = {i: g for i, (_, _, g) in enumerate(found) if g is not None}
         self._hoisted[sig] = (max(held, default=0), guards)
 
@@ -707,7 +712,7 @@ class Runner:
     def _hold(self, alive: dict, name: str, x: Any) -> None:
         """Count value ``name`` (``x``) as held while it lives."""
         if isinstance(x, torch.Tensor):
-            n = alive[name] = AuditHold.held(x.numel(), x.nbytes, x.is_floating_point())
+            n = alive[name] = self.audit_hold.held(x.numel(), x.nbytes, x.is_floating_point())
             self._holding += n
 
     def _local(self, step: Step, k: int, env_e: dict, env_l: dict) -> Any:

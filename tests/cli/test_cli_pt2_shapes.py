@@ -1,0 +1,79 @@
+"""Issue 43: the user chooses the size of a ``.pt2`` program's inputs where the program leaves it open.  An
+``--inputs`` file's batches and ``--input-shape`` may take any shape the program's own constraints allow (its static
+dims, its dynamic dims within their ranges, a symbol one value wherever it appears), not only its example's; what
+the constraints refuse is a one-line error naming the dim.  The program is a stranger's file: what it allows is
+only a bound, the sizes are still planned from its ops against the budget (tests/security/test_input_budget.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import cli_helpers as h
+
+# the ``dynamic`` program: [batch in 1..64, 3, side in 8..256, side], exported at [4, 3, 16, 16]
+
+
+def _npz(path, shape):
+    np.savez(path, x=np.random.default_rng(0).standard_normal(shape).astype(np.float32))
+    return path
+
+
+@pytest.mark.parametrize(
+    ("shape", "samples", "batches"),
+    [((1, 4, 3, 32, 32), 4, 1), ((2, 1, 3, 64, 64), 2, 2), ((8, 3, 40, 40), 8, 2)],
+    ids=["a batch at 32x32", "two batches of one at 64x64", "eight samples at 40x40, four at a time"],
+)
+def test_an_npz_of_any_size_the_program_allows_audits(run, models, tmp_path, shape, samples, batches):
+    code, out, err = run("audit", models["dynamic"], "--inputs", _npz(tmp_path / "in.npz", shape), "-q")
+    assert code == 0, err
+    assert out.splitlines()[0].endswith(f"{samples} samples in {batches} batch(es)")
+
+
+@pytest.mark.parametrize(
+    ("shape", "words"),
+    [
+        ((1, 4, 3, 512, 512), "dim 2 is 512, but the program allows s"),  # over the side's range, 8..256
+        ((1, 4, 3, 32, 64), "dim 3 is 64, but s"),  # the side is one symbol: height and width alike
+        ((1, 65, 3, 32, 32), "dim 0 is 65, but the program allows"),  # over the batch's range, 1..64
+        ((1, 4, 4, 32, 32), "dim 1 is 4, but the program fixes it to 3"),
+    ],
+)
+def test_an_npz_outside_the_programs_constraints_is_one_line(run, models, tmp_path, shape, words):
+    code, _, err = run("audit", models["dynamic"], "--inputs", _npz(tmp_path / "in.npz", shape))
+    assert code == 2
+    h.one_error_line(err, "in.npz: array x has shape", words)
+
+
+def test_a_static_program_still_takes_its_own_shapes(run, models, tmp_path):
+    code, _, err = run("audit", models["conv_bn"], "--inputs", _npz(tmp_path / "in.npz", (1, 2, 3, 16, 16)))
+    assert code == 2
+    h.one_error_line(err, "needs [N, *[2, 3, 8, 8]] or [N*2, *[3, 8, 8]]", "dim 2 is 16, but the program fixes it to 8")
+
+
+def test_input_shape_shapes_a_programs_random_batches(run, models):
+    code, out, err = run("audit", models["dynamic"], "--input-shape", "x:2,3,48,48", "--random", "3", "-q")
+    assert code == 0, err
+    assert out.splitlines()[0].endswith("6 samples in 3 batch(es), random inputs")
+
+
+@pytest.mark.parametrize(
+    ("model", "spec", "words"),
+    [
+        ("dynamic", "x:2,3,48,300", "--input-shape x: dim 3 is 300"),
+        ("dynamic", "x:2,3,48", "--input-shape x: it has 3 dims, the program's input has 4"),
+        ("dynamic", "y:2,3,48,48", "--input-shape names 'y', which is not a tensor input of the program"),
+        ("conv_bn", "x:2,3,9,8", "--input-shape x: dim 2 is 9, but the program fixes it to 8"),
+    ],
+)
+def test_input_shape_outside_the_programs_constraints_is_one_line(run, models, model, spec, words):
+    code, _, err = run("audit", models[model], "--input-shape", spec)
+    assert code == 2
+    h.one_error_line(err, words)
+
+
+def test_input_shape_and_an_npz_do_not_mix_for_a_program(run, models, tmp_path):
+    npz = _npz(tmp_path / "in.npz", (1, 4, 3, 32, 32))
+    code, _, err = run("audit", models["dynamic"], "--inputs", npz, "--input-shape", "x:4,3,32,32")
+    assert code == 2
+    h.one_error_line(err, "--input-shape shapes the --random batches of a .pt2 program")
