@@ -18,6 +18,7 @@ Weight layouts (``kind``):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -331,7 +332,8 @@ def scale_weight(
     w = weight.detach()
     out = None if deferred else torch.empty_like(w)  # the weight's layout
     if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()) or not _checked_blocks(w, s, out):
-        return cast_checked(w.to(torch.float64) * slices, dtype, what)  # names the problem
+        _check_cast_blocks(w, slices, dtype, what)  # names the problem, the float64 product never whole
+        return cast_checked(w.to(torch.float64) * slices, dtype, what)  # e.g. a zero scale: it folds
     return Product(w, s) if deferred else out
 
 
@@ -435,13 +437,43 @@ def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Te
         raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
     out = value.to(dtype)
     if not torch.isfinite(out).all():
-        raise FoldError(
-            f"folded {what} overflows {dtype} (max |value| {value.abs().max().item():.3g})", Code.CAST_RANGE
-        )
+        raise _overflow(what, dtype, value.abs().max().item())
     lost = (out == 0) & (value != 0)
     if lost.any():
-        raise FoldError(f"folded {what} underflows to zero in {dtype} ({int(lost.sum())} element(s))", Code.CAST_RANGE)
+        raise _underflow(what, dtype, int(lost.sum()))
     return out
+
+
+def _overflow(what: str, dtype: torch.dtype, biggest: float) -> FoldError:
+    return FoldError(f"folded {what} overflows {dtype} (max |value| {biggest:.3g})", Code.CAST_RANGE)
+
+
+def _underflow(what: str, dtype: torch.dtype, lost: int) -> FoldError:
+    return FoldError(f"folded {what} underflows to zero in {dtype} ({lost} element(s))", Code.CAST_RANGE)
+
+
+def _check_cast_blocks(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Raise what ``cast_checked(weight.to(float64) * slices, dtype, what)`` raises, if anything, making the
+    float64 product a block at a time in buffers made once (a refused weight costs a few blocks, not the
+    weight four times over)."""
+    finite, biggest, lost = True, -math.inf, 0
+    bufs: tuple[torch.Tensor, ...] = ()
+    for wb, sb, _ in _blocks(weight, slices, None):
+        if not wb.numel():
+            continue
+        if not bufs:  # the first block is the largest
+            bufs = tuple(torch.empty(wb.shape, dtype=d) for d in (torch.float64, dtype, torch.float64))
+        value, out, mag = (b[: wb.shape[0]] if wb.dim() else b for b in bufs)
+        torch.mul(wb, sb, out=value)  # in float64: the weight's values are exact there
+        out.copy_(value)
+        finite = finite and bool(torch.isfinite(out).all())
+        top = float(torch.abs(value, out=mag).max())
+        biggest = math.nan if math.isnan(top) or math.isnan(biggest) else max(biggest, top)
+        lost += int(((out == 0) & (value != 0)).sum())
+    if not finite:
+        raise _overflow(what, dtype, biggest)
+    if lost:
+        raise _underflow(what, dtype, lost)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -166,5 +166,7 @@ def test_a_transposed_weight_scales_to_the_same_bits_and_errors(dtype, case, siz
             torch.cat([b.clone() for b in product.T.stages()]), eager.T.contiguous().reshape(-1)
         )  # as stored
         assert torch.equal(product.materialize(), eager)
-    else:
-        assert isinstance(outcomes[0], str) and outcomes[0] == outcomes[1] == outcomes[2], outcomes
+    else:  # the refusal made block by block is cast_checked's on the whole float64 product
+        with pytest.raises(FoldError) as whole:
+            fold_math.cast_checked(w.to(torch.float64) * slices, dtype, "linear weight")
+        assert outcomes[0] == outcomes[1] == outcomes[2] == str(whole.value), outcomes

@@ -153,6 +153,34 @@ def test_streamed_peak_is_bounded_by_the_largest_tensor(tmp_path):
     assert stream < largest + 3 * 2**20 < weights / 2, (stream - largest, plain, weights)
 
 
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_refused_streamed_fold_peaks_at_the_tensor_too(tmp_path):
+    """A 16 MB MatMul weight whose product overflows: the refusal names the problem from float64 blocks, so the
+    peak over the small model's stays under the tensor and 3 MiB (1.09x the tensor measured; 14.7x when the
+    float64 product was made whole), and the output keeps the weight's bytes."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    tiny = _external(_stack(n=2, width=128), small, "one")
+    n = 2048
+    w = (np.random.default_rng(0).standard_normal((n, n)) / 64).astype(np.float32)
+    w[5, 9] = 1e38
+    s = np.ones(n, np.float32)
+    s[9] = 8.0
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Mul", ["m", "s"], ["y"])]
+    io = [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, n]) for v in ("x", "y")]
+    graph = helper.make_graph(
+        nodes, "g", io[:1], io[1:], [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")]
+    )
+    path = _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), big, "one")
+    base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
+    out = tmp_path / "out.onnx"
+    refused = _peak(["fold", path, "-o", str(out), "-q", "--low-memory"]) - base
+    assert refused < w.nbytes + 3 * 2**20, refused / w.nbytes
+    assert (tmp_path / "out.onnx.data").read_bytes()[: w.nbytes] == w.tobytes()  # the weight as it was
+
+
 def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:
     outs = {}
     for name, extra in (("plain", []), ("stream", ["--low-memory"])):
