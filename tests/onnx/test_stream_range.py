@@ -125,3 +125,29 @@ def test_a_lazy_program_runs_as_the_eager_one(tmp_path, dtype):
         outs_e, outs_l = run_plain(eager, x, dtype, peaks_e), run_plain(program, x, dtype, peaks_l)
     assert peaks_l == peaks_e
     assert all(torch.equal(a, b) for be, bl in zip(outs_e, outs_l, strict=True) for a, b in zip(be, bl, strict=True))
+
+
+def test_a_data_file_cut_short_before_the_calibration_reads_it_is_refused_in_one_line(tmp_path, capsys, monkeypatch):
+    """The weights a lazy program reads are read through the streamed load's checked source, at the offsets and
+    lengths it checked: a data file that shrinks after the fold read it and before the calibration does is a
+    one-line file error and no file is written, not a weight of zeros (the folded layers' weights are in the fold's
+    scratch file by then: the projection, which nothing folds, is still read from the input's data file)."""
+    from bnfold.numerics import ranges
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path, _ = _model(src, n=2)
+    real = ranges.run_plain
+
+    def cut_then_run(*args, **kwargs):  # the projection (first in the file, 1 MiB, not folded) is cut
+        os.truncate(src / "m.data", 1024)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ranges, "run_plain", cut_then_run)
+    out = tmp_path / "out"
+    out.mkdir()
+    args = ["fold", path, "-o", str(out / "out.onnx"), "-q", "--fp16-range", _inputs(tmp_path), "--low-memory"]
+    assert main(args) != 0
+    err = capsys.readouterr().err.strip()
+    assert "changed while it was read" in err and "\n" not in err and "Traceback" not in err
+    assert not os.listdir(out)

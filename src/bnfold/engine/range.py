@@ -129,8 +129,17 @@ class Planner:
         """The spans (:func:`_span`) of the layer ``node``'s weight and bias (None: no bias), read once."""
         if node not in self._spans:
             w = self.weights(node)
-            self._spans[node] = (_span(w.weight), None if w.bias is None else _span(w.bias))
-        return self._spans[node]
+            bias = None if w.bias is None else (_span(w.bias), w.bias.dtype, w.bias_dtype)
+            self._spans[node] = ((_span(w.weight), w.weight.dtype, w.weight_dtype), bias)
+        weight, bias = self._spans[node]
+        return weight[0], None if bias is None else bias[0]
+
+    def scales_exactly(self, node: Any, exponent: int) -> bool:
+        """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
+        from its span: it is held in the dtype it is written in, and its largest and smallest nonzero magnitudes stay
+        in that dtype's normal range (a power of two then keeps every bit)."""
+        self.spans(node)
+        return _pow2_exact(*self._spans[node][0], exponent)
 
     def rop(self, node: Any):
         key = ("op", node)
@@ -440,6 +449,17 @@ class Planner:
         return out
 
 
+def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: int) -> bool:
+    """Whether every value of a ``dtype`` tensor of ``span`` (:func:`_span`) times ``2 ** exponent`` is exact in
+    ``stored`` (the same dtype, results in its normal range, no NaN or infinity)."""
+    if dtype != stored or not stored.is_floating_point:
+        return False
+    import torch
+
+    info, (low, high), factor = torch.finfo(stored), span, 2.0**exponent
+    return high * factor <= info.max and (low == 0.0 or low * factor >= info.tiny)
+
+
 def _span(t) -> tuple[float, float]:
     """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
     dtype (the same floats as in float64, without a float64 copy)."""
@@ -582,23 +602,26 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
                 eps.append((user, op.eps * factor(2 * e)))
 
-    def scaled(node: Any, w_e: Fraction, b_e: Fraction) -> tuple:
+    def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True) -> tuple:
+        """The layer and its weight (None where ``weight`` is False) and bias scaled; Refused where one fails."""
         layer, w = planner.layer(node)[0], planner.weights(node)
         try:
-            weight = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, f"{layer.op} weight")
+            what = f"{layer.op} weight"
+            out = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, what) if weight else None
             bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
         except FoldError as err:
             raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
-        return layer, weight, bias
+        return layer, out, bias
 
-    # every layer is scaled (and checked) before any is written; a large one's result is not kept but made again
-    # when it is written (the same arithmetic), so the edit holds one large weight at a time
+    # every layer is checked before any is written, in order: scaled, except a large weight whose spans show that its
+    # scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it is written
+    # (the same arithmetic), so the edit holds one large weight at a time
     writes = []
-    for node, exps in planner.layer_exps(p).items():
-        layer, weight, bias = scaled(node, *exps)
+    for node, (w_e, b_e) in planner.layer_exps(p).items():
         held = planner.layer(node)[1] is not None
-        writes.append((node, exps, (layer, weight, bias) if held else None))
-        del weight, bias
+        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, -int(w_e * k)))
+        writes.append((node, (w_e, b_e), done if held else None))
+        del done
     edited = []
     for node, exps, done in writes:
         layer, weight, bias = done if done is not None else scaled(node, *exps)
