@@ -134,9 +134,12 @@ def wide(tmp_path_factory) -> dict:
     save_pt2(torch.export.export(model, (x,)), d / "wide.pt2")
     np.savez(d / "x.npz", x=x.numpy()[None])
     files = {"pt2": d / "wide.pt2", "npz": d / "x.npz", "elements": x.numel()}
-    if pytest.importorskip("onnx"):
-        torch.onnx.export(model, (x,), str(d / "wide.onnx"), input_names=["x"], opset_version=17, dynamo=False)
-        files["onnx"] = d / "wide.onnx"
+    try:
+        import onnx  # noqa: F401 - the ONNX exporter needs it
+    except ImportError:
+        return files
+    torch.onnx.export(model, (x,), str(d / "wide.onnx"), input_names=["x"], opset_version=17, dynamo=False)
+    files["onnx"] = d / "wide.onnx"
     return files
 
 
@@ -147,6 +150,8 @@ def test_a_file_checked_at_load_gets_the_work_of_its_own_shapes_up_to_what_the_u
     granted, as the audit's plan grants it; inputs the user chose smaller grant only their own size's work."""
     from bnfold.io import load_model
 
+    if fmt not in wide:
+        pytest.skip("onnx is not installed")
     n = wide["elements"]
     with pytest.raises(WorkError, match="FLOPs"):
         load_model(wide[fmt])

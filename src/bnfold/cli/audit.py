@@ -39,7 +39,8 @@ def run(args: argparse.Namespace) -> int:
     frozen = False
     try:
         progress.stage("load")
-        with inputs_chosen(*chosen_inputs(args)):  # the inputs' sizes are the user's: their work is too
+        chosen, elements = chosen_inputs(args)
+        with inputs_chosen(chosen, elements=elements):  # the inputs' sizes are the user's: their work is too
             loaded = load(args.input, args)
         model = shapes.apply(loaded, args, batches_only=True)  # --input-shape: an ONNX model's dims fixed
         # what is loaded by now (torch, onnx, the model: ~180k objects) stays until the audit ends: the full
@@ -81,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def chosen_inputs(args: argparse.Namespace) -> tuple[bool, bool, int | None]:
+def chosen_inputs(args: argparse.Namespace) -> tuple[bool, int | None]:
     """:func:`bnfold.io.budget.inputs_chosen`'s arguments for loading the model: whether the user chose the inputs'
     sizes (``--inputs``, ``--input-shape``), and how many elements they hold at most (every array of the ``.npz``
     file; the shapes given), so that a file's one run at its own example shapes, checked at load, is granted those
@@ -91,9 +92,9 @@ def chosen_inputs(args: argparse.Namespace) -> tuple[bool, bool, int | None]:
 
     given = shapes.input_shapes(getattr(args, "input_shape", None))
     if not args.batches and not given:
-        return False, True, None
+        return False, None
     n = npz_elements(args.batches) if args.batches else 0
-    return True, True, max(n, sum(elements(dims) for dims in given.values()))
+    return True, max(n, sum(elements(dims) for dims in given.values()))
 
 
 def _audit(model, args: argparse.Namespace, progress, debug: bool):
