@@ -410,7 +410,7 @@ def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str
     its float64 copies are a slice's, not the tensor's; a slice that fails is reported as the whole tensor fails."""
     value = value.detach()
     out = torch.empty_like(value, dtype=dtype)
-    flat, out_flat = _memory_order(value), _memory_order(out)
+    flat, out_flat = _memory_view(value), _memory_view(out)
     if flat is None or out_flat is None or flat.numel() <= _POW2_CHUNK:
         return _scale_pow2(value, exponent, dtype, what)
     for start in range(0, flat.numel(), _POW2_CHUNK):
@@ -430,7 +430,7 @@ def _scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: st
     return out
 
 
-def _memory_order(t: torch.Tensor) -> torch.Tensor | None:
+def _memory_view(t: torch.Tensor) -> torch.Tensor | None:
     """A 1-D view of ``t``'s elements in the order its memory holds them, or None where its memory is not one dense
     block (an expanded or sliced tensor)."""
     order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
