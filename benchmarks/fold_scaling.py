@@ -1,6 +1,7 @@
 """A (goals). The fold's scaling and its share of torch.export on part A's chain, against a baseline.
 
     .venv/bin/python benchmarks/fold_scaling.py [--sizes 200,800,1600] [--rounds 5] [--baseline DIR] [--out DIR]
+    .venv/bin/python benchmarks/fold_scaling.py --fp16-range [--sizes 50,200] [--rounds 3]
 
 Part A's ``Chain(N)`` (``models.chain``), exported once per N.  In ONE process, round robin (the order
 reversed every other round, an untimed ``gc.collect()`` before each call, 1 torch thread):
@@ -16,6 +17,12 @@ call's least time over the rounds and the range; the goals (issue 43) are the re
 ``t(800) / t(200) <= 4.2`` and ``t(800) <= 5%`` of export, each from the least times.  Wall time and
 the process's CPU time are both shown: on a shared machine a call that waits for a core shows it in
 the wall time only.
+
+``--fp16-range``: that the range rewrite stays linear too (issue 43).  ``models.hot_chain(N)``, part A's
+chain with calibrated statistics and every second block's output past fp16's range over the margin
+(N / 2 values to rewrite); round robin as above, ``bnfold.fold(ep)`` and ``bnfold.fold(ep,
+fp16_range=2 batches)`` (calibration, rewrite, the float64 proof on the batches and fresh inputs); the
+range part is the difference of the two least times.  Reference line: ``t(4N) / t(N) <= 4.2``.
 """
 
 from __future__ import annotations
@@ -82,6 +89,57 @@ def measure(sizes: list[int], rounds: int, baseline: str | None) -> dict:
     return rows
 
 
+def measure_range(sizes: list[int], rounds: int) -> dict:
+    import torch
+    from models import hot_chain, structured_inputs
+
+    import bnfold
+
+    torch.set_num_threads(1)
+    rows = {}
+    for n in sizes:
+        model, x = hot_chain(n)
+        ep = torch.export.export(model, x)
+        batches = [(b,) for b in structured_inputs(tuple(x[0].shape), 2, seed=1)]
+        calls = {"fold": lambda: bnfold.fold(ep), "fp16_range": lambda: bnfold.fold(ep, fp16_range=batches)}
+        rescaled = sum(e.factor != 1.0 for e in calls["fp16_range"]().report.rescaled)  # and the first-call set-up
+        times: dict[str, list] = {}
+        for i in range(rounds):
+            for name in calls if i % 2 == 0 else reversed(calls):
+                times.setdefault(name, []).append(_clock(calls[name]))
+        rows[n] = (times, rescaled)
+        print(f"  N={n}: " + ", ".join(f"{k} {min(w for w, _ in v):.3f} s" for k, v in times.items()), flush=True)
+    return rows
+
+
+def render_range(rows: dict, load: str) -> str:
+    from common import table
+
+    def least(n: int) -> dict:
+        t = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in rows[n][0].items()}
+        t["range"] = tuple(a - b for a, b in zip(t["fp16_range"], t["fold"]))
+        return t
+
+    head = ["N blocks", "values rewritten", "fold s (cpu)", "fold + fp16_range s (cpu)", "range part s (cpu)"]
+    body = []
+    for n in sorted(rows):
+        t = least(n)
+        cells = [f"{t[k][0]:.3f} ({t[k][1]:.3f})" for k in ("fold", "fp16_range", "range")]
+        body.append([str(n), str(rows[n][1]), *cells])
+    lines = [table(head, body), ""]
+    goal = []
+    for a, b in zip(sorted(rows), sorted(rows)[1:]):
+        ta, tb = least(a), least(b)
+        row = [f"t({b})/t({a}) (x{b / a:g} the blocks)"]
+        for k in ("fold", "fp16_range", "range"):
+            w, c = tb[k][0] / ta[k][0], tb[k][1] / ta[k][1]
+            row.append(f"{w:.2f} {'PASS' if w <= RATIO_GOAL * b / a / 4 else 'MISS'} (cpu {c:.2f})")
+        goal.append(row)
+    lines.append(table(["ratio (goal <= 4.2 for x4)", "fold", "fold + fp16_range", "range part"], goal, align="lrrr"))
+    lines.append(f"\nload average {load}")
+    return "\n".join(lines)
+
+
 def render(rows: dict, load: str) -> str:
     from common import table
 
@@ -123,10 +181,17 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--baseline", default=None, help="a bnfold package folder to compare with (imported by its name)")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--fp16-range", action="store_true", help="the range rewrite's scaling (sizes default 50,200)")
     args = ap.parse_args()
     from common import load_now, quiet, write_text
 
     quiet()
+    if args.fp16_range:
+        sizes = [int(s) for s in (args.sizes if args.sizes != ap.get_default("sizes") else "50,200").split(",")]
+        text = render_range(measure_range(sizes, args.rounds), str(load_now()))
+        write_text("fold_scaling_fp16_range", text, args.out)
+        print(text, flush=True)
+        return
     rows = measure([int(s) for s in args.sizes.split(",")], args.rounds, args.baseline)
     text = render(rows, str(load_now()))
     write_text("fold_scaling", text, args.out)

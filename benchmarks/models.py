@@ -62,6 +62,15 @@ def chain(blocks: int, channels: int = 8, size: int = 8) -> tuple[nn.Module, tup
     return model.eval(), (torch.randn(1, channels, size, size),)
 
 
+def hot_chain(blocks: int, channels: int = 8, size: int = 8, gain: float = 2.0**13) -> tuple[nn.Module, tuple]:
+    """Part A's chain for the fp16 range rewrite: calibrated statistics, every second BatchNorm's affine times ``gain``,
+    so that every second block's output passes fp16's range over the default margin (65504 / 16) and the next block
+    brings it back: ``blocks / 2`` values to rewrite, the same work per block at every size."""
+    model, x = chain(blocks, channels, size)
+    calibrate(model, x[0].shape, batches=2, batch_size=4, gain=lambda i: gain if i % 2 == 0 else 1.0)
+    return model, x
+
+
 # -- parts B and C: three architectures ----------------------------------------------------------
 
 
@@ -247,13 +256,20 @@ def structured_inputs(shape: tuple, batches: int, seed: int = 0) -> list[torch.T
 
 
 @torch.no_grad()
-def calibrate(model: nn.Module, shape: tuple, batches: int = 8, batch_size: int = 16, seed: int = 0) -> nn.Module:
+def calibrate(
+    model: nn.Module, shape: tuple, batches: int = 8, batch_size: int = 16, seed: int = 0, gain=None
+) -> nn.Module:
     """Give every BatchNorm realistic statistics: random gamma/beta, then cumulative running
-    mean/var from ``batches`` train-mode forward passes on structured inputs; returns the model in eval."""
+    mean/var from ``batches`` train-mode forward passes on structured inputs; returns the model in eval.
+    ``gain(i)``: a factor on the i-th BatchNorm's gamma and beta, before the statistics are measured."""
     torch.manual_seed(seed)
     norms = [m for m in model.modules() if isinstance(m, nn.modules.batchnorm._BatchNorm)]
-    for m in norms:
+    for i, m in enumerate(norms):
         _random_affine(m)
+        if gain is not None:
+            with torch.no_grad():
+                m.weight.mul_(gain(i))
+                m.bias.mul_(gain(i))
         m.reset_running_stats()
         m.momentum = None  # cumulative moving average over the calibration batches
     model.train()
