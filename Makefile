@@ -38,8 +38,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/bnfold demo
 
+# two pytest-xdist workers (torch single-threaded in each, tests/conftest.py); worksteal: a worker that runs out of
+# tests takes the other's remaining ones, so the long tests (the README, the library zoo) do not end the run alone
+XDIST := -n 2 --dist worksteal
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q $(XDIST) tests
 
 # by hand, not in CI (README, "Quick start"): the torch 2.14.1 wheel is a CUDA build of several GB
 test-torch214:
@@ -47,7 +51,7 @@ test-torch214:
 	$(VENV_NEXT)/bin/python -m pip install --quiet $(TORCH_NEXT)
 	$(VENV_NEXT)/bin/python -m pip install --quiet $(TORCH_NEXT) -e '.[onnx,numerics,test]'
 	$(VENV_NEXT)/bin/python -m pip install --quiet --no-deps $(RAPIDOCR) $(MODEL_CODE_NEXT)
-	$(VENV_NEXT)/bin/python -m pytest -q --ignore=tests/executorch tests \
+	$(VENV_NEXT)/bin/python -m pytest -q $(XDIST) --ignore=tests/executorch tests \
 	  --deselect tests/readme/test_readme.py::test_the_readme_runs_as_written  # its ExecuTorch snippets need the extra
 
 # ruff checks and format checks only: it never rewrites files (run `ruff format` yourself).

@@ -97,14 +97,26 @@ def run(ep, *inputs: torch.Tensor) -> torch.Tensor:
 
 #: Measurements tests record for the end-of-run summary (see conftest.py).
 STATS: dict[str, float] = {}
+#: How each key of :data:`STATS` combines with another worker's (``max`` or ``sum``), for ``pytest -n``.
+COMBINE: dict[str, str] = {}
 
 
 def record_max(key: str, value: float) -> None:
     STATS[key] = max(STATS.get(key, float("-inf")), value)
+    COMBINE[key] = "max"
 
 
 def record_count(key: str, n: int = 1) -> None:
     STATS[key] = STATS.get(key, 0) + n
+    COMBINE[key] = "sum"
+
+
+def merge_stats(stats: dict[str, float], combine: dict[str, str]) -> None:
+    """Fold another process's :data:`STATS` (a pytest-xdist worker's) into this one's."""
+    for key, value in stats.items():
+        mine = STATS.get(key)
+        how = COMBINE.setdefault(key, combine.get(key, "max"))
+        STATS[key] = value if mine is None else max(mine, value) if how == "max" else mine + value
 
 
 def onnx_conv_bn(opset: int = 13, seed: int = 0):

@@ -67,6 +67,7 @@ def _model(name: str):
 
 @functools.cache
 def _default(name: str):
+    """The default export, made once: the decomposed and edge IR start from a copy of it."""
     block, x, _ = _model(name)
     return export(block, (x,))
 
@@ -99,7 +100,7 @@ def _fold(name: str, ir: str):
     if ir == "onnx":
         result = bnfold.fold(onnx_export(block, x))
         return result, _onnx_counts(result.model), run_onnx(result.model, x)[0], ref
-    ep = _default(name) if ir == "default" else export(block, (x,), ir)
+    ep = _default(name) if ir == "default" else export(block, (x,), ir, base=_default(name))
     result = bnfold.fold(ep)
     with torch.no_grad():
         out = result.model.module()(x)
