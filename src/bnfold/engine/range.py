@@ -74,17 +74,34 @@ class Planner:
 
     def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
         self.g, self.peaks, self.limits = graph, peaks, limits
-        self.order = {n: i for i, n in enumerate(graph.ordered_nodes())}
+        self.read_graph()
+
+    def read_graph(self) -> None:
+        """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
+        self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
         self._ops: dict = {}
         self.written: dict = {}  # a layer's output value -> its node
+        self.layer_nodes: set = set()  # the nodes of ``written``
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
-        for layer in graph.layers():
+        for layer in self.g.layers():
             if self.layer(layer.node) is None:
                 continue
             self.written[layer.output] = layer.node
-            end = graph.producer(layer.output)
+            self.layer_nodes.add(layer.node)
+            end = self.g.producer(layer.output)
             if end is not None and end != layer.node:
                 self.inside.add(end)
+        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
+        self.added = False  # whether an edit added nodes since ``read_graph``
+
+    def forget(self, nodes: list, added: bool) -> None:
+        """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
+        (multiplies): what was read of them is read again, the whole graph if nodes were added."""
+        for node in nodes:
+            self._ops.pop(node, None)
+            self._ops.pop(("op", node), None)
+        self.edited.update(nodes)
+        self.added = self.added or added
 
     # ------------------------------------------------------------------ reading the graph
 
@@ -442,11 +459,13 @@ def kind_of(planner: Planner, p: Plan, hot: Any) -> str:
     return "cross_layer"
 
 
-def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, hot: list, limits: Limits) -> bool:
-    """Plan, size and apply the region of ``value`` (a value scaled by ``s``), filling ``entry``; False if refused."""
+def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, hot, limits: Limits) -> bool:
+    """Plan, size and apply the region of ``value`` (a value scaled by ``s``), filling ``entry``; False if refused.
+    ``hot(v)``: whether ``v`` is another hot value still to try (named in the reason when the region takes it)."""
     g, fp16_max = planner.g, entry.limit
     try:
         p = planner.plan(value)
+        others = [g.value_name(v) for v in p.exps if v != value and hot(v)]
         k, met = planner.choose_k(p)
         if k <= 0:
             raise Refused(
@@ -466,7 +485,6 @@ def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, h
     if value in by_handle:
         entry.peak_after = by_handle[value]
         entry.margin = fp16_max / entry.peak_after
-    others = [g.value_name(v) for v in p.exps if v in hot and v != value]
     entry.code = Code.RESCALED if met else Code.MARGIN_NOT_MET
     entry.reason = f"scaled by 2^-{k} with {len(p.exps)} value(s)" + (
         f", also bringing down {', '.join(others[:4])}" if others else ""
@@ -476,30 +494,70 @@ def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, h
     return True
 
 
-def _hot_constants(planner: Planner) -> list[tuple[Any, str, float]]:
-    """``(value, what, largest magnitude)`` for each constant beyond the constant limit: a layer's weight or bias
-    (the value: the layer's output), a constant operand of a sum, product or quotient (the value: its output)."""
-    out, limit = [], planner.limits.constant
-    for value, node in planner.written.items():
-        w = planner.layer(node)[1]
-        high = max(_span(w.weight)[1], _span(w.bias)[1] if w.bias is not None else 0.0)
-        if high > limit:
-            out.append((value, f"{planner.g.node_name(node)} weight", high))
-    for node in planner.g.ordered_nodes():
+class HotConstants:
+    """The constants beyond the constant limit, in graph order: a layer's weight or bias (the value: the layer's
+    output), then a constant operand of a sum, product or quotient (the value: its output).  Read once, then
+    again only for the nodes an edit touched (``Planner.forget``), or all of them when nodes were added."""
+
+    def __init__(self, planner: Planner):
+        self.planner = planner
+        self.read()
+
+    def read(self) -> None:
+        planner = self.planner
+        nodes = list(planner.written.values()) + [n for n in planner.g.ordered_nodes() if n not in planner.layer_nodes]
+        self.rank = {n: i for i, n in enumerate(nodes)}
+        self.found: dict = {}
+        self.heap: list = []
+        for node in nodes:
+            self.look(node)
+        planner.edited.clear()
+        planner.added = False
+
+    def look(self, node: Any) -> None:
+        found = self.found[node] = self.hot(node)
+        if found is not None:
+            heapq.heappush(self.heap, (self.rank[node], id(node), node))
+
+    def hot(self, node: Any) -> tuple[Any, str, float] | None:
+        """``(value, what, largest magnitude)`` when ``node`` holds a constant beyond the limit, else None."""
+        planner, limit = self.planner, self.planner.limits.constant
+        lw = planner.layer(node) if node in planner.layer_nodes else None
+        if lw is not None:
+            w = lw[1]
+            high = max(_span(w.weight)[1], _span(w.bias)[1] if w.bias is not None else 0.0)
+            return (lw[0].output, f"{planner.g.node_name(node)} weight", high) if high > limit else None
         op = planner.rop(node)
         if op is None or op.fact not in ("sum", "product", "quotient"):
-            continue
+            return None
         for _, v in op.operands:
             if planner.is_const(v) and (high := _span(planner._const(v))[1]) > limit:
-                out.append((op.output, f"{planner.g.node_name(node)} constant", high))
-                break
-    return out
+                return (op.output, f"{planner.g.node_name(node)} constant", high)
+        return None
+
+    def next(self, tried: set) -> tuple[Any, str, float] | None:
+        """The first constant beyond the limit whose value was not tried."""
+        planner = self.planner
+        if planner.added:
+            planner.read_graph()
+            self.read()
+        for node in planner.edited:
+            if node in self.rank:
+                self.look(node)
+        planner.edited.clear()
+        while self.heap:
+            _, _, node = self.heap[0]
+            found = self.found.get(node)
+            if found is not None and found[0] not in tried:
+                return found
+            heapq.heappop(self.heap)  # gone, or tried (for good)
+        return None
 
 
 def _inside_layer(planner: Planner, value: Any) -> bool:
     """Whether ``value`` is computed inside a layer (its product before the bias add that ends it)."""
     node = planner.g.producer(value)
-    return value not in planner.written and node is not None and node in planner.written.values()
+    return value not in planner.written and node is not None and node in planner.layer_nodes
 
 
 def _reduces(planner: Planner, value: Any) -> bool:
@@ -570,6 +628,8 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for (value, node), e in p.mul_before.items():
         if value not in p.mul_after:
             g.insert_mul(value, 1.0 / factor(e), [node])
+    nodes = [layer.node for layer, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
+    planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
     return list(dict.fromkeys(edited))
 
 
@@ -577,36 +637,41 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     """Rewrite every value of ``graph`` whose peak (``peaks``: by ``value_name``, float32 magnitudes on the
     calibration batches) passes ``limits.value``, largest first; returns one ``bnfold.report.Rescaled`` per value
     tried (rescaled, or refused with its code).  ``peak_after`` and ``margin`` are the plan's predictions; the
-    caller measures them."""
+    caller measures them.  Every value past the limit is tried once (with it, the other values of its region): at
+    most one plan per value, each bounded by ``MAX_REGION``; one ``Planner`` reads the graph once and again only
+    what each rewrite edits (all of it when a rewrite adds multiplies), so the whole is linear in the graph."""
     from ..report import Rescaled
 
     entries, tried = [], set()
     by_handle = {v: peaks[graph.value_name(v)] for v in graph.values() if graph.value_name(v) in peaks}
-    for _ in range(64):
-        hot = [v for v, peak in by_handle.items() if peak > limits.value and v not in tried]
-        planner = Planner(graph, by_handle, limits)
-        # a weight computed from constants is no value, and a layer's product before its bias add is the layer's
-        skip = [v for v in hot if graph.constant(v) is not None or _inside_layer(planner, v)]
-        tried.update(skip)
-        hot = [v for v in hot if v not in skip]
-        if not hot:
-            break
-        value = max(hot, key=lambda v: by_handle[v])
+    planner = Planner(graph, by_handle, limits)
+
+    def skip(v: Any) -> bool:  # a weight computed from constants is no value, a layer's product before its bias
+        return graph.constant(v) is not None or _inside_layer(planner, v)  # add is the layer's
+
+    def hot(v: Any) -> bool:
+        return by_handle.get(v, 0.0) > limits.value and v not in tried and not skip(v)
+
+    # largest first; a rewrite changes the peaks of its region's values only, and those are tried with it
+    for value in sorted((v for v, peak in by_handle.items() if peak > limits.value), key=lambda v: -by_handle[v]):
+        if value in tried:
+            continue
         tried.add(value)
+        if skip(value):
+            continue
         name, peak = graph.value_name(value), by_handle[value]
         entry = Rescaled(name, peak=peak, peak_after=peak, limit=fp16_max, margin=fp16_max / peak)
         entries.append(entry)
         _rewrite(planner, value, entry, tried, by_handle, hot, limits)
-    for _ in range(64):  # constants beyond the limit: the value they make moves down with them
-        planner = Planner(graph, by_handle, limits)
-        found = next((c for c in _hot_constants(planner) if c[0] not in tried), None)
-        if found is None:
-            break
+        if planner.added:
+            planner.read_graph()
+    constants = HotConstants(planner)
+    while (found := constants.next(tried)) is not None:  # the value a constant makes moves down with it
         value, what, high = found
         tried.add(value)
         entry = Rescaled(what, peak=high, peak_after=high, limit=limits.constant, margin=limits.constant / high)
         entries.append(entry)
-        if _rewrite(planner, value, entry, tried, by_handle, [], limits):
+        if _rewrite(planner, value, entry, tried, by_handle, lambda v: False, limits):
             entry.kind, entry.peak_after = "constant", high * entry.factor
             entry.margin = limits.constant / entry.peak_after
     return entries
