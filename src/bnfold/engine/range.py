@@ -21,6 +21,7 @@ the calibration batches and fresh inputs: ``bnfold.rescale``).
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -79,6 +80,7 @@ class Planner:
     def read_graph(self) -> None:
         """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
         self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
+        self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self.written: dict = {}  # a layer's output value -> its node
         self.layer_nodes: set = set()  # the nodes of ``written``
@@ -93,6 +95,11 @@ class Planner:
                 self.inside.add(end)
         self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
         self.added = False  # whether an edit added nodes since ``read_graph``
+
+    def in_order(self, nodes) -> list:
+        """``nodes`` (each once) in graph order; nodes the graph order does not hold last, as given."""
+        last = len(self.order)
+        return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, last))
 
     def forget(self, nodes: list, added: bool) -> None:
         """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
@@ -203,9 +210,9 @@ class Planner:
     def push_readers(self, value: Any, queue: list) -> None:
         for user in self.g.users(value):
             if user is None:
-                heapq.heappush(queue, (len(self.order) + 1, id(value), ("output", value)))
+                heapq.heappush(queue, (len(self.order) + 1, next(self._pushed), ("output", value)))
             else:
-                heapq.heappush(queue, (self.order.get(user, len(self.order)), id(user), ("node", user)))
+                heapq.heappush(queue, (self.order.get(user, len(self.order)), next(self._pushed), ("node", user)))
 
     def read(self, p: Plan, node: Any, queue: list) -> bool:
         """``node`` reads scaled values: set its output's exponent by its rule, or stop the scale before it."""
@@ -330,12 +337,9 @@ class Planner:
 
     def check(self, p: Plan) -> None:
         """Every node touching the region obeys its rule with the plan's exponents, or Refused."""
-        nodes = set()
-        for value in p.exps:
-            nodes.add(self.g.producer(value))
-            nodes.update(u for u in self.g.users(value) if u is not None)
-        for node in nodes:
-            if node is None or self.layer(node) is not None:
+        nodes = [n for v in p.exps for n in [self.g.producer(v), *self.g.users(v)] if n is not None]
+        for node in self.in_order(nodes):  # the first node in graph order that breaks its rule is named
+            if self.layer(node) is not None:
                 continue
             op = self.rop(node)
             if op is None or op.fact in ("", "invariant"):
@@ -412,10 +416,10 @@ class Planner:
         return torch.tensor(float(value)) if isinstance(value, (int, float)) else self.g.constant(value)
 
     def layer_exps(self, p: Plan) -> dict:
-        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region."""
+        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order."""
         out = {}
-        nodes = {self.written[v] for v in p.exps if v in self.written} | {u for v in p.exps for u in self.g.users(v)}
-        for node in nodes:
+        nodes = [self.written[v] for v in p.exps if v in self.written] + [u for v in p.exps for u in self.g.users(v)]
+        for node in self.in_order(nodes):
             lw = self.layer(node)
             if lw is None:
                 continue
@@ -588,8 +592,8 @@ def _writer(planner: Planner, node: Any) -> Any:
 
 
 def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
-    """Make the edits of plan ``p`` with ``s = 2 ** -k``; returns the names of the nodes edited.  Raises
-    Refused (nothing written yet) when a rewritten layer tensor would leave its dtype's range."""
+    """Make the edits of plan ``p`` with ``s = 2 ** -k``; returns the names of the nodes edited, in graph order.
+    Raises Refused (nothing written yet) when a rewritten layer tensor would leave its dtype's range."""
     g = planner.g
 
     def factor(e: Fraction) -> float:
@@ -610,17 +614,17 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
         except FoldError as err:
             raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
         writes.append((layer, weight, bias))
-    edited = []
+    edited = {}  # node -> its name
     for layer, weight, bias in writes:
         g.write_layer(layer, weight, bias, label)
-        edited.append(g.node_name(layer.node))
+        edited[layer.node] = g.node_name(layer.node)
     for (node, slot), e in p.operands.items():
         if e != 0:
             g.scale_operand(node, slot, factor(e))
-            edited.append(g.node_name(node))
+            edited[node] = g.node_name(node)
     for node, value in eps:
         g.set_eps(node, value)
-        edited.append(g.node_name(node))
+        edited[node] = g.node_name(node)
     for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
         kept = {node for (v, node) in p.mul_before if v == value}
         readers = [u for u in g.users(value) if u not in kept]
@@ -630,7 +634,7 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             g.insert_mul(value, 1.0 / factor(e), [node])
     nodes = [layer.node for layer, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
     planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
-    return list(dict.fromkeys(edited))
+    return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
 
 
 def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, fp16_max: float = 65504.0) -> list:
