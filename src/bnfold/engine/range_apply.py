@@ -1,0 +1,57 @@
+"""The fp16 range rewrite's edits (``bnfold.engine.range``): a plan applied through the adapter's primitive edits,
+its factors by ``bnfold.fold_math.scale_pow2``."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+from .. import fold_math
+from ..fold_math import FoldError
+from ..report import Code
+from .range_planner import Plan, Planner, Refused
+
+
+def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
+    """Make the edits of plan ``p`` with ``s = 2 ** -k``; returns the names of the nodes edited, in graph order.
+    Raises Refused (nothing written yet) when a rewritten layer tensor would leave its dtype's range."""
+    g = planner.g
+
+    def factor(e: Fraction) -> float:
+        return 2.0 ** -int(e * k)
+
+    eps = []  # invariant norms reading a scaled value: eps * s ** 2e
+    for value, e in p.exps.items():
+        for user in g.users(value):
+            op = planner.rop(user) if user is not None else None
+            if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
+                eps.append((user, op.eps * factor(2 * e)))
+    writes = []
+    for node, (w_e, b_e) in planner.layer_exps(p).items():
+        layer, w = planner.layer(node)
+        try:
+            weight = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, f"{layer.op} weight")
+            bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
+        except FoldError as err:
+            raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
+        writes.append((layer, weight, bias))
+    edited = {}  # node -> its name
+    for layer, weight, bias in writes:
+        g.write_layer(layer, weight, bias, label)
+        edited[layer.node] = g.node_name(layer.node)
+    for (node, slot), e in p.operands.items():
+        if e != 0:
+            g.scale_operand(node, slot, factor(e))
+            edited[node] = g.node_name(node)
+    for node, value in eps:
+        g.set_eps(node, value)
+        edited[node] = g.node_name(node)
+    for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
+        kept = {node for (v, node) in p.mul_before if v == value}
+        readers = [u for u in g.users(value) if u not in kept]
+        g.insert_mul(value, factor(e), readers)
+    for (value, node), e in p.mul_before.items():
+        if value not in p.mul_after:
+            g.insert_mul(value, 1.0 / factor(e), [node])
+    nodes = [layer.node for layer, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
+    planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
+    return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
