@@ -7,7 +7,8 @@ The baseline is ``shutil.copyfile`` of the data file.  Prints a table; asserts n
 
     python -m benchmarks.onnx_stream --mb 1024 --dir /tmp/stream [--before OTHER/src] [--rounds 2] [--fp16-range]
 
-``--before`` runs another checkout's streamed fold in the same rounds (its ``src`` folder first on the path).
+``--before`` runs another checkout's streamed fold in the same rounds (its ``src`` folder first on the path; with
+``--fp16-range``, its streamed fold with ``--fp16-range`` too).
 """
 
 from __future__ import annotations
@@ -135,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
             ("plain --fp16-range", "src", ranged, first),
             ("streamed --fp16-range", "src", [*ranged, "--low-memory"], first),
         ]
+        if a.before:
+            runs.append(("streamed --fp16-range, before", a.before, [*ranged, "--low-memory"], first))
     times: dict[str, list[float]] = {name: [] for name, *_ in runs}
     peaks: dict[str, list[int]] = {name: [] for name, *_ in runs}
     kernel, loop, imports, floor = [], [], [], []

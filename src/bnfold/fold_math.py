@@ -294,11 +294,41 @@ def fold_input_affine(
 
 def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str) -> torch.Tensor:
     """``value * 2 ** exponent`` in ``dtype``: exact (a power of two only moves the exponent), or FoldError when
-    the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits)."""
-    out = cast_checked(value.detach().to(torch.float64) * 2.0**exponent, dtype, what)
-    if not torch.equal(out.to(torch.float64) * 2.0**-exponent, value.detach().to(torch.float64)):
+    the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits).  The result has
+    ``value``'s layout; a dense tensor is computed in slices of its memory (:data:`_POW2_CHUNK` elements each), so
+    its float64 copies are a slice's, not the tensor's; a slice that fails is reported as the whole tensor fails."""
+    value = value.detach()
+    out = torch.empty_like(value, dtype=dtype)
+    flat, out_flat = _memory_order(value), _memory_order(out)
+    if flat is None or out_flat is None or flat.numel() <= _POW2_CHUNK:
+        return _scale_pow2(value, exponent, dtype, what)
+    for start in range(0, flat.numel(), _POW2_CHUNK):
+        part = flat[start : start + _POW2_CHUNK]
+        try:
+            out_flat[start : start + _POW2_CHUNK] = _scale_pow2(part, exponent, dtype, what)
+        except FoldError:
+            _scale_pow2(value, exponent, dtype, what)  # the whole tensor's message
+            raise
+    return out
+
+
+def _scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str) -> torch.Tensor:
+    out = cast_checked(value.to(torch.float64) * 2.0**exponent, dtype, what)
+    if not torch.equal(out.to(torch.float64) * 2.0**-exponent, value.to(torch.float64)):
         raise FoldError(f"{what} times 2^{exponent} is not exact in {dtype} (it underflows)", Code.CAST_RANGE)
     return out
+
+
+def _memory_order(t: torch.Tensor) -> torch.Tensor | None:
+    """A 1-D view of ``t``'s elements in the order its memory holds them, or None where its memory is not one dense
+    block (an expanded or sliced tensor)."""
+    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
+    dense = t.permute(order)
+    return dense.view(-1) if dense.is_contiguous() else None
+
+
+#: elements of a slice :func:`scale_pow2` computes at a time
+_POW2_CHUNK = 1 << 20
 
 
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:

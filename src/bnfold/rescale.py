@@ -71,7 +71,7 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     with inputs_chosen(True, outer=False):  # the caller's batches: their sizes buy work (bnfold.io.budget)
         model, both, _, _ = fmt.prepare(result.model, batches + fresh, fold=True)
     batches, check = both[: len(batches)], both
-    program = fmt.program(model)
+    program = fmt.program(model, lazy=True)  # a weight left on disk is read when its op runs
     peaks: dict[str, float] = {}
     with torch.no_grad():
         run_plain(program, batches, torch.float32, peaks)
@@ -82,7 +82,7 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
             return FoldResult(model, result.report)
         reference = run_plain(program, check, torch.float64)
         after: dict[str, float] = {}
-        error = relative_error(reference, run_plain(fmt.program(new_model), check, torch.float64, after))
+        error = relative_error(reference, run_plain(fmt.program(new_model, lazy=True), check, torch.float64, after))
         if error > TOLERANCE:
             for e in applied:
                 e.reason = (

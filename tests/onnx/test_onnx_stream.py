@@ -245,7 +245,8 @@ def test_the_api_folds_an_onnx_path_streamed_to_the_model_the_plain_load_gives(t
 
 def test_the_streamed_fold_with_fp16_range_writes_the_plain_folds_files(tmp_path):
     """``--fp16-range`` with ``--low-memory``: the fold, the rewrite's scaled weights and the save stream (the
-    calibration runs read every weight while they run); the files are those of the plain fold."""
+    calibration and proof runs read each large weight when its op runs: tests/onnx/test_stream_range.py); the
+    files are those of the plain fold."""
     src = tmp_path / "in"
     src.mkdir()
     path = _external(_stack(width=128), src, "one")

@@ -89,8 +89,8 @@ class HotConstants:
         planner, limit = self.planner, self.planner.limits.constant
         lw = planner.layer(node) if node in planner.layer_nodes else None
         if lw is not None:
-            w = lw[1]
-            high = max(span(w.weight)[1], span(w.bias)[1] if w.bias is not None else 0.0)
+            weight, bias = planner.spans(node)
+            high = max(weight[1], bias[1] if bias is not None else 0.0)
             return (lw[0].output, f"{planner.g.node_name(node)} weight", high) if high > limit else None
         op = planner.rop(node)
         if op is None or op.fact not in ("sum", "product", "quotient"):

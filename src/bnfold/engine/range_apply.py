@@ -4,6 +4,7 @@ its factors by ``bnfold.fold_math.scale_pow2``."""
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Any
 
 from .. import fold_math
 from ..fold_math import FoldError
@@ -25,19 +26,33 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             op = planner.rop(user) if user is not None else None
             if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
                 eps.append((user, op.eps * factor(2 * e)))
-    writes = []
-    for node, (w_e, b_e) in planner.layer_exps(p).items():
-        layer, w = planner.layer(node)
+
+    def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True) -> tuple:
+        """The layer and its weight (None where ``weight`` is False) and bias scaled; Refused where one fails."""
+        layer, w = planner.layer(node)[0], planner.weights(node)
         try:
-            weight = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, f"{layer.op} weight")
+            what = f"{layer.op} weight"
+            out = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, what) if weight else None
             bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
         except FoldError as err:
             raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
-        writes.append((layer, weight, bias))
+        return layer, out, bias
+
+    # every layer is checked before any is written, in order: scaled, except a large weight whose spans show that its
+    # scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it is written
+    # (the same arithmetic), so the edit holds one large weight at a time
+    writes = []
+    for node, (w_e, b_e) in planner.layer_exps(p).items():
+        held = planner.layer(node)[1] is not None
+        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, -int(w_e * k)))
+        writes.append((node, (w_e, b_e), done if held else None))
+        del done
     edited = {}  # node -> its name
-    for layer, weight, bias in writes:
+    for node, exps, done in writes:
+        layer, weight, bias = done if done is not None else scaled(node, *exps)
         g.write_layer(layer, weight, bias, label)
-        edited[layer.node] = g.node_name(layer.node)
+        edited[node] = g.node_name(node)
+        del weight, bias, done
     for (node, slot), e in p.operands.items():
         if e != 0:
             g.scale_operand(node, slot, factor(e))
@@ -52,6 +67,6 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for (value, node), e in p.mul_before.items():
         if value not in p.mul_after:
             g.insert_mul(value, 1.0 / factor(e), [node])
-    nodes = [layer.node for layer, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
+    nodes = [node for node, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
     planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))

@@ -28,6 +28,9 @@ from .graph import GraphAdapter, Layer, LayerWeights
 
 #: a plan visits at most this many nodes (a region is never worth an unbounded walk)
 MAX_REGION = 4096
+#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
+#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
+HELD_BYTES = 1 << 20
 
 
 @dataclass
@@ -76,6 +79,7 @@ class Planner:
         self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
+        self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
         self.written: dict = {}  # a layer's output value -> its node
         self.layer_nodes: set = set()  # the nodes of ``written``
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
@@ -98,27 +102,64 @@ class Planner:
     def forget(self, nodes: list, added: bool) -> None:
         """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
         (multiplies): what was read of them is read again, the whole graph if nodes were added."""
-        for node in nodes:
+        for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
+            self._spans.pop(node, None)
         self.edited.update(nodes)
         self.added = self.added or added
 
     # ------------------------------------------------------------------ reading the graph
 
     def layer(self, node: Any) -> tuple[Layer, Any] | None:
-        """``node`` as a layer whose weights are constants (and its weights), or None."""
+        """``node`` as a layer whose weights are constants (and its weights, None where they are large: read
+        them with :meth:`weights`), or None."""
         if node is None:
             return None
         if node not in self._ops:
             layer = self.g.layer(node)
-            w = self.g.weights(layer) if layer is not None else None
-            ok = layer is not None and not isinstance(w, str)
-            if ok and w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
-                ok = bool((w.pre.scale == 1).all())
-                w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype) if ok else w
-            self._ops[node] = (layer, w) if ok else None
+            w = self._read(layer) if layer is not None else None
+            ok = layer is not None and w is not None
+            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
+            self._ops[node] = (layer, w if held else None) if ok else None
         return self._ops[node]
+
+    def _read(self, layer: Layer) -> LayerWeights | None:
+        """The weights of ``layer`` as the plan reads them (a Gemm's ``beta * C`` as its bias), or None when they
+        are not constants or the layer applies a scale of its own."""
+        w = self.g.weights(layer)
+        if isinstance(w, str):
+            return None
+        if w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
+            if not bool((w.pre.scale == 1).all()):
+                return None
+            w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype)
+        return w
+
+    def weights(self, node: Any) -> LayerWeights:
+        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again."""
+        layer, w = self.layer(node)
+        if w is None:
+            w = self._read(layer)
+            assert w is not None  # the graph has not changed since :meth:`layer` read them (or ``forget``)
+        return w
+
+    def spans(self, node: Any) -> tuple[tuple[float, float], tuple[float, float] | None]:
+        """The spans (:func:`span`) of the layer ``node``'s weight and bias (None: no bias), read once (again
+        after :meth:`forget`)."""
+        if node not in self._spans:
+            w = self.weights(node)
+            bias = None if w.bias is None else (span(w.bias), w.bias.dtype, w.bias_dtype)
+            self._spans[node] = ((span(w.weight), w.weight.dtype, w.weight_dtype), bias)
+        weight, bias = self._spans[node]
+        return weight[0], None if bias is None else bias[0]
+
+    def scales_exactly(self, node: Any, exponent: int) -> bool:
+        """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
+        from its span: it is held in the dtype it is written in, and its largest and smallest nonzero magnitudes stay
+        in that dtype's normal range (a power of two then keeps every bit)."""
+        self.spans(node)
+        return _pow2_exact(*self._spans[node][0], exponent)
 
     def rop(self, node: Any):
         key = ("op", node)
@@ -394,10 +435,10 @@ class Planner:
             value = self._operand(node, slot)
             out.append((*span(self._const(value)), e))
         for node, (w_e, b_e) in self.layer_exps(p).items():
-            weights = self.layer(node)[1]
-            out.append((*span(weights.weight), w_e))
-            if weights.bias is not None:
-                out.append((*span(weights.bias), b_e))
+            weight, bias = self.spans(node)
+            out.append((*weight, w_e))
+            if bias is not None:
+                out.append((*bias, b_e))
         return out
 
     def _operand(self, node: Any, slot: Any) -> Any:
@@ -425,7 +466,26 @@ class Planner:
         return out
 
 
+def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: int) -> bool:
+    """Whether every value of a ``dtype`` tensor of ``span`` (:func:`span`) times ``2 ** exponent`` is exact in
+    ``stored`` (the same dtype, results in its normal range, no NaN or infinity)."""
+    if dtype != stored or not stored.is_floating_point:
+        return False
+    import torch
+
+    info, (low, high), factor = torch.finfo(stored), span, 2.0**exponent
+    return high * factor <= info.max and (low == 0.0 or low * factor >= info.tiny)
+
+
 def span(t) -> tuple[float, float]:
-    a = t.detach().abs().double()
-    nz = a[a > 0]
-    return (float(nz.min()) if nz.numel() else 0.0, float(a.max()) if a.numel() else 0.0)
+    """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
+    dtype (the same floats as in float64, without a float64 copy)."""
+    if not t.numel():
+        return (0.0, 0.0)
+    a = t.detach().abs()
+    if not a.is_floating_point():
+        a = a.double()
+    high = float(a.max())
+    positive = a > 0
+    low = float(a.masked_fill_(~positive, math.inf).min()) if bool(positive.any()) else 0.0
+    return (low, high)

@@ -297,8 +297,8 @@ class ProgramAudit:
     def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
         fx_audit_plan(model, batches, runs=runs, name=name)
 
-    def program(self, model, like: Program | None = None) -> Program:
-        return fx_program(model, like)
+    def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
+        return fx_program(model, like)  # a program's constants are in memory: none is lazy
 
     def output_rank(self, model) -> int | None:
         """The rank of a program's first output, from its metadata."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from functools import partial
 
 import numpy as np
 import onnx
@@ -28,13 +29,18 @@ from ..onnx.nodes import graph_inputs
 from ..onnx.ops import op_of
 from ..onnx.semantics import IMPLS, attrs, bind, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
+from ..onnx.semantics.values import array
+from ..onnx.tensors import streamed
 from . import accumulate
 from .audit_memory import onnx_audit_plan
 from .batches import RANDOM_BATCHES, as_batches
+from .lazy import LAZY_BYTES, LazyConstant
 from .profiles import Profile
 from .runner import DEFAULT_ROUNDING, ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
+#: the element types a lazy program leaves on disk (weights)
+_FLOATS = (onnx.TensorProto.FLOAT, onnx.TensorProto.FLOAT16, onnx.TensorProto.DOUBLE, onnx.TensorProto.BFLOAT16)
 
 
 class UnsupportedOp(NotImplementedError):
@@ -157,14 +163,19 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
     return round_fp16(run(ins, torch.float32)[0])
 
 
-def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program:
+def onnx_program(model: onnx.ModelProto, like: Program | None = None, lazy: bool = False) -> Program:
     """``model`` as the runner's :class:`~.runner.Program` (``stored``: its large initializers' protos and tensors).
     ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
-    fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share."""
+    fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share.
+    ``lazy``: an initializer a streamed load left on disk (``load_onnx(path, stream=True)``) of at least
+    :data:`~.lazy.LAZY_BYTES` is a :class:`~.lazy.LazyConstant`, read when a step reads it (for
+    :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held)."""
     nodes = node_fields(model)
     mine, before = _large_initializers(model, nodes), like.stored if like is not None else {}
     reused = {k: before[k][1] for k, t in mine.items() if k in before and before[k][0] == t}
-    read = {k: v.numpy() for k, v in reused.items()}
+    read: dict = {k: v.numpy() for k, v in reused.items()}
+    unread = _unread(model, nodes) if lazy else {}
+    read.update(unread)
     consts = graph_constants(model, nodes, read)
     norms = norms_of(nodes, consts)
     opset = opset_of(model)
@@ -180,9 +191,38 @@ def onnx_program(model: onnx.ModelProto, like: Program | None = None) -> Program
             raise ValueError(f"the model takes {len(inputs)} input(s), got {len(xs)}")
         return [torch.as_tensor(x) for x in xs]
 
-    floats = {k: reused[k] if v is read.get(k) else _tensor(v) for k, v in consts.items()}
-    stored = {k: (t, floats[k]) for k, t in mine.items() if k in floats}
+    floats = {k: _held(v, reused.get(k), read.get(k)) for k, v in consts.items()}
+    stored = {k: (t, floats[k]) for k, t in mine.items() if k in floats and k not in unread}
     return Program(steps, floats, inputs, [o.name for o in model.graph.output], feed, stored)
+
+
+def _held(v, reused: torch.Tensor | None, read) -> torch.Tensor | LazyConstant:
+    """A constant of :func:`graph_constants` as the program holds it: the tensor it reused, a lazy one as it is."""
+    if isinstance(v, LazyConstant):
+        return v
+    return reused if reused is not None and v is read else _tensor(v)
+
+
+def _unread(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, LazyConstant]:
+    """The initializers left on disk by a streamed load of at least :data:`~.lazy.LAZY_BYTES` (their size from the
+    dims the load checked against the stored bytes), which no node writes and no caller can override, unread."""
+    inputs = {i.name for i in model.graph.input}
+    names = Counter([t.name for t in model.graph.initializer] + [o for *_, outs, _ in nodes for o in outs])
+    out = {}
+    for t in model.graph.initializer:
+        if names[t.name] != 1 or t.name in inputs or t.data_type not in _FLOATS or not streamed(t):
+            continue
+        nbytes = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+        if nbytes >= LAZY_BYTES:
+            out[t.name] = LazyConstant(partial(array, t), _owned, nbytes)
+    return out
+
+
+def _owned(arr: np.ndarray) -> torch.Tensor:
+    """:func:`_tensor` of an array read into a buffer of its own: a float array as it is (no copy)."""
+    if arr.dtype.kind == "f" and arr.dtype.isnative and arr.flags.writeable and arr.flags.c_contiguous:
+        return torch.from_numpy(arr)
+    return _tensor(arr)
 
 
 def _large_initializers(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, onnx.TensorProto]:
@@ -271,8 +311,8 @@ class OnnxAudit:
     def plan(self, model, batches: list[tuple], *, runs: int, name: str | None) -> None:
         onnx_audit_plan(model, batches, name or "the model")  # counts three runs, whatever ``runs`` says
 
-    def program(self, model, like: Program | None = None) -> Program:
-        return onnx_program(model, like)
+    def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
+        return onnx_program(model, like, lazy)
 
     def output_rank(self, model) -> int | None:
         """The rank the graph declares for its first output (None: not declared)."""

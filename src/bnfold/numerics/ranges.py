@@ -8,19 +8,24 @@ from collections.abc import Iterable
 
 import torch
 
+from .lazy import split
 from .runner import Program, is_float
 
 
 def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None) -> list:
     """The program's outputs on each batch, computed in ``dtype``; ``peaks`` (a dict) gets the largest finite
-    magnitude of every float value by name (inputs, every step's outputs, constants read), merged over batches."""
-    consts = {k: v.to(dtype) if is_float(v) else v for k, v in program.constants.items()}
+    magnitude of every float value by name (inputs, every step's outputs), merged over batches.  A lazy constant
+    (:class:`.lazy.LazyConstant`) is read for each step that reads it and dropped after that step."""
+    held, lazy = split(program.constants)
+    consts = {k: v.to(dtype) if is_float(v) else v for k, v in held.items()}
     last_use: dict[str, int] = {}
+    reads: dict[int, list[str]] = {}
     for i, step in enumerate(program.steps):
         for v in step.ins:
             if v:
                 last_use[v] = i
-    keep = set(program.outputs) | set(consts)
+        reads[i] = list(dict.fromkeys(v for v in step.ins if v in lazy))
+    keep = set(program.outputs) | set(consts) | set(lazy)
     free: dict[int, list[str]] = {}
     for v, i in last_use.items():
         if v not in keep:
@@ -32,14 +37,19 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
             env[name] = x.detach().to(dtype) if is_float(x) else x
             _peak(peaks, name, env[name])
         for i, step in enumerate(program.steps):
-            outs = step.run([env[v] if v else None for v in step.ins], dtype)
+            now = {v: lazy[v].load(dtype) for v in reads[i]}  # held for this step only
+            ins = [(now[v] if v in now else env[v]) if v else None for v in step.ins]
+            del now
+            outs = step.run(ins, dtype)
+            del ins
             for name, out in zip(step.outs, outs):
                 if name:
                     env[name] = out
                     _peak(peaks, name, out)
+            del outs
             for dead in free.get(i, ()):
                 env.pop(dead, None)
-        outputs.append([env[o] for o in program.outputs])
+        outputs.append([env[o] if o in env else lazy[o].load(dtype) for o in program.outputs])
     return outputs
 
 

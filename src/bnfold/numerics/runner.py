@@ -144,9 +144,10 @@ class AuditFormat(Protocol):
         arms the run-time checks of the op loop."""
         ...
 
-    def program(self, model: Any, like: Program | None = None) -> Program:
+    def program(self, model: Any, like: Program | None = None, lazy: bool = False) -> Program:
         """The model as a :class:`Program` (``like``: the program of the model it was folded from, whose
-        unchanged constants it may hold)."""
+        unchanged constants it may hold; ``lazy``: large constants the model keeps on disk may be
+        :class:`~.lazy.LazyConstant` s, for :func:`~.ranges.run_plain` only)."""
         ...
 
     def output_rank(self, model: Any) -> int | None:

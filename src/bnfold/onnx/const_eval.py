@@ -298,8 +298,10 @@ def graph_constants(
     that only constant ops read is dropped once they are computed (the runner computes it again if a batch
     needs it; what the emulator reads as a constant, such as a layer's weight or a norm's statistics, is
     read by a node that is no constant op and stays).  ``nodes``: the node fields :func:`_node_fields` read, when
-    they are at hand; ``read``: initializers' arrays already read, by name.  The eager twin of
-    :class:`ConstantEvaluator` (the audit needs every constant of the main graph), through the same step."""
+    they are at hand; ``read``: initializers' arrays already read, by name, or stand-ins of those left unread
+    (objects with ``nbytes`` and ``array()``, returned as they are: a constant op that reads one reads it).  The
+    eager twin of :class:`ConstantEvaluator` (the audit needs every constant of the main graph), through the same
+    step."""
     nodes = node_fields(model) if nodes is None else nodes
     read = read or {}
     out = {t.name: read[t.name] if t.name in read else array(t) for t in model.graph.initializer}
@@ -320,7 +322,7 @@ def graph_constants(
             keep.add(outs[0])  # an alias: no bytes of its own
         elif op in CONST_OPS and node.domain in ("", "ai.onnx") and outs and outs[0]:
             if all(ins[i] in out for i in inputs_needed(node)) and all(n in out for n in ins if n):
-                value = evaluate_node(node, [out[n] for n in ins if n], meter, opset, outs[0])
+                value = evaluate_node(node, [_array(out[n]) for n in ins if n], meter, opset, outs[0])
                 if value is None:
                     continue
                 out[outs[0]] = value
@@ -331,6 +333,11 @@ def graph_constants(
                         del out[n]
                         meter.free(n)
     return out
+
+
+def _array(v: Any) -> np.ndarray:
+    """A value :func:`graph_constants` holds as an array (a stand-in of an unread initializer read now)."""
+    return v if isinstance(v, np.ndarray) else v.array()
 
 
 def constant_value(node: onnx.NodeProto) -> np.ndarray:
