@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 from fake_graph import FakeAdapter, FakeGraph
 
-from bnfold.engine.range import Limits, rescale_graph
+from bnfold.engine import range_planner
+from bnfold.engine.range import Limits, Planner, rescale_graph
+from bnfold.engine.range_apply import apply
 from bnfold.report import Code
 
 LIMITS = Limits(65504 / 16, 1e4)
@@ -90,3 +93,25 @@ def test_a_constant_factor_takes_the_scale_and_the_reading_layer_the_inverse():
     entries = rescale_graph(FakeAdapter(g), _peaks(g, xs), LIMITS)
     assert [e.code for e in entries] == [Code.RESCALED] and entries[0].muls == 0
     assert torch.equal(before, g.run({"x": xs})[0])
+
+
+@pytest.mark.parametrize("held", [True, False])
+def test_the_planner_reads_a_layer_it_wrote_again_its_weights_and_spans(held, monkeypatch):
+    """One planner serves every rewrite: a layer's weights (held, or read again where large) and their spans are
+    those written, not the ones read before (conv2 takes the inverse scale in its weight)."""
+    if not held:
+        monkeypatch.setattr(range_planner, "HELD_BYTES", 0)  # every weight counts as large: read at use
+    g = _hot_conv()
+    x = torch.randn(2, 3, 8, 8)
+    planner = Planner(FakeAdapter(g), _peaks(g, x), LIMITS)
+    conv1, conv2 = planner.written["conv1_out"], planner.written["conv2_out"]
+    assert (planner.layer(conv2)[1] is not None) is held
+    spans = {node: planner.spans(node) for node in (conv1, conv2)}
+    p = planner.plan("conv1_out")
+    k, met = planner.choose_k(p)
+    assert met and k > 0
+    assert apply(planner, p, k, "range_conv1_out") == ["conv1", "conv2"]
+    for node, name, e in ((conv1, "w1", -k), (conv2, "w2", k)):
+        assert torch.equal(planner.weights(node).weight, g.consts[name])
+        assert planner.spans(node) == (range_planner.span(g.consts[name]), planner.spans(node)[1])
+        assert planner.spans(node)[0] == tuple(v * 2.0**e for v in spans[node][0])  # powers of two: exact

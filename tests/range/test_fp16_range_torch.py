@@ -9,7 +9,7 @@ import warnings
 
 import pytest
 import torch
-from range_extra import SiluSum
+from range_extra import HotChain, SiluSum
 
 import bnfold
 import range_models as rm
@@ -182,4 +182,40 @@ def test_a_multiply_goes_where_no_layer_takes_the_factor(ir):
     assert len(muls) == len([n for n in bnfold.fold(program).model.graph.nodes if "mul" in str(n.target)]) + 1
     x = (torch.randn(2, 3, 32, 32),)
     ref, got = _f64(bnfold.fold(program).model, x), _f64(result.model, x)
+    assert float((ref - got).abs().max()) <= 1e-9 * float(ref.abs().max())
+
+
+def _peaks(program, batches) -> dict:
+    """The largest magnitude of each float node's output on ``batches`` (float32)."""
+    peaks: dict = {}
+
+    class Peak(torch.fx.Interpreter):
+        def run_node(self, node):
+            out = super().run_node(node)
+            if node.op == "call_function" and isinstance(out, torch.Tensor) and out.is_floating_point():
+                peaks[node.name] = max(peaks.get(node.name, 0.0), float(out.abs().max()))
+            return out
+
+    with torch.no_grad():
+        for batch in batches:
+            Peak(program.module()).run(*batch)
+    return peaks
+
+
+def test_more_hot_values_than_rounds_once_allowed():
+    """70 values past the limit (the rewrite once stopped after 64, leaving the rest without an entry): each gets
+    its entry and is brought under the limit, and the model stays the same function in float64."""
+    model = HotChain(140).eval()
+    calibration, fresh = rm.batches(model, 2), rm.batches(model, 1, seed=7)
+    program = torch.export.export(model, calibration[0])
+    folded = bnfold.fold(program).model
+    limit = 65504 / 16
+    hot = {name for name, peak in _peaks(folded, calibration).items() if peak > limit}
+    assert len(hot) == 70
+    result = bnfold.fold(program, fp16_range=calibration)
+    entries = {e.value: e for e in result.report.rescaled}
+    assert set(entries) == hot, sorted(hot - set(entries))
+    assert all(e.code is Code.RESCALED and e.factor < 1.0 for e in entries.values())
+    assert not [name for name, peak in _peaks(result.model, calibration).items() if peak > limit]
+    ref, got = _f64(folded, fresh[0]), _f64(result.model, fresh[0])
     assert float((ref - got).abs().max()) <= 1e-9 * float(ref.abs().max())

@@ -2,509 +2,35 @@
 scaled by a power of two ``s = 2 ** -k``, exactly, with every writer and reader of the scaled values
 compensating.
 
-A *plan* gives each value of a region an exponent ``e`` (the value becomes ``value * s ** e``) read from the op
-tables' ``range`` facts (``bnfold.engine.optable.Op``): a layer takes any scale of its output into its weight and
-bias and any scale of its input into its weight; a ``homogeneous`` op passes its first operand's scale to its
-output; ``sum`` needs every operand at one scale; ``product`` / ``quotient`` add / subtract them (a constant
-operand absorbs the difference); ``power`` multiplies it by the degree; an ``invariant`` norm drops it (its eps
-times ``s ** 2e``).  A value whose producer takes no scale gets a multiply after it, and a reader with no rule
-gets one before it (both only where the unscaled value is inside the limit): the report counts them.
-
-The plan is made backward from the value too large (who writes it) and forward in graph order (who reads the
-scaled values), then every node touching the region is checked against its rule; ``k`` is the smallest that
-brings every scaled value under the limit without pushing another one (or a rewritten constant) past it.
-Nothing here is arithmetic on tensors: the factors are applied by ``bnfold.fold_math.scale_pow2`` and the
-adapters' primitive edits.  Whether the rewritten model is the same function is proved outside (in float64, on
-the calibration batches and fresh inputs: ``bnfold.rescale``).
+Each value past the limit (then each constant past its limit) gets a plan (``range_planner``: the region's
+exponents, ``k``), a kind for the report (``range_kind``) and its edits (``range_apply``); ``rescale_graph`` here
+tries them in turn and fills one ``bnfold.report.Rescaled`` per value.  Nothing here is arithmetic on tensors: the
+factors are applied by ``bnfold.fold_math.scale_pow2`` and the adapters' primitive edits.  Whether the rewritten
+model is the same function is proved outside (in float64, on the calibration batches and fresh inputs:
+``bnfold.rescale``).
 """
 
 from __future__ import annotations
 
 import heapq
-import math
-from dataclasses import dataclass, field
-from fractions import Fraction
 from typing import Any
 
-from .. import fold_math
-from ..fold_math import FoldError
 from ..report import Code
-from .graph import GraphAdapter, Layer, LayerWeights
+from .graph import GraphAdapter
+from .range_apply import apply
+from .range_kind import kind_of
+from .range_planner import MAX_REGION, Limits, Plan, Planner, Refused, span
 
-#: a plan visits at most this many nodes (a region is never worth an unbounded walk)
-MAX_REGION = 4096
-#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
-#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
-HELD_BYTES = 1 << 20
-
-
-@dataclass
-class Limits:
-    """What the rewrite aims for: ``value`` bounds every value's magnitude (fp16's 65504 over the margin),
-    ``constant`` every constant's, ``tiny`` the smallest nonzero constant magnitude that survives (onnxconverter-
-    common's 1e-7 clamp; 0: none)."""
-
-    value: float
-    constant: float
-    tiny: float = 0.0
+__all__ = ["MAX_REGION", "HotConstants", "Limits", "Plan", "Planner", "Refused", "rescale_graph"]
 
 
-class Refused(Exception):
-    def __init__(self, reason: str, code: Code):
-        super().__init__(reason)
-        self.reason, self.code = reason, code
-
-
-@dataclass
-class Plan:
-    """A region: exponents of values, of constant operands (``(node, slot)``), multiplies to insert after a
-    value (its producer takes no scale) or before a reader (``(value, node)``: the reader takes none)."""
-
-    exps: dict = field(default_factory=dict)
-    operands: dict = field(default_factory=dict)
-    mul_after: dict = field(default_factory=dict)
-    mul_before: dict = field(default_factory=dict)
-    forward: set = field(default_factory=set)  # values whose exponent their producer's rule gave
-
-    def copy(self) -> Plan:
-        return Plan(
-            dict(self.exps), dict(self.operands), dict(self.mul_after), dict(self.mul_before), set(self.forward)
-        )
-
-
-class Planner:
-    """Plans rewrites on ``graph`` from ``peaks`` (the largest magnitude of each value by handle, float32)."""
-
-    def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
-        self.g, self.peaks, self.limits = graph, peaks, limits
-        self.order = {n: i for i, n in enumerate(graph.ordered_nodes())}
-        self._ops: dict = {}
-        self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
-        self.written: dict = {}  # a layer's output value -> its node
-        self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
-        for layer in graph.layers():
-            if self.layer(layer.node) is None:
-                continue
-            self.written[layer.output] = layer.node
-            end = graph.producer(layer.output)
-            if end is not None and end != layer.node:
-                self.inside.add(end)
-
-    # ------------------------------------------------------------------ reading the graph
-
-    def layer(self, node: Any) -> tuple[Layer, Any] | None:
-        """``node`` as a layer whose weights are constants (and its weights, None where they are large: read
-        them with :meth:`weights`), or None."""
-        if node is None:
-            return None
-        if node not in self._ops:
-            layer = self.g.layer(node)
-            w = self._read(layer) if layer is not None else None
-            ok = layer is not None and w is not None
-            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
-            self._ops[node] = (layer, w if held else None) if ok else None
-        return self._ops[node]
-
-    def _read(self, layer: Layer) -> LayerWeights | None:
-        """The weights of ``layer`` as the plan reads them (a Gemm's ``beta * C`` as its bias), or None when they
-        are not constants or the layer applies a scale of its own."""
-        w = self.g.weights(layer)
-        if isinstance(w, str):
-            return None
-        if w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
-            if not bool((w.pre.scale == 1).all()):
-                return None
-            w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype)
-        return w
-
-    def weights(self, node: Any) -> LayerWeights:
-        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again."""
-        layer, w = self._ops[node]
-        if w is None:
-            w = self._read(layer)
-            assert w is not None  # the graph has not changed since :meth:`layer` read them
-        return w
-
-    def spans(self, node: Any) -> tuple[tuple[float, float], tuple[float, float] | None]:
-        """The spans (:func:`_span`) of the layer ``node``'s weight and bias (None: no bias), read once."""
-        if node not in self._spans:
-            w = self.weights(node)
-            bias = None if w.bias is None else (_span(w.bias), w.bias.dtype, w.bias_dtype)
-            self._spans[node] = ((_span(w.weight), w.weight.dtype, w.weight_dtype), bias)
-        weight, bias = self._spans[node]
-        return weight[0], None if bias is None else bias[0]
-
-    def scales_exactly(self, node: Any, exponent: int) -> bool:
-        """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
-        from its span: it is held in the dtype it is written in, and its largest and smallest nonzero magnitudes stay
-        in that dtype's normal range (a power of two then keeps every bit)."""
-        self.spans(node)
-        return _pow2_exact(*self._spans[node][0], exponent)
-
-    def rop(self, node: Any):
-        key = ("op", node)
-        if key not in self._ops:
-            part = node is None or node in self.inside or self.layer(node) is not None
-            self._ops[key] = None if part else self.g.range_op(node)
-        return self._ops[key]
-
-    def _unit(self, value: Any) -> bool:
-        """Whether the constant ``value`` is 1 or -1 everywhere."""
-        return bool((self._const(value).abs() == 1).all())
-
-    def is_const(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) or self.g.constant(value) is not None
-
-    def hot(self, value: Any) -> bool:
-        return self.peaks.get(value, 0.0) > self.limits.value
-
-    def op_exp(self, p: Plan, node: Any, slot: Any, value: Any) -> Fraction:
-        """The exponent ``node`` reads at ``slot``."""
-        if (value, node) in p.mul_before:
-            return Fraction(0)
-        if self.is_const(value):
-            return p.operands.get((node, slot), Fraction(0))
-        return p.exps.get(value, Fraction(0))
-
-    # ------------------------------------------------------------------ backward: who writes a scaled value
-
-    def need(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
-        """``value`` must reach its readers as ``value * s ** e``."""
-        if e == 0:
-            return p.exps.get(value, Fraction(0)) == 0
-        if value in p.exps:
-            return p.exps[value] == e
-        if len(p.exps) > MAX_REGION:
-            return False
-        p.exps[value] = e
-        trial = p.copy()
-        if self.produce(trial, value, e, queue):
-            p.__dict__.update(trial.__dict__)
-        elif self.hot(value):
-            return False  # a multiply after it would read the value too large
-        else:
-            p.mul_after[value] = e
-        self.push_readers(value, queue)
-        return True
-
-    def need_operand(self, p: Plan, node: Any, slot: Any, value: Any, e: Fraction, queue: list) -> bool:
-        if self.is_const(value):
-            p.operands[(node, slot)] = e
-            return True
-        return self.need(p, value, e, queue)
-
-    def produce(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
-        """Make ``value``'s producer write it scaled by ``s ** e``, asking its inputs for scales."""
-        if value in self.written:
-            return True  # its layer's weight and bias take it (``apply``)
-        node = self.g.producer(value)
-        op = self.rop(node)
-        if op is None or op.output != value:
-            return False
-        if op.fact == "homogeneous":
-            slot, v = op.operands[0]
-            return self.need_operand(p, node, slot, v, e, queue)
-        if op.fact == "sum":
-            return all(self.need_operand(p, node, s, v, e, queue) for s, v in op.operands)
-        if op.fact == "power" and op.degree:
-            slot, v = op.operands[0]
-            return self.need_operand(p, node, slot, v, e / Fraction(op.degree).limit_denominator(8), queue)
-        if op.fact in ("product", "quotient") and len(op.operands) == 2:
-            order = sorted(range(2), key=lambda i: not self.is_const(op.operands[i][1]))  # a constant first
-            for i in order:
-                slot, v = op.operands[i]
-                trial = p.copy()
-                sign = -1 if op.fact == "quotient" and i == 1 else 1
-                if self.need_operand(trial, node, slot, v, sign * e, queue):
-                    p.__dict__.update(trial.__dict__)
-                    return True
-        return False
-
-    # ------------------------------------------------------------------ forward: who reads a scaled value
-
-    def push_readers(self, value: Any, queue: list) -> None:
-        for user in self.g.users(value):
-            if user is None:
-                heapq.heappush(queue, (len(self.order) + 1, id(value), ("output", value)))
-            else:
-                heapq.heappush(queue, (self.order.get(user, len(self.order)), id(user), ("node", user)))
-
-    def read(self, p: Plan, node: Any, queue: list) -> bool:
-        """``node`` reads scaled values: set its output's exponent by its rule, or stop the scale before it."""
-        lw = self.layer(node)
-        if lw is not None:
-            reads = [v for v in self.g.inputs(node) if p.exps.get(v, 0) != 0 and v != lw[0].input]
-            return not reads or self.stop_before(p, node, queue)  # its weight takes the scale of its input
-        op = self.rop(node)
-        floats = [] if op is None else [(s, v) for s, v in op.operands]
-        exps = [self.op_exp(p, node, s, v) for s, v in floats]
-        if op is None or op.fact == "":
-            return self.stop_before(p, node, queue)
-        if op.fact == "invariant":
-            if op.eps is None or any(x != 0 for x in exps[1:]):
-                return self.stop_before(p, node, queue)
-            return True
-        if op.fact == "homogeneous":
-            if any(x != 0 for x in exps[1:]):
-                return self.stop_before(p, node, queue)
-            return self.set_out(p, op.output, exps[0], queue)
-        if op.fact == "sum":
-            scaled = {x for x in exps if x != 0}
-            if len(scaled) > 1:
-                return False
-            e = scaled.pop() if scaled else Fraction(0)
-            for (s, v), x in zip(floats, exps):
-                if x != e and not self.need_operand(p, node, s, v, e, queue):
-                    return False
-            return self.set_out(p, op.output, e, queue)
-        if op.fact == "power" and op.degree:
-            return self.set_out(p, op.output, exps[0] * Fraction(op.degree).limit_denominator(8), queue)
-        if op.fact in ("product", "quotient") and len(floats) == 2:
-            out = exps[0] + exps[1] if op.fact == "product" else exps[0] - exps[1]
-            want = p.exps.get(op.output, Fraction(0)) if op.output not in p.forward else Fraction(0)
-            forced = op.output in p.exps and op.output not in p.forward
-            if out != want:  # a constant operand takes the difference (a 1 only where the output's scale is asked:
-                for i, (s, v) in enumerate(floats):  # ``1 / x`` is how a reciprocal is spelled, runtimes fuse it)
-                    if self.is_const(v) and (forced or not self._unit(v)):
-                        sign = 1 if op.fact == "product" or i == 0 else -1
-                        p.operands[(node, s)] = exps[i] + sign * (want - out)
-                        return True
-            return self.set_out(p, op.output, out, queue)
-        return self.stop_before(p, node, queue)
-
-    def set_out(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
-        old = p.exps.get(value, Fraction(0))
-        if old == e:
-            return True
-        if value in p.exps and value not in p.forward:
-            return False  # a reader asked for another scale of it
-        if e == 0:
-            p.exps.pop(value, None)
-        else:
-            p.exps[value] = e
-        p.forward.add(value)
-        self.push_readers(value, queue)
-        return True
-
-    def stop_before(self, p: Plan, node: Any, queue: list) -> bool:
-        """A multiply before ``node`` undoes the scale of each scaled operand (each must be inside the limit)."""
-        op = self.rop(node)
-        for s, v in op.operands if op is not None else self._inputs(node):
-            x = self.op_exp(p, node, s, v)
-            if x != 0:
-                if self.hot(v) or self.is_const(v):
-                    raise Refused(
-                        f"{self.g.describe_node(node)} reads {self.g.describe(v)} too large and no exact rule moves "
-                        "a scale through it",
-                        Code.NONLINEAR_READER,
-                    )
-                p.mul_before[(v, node)] = x
-        return True
-
-    def _inputs(self, node: Any) -> list:
-        return [(i, v) for i, v in enumerate(self.g.inputs(node))]
-
-    def output_read(self, p: Plan, value: Any) -> None:
-        x = p.exps.get(value, Fraction(0))
-        if x != 0:
-            if self.hot(value):
-                raise Refused(f"the graph output {self.g.describe(value)} itself is too large", Code.NO_ABSORBER)
-            p.mul_before[(value, None)] = x
-
-    # ------------------------------------------------------------------ a plan for one value
-
-    def plan(self, value: Any) -> Plan:
-        p, queue = Plan(), []
-        if not self.need(p, value, Fraction(1), queue) or value in p.mul_after:
-            raise Refused(
-                f"{self.g.describe(value)} is too large where it is made and nothing before it takes a scale "
-                "(a graph input, or an overflow inside the op that computes it)",
-                Code.NO_ABSORBER,
-            )
-        steps = 0
-        done: dict = {}
-        while queue:
-            steps += 1
-            if steps > 8 * MAX_REGION:
-                raise Refused("the region grows without bound", Code.SCALE_CONFLICT)
-            _, _, (what, x) = heapq.heappop(queue)
-            if what == "output":
-                self.output_read(p, x)
-                continue
-            key = self.seen(p, x)
-            if done.get(x) == key:
-                continue
-            done[x] = key
-            if not self.read(p, x, queue):
-                raise Refused(
-                    f"{self.g.describe_node(x)} needs its operands at one scale and a writer cannot give it",
-                    Code.SCALE_CONFLICT,
-                )
-        self.check(p)
-        return p
-
-    def seen(self, p: Plan, node: Any) -> tuple:
-        """What ``node`` reads and writes under ``p``: it is read again only when that changed."""
-        op = self.rop(node)
-        if op is None:
-            return tuple(p.exps.get(v, 0) for v in self.g.inputs(node))
-        return (*(self.op_exp(p, node, s, v) for s, v in op.operands), p.exps.get(op.output, 0))
-
-    def check(self, p: Plan) -> None:
-        """Every node touching the region obeys its rule with the plan's exponents, or Refused."""
-        nodes = set()
-        for value in p.exps:
-            nodes.add(self.g.producer(value))
-            nodes.update(u for u in self.g.users(value) if u is not None)
-        for node in nodes:
-            if node is None or self.layer(node) is not None:
-                continue
-            op = self.rop(node)
-            if op is None or op.fact in ("", "invariant"):
-                continue
-            out = Fraction(0) if op.output in p.mul_after else p.exps.get(op.output, Fraction(0))
-            if op.output in p.mul_after:
-                out = Fraction(0)
-            xs = [self.op_exp(p, node, s, v) for s, v in op.operands]
-            if op.fact == "homogeneous":
-                ok = out == xs[0] and all(x == 0 for x in xs[1:])
-            elif op.fact == "sum":
-                ok = all(x == out for x in xs)
-            elif op.fact == "power":
-                ok = op.degree is not None and out == xs[0] * Fraction(op.degree).limit_denominator(8)
-            elif op.fact == "product":
-                ok = len(xs) == 2 and out == xs[0] + xs[1]
-            else:
-                ok = len(xs) == 2 and out == xs[0] - xs[1]
-            if not ok:
-                raise Refused(f"{self.g.describe_node(node)} would compute another value", Code.SCALE_CONFLICT)
-
-    # ------------------------------------------------------------------ k
-
-    def choose_k(self, p: Plan) -> tuple[int, bool]:
-        """The smallest ``k`` that brings every scaled value under the limit (and a multiple of what makes every
-        factor a power of two), bounded by what keeps the others and the rewritten constants inside; and
-        whether the limit is met."""
-        fractions = list(p.exps.values()) + list(p.operands.values()) + list(p.mul_before.values())
-        step = math.lcm(*(f.denominator for f in fractions)) if fractions else 1
-        lo, hi = 0.0, math.inf
-        for value, e in p.exps.items():
-            peak = self.peaks.get(value, 0.0)
-            if peak <= 0 or value in p.mul_after:
-                continue
-            if e > 0 and peak > self.limits.value:
-                lo = max(lo, math.log2(peak / self.limits.value) / float(e))
-            elif e < 0:
-                hi = min(hi, math.log2(self.limits.value / peak) / float(-e))
-        for low, high, e in self.constant_ranges(p):
-            if e > 0 and high > self.limits.constant:  # a constant beyond the limit: it moves down with the region
-                lo = max(lo, math.log2(high / self.limits.constant) / float(e))
-            if e > 0 and low > 0 and self.limits.tiny:
-                hi = min(hi, math.log2(low / self.limits.tiny) / float(e))
-            elif e < 0 and high > 0:
-                hi = min(hi, math.log2(self.limits.constant / high) / float(-e))
-        k = math.ceil(lo / step - 1e-12) * step
-        met = k <= hi
-        if not met:
-            k = math.floor(hi / step) * step if hi != math.inf else 0
-        return int(k), met
-
-    def constant_ranges(self, p: Plan) -> list[tuple[float, float, Fraction]]:
-        """``(smallest nonzero, largest magnitude, exponent)`` of each constant the plan rewrites."""
-        out = []
-        for (node, slot), e in p.operands.items():
-            if e == 0:
-                continue
-            value = self._operand(node, slot)
-            out.append((*_span(self._const(value)), e))
-        for node, (w_e, b_e) in self.layer_exps(p).items():
-            weight, bias = self.spans(node)
-            out.append((*weight, w_e))
-            if bias is not None:
-                out.append((*bias, b_e))
-        return out
-
-    def _operand(self, node: Any, slot: Any) -> Any:
-        op = self.rop(node)
-        return next(v for s, v in op.operands if s == slot)
-
-    def _const(self, value: Any):
-        import torch
-
-        return torch.tensor(float(value)) if isinstance(value, (int, float)) else self.g.constant(value)
-
-    def layer_exps(self, p: Plan) -> dict:
-        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region."""
-        out = {}
-        nodes = {self.written[v] for v in p.exps if v in self.written} | {u for v in p.exps for u in self.g.users(v)}
-        for node in nodes:
-            lw = self.layer(node)
-            if lw is None:
-                continue
-            layer = lw[0]
-            e_out = Fraction(0) if layer.output in p.mul_after else p.exps.get(layer.output, Fraction(0))
-            e_in = self.op_exp(p, node, "input", layer.input) if not self.is_const(layer.input) else Fraction(0)
-            if e_out != 0 or e_in != 0:
-                out[node] = (e_out - e_in, e_out)
-        return out
-
-
-def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: int) -> bool:
-    """Whether every value of a ``dtype`` tensor of ``span`` (:func:`_span`) times ``2 ** exponent`` is exact in
-    ``stored`` (the same dtype, results in its normal range, no NaN or infinity)."""
-    if dtype != stored or not stored.is_floating_point:
-        return False
-    import torch
-
-    info, (low, high), factor = torch.finfo(stored), span, 2.0**exponent
-    return high * factor <= info.max and (low == 0.0 or low * factor >= info.tiny)
-
-
-def _span(t) -> tuple[float, float]:
-    """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
-    dtype (the same floats as in float64, without a float64 copy)."""
-    if not t.numel():
-        return (0.0, 0.0)
-    a = t.detach().abs()
-    if not a.is_floating_point():
-        a = a.double()
-    high = float(a.max())
-    positive = a > 0
-    low = float(a.masked_fill_(~positive, math.inf).min()) if bool(positive.any()) else 0.0
-    return (low, high)
-
-
-def kind_of(planner: Planner, p: Plan, hot: Any) -> str:
-    """What the rewrite is, for the report: ``residual`` (a sum of several computed values scaled together),
-    ``norm`` (a scale-invariant norm or a spelled-out one absorbs it), ``reduction``, ``linear_map`` (through a
-    product of two computed values), ``constant``, else ``cross_layer``."""
-    facts = set()
-    for value in p.exps:
-        for node in [planner.g.producer(value), *planner.g.users(value)]:
-            op = planner.rop(node) if node is not None and planner.layer(node) is None else None
-            if op is None:
-                continue
-            data = [v for _, v in op.operands if not planner.is_const(v)]
-            writers = {_writer(planner, w) for w in map(planner.g.producer, data) if w is not None} - {None}
-            facts.add((op.fact, len(data) > 1, len(writers) > 1))
-    if ("sum", True, True) in facts:
-        return "residual"
-    if any(f[0] in ("invariant", "power") for f in facts):
-        return "norm"
-    if _reduces(planner, hot):
-        return "reduction"
-    if ("product", True, True) in facts or ("product", True, False) in facts:
-        return "linear_map"
-    if p.operands and not planner.layer_exps(p):
-        return "constant"
-    return "cross_layer"
-
-
-def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, hot: list, limits: Limits) -> bool:
-    """Plan, size and apply the region of ``value`` (a value scaled by ``s``), filling ``entry``; False if refused."""
+def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, hot, limits: Limits) -> bool:
+    """Plan, size and apply the region of ``value`` (a value scaled by ``s``), filling ``entry``; False if refused.
+    ``hot(v)``: whether ``v`` is another hot value still to try (named in the reason when the region takes it)."""
     g, fp16_max = planner.g, entry.limit
     try:
         p = planner.plan(value)
+        others = [g.value_name(v) for v in p.exps if v != value and hot(v)]
         k, met = planner.choose_k(p)
         if k <= 0:
             raise Refused(
@@ -524,7 +50,6 @@ def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, h
     if value in by_handle:
         entry.peak_after = by_handle[value]
         entry.margin = fp16_max / entry.peak_after
-    others = [g.value_name(v) for v in p.exps if v in hot and v != value]
     entry.code = Code.RESCALED if met else Code.MARGIN_NOT_MET
     entry.reason = f"scaled by 2^-{k} with {len(p.exps)} value(s)" + (
         f", also bringing down {', '.join(others[:4])}" if others else ""
@@ -534,151 +59,111 @@ def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, h
     return True
 
 
-def _hot_constants(planner: Planner) -> list[tuple[Any, str, float]]:
-    """``(value, what, largest magnitude)`` for each constant beyond the constant limit: a layer's weight or bias
-    (the value: the layer's output), a constant operand of a sum, product or quotient (the value: its output)."""
-    out, limit = [], planner.limits.constant
-    for value, node in planner.written.items():
-        weight, bias = planner.spans(node)
-        high = max(weight[1], bias[1] if bias is not None else 0.0)
-        if high > limit:
-            out.append((value, f"{planner.g.node_name(node)} weight", high))
-    for node in planner.g.ordered_nodes():
+class HotConstants:
+    """The constants beyond the constant limit, in graph order: a layer's weight or bias (the value: the layer's
+    output), then a constant operand of a sum, product or quotient (the value: its output).  Read once, then
+    again only for the nodes an edit touched (``Planner.forget``), or all of them when nodes were added."""
+
+    def __init__(self, planner: Planner):
+        self.planner = planner
+        self.read()
+
+    def read(self) -> None:
+        planner = self.planner
+        nodes = list(planner.written.values()) + [n for n in planner.g.ordered_nodes() if n not in planner.layer_nodes]
+        self.rank = {n: i for i, n in enumerate(nodes)}
+        self.found: dict = {}
+        self.heap: list = []
+        for node in nodes:
+            self.look(node)
+        planner.edited.clear()
+        planner.added = False
+
+    def look(self, node: Any) -> None:
+        found = self.found[node] = self.hot(node)
+        if found is not None:
+            heapq.heappush(self.heap, (self.rank[node], id(node), node))
+
+    def hot(self, node: Any) -> tuple[Any, str, float] | None:
+        """``(value, what, largest magnitude)`` when ``node`` holds a constant beyond the limit, else None."""
+        planner, limit = self.planner, self.planner.limits.constant
+        lw = planner.layer(node) if node in planner.layer_nodes else None
+        if lw is not None:
+            weight, bias = planner.spans(node)
+            high = max(weight[1], bias[1] if bias is not None else 0.0)
+            return (lw[0].output, f"{planner.g.node_name(node)} weight", high) if high > limit else None
         op = planner.rop(node)
         if op is None or op.fact not in ("sum", "product", "quotient"):
-            continue
+            return None
         for _, v in op.operands:
-            if planner.is_const(v) and (high := _span(planner._const(v))[1]) > limit:
-                out.append((op.output, f"{planner.g.node_name(node)} constant", high))
-                break
-    return out
+            if planner.is_const(v) and (high := span(planner._const(v))[1]) > limit:
+                return (op.output, f"{planner.g.node_name(node)} constant", high)
+        return None
+
+    def next(self, tried: set) -> tuple[Any, str, float] | None:
+        """The first constant beyond the limit whose value was not tried."""
+        planner = self.planner
+        if planner.added:
+            planner.read_graph()
+            self.read()
+        for node in planner.edited:
+            if node in self.rank:
+                self.look(node)
+        planner.edited.clear()
+        while self.heap:
+            _, _, node = self.heap[0]
+            found = self.found.get(node)
+            if found is not None and found[0] not in tried:
+                return found
+            heapq.heappop(self.heap)  # gone, or tried (for good)
+        return None
 
 
 def _inside_layer(planner: Planner, value: Any) -> bool:
     """Whether ``value`` is computed inside a layer (its product before the bias add that ends it)."""
     node = planner.g.producer(value)
-    return value not in planner.written and node is not None and node in planner.written.values()
-
-
-def _reduces(planner: Planner, value: Any) -> bool:
-    """Whether ``value`` is a reduction of a computed value (fewer elements than its input)."""
-    op = planner.rop(planner.g.producer(value))
-    if op is None or op.fact != "homogeneous" or planner.is_const(op.operands[0][1]):
-        return False
-    before, after = planner.g.shape_info(op.operands[0][1]).shape, planner.g.shape_info(value).shape
-    return bool(before and after and _numel(after) < _numel(before))
-
-
-def _numel(shape: tuple) -> int:
-    return math.prod(d if isinstance(d, int) else 1 for d in shape)
-
-
-def _writer(planner: Planner, node: Any) -> Any:
-    """The layer or sum that writes what ``node`` passes on through reshapes and other homogeneous ops, or None."""
-    for _ in range(16):
-        op = planner.rop(node)
-        if planner.layer(node) is not None or node in planner.inside or (op is not None and op.fact == "sum"):
-            return node
-        if op is None or op.fact != "homogeneous" or planner.is_const(op.operands[0][1]):
-            return None
-        node = planner.g.producer(op.operands[0][1])
-        if node is None:
-            return None
-    return None
-
-
-def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
-    """Make the edits of plan ``p`` with ``s = 2 ** -k``; returns the names of the nodes edited.  Raises
-    Refused (nothing written yet) when a rewritten layer tensor would leave its dtype's range."""
-    g = planner.g
-
-    def factor(e: Fraction) -> float:
-        return 2.0 ** -int(e * k)
-
-    eps = []  # invariant norms reading a scaled value: eps * s ** 2e
-    for value, e in p.exps.items():
-        for user in g.users(value):
-            op = planner.rop(user) if user is not None else None
-            if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
-                eps.append((user, op.eps * factor(2 * e)))
-
-    def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True) -> tuple:
-        """The layer and its weight (None where ``weight`` is False) and bias scaled; Refused where one fails."""
-        layer, w = planner.layer(node)[0], planner.weights(node)
-        try:
-            what = f"{layer.op} weight"
-            out = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, what) if weight else None
-            bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
-        except FoldError as err:
-            raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
-        return layer, out, bias
-
-    # every layer is checked before any is written, in order: scaled, except a large weight whose spans show that its
-    # scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it is written
-    # (the same arithmetic), so the edit holds one large weight at a time
-    writes = []
-    for node, (w_e, b_e) in planner.layer_exps(p).items():
-        held = planner.layer(node)[1] is not None
-        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, -int(w_e * k)))
-        writes.append((node, (w_e, b_e), done if held else None))
-        del done
-    edited = []
-    for node, exps, done in writes:
-        layer, weight, bias = done if done is not None else scaled(node, *exps)
-        g.write_layer(layer, weight, bias, label)
-        edited.append(g.node_name(layer.node))
-        del weight, bias, done
-    for (node, slot), e in p.operands.items():
-        if e != 0:
-            g.scale_operand(node, slot, factor(e))
-            edited.append(g.node_name(node))
-    for node, value in eps:
-        g.set_eps(node, value)
-        edited.append(g.node_name(node))
-    for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
-        kept = {node for (v, node) in p.mul_before if v == value}
-        readers = [u for u in g.users(value) if u not in kept]
-        g.insert_mul(value, factor(e), readers)
-    for (value, node), e in p.mul_before.items():
-        if value not in p.mul_after:
-            g.insert_mul(value, 1.0 / factor(e), [node])
-    return list(dict.fromkeys(edited))
+    return value not in planner.written and node is not None and node in planner.layer_nodes
 
 
 def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, fp16_max: float = 65504.0) -> list:
     """Rewrite every value of ``graph`` whose peak (``peaks``: by ``value_name``, float32 magnitudes on the
     calibration batches) passes ``limits.value``, largest first; returns one ``bnfold.report.Rescaled`` per value
     tried (rescaled, or refused with its code).  ``peak_after`` and ``margin`` are the plan's predictions; the
-    caller measures them."""
+    caller measures them.  Every value past the limit is tried once (with it, the other values of its region): at
+    most one plan per value, each bounded by ``MAX_REGION``; one ``Planner`` reads the graph once and again only
+    what each rewrite edits (all of it when a rewrite adds multiplies), so the whole is linear in the graph."""
     from ..report import Rescaled
 
     entries, tried = [], set()
     by_handle = {v: peaks[graph.value_name(v)] for v in graph.values() if graph.value_name(v) in peaks}
-    for _ in range(64):
-        hot = [v for v, peak in by_handle.items() if peak > limits.value and v not in tried]
-        planner = Planner(graph, by_handle, limits)
-        # a weight computed from constants is no value, and a layer's product before its bias add is the layer's
-        skip = [v for v in hot if graph.constant(v) is not None or _inside_layer(planner, v)]
-        tried.update(skip)
-        hot = [v for v in hot if v not in skip]
-        if not hot:
-            break
-        value = max(hot, key=lambda v: by_handle[v])
+    planner = Planner(graph, by_handle, limits)
+
+    def skip(v: Any) -> bool:  # a weight computed from constants is no value, a layer's product before its bias
+        return graph.constant(v) is not None or _inside_layer(planner, v)  # add is the layer's
+
+    def hot(v: Any) -> bool:
+        return by_handle.get(v, 0.0) > limits.value and v not in tried and not skip(v)
+
+    # largest first; a rewrite changes the peaks of its region's values only, and those are tried with it
+    for value in sorted((v for v, peak in by_handle.items() if peak > limits.value), key=lambda v: -by_handle[v]):
+        if value in tried:
+            continue
         tried.add(value)
+        if skip(value):
+            continue
         name, peak = graph.value_name(value), by_handle[value]
         entry = Rescaled(name, peak=peak, peak_after=peak, limit=fp16_max, margin=fp16_max / peak)
         entries.append(entry)
         _rewrite(planner, value, entry, tried, by_handle, hot, limits)
-    for _ in range(64):  # constants beyond the limit: the value they make moves down with them
-        planner = Planner(graph, by_handle, limits)
-        found = next((c for c in _hot_constants(planner) if c[0] not in tried), None)
-        if found is None:
-            break
+        if planner.added:
+            planner.read_graph()
+    constants = HotConstants(planner)
+    while (found := constants.next(tried)) is not None:  # the value a constant makes moves down with it
         value, what, high = found
         tried.add(value)
         entry = Rescaled(what, peak=high, peak_after=high, limit=limits.constant, margin=limits.constant / high)
         entries.append(entry)
-        if _rewrite(planner, value, entry, tried, by_handle, [], limits):
+        if _rewrite(planner, value, entry, tried, by_handle, lambda v: False, limits):
             entry.kind, entry.peak_after = "constant", high * entry.factor
             entry.margin = limits.constant / entry.peak_after
     return entries

@@ -165,8 +165,7 @@ class FxRange:
         const = self.editor.add_tensor(
             like, f"{self.editor.target(like)}_range_scale", torch.tensor(factor, dtype=val.dtype)
         )
-        order = {n: i for i, n in enumerate(self.graph.nodes)}
-        first = min(users, key=order.__getitem__)
+        first = _first_of(value, users)
         target = in_dialect_of(_call_target(value, users), torch.ops.aten.mul.Tensor)
         with self.graph.inserting_before(first):
             mul = self.graph.call_function(target, (value, const))
@@ -174,6 +173,16 @@ class FxRange:
         for user in users:
             user.replace_input_with(value, mul)
         return mul
+
+
+def _first_of(value: Node, users: list) -> Node:
+    """The first of ``users`` in graph order: walked forward from ``value`` (every reader is after it)."""
+    pending, node = set(users), value.next
+    while node not in pending:
+        if node.op == "root":
+            raise ValueError(f"no reader of {value.name} to scale")
+        node = node.next
+    return node
 
 
 def _call_target(value: Node, users: list) -> Any:

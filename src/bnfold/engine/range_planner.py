@@ -1,0 +1,491 @@
+"""The fp16 range rewrite's plan (``bnfold.engine.range``): which values of a region are scaled, by which
+power of ``s``, and who compensates.
+
+A *plan* gives each value of a region an exponent ``e`` (the value becomes ``value * s ** e``) read from the op
+tables' ``range`` facts (``bnfold.engine.optable.Op``): a layer takes any scale of its output into its weight and
+bias and any scale of its input into its weight; a ``homogeneous`` op passes its first operand's scale to its
+output; ``sum`` needs every operand at one scale; ``product`` / ``quotient`` add / subtract them (a constant
+operand absorbs the difference); ``power`` multiplies it by the degree; an ``invariant`` norm drops it (its eps
+times ``s ** 2e``).  A value whose producer takes no scale gets a multiply after it, and a reader with no rule
+gets one before it (both only where the unscaled value is inside the limit): the report counts them.
+
+The plan is made backward from the value too large (who writes it) and forward in graph order (who reads the
+scaled values), then every node touching the region is checked against its rule; ``k`` is the smallest that
+brings every scaled value under the limit without pushing another one (or a rewritten constant) past it.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+from ..report import Code
+from .graph import GraphAdapter, Layer, LayerWeights
+
+#: a plan visits at most this many nodes (a region is never worth an unbounded walk)
+MAX_REGION = 4096
+#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
+#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
+HELD_BYTES = 1 << 20
+
+
+@dataclass
+class Limits:
+    """What the rewrite aims for: ``value`` bounds every value's magnitude (fp16's 65504 over the margin),
+    ``constant`` every constant's, ``tiny`` the smallest nonzero constant magnitude that survives (onnxconverter-
+    common's 1e-7 clamp; 0: none)."""
+
+    value: float
+    constant: float
+    tiny: float = 0.0
+
+
+class Refused(Exception):
+    def __init__(self, reason: str, code: Code):
+        super().__init__(reason)
+        self.reason, self.code = reason, code
+
+
+@dataclass
+class Plan:
+    """A region: exponents of values, of constant operands (``(node, slot)``), multiplies to insert after a
+    value (its producer takes no scale) or before a reader (``(value, node)``: the reader takes none)."""
+
+    exps: dict = field(default_factory=dict)
+    operands: dict = field(default_factory=dict)
+    mul_after: dict = field(default_factory=dict)
+    mul_before: dict = field(default_factory=dict)
+    forward: set = field(default_factory=set)  # values whose exponent their producer's rule gave
+
+    def copy(self) -> Plan:
+        return Plan(
+            dict(self.exps), dict(self.operands), dict(self.mul_after), dict(self.mul_before), set(self.forward)
+        )
+
+
+class Planner:
+    """Plans rewrites on ``graph`` from ``peaks`` (the largest magnitude of each value by handle, float32)."""
+
+    def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
+        self.g, self.peaks, self.limits = graph, peaks, limits
+        self.read_graph()
+
+    def read_graph(self) -> None:
+        """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
+        self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
+        self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
+        self._ops: dict = {}
+        self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
+        self.written: dict = {}  # a layer's output value -> its node
+        self.layer_nodes: set = set()  # the nodes of ``written``
+        self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
+        for layer in self.g.layers():
+            if self.layer(layer.node) is None:
+                continue
+            self.written[layer.output] = layer.node
+            self.layer_nodes.add(layer.node)
+            end = self.g.producer(layer.output)
+            if end is not None and end != layer.node:
+                self.inside.add(end)
+        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
+        self.added = False  # whether an edit added nodes since ``read_graph``
+
+    def in_order(self, nodes) -> list:
+        """``nodes`` (each once) in graph order; nodes the graph order does not hold last, as given."""
+        last = len(self.order)
+        return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, last))
+
+    def forget(self, nodes: list, added: bool) -> None:
+        """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
+        (multiplies): what was read of them is read again, the whole graph if nodes were added."""
+        for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
+            self._ops.pop(node, None)
+            self._ops.pop(("op", node), None)
+            self._spans.pop(node, None)
+        self.edited.update(nodes)
+        self.added = self.added or added
+
+    # ------------------------------------------------------------------ reading the graph
+
+    def layer(self, node: Any) -> tuple[Layer, Any] | None:
+        """``node`` as a layer whose weights are constants (and its weights, None where they are large: read
+        them with :meth:`weights`), or None."""
+        if node is None:
+            return None
+        if node not in self._ops:
+            layer = self.g.layer(node)
+            w = self._read(layer) if layer is not None else None
+            ok = layer is not None and w is not None
+            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
+            self._ops[node] = (layer, w if held else None) if ok else None
+        return self._ops[node]
+
+    def _read(self, layer: Layer) -> LayerWeights | None:
+        """The weights of ``layer`` as the plan reads them (a Gemm's ``beta * C`` as its bias), or None when they
+        are not constants or the layer applies a scale of its own."""
+        w = self.g.weights(layer)
+        if isinstance(w, str):
+            return None
+        if w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
+            if not bool((w.pre.scale == 1).all()):
+                return None
+            w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype)
+        return w
+
+    def weights(self, node: Any) -> LayerWeights:
+        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again."""
+        layer, w = self.layer(node)
+        if w is None:
+            w = self._read(layer)
+            assert w is not None  # the graph has not changed since :meth:`layer` read them (or ``forget``)
+        return w
+
+    def spans(self, node: Any) -> tuple[tuple[float, float], tuple[float, float] | None]:
+        """The spans (:func:`span`) of the layer ``node``'s weight and bias (None: no bias), read once (again
+        after :meth:`forget`)."""
+        if node not in self._spans:
+            w = self.weights(node)
+            bias = None if w.bias is None else (span(w.bias), w.bias.dtype, w.bias_dtype)
+            self._spans[node] = ((span(w.weight), w.weight.dtype, w.weight_dtype), bias)
+        weight, bias = self._spans[node]
+        return weight[0], None if bias is None else bias[0]
+
+    def scales_exactly(self, node: Any, exponent: int) -> bool:
+        """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
+        from its span: it is held in the dtype it is written in, and its largest and smallest nonzero magnitudes stay
+        in that dtype's normal range (a power of two then keeps every bit)."""
+        self.spans(node)
+        return _pow2_exact(*self._spans[node][0], exponent)
+
+    def rop(self, node: Any):
+        key = ("op", node)
+        if key not in self._ops:
+            part = node is None or node in self.inside or self.layer(node) is not None
+            self._ops[key] = None if part else self.g.range_op(node)
+        return self._ops[key]
+
+    def _unit(self, value: Any) -> bool:
+        """Whether the constant ``value`` is 1 or -1 everywhere."""
+        return bool((self._const(value).abs() == 1).all())
+
+    def is_const(self, value: Any) -> bool:
+        return isinstance(value, (int, float)) or self.g.constant(value) is not None
+
+    def hot(self, value: Any) -> bool:
+        return self.peaks.get(value, 0.0) > self.limits.value
+
+    def op_exp(self, p: Plan, node: Any, slot: Any, value: Any) -> Fraction:
+        """The exponent ``node`` reads at ``slot``."""
+        if (value, node) in p.mul_before:
+            return Fraction(0)
+        if self.is_const(value):
+            return p.operands.get((node, slot), Fraction(0))
+        return p.exps.get(value, Fraction(0))
+
+    # ------------------------------------------------------------------ backward: who writes a scaled value
+
+    def need(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
+        """``value`` must reach its readers as ``value * s ** e``."""
+        if e == 0:
+            return p.exps.get(value, Fraction(0)) == 0
+        if value in p.exps:
+            return p.exps[value] == e
+        if len(p.exps) > MAX_REGION:
+            return False
+        p.exps[value] = e
+        trial = p.copy()
+        if self.produce(trial, value, e, queue):
+            p.__dict__.update(trial.__dict__)
+        elif self.hot(value):
+            return False  # a multiply after it would read the value too large
+        else:
+            p.mul_after[value] = e
+        self.push_readers(value, queue)
+        return True
+
+    def need_operand(self, p: Plan, node: Any, slot: Any, value: Any, e: Fraction, queue: list) -> bool:
+        if self.is_const(value):
+            p.operands[(node, slot)] = e
+            return True
+        return self.need(p, value, e, queue)
+
+    def produce(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
+        """Make ``value``'s producer write it scaled by ``s ** e``, asking its inputs for scales."""
+        if value in self.written:
+            return True  # its layer's weight and bias take it (``apply``)
+        node = self.g.producer(value)
+        op = self.rop(node)
+        if op is None or op.output != value:
+            return False
+        if op.fact == "homogeneous":
+            slot, v = op.operands[0]
+            return self.need_operand(p, node, slot, v, e, queue)
+        if op.fact == "sum":
+            return all(self.need_operand(p, node, s, v, e, queue) for s, v in op.operands)
+        if op.fact == "power" and op.degree:
+            slot, v = op.operands[0]
+            return self.need_operand(p, node, slot, v, e / Fraction(op.degree).limit_denominator(8), queue)
+        if op.fact in ("product", "quotient") and len(op.operands) == 2:
+            order = sorted(range(2), key=lambda i: not self.is_const(op.operands[i][1]))  # a constant first
+            for i in order:
+                slot, v = op.operands[i]
+                trial = p.copy()
+                sign = -1 if op.fact == "quotient" and i == 1 else 1
+                if self.need_operand(trial, node, slot, v, sign * e, queue):
+                    p.__dict__.update(trial.__dict__)
+                    return True
+        return False
+
+    # ------------------------------------------------------------------ forward: who reads a scaled value
+
+    def push_readers(self, value: Any, queue: list) -> None:
+        for user in self.g.users(value):
+            if user is None:
+                heapq.heappush(queue, (len(self.order) + 1, next(self._pushed), ("output", value)))
+            else:
+                heapq.heappush(queue, (self.order.get(user, len(self.order)), next(self._pushed), ("node", user)))
+
+    def read(self, p: Plan, node: Any, queue: list) -> bool:
+        """``node`` reads scaled values: set its output's exponent by its rule, or stop the scale before it."""
+        lw = self.layer(node)
+        if lw is not None:
+            reads = [v for v in self.g.inputs(node) if p.exps.get(v, 0) != 0 and v != lw[0].input]
+            return not reads or self.stop_before(p, node, queue)  # its weight takes the scale of its input
+        op = self.rop(node)
+        floats = [] if op is None else [(s, v) for s, v in op.operands]
+        exps = [self.op_exp(p, node, s, v) for s, v in floats]
+        if op is None or op.fact == "":
+            return self.stop_before(p, node, queue)
+        if op.fact == "invariant":
+            if op.eps is None or any(x != 0 for x in exps[1:]):
+                return self.stop_before(p, node, queue)
+            return True
+        if op.fact == "homogeneous":
+            if any(x != 0 for x in exps[1:]):
+                return self.stop_before(p, node, queue)
+            return self.set_out(p, op.output, exps[0], queue)
+        if op.fact == "sum":
+            scaled = {x for x in exps if x != 0}
+            if len(scaled) > 1:
+                return False
+            e = scaled.pop() if scaled else Fraction(0)
+            for (s, v), x in zip(floats, exps):
+                if x != e and not self.need_operand(p, node, s, v, e, queue):
+                    return False
+            return self.set_out(p, op.output, e, queue)
+        if op.fact == "power" and op.degree:
+            return self.set_out(p, op.output, exps[0] * Fraction(op.degree).limit_denominator(8), queue)
+        if op.fact in ("product", "quotient") and len(floats) == 2:
+            out = exps[0] + exps[1] if op.fact == "product" else exps[0] - exps[1]
+            want = p.exps.get(op.output, Fraction(0)) if op.output not in p.forward else Fraction(0)
+            forced = op.output in p.exps and op.output not in p.forward
+            if out != want:  # a constant operand takes the difference (a 1 only where the output's scale is asked:
+                for i, (s, v) in enumerate(floats):  # ``1 / x`` is how a reciprocal is spelled, runtimes fuse it)
+                    if self.is_const(v) and (forced or not self._unit(v)):
+                        sign = 1 if op.fact == "product" or i == 0 else -1
+                        p.operands[(node, s)] = exps[i] + sign * (want - out)
+                        return True
+            return self.set_out(p, op.output, out, queue)
+        return self.stop_before(p, node, queue)
+
+    def set_out(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
+        old = p.exps.get(value, Fraction(0))
+        if old == e:
+            return True
+        if value in p.exps and value not in p.forward:
+            return False  # a reader asked for another scale of it
+        if e == 0:
+            p.exps.pop(value, None)
+        else:
+            p.exps[value] = e
+        p.forward.add(value)
+        self.push_readers(value, queue)
+        return True
+
+    def stop_before(self, p: Plan, node: Any, queue: list) -> bool:
+        """A multiply before ``node`` undoes the scale of each scaled operand (each must be inside the limit)."""
+        op = self.rop(node)
+        for s, v in op.operands if op is not None else self._inputs(node):
+            x = self.op_exp(p, node, s, v)
+            if x != 0:
+                if self.hot(v) or self.is_const(v):
+                    raise Refused(
+                        f"{self.g.describe_node(node)} reads {self.g.describe(v)} too large and no exact rule moves "
+                        "a scale through it",
+                        Code.NONLINEAR_READER,
+                    )
+                p.mul_before[(v, node)] = x
+        return True
+
+    def _inputs(self, node: Any) -> list:
+        return [(i, v) for i, v in enumerate(self.g.inputs(node))]
+
+    def output_read(self, p: Plan, value: Any) -> None:
+        x = p.exps.get(value, Fraction(0))
+        if x != 0:
+            if self.hot(value):
+                raise Refused(f"the graph output {self.g.describe(value)} itself is too large", Code.NO_ABSORBER)
+            p.mul_before[(value, None)] = x
+
+    # ------------------------------------------------------------------ a plan for one value
+
+    def plan(self, value: Any) -> Plan:
+        p, queue = Plan(), []
+        if not self.need(p, value, Fraction(1), queue) or value in p.mul_after:
+            raise Refused(
+                f"{self.g.describe(value)} is too large where it is made and nothing before it takes a scale "
+                "(a graph input, or an overflow inside the op that computes it)",
+                Code.NO_ABSORBER,
+            )
+        steps = 0
+        done: dict = {}
+        while queue:
+            steps += 1
+            if steps > 8 * MAX_REGION:
+                raise Refused("the region grows without bound", Code.SCALE_CONFLICT)
+            _, _, (what, x) = heapq.heappop(queue)
+            if what == "output":
+                self.output_read(p, x)
+                continue
+            key = self.seen(p, x)
+            if done.get(x) == key:
+                continue
+            done[x] = key
+            if not self.read(p, x, queue):
+                raise Refused(
+                    f"{self.g.describe_node(x)} needs its operands at one scale and a writer cannot give it",
+                    Code.SCALE_CONFLICT,
+                )
+        self.check(p)
+        return p
+
+    def seen(self, p: Plan, node: Any) -> tuple:
+        """What ``node`` reads and writes under ``p``: it is read again only when that changed."""
+        op = self.rop(node)
+        if op is None:
+            return tuple(p.exps.get(v, 0) for v in self.g.inputs(node))
+        return (*(self.op_exp(p, node, s, v) for s, v in op.operands), p.exps.get(op.output, 0))
+
+    def check(self, p: Plan) -> None:
+        """Every node touching the region obeys its rule with the plan's exponents, or Refused."""
+        nodes = [n for v in p.exps for n in [self.g.producer(v), *self.g.users(v)] if n is not None]
+        for node in self.in_order(nodes):  # the first node in graph order that breaks its rule is named
+            if self.layer(node) is not None:
+                continue
+            op = self.rop(node)
+            if op is None or op.fact in ("", "invariant"):
+                continue
+            out = Fraction(0) if op.output in p.mul_after else p.exps.get(op.output, Fraction(0))
+            if op.output in p.mul_after:
+                out = Fraction(0)
+            xs = [self.op_exp(p, node, s, v) for s, v in op.operands]
+            if op.fact == "homogeneous":
+                ok = out == xs[0] and all(x == 0 for x in xs[1:])
+            elif op.fact == "sum":
+                ok = all(x == out for x in xs)
+            elif op.fact == "power":
+                ok = op.degree is not None and out == xs[0] * Fraction(op.degree).limit_denominator(8)
+            elif op.fact == "product":
+                ok = len(xs) == 2 and out == xs[0] + xs[1]
+            else:
+                ok = len(xs) == 2 and out == xs[0] - xs[1]
+            if not ok:
+                raise Refused(f"{self.g.describe_node(node)} would compute another value", Code.SCALE_CONFLICT)
+
+    # ------------------------------------------------------------------ k
+
+    def choose_k(self, p: Plan) -> tuple[int, bool]:
+        """The smallest ``k`` that brings every scaled value under the limit (and a multiple of what makes every
+        factor a power of two), bounded by what keeps the others and the rewritten constants inside; and
+        whether the limit is met."""
+        fractions = list(p.exps.values()) + list(p.operands.values()) + list(p.mul_before.values())
+        step = math.lcm(*(f.denominator for f in fractions)) if fractions else 1
+        lo, hi = 0.0, math.inf
+        for value, e in p.exps.items():
+            peak = self.peaks.get(value, 0.0)
+            if peak <= 0 or value in p.mul_after:
+                continue
+            if e > 0 and peak > self.limits.value:
+                lo = max(lo, math.log2(peak / self.limits.value) / float(e))
+            elif e < 0:
+                hi = min(hi, math.log2(self.limits.value / peak) / float(-e))
+        for low, high, e in self.constant_ranges(p):
+            if e > 0 and high > self.limits.constant:  # a constant beyond the limit: it moves down with the region
+                lo = max(lo, math.log2(high / self.limits.constant) / float(e))
+            if e > 0 and low > 0 and self.limits.tiny:
+                hi = min(hi, math.log2(low / self.limits.tiny) / float(e))
+            elif e < 0 and high > 0:
+                hi = min(hi, math.log2(self.limits.constant / high) / float(-e))
+        k = math.ceil(lo / step - 1e-12) * step
+        met = k <= hi
+        if not met:
+            k = math.floor(hi / step) * step if hi != math.inf else 0
+        return int(k), met
+
+    def constant_ranges(self, p: Plan) -> list[tuple[float, float, Fraction]]:
+        """``(smallest nonzero, largest magnitude, exponent)`` of each constant the plan rewrites."""
+        out = []
+        for (node, slot), e in p.operands.items():
+            if e == 0:
+                continue
+            value = self._operand(node, slot)
+            out.append((*span(self._const(value)), e))
+        for node, (w_e, b_e) in self.layer_exps(p).items():
+            weight, bias = self.spans(node)
+            out.append((*weight, w_e))
+            if bias is not None:
+                out.append((*bias, b_e))
+        return out
+
+    def _operand(self, node: Any, slot: Any) -> Any:
+        op = self.rop(node)
+        return next(v for s, v in op.operands if s == slot)
+
+    def _const(self, value: Any):
+        import torch
+
+        return torch.tensor(float(value)) if isinstance(value, (int, float)) else self.g.constant(value)
+
+    def layer_exps(self, p: Plan) -> dict:
+        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order."""
+        out = {}
+        nodes = [self.written[v] for v in p.exps if v in self.written] + [u for v in p.exps for u in self.g.users(v)]
+        for node in self.in_order(nodes):
+            lw = self.layer(node)
+            if lw is None:
+                continue
+            layer = lw[0]
+            e_out = Fraction(0) if layer.output in p.mul_after else p.exps.get(layer.output, Fraction(0))
+            e_in = self.op_exp(p, node, "input", layer.input) if not self.is_const(layer.input) else Fraction(0)
+            if e_out != 0 or e_in != 0:
+                out[node] = (e_out - e_in, e_out)
+        return out
+
+
+def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: int) -> bool:
+    """Whether every value of a ``dtype`` tensor of ``span`` (:func:`span`) times ``2 ** exponent`` is exact in
+    ``stored`` (the same dtype, results in its normal range, no NaN or infinity)."""
+    if dtype != stored or not stored.is_floating_point:
+        return False
+    import torch
+
+    info, (low, high), factor = torch.finfo(stored), span, 2.0**exponent
+    return high * factor <= info.max and (low == 0.0 or low * factor >= info.tiny)
+
+
+def span(t) -> tuple[float, float]:
+    """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
+    dtype (the same floats as in float64, without a float64 copy)."""
+    if not t.numel():
+        return (0.0, 0.0)
+    a = t.detach().abs()
+    if not a.is_floating_point():
+        a = a.double()
+    high = float(a.max())
+    positive = a > 0
+    low = float(a.masked_fill_(~positive, math.inf).min()) if bool(positive.any()) else 0.0
+    return (low, high)
