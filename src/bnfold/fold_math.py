@@ -257,11 +257,11 @@ def _rows_per_block(w: torch.Tensor) -> int:
     return max(1, BLOCK_ELEMENTS // max(1, w[0].numel())) if w.dim() and w.shape[0] else 1
 
 
-def _memory_order(t: torch.Tensor) -> tuple[int, ...]:
+def _memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
     """The dims of a dense tensor from the slowest to the fastest in memory (a transposed weight read row by
-    row), else the natural order."""
+    row); None where its memory is not one dense block (an expanded or sliced tensor)."""
     order = tuple(sorted(range(t.dim()), key=t.stride, reverse=True))
-    return order if t.permute(order).is_contiguous() else tuple(range(t.dim()))
+    return order if t.permute(order).is_contiguous() else None
 
 
 def _checked_blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None) -> bool:
@@ -297,7 +297,7 @@ def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
     if weight.numel() <= BLOCK_ELEMENTS or weight.dim() == 0:
         yield weight, s, out
         return
-    order = _memory_order(weight)
+    order = _memory_order(weight) or tuple(range(weight.dim()))
     w, s = weight.permute(order), s.expand(weight.shape).permute(order)
     o = out.permute(order) if out is not None else None
     step = _rows_per_block(w)
@@ -332,8 +332,14 @@ def scale_weight(
     w = weight.detach()
     out = None if deferred else torch.empty_like(w)  # the weight's layout
     if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()) or not _checked_blocks(w, s, out):
-        _check_cast_blocks(w, slices, dtype, what)  # names the problem, the float64 product never whole
-        return cast_checked(w.to(torch.float64) * slices, dtype, what)  # e.g. a zero scale: it folds
+        # the float64 product rounded once, a block at a time (never whole): raises what cast_checked raises, else
+        # it folds (e.g. a zero scale), in a tensor of the weight's dtype, deferred or not (deferred: made only
+        # once the checks passed, so a refused weight costs no copy of it)
+        if out is None:
+            _check_cast_blocks(w, slices, dtype, what)
+            out = torch.empty_like(w)
+        _check_cast_blocks(w, slices, dtype, what, out)
+        return out
     return Product(w, s) if deferred else out
 
 
@@ -409,16 +415,17 @@ def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str
     ``value``'s layout; a dense tensor is computed in slices of its memory (:data:`_POW2_CHUNK` elements each), so
     its float64 copies are a slice's, not the tensor's; a slice that fails is reported as the whole tensor fails."""
     value = value.detach()
-    out = torch.empty_like(value, dtype=dtype)
-    flat, out_flat = _memory_view(value), _memory_view(out)
-    if flat is None or out_flat is None or flat.numel() <= _POW2_CHUNK:
+    flat = _memory_view(value)
+    if flat is None or flat.numel() <= _POW2_CHUNK:
         return _scale_pow2(value, exponent, dtype, what)
+    out = torch.empty_like(value, dtype=dtype)  # a dense tensor's layout: its memory view is dense too
+    out_flat = _memory_view(out)
     for start in range(0, flat.numel(), _POW2_CHUNK):
         part = flat[start : start + _POW2_CHUNK]
         try:
             out_flat[start : start + _POW2_CHUNK] = _scale_pow2(part, exponent, dtype, what)
-        except FoldError:
-            _scale_pow2(value, exponent, dtype, what)  # the whole tensor's message
+        except FoldError:  # the whole tensor's message where it is cast_checked's (its counts), made block by block
+            _check_cast_blocks(value, torch.tensor(2.0**exponent, dtype=torch.float64), dtype, what)
             raise
     return out
 
@@ -431,11 +438,9 @@ def _scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: st
 
 
 def _memory_view(t: torch.Tensor) -> torch.Tensor | None:
-    """A 1-D view of ``t``'s elements in the order its memory holds them, or None where its memory is not one dense
-    block (an expanded or sliced tensor)."""
-    order = sorted(range(t.dim()), key=lambda d: -t.stride(d))
-    dense = t.permute(order)
-    return dense.view(-1) if dense.is_contiguous() else None
+    """A 1-D view of ``t``'s elements in the order its memory holds them, or None (:func:`_memory_order`)."""
+    order = _memory_order(t)
+    return None if order is None else t.permute(order).view(-1)
 
 
 #: elements of a slice :func:`scale_pow2` computes at a time
@@ -463,18 +468,22 @@ def _underflow(what: str, dtype: torch.dtype, lost: int) -> FoldError:
     return FoldError(f"folded {what} underflows to zero in {dtype} ({lost} element(s))", Code.CAST_RANGE)
 
 
-def _check_cast_blocks(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+def _check_cast_blocks(
+    weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str, into: torch.Tensor | None = None
+) -> None:
     """Raise what ``cast_checked(weight.to(float64) * slices, dtype, what)`` raises, if anything, making the
     float64 product a block at a time in buffers made once (a refused weight costs a few blocks, not the
-    weight four times over)."""
+    weight four times over).  ``into`` (the weight's shape, ``dtype``): where the rounded product goes, that cast's
+    values (bit for bit: each element is the float64 product rounded once)."""
     finite, biggest, lost = True, -math.inf, 0
     bufs: tuple[torch.Tensor, ...] = ()
-    for wb, sb, _ in _blocks(weight, slices, None):
+    for wb, sb, ob in _blocks(weight, slices, into):
         if not wb.numel():
             continue
         if not bufs:  # the first block is the largest
             bufs = tuple(torch.empty(wb.shape, dtype=d) for d in (torch.float64, dtype, torch.float64))
         value, out, mag = (b[: wb.shape[0]] if wb.dim() else b for b in bufs)
+        out = out if ob is None else ob
         torch.mul(wb, sb, out=value)  # in float64: the weight's values are exact there
         out.copy_(value)
         finite = finite and bool(torch.isfinite(out).all())

@@ -15,8 +15,8 @@ from numerics_helpers import export, mixed, onnx_keeping_batch_norms, small_net
 
 import bnfold
 import bnfold.numerics.runner as runner_module
-from bnfold.io.budget import WorkError
-from bnfold.io.run_checks import watch
+from bnfold.io.budget import Budget, WorkError
+from bnfold.io.run_checks import expect, watch
 from bnfold.numerics.profiles import PROFILE_NAMES
 
 onnx = pytest.importorskip("onnx")
@@ -254,3 +254,62 @@ def test_names_from_the_file_never_enter_the_generated_source(monkeypatch, tmp_p
     for text in sources:
         assert bad not in text and "open(" not in text and "#" not in text.replace("# noqa", "")
     assert not canary.exists()
+
+
+def _short_program():
+    """A step that names two outputs and returns one (the second is never read), then a step on the first."""
+    from bnfold.numerics.runner import Program, Step
+
+    def first(ins, dtype, **_):
+        return [ins[0] * 2]  # one output of the two the step names
+
+    def second(ins, dtype, **_):
+        return [ins[0] + 1]
+
+    steps = [Step("a", "pair", ["x"], ["y", "z"], first), Step("b", "add", ["y"], ["w"], second)]
+    return Program(steps, {}, ["x"], ["w"], lambda xs: [torch.as_tensor(x) for x in xs])
+
+
+def test_an_op_returning_fewer_outputs_runs_as_the_interpreter_does(monkeypatch):
+    """The interpreter skips an output an op did not return; the generated code ran past it and failed on the
+    unbound one (``UnboundLocalError``).  Now the batch runs through the interpreter, and so does every later one."""
+    from bnfold.numerics.runner import Runner
+
+    monkeypatch.setattr(runner_module, "COMPILE_AFTER", None)  # the interpreter only
+    x = torch.randn(4, 8)
+    expect = Runner(_short_program()).run(x)
+    monkeypatch.setattr(runner_module, "COMPILE_AFTER", 0)  # every run generated
+    runner = Runner(_short_program())
+    for _ in range(2):
+        got = runner.run(x)
+        assert sorted(got.errors) == sorted(expect.errors) == ["w", "x", "y"]
+        assert torch.equal(got.outputs[0], expect.outputs[0])
+    assert runner.compile_after is None
+
+
+def test_the_generated_checked_run_counts_what_it_holds_as_the_interpreter(monkeypatch):
+    """Under a watched command each op is checked against what the run holds, the reference values kept for the
+    folded run included: the generated run dropped a kept value's bytes at its last reader without adding back its
+    kept reference (it counted less than the interpreter before the later ops: an op refused there could pass)."""
+    from bnfold.frontends import frontend_for
+
+    x = torch.randn(2, 3, 8, 8)
+    model = onnx_keeping_batch_norms(small_net(), x)
+    program = frontend_for(model).numerics().program(model)
+    keep = frozenset(v for s in program.steps for v in s.outs if v)  # every value kept, as for the folded run
+    seen = {}
+    for after in (None, 0):
+        monkeypatch.setattr(runner_module, "COMPILE_AFTER", after)
+        runner = runner_module.Runner(program, "fp16")
+        counts = seen[after] = []
+        real = runner._check
+
+        def counting(i, step, ins, real=real, runner=runner, counts=counts):
+            counts.append(runner._holding)
+            return real(i, step, ins)
+
+        runner._check = counting
+        with watch():
+            expect(Budget(1 << 40, 1 << 50, 8), 0, "test")  # a plan: every op checked against a budget
+            runner.run(x, keep_reference=keep)
+    assert seen[0] and seen[0] == seen[None]

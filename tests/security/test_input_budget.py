@@ -111,6 +111,30 @@ def test_the_audit_byte_budget_has_a_floor_under_1_gib_and_grows_with_the_conten
             assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == 8 << 30
 
 
+def test_the_chosen_input_bytes_are_no_more_than_the_elements_the_user_chose():
+    """``--input-shape`` naming one input of two: the other keeps the file's own (declared) shape, and its bytes
+    bought the chosen-input allowance (a two-input program's second input of 4M elements: 512 MiB -> 8.3 GiB).  The
+    allowance is now capped by the elements the user chose, at 8 bytes an element."""
+    from bnfold.io.budget import AUDIT_FLOOR_BYTES, MIB, Budget
+
+    with inputs_chosen(True, elements=192):  # the user shaped 192 elements; the file declares 16 MiB beside them
+        assert Budget.for_audit(100_000, 16 * MIB, 8).bytes == AUDIT_FLOOR_BYTES + 8 * 64 * 192 * 8
+    with inputs_chosen(True, elements=4 * MIB):  # what the user chose buys its full bytes
+        assert Budget.for_audit(100_000, 3 * MIB, 8).bytes == AUDIT_FLOOR_BYTES + 8 * 64 * 3 * MIB
+
+
+def test_the_api_shapes_a_programs_random_batches_by_input_shapes():
+    """``bnfold.audit(program, input_shapes=...)`` drew its random batches at the program's own example shape and
+    granted them the chosen-input allowance; the batches now take the shapes given."""
+    import bnfold
+
+    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4)).eval()
+    batch = torch.export.Dim("batch", min=1, max=64)
+    ep = torch.export.export(model, (torch.randn(4, 3, 16, 16),), dynamic_shapes=({0: batch},))
+    rep = bnfold.audit(ep, input_shapes={"input": (1, 3, 16, 16)}, prescribe=False)
+    assert rep.samples == rep.batches  # one sample a batch, as given (the example's 4 before)
+
+
 class Wide(nn.Module):
     """Ten 9x9 convs of 16 channels at the input's resolution: at 1x16x512x512, 1.1e11 FLOPs a run, over the content's
     budget (8.6e10: 256 FLOPs per byte of 256 MiB plus 4x the input) with 0.8 MB of weights."""

@@ -107,6 +107,9 @@ class Budget:
             nbytes = override * multiple
         else:
             own = max(AUDIT_FLOOR_BYTES, multiple * CONTENT_MULTIPLE * max(0, int(weights)))
+            cap = _CHOSEN_ELEMENTS.get()
+            if cap is not None:  # no more than the user chose (8 bytes an element at most): a file's own input
+                inputs = min(inputs, cap * 8)  # beside the ones the user shaped buys nothing either
             nbytes = own + (multiple * CHOSEN_INPUT_MULTIPLE * inputs if _CHOSEN.get() else 0)
         return cls(nbytes, content.flops + flops, multiple)
 

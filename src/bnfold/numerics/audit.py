@@ -126,11 +126,12 @@ def audit(
     # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
     # prescription's folds and runs on the same batches too)
     chosen = (inputs is not None and not random_inputs) or bool(input_shapes)
+    most = chosen_elements(inputs, input_shapes) if chosen else None  # what the user chose bounds what it buys
     if isinstance(model, (str, os.PathLike)):  # a .pt2 or .onnx file, read as fold and check read it
         from ..api import load_path
 
         name = name or os.path.basename(model)
-        with inputs_chosen(chosen, elements=chosen_elements(inputs, input_shapes)):  # its one run at its shapes
+        with inputs_chosen(chosen, elements=most):  # its one run at its shapes
             model = load_path(model)
     floor = Floor(float(min_agreement), float(min_sqnr_db))
     fe = frontend_for(model)
@@ -144,7 +145,7 @@ def audit(
     if output is None:
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
-    with inputs_chosen(chosen):
+    with inputs_chosen(chosen, elements=most):
         model, batches, name, random_inputs = fmt.prepare(
             model,
             inputs,
@@ -202,8 +203,10 @@ def audit(
     constants = sum(r.held_constants for r in (runner, frunner) if r is not None)
 
     def reference(i: int, holding: int) -> list:
-        """The float model's outputs of batch ``i``, computed again (the unfolded run's reference, bit for bit)."""
-        return runner.reference_outputs(*batches[i], holding=holding + constants)
+        """The float model's outputs of batch ``i``, computed again (the unfolded run's reference, bit for bit);
+        ``holding``: what the caller holds besides the audit's runners, whose constants are counted here (the
+        unfolded runner's by ``reference_outputs`` itself)."""
+        return runner.reference_outputs(*batches[i], holding=holding + constants - runner.held_constants)
 
     layer_rows = layers(row_list, unfolded, folded)
     rep = AuditReport(
@@ -229,7 +232,7 @@ def audit(
     search = Search(prof, bn_eps, batches, lambda: EndToEndSum(spec, label_batches), floor, reference, prog)
     search.shared, search.max_runs, search.holding = rounded, max_runs, constants
     programs, results = {"unfolded": prog, "folded": fprog}, {"unfolded": unfolded, "folded": folded}
-    with inputs_chosen(chosen):
+    with inputs_chosen(chosen, elements=most):
         diagnose(rep, search, fmt, model, programs, results, tensors, prescribe)
     if runtime is not None:
         from .real_runtimes import runtime_run

@@ -61,7 +61,6 @@ class Compiled:
 
     fn: Callable
     source: str
-    names: list[str]
 
 
 class _Writer:
@@ -157,13 +156,23 @@ def generate(runner: Runner, mode: Mode) -> Compiled:
         "F32": torch.float32,
         "RD": runner._ref_dtype,
         "MISSING": {},
+        "SHORT": _short,
         "is_float": _is_float,
         "TR": lambda e, rd=rd: e.to(rd) if _is_float(e) else e,
         "TRC": lambda e, rd=rd: (e.clone() if e.dtype == rd else e.to(rd)) if _is_float(e) else e,
         **w.consts,
     }
     exec(compile(source, "<bnfold.numerics.compiled>", "exec"), space)  # noqa: S102 - our own text: positions only
-    return Compiled(space["run"], source, w.names)
+    return Compiled(space["run"], source)
+
+
+class ShortOutputs(Exception):
+    """An op returned fewer outputs than its step names: the runner runs the batch again through the interpreter,
+    which skips the missing ones, and stops generating code for itself."""
+
+
+def _short() -> None:
+    raise ShortOutputs
 
 
 def _is_float(t: Any) -> bool:
@@ -203,12 +212,13 @@ def _outs(w: _Writer, step, call: str, prefix: str, depth: int = 1) -> list[tupl
     """The lines binding ``step``'s named outputs from ``call`` (its op's list of outputs), one line for a step of
     one output; ``[(k, value name, variable)]``."""
     named = [(k, out, f"{prefix}{w.j(out)}") for k, out in enumerate(step.outs) if out]
-    if len(step.outs) == 1 and named:
-        w.put(depth, f"{named[0][2]} = {call}[0]")
+    if not named:
+        w.put(depth, call)
         return named
     w.put(depth, f"o = {call}")
-    for k, _, var in named:
-        w.put(depth, f"if len(o) > {k}: {var} = o[{k}]")  # an op may return fewer (the interpreter skips those)
+    # an op that returns fewer outputs than the step names: the interpreter skips those, this code runs no further
+    w.put(depth, f"if len(o) < {named[-1][0] + 1}: SHORT()")
+    w.put(depth, "; ".join(f"{var} = o[{k}]" for k, _, var in named) + "; o = None")
     return named
 
 

@@ -27,12 +27,15 @@ def execute(
     """Run ``runner`` on every batch into ``result`` (with :func:`execute_pair`, the one place where the audit
     executes a program), handing each batch's outputs to ``judge`` as "unfolded", against the run's own reference
     outputs, or ``reference(i, holding)``'s (the float model's outputs of batch ``i``, computed again: a
-    prescription's run of a rewritten model).  ``holding``: what the audit holds besides (the other runners'
+    prescription's run of a rewritten model; ``holding``: what this call holds besides the audit's own runners,
+    whose constants ``reference`` counts).  ``holding``: what the audit holds besides (the other runners'
     constants); each batch's run counts it against the budget (``Runner.run``'s ``holding``)."""
     on_node = getattr(progress, "node", None)
     for done, batch in enumerate(batches, 1):
         res = runner.run(*batch, on_node=on_node, holding=holding)
-        refs = res.reference if reference is None else reference(done - 1, holding + AuditHold.kept(res.outputs))
+        # the reference run counts the audit's runners itself: this runner and its outputs are what it adds
+        held = runner.held_constants + AuditHold.kept(res.outputs)
+        refs = res.reference if reference is None else reference(done - 1, held)
         judge("unfolded", res.outputs, refs)
         result.add(res)
         del res, refs

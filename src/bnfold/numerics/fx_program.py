@@ -278,7 +278,7 @@ class ProgramAudit:
         if runtime is not None:
             raise ValueError("runtime= is available for ONNX models (the torch-half run is the fp16 profile itself)")
         if inputs is None:
-            inputs, random_inputs = self._random(model), True
+            inputs, random_inputs = self._random(model, input_shapes), True
         batches = as_batches(inputs)
         model, name = self._exported(model, batches, name)
         training = training_norms(model)
@@ -287,10 +287,10 @@ class ProgramAudit:
         self.plan(model, batches, runs=3 if fold else 2, name=name, hold=hold)
         return model, batches, name, random_inputs
 
-    def _random(self, model) -> list[tuple]:
+    def _random(self, model, input_shapes: dict | None = None) -> list[tuple]:
         from ..io.batches import random_batches
 
-        return random_batches(model, RANDOM_BATCHES)
+        return random_batches(model, RANDOM_BATCHES, shapes=input_shapes)
 
     def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
         """The program to audit and its name."""
@@ -317,7 +317,7 @@ class ModuleAudit(ProgramAudit):
     def _exported(self, model, batches: list[tuple], name: str | None) -> tuple[torch.export.ExportedProgram, Any]:
         return _export(model, batches), name or type(model).__name__
 
-    def _random(self, model) -> list[tuple]:
+    def _random(self, model, input_shapes: dict | None = None) -> list[tuple]:
         raise TypeError("audit(module, inputs): an nn.Module needs input batches (a program carries examples)")
 
     def output_rank(self, model) -> int | None:

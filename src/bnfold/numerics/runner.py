@@ -29,7 +29,7 @@ import torch
 
 from ..io.run_checks import PLANNED, SMALL_REAL, OpSizes, before_op, budget_bytes, meta_signature, watching
 from .audit_memory import AuditHold
-from .compiled import Compiled, Measures, Mode, generate
+from .compiled import Compiled, Measures, Mode, ShortOutputs, generate
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
 from .tensor_error import ErrorMeter, TensorError
@@ -345,6 +345,7 @@ class Runner:
         self._hoisted: dict[tuple, tuple | None] = {}
         self._recording: tuple | None = None
         self._guards: dict[int, tuple] = {}
+        self._guarded: Any = None  # the feed signature whose recorded sizes the "op" run uses
         wide = {v for s in program.steps if s.name in self.fp32 for v in s.outs if v}
         #: per step under the profile, which of its inputs a float32 step wrote (cast to the storage format)
         self._casts = {s.name: k for s in program.steps if s.name not in self.fp32 if (k := _reads(s, wide))}
@@ -495,6 +496,10 @@ class Runner:
             try:
                 res = self._run_compiled(code, feed, meter, against, against_stats or {}, on_node, holding)
             except _Stale:  # a small value that sizes an op differs from the run the sizes came from: op by op
+                self._hoisted[self._guarded] = None  # and so for later batches of that signature (no run twice)
+                meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
+            except ShortOutputs:  # an op returned fewer outputs than named: the interpreter, from now on
+                self.compile_after, self._code = None, {}
                 meter = ErrorMeter(exact_diff=self._ref_dtype == torch.float64)
             else:
                 self._recorded()
@@ -562,9 +567,7 @@ class Runner:
                     else:
                         meter.add(errors, out, step.op, e, r, known.get(out))
             for dead in self._free_after.get(i, ()):
-                self._holding -= alive.pop(dead, 0)
-                if dead in kept:  # its reference stays, returned to the caller
-                    self._holding += AuditHold.kept(kept[dead])
+                self._release(alive, kept, dead)
                 env_e.pop(dead, None)
                 env_r.pop(dead, None)
                 env_l.pop(dead, None)
@@ -606,7 +609,7 @@ class Runner:
         hoisted = self._hoisted[sig]
         if hoisted is None or holding + self._const_held + hoisted[0] > budget:
             return "full"
-        self._guards = hoisted[1]
+        self._guards, self._guarded = hoisted[1], sig
         return "op"
 
     def _record(self, step: Step, ins: list, nbytes: int | None) -> tuple | None:
@@ -668,7 +671,7 @@ class Runner:
         steps = self.program.steps
 
         def free(name: str) -> None:
-            self._holding -= alive.pop(name, 0)
+            self._release(alive, kept, name)
 
         def hold(name: str, x: Any) -> None:
             self._hold(alive, name, x)
@@ -708,6 +711,13 @@ class Runner:
         real runtimes are measured against them).  ``holding``: as in :meth:`run`."""
         self._holding = holding + self._const_held
         return run_in(self.program, xs, self._ref_dtype, self._const_r, self._held)
+
+    def _release(self, alive: dict, kept: dict, name: str) -> None:
+        """Value ``name`` is dropped after its last reader: what the run holds less it, and plus its kept reference,
+        which stays (returned to the caller)."""
+        self._holding -= alive.pop(name, 0)
+        if name in kept:
+            self._holding += AuditHold.kept(kept[name])
 
     def _hold(self, alive: dict, name: str, x: Any) -> None:
         """Count value ``name`` (``x``) as held while it lives."""
