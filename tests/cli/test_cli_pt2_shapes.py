@@ -77,3 +77,20 @@ def test_input_shape_and_an_npz_do_not_mix_for_a_program(run, models, tmp_path):
     code, _, err = run("audit", models["dynamic"], "--inputs", npz, "--input-shape", "x:4,3,32,32")
     assert code == 2
     h.one_error_line(err, "--input-shape shapes the --random batches of a .pt2 program")
+
+
+@pytest.mark.parametrize("batch", [10**20, 10**8], ids=["past int64", "a few GB"])
+def test_a_huge_input_shape_on_an_open_dim_is_one_line_before_anything_is_drawn(run, tmp_path, batch):
+    """A dynamic dim with no upper bound lets any size through the program's constraints: one batch's bytes are
+    checked against what the weights justify before the batches are drawn (before: an internal TypeError from
+    ``randn`` past int64, or the batches allocated before the plan refused them)."""
+    import torch
+
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)).eval()
+    dim = torch.export.Dim("batch", min=1)
+    ep = torch.export.export(model, (torch.randn(2, 3, 8, 8),), dynamic_shapes=({0: dim},))
+    path = tmp_path / "open.pt2"
+    torch.export.save(ep, str(path))
+    code, _, err = run("audit", str(path), "--input-shape", f"input:{batch},3,8,8", "-q")
+    assert code == 2
+    h.one_error_line(err, "--input-shape", "one batch of inputs takes")

@@ -95,7 +95,9 @@ def _chosen_dims(ep, specs: list[InputSpec], shapes: dict[str, tuple[int, ...]])
     """``--input-shape``'s ``shapes``, each naming a tensor input of the program, within its constraints."""
     import torch
 
+    from .cost import check_inputs
     from .input_dims import dims_text, shape_error, user_placeholders
+    from .sizes import elements
 
     tensors = [s.name for s in specs if isinstance(s.example, torch.Tensor)]
     unknown = [name for name in shapes if name not in tensors]
@@ -109,6 +111,19 @@ def _chosen_dims(ep, specs: list[InputSpec], shapes: dict[str, tuple[int, ...]])
         name, why = bad
         val = next(n.meta.get("val") for n in user_placeholders(ep) if n.name == name)
         raise BnfoldError(f"--input-shape {name}: {why} (the program's input: [{', '.join(dims_text(ep, val))}])")
+    # one batch's bytes against what the weights justify before any is drawn (the plan checks them again, too late
+    # for a shape of 1e20 elements on a dynamic dim with no upper bound)
+    sizes = {
+        s.name: elements(shapes.get(s.name, s.example.shape)) * s.example.element_size()
+        for s in specs
+        if s.name in tensors
+    }
+    weights = sum(
+        t.numel() * t.element_size()
+        for t in (*ep.state_dict.values(), *ep.constants.values())
+        if isinstance(t, torch.Tensor)
+    )
+    check_inputs(sizes, weights, "--input-shape")
     return dict(shapes)
 
 
