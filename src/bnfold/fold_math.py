@@ -30,6 +30,9 @@ from .report import Code
 
 CHANNELS = Code.CHANNEL_MISMATCH
 
+#: the dtypes whose tensors CPU ``aminmax`` reduces (not the float8 ones)
+_MINMAX_DTYPES = frozenset((torch.float16, torch.bfloat16, torch.float32, torch.float64))
+
 
 @dataclass(frozen=True)
 class Affine:
@@ -54,27 +57,48 @@ def _f64(t) -> torch.Tensor:
 
 def batch_norm_affine(mean, var, eps: float, weight=None, bias=None) -> Affine:
     """The affine an eval-mode batch norm applies, with validity checks."""
-    mean, var = _f64(mean), _f64(var)
-    if mean.shape != var.shape:
-        raise FoldError(f"running_mean has {mean.numel()} channels but running_var has {var.numel()}", CHANNELS)
-    c = mean.numel()
-    gamma = torch.ones(c, dtype=torch.float64) if weight is None else _f64(weight)
-    beta = torch.zeros(c, dtype=torch.float64) if bias is None else _f64(bias)
-    if gamma.numel() != c or beta.numel() != c:
-        raise FoldError(
-            f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}", CHANNELS
-        )
+    stats = _stacked_f64(mean, var, weight, bias)
+    if stats is None:
+        mean, var = _f64(mean), _f64(var)
+        if mean.shape != var.shape:
+            raise FoldError(f"running_mean has {mean.numel()} channels but running_var has {var.numel()}", CHANNELS)
+        c = mean.numel()
+        gamma = torch.ones(c, dtype=torch.float64) if weight is None else _f64(weight)
+        beta = torch.zeros(c, dtype=torch.float64) if bias is None else _f64(bias)
+        if gamma.numel() != c or beta.numel() != c:
+            raise FoldError(
+                f"affine weight/bias have {gamma.numel()}/{beta.numel()} channels, statistics have {c}", CHANNELS
+            )
+        stats = torch.stack((mean, var, gamma, beta))
+    mean, var, gamma, beta = stats.unbind()
     eps = float(eps)
-    stats = torch.stack((mean, var, gamma, beta))
-    if not bool(torch.isfinite(stats).all()):  # one check for all four; name the culprit only on failure
+    if not _all_finite(stats):  # one check for all four; name the culprit only on failure
         for name, t in zip(("running_mean", "running_var", "weight", "bias"), stats):
             if not bool(torch.isfinite(t).all()):
                 raise FoldError(f"{name} holds NaN or inf", Code.NOT_FINITE)
     denom = var + eps
-    if not bool((denom > 0).all()):
+    if denom.numel() and not float(denom.amin()) > 0:  # NaN (an eps of NaN) is not > 0 either
         raise FoldError(f"running_var + eps <= 0 (eps={eps:g}); the normalization is undefined", Code.UNDEFINED)
     scale = gamma / torch.sqrt(denom)
     return Affine(scale, beta - mean * scale)
+
+
+def _stacked_f64(mean, var, weight, bias) -> torch.Tensor | None:
+    """``[mean, var, weight, bias]`` as the rows of one float64 tensor, made in one cast (the values exact, as
+    :func:`_f64` makes them one by one) where the four are 1-D tensors of one shape and dtype; else None."""
+    four = (mean, var, weight, bias)
+    if not all(isinstance(t, torch.Tensor) and t.dim() == 1 for t in four):
+        return None
+    if any(t.shape != mean.shape or t.dtype != mean.dtype for t in four):
+        return None
+    return torch.stack(four).detach().to(torch.float64)
+
+
+def _all_finite(t: torch.Tensor) -> bool:
+    """Whether every element of ``t`` is finite, in one reduction where it can (NaN propagates through ``amax``)."""
+    if t.numel() and t.dtype in _MINMAX_DTYPES:
+        return math.isfinite(float(t.abs().amax()))
+    return bool(torch.isfinite(t).all())
 
 
 def batch_norm_affines(mean, var, eps, weight=None, bias=None) -> Affine:
@@ -264,15 +288,34 @@ def _memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
     return order if t.permute(order).is_contiguous() else None
 
 
-def _checked_blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None) -> bool:
+def _scale_facts(s: torch.Tensor, slices: torch.Tensor) -> tuple[bool, bool] | None:
+    """What :func:`_checked_blocks` needs of the scales ``s`` (``slices`` rounded to the weight's dtype):
+    ``(small, zero)``, whether some nonzero scale is at most 1/2 in magnitude (it can underflow a weight to
+    zero) and whether some scale is zero too; None where ``s`` cannot be used: a scale not finite, or zero
+    where its float64 value is not.  Most often one reduction tells it all (the least and largest magnitude:
+    NaN propagates through ``aminmax``); a zero among the scales is looked at element by element."""
+    if s.numel() and s.dtype in _MINMAX_DTYPES:
+        least, most = (float(v) for v in torch.aminmax(s.abs()))
+        if not math.isfinite(most):
+            return None
+        if least > 0:  # no zero scale: some nonzero one is small iff the least is
+            return least <= 0.5, False
+    if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()):
+        return None
+    small = bool(((s != 0) & (s.abs() <= 0.5)).any())
+    return small, small and bool((s == 0).any())
+
+
+def _checked_blocks(
+    weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None, small: bool, zero_scale: bool
+) -> bool:
     """Whether ``weight * s`` (both in the weight's dtype) is finite and loses no nonzero weight to zero,
     made block by block in memory order (into ``out``'s blocks when given, else into a block of its own).
+    ``small``, ``zero_scale``: :func:`_scale_facts` of ``s``.
 
     |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a smaller
     scale can underflow a nonzero weight to zero, and only where the product is zero: there the block's
     nonzero count is compared with the weight's (a product is nonzero only where the weight is)."""
-    small = bool(((s != 0) & (s.abs() <= 0.5)).any())
-    zero_scale = small and bool((s == 0).any())
     ends: list[torch.Tensor] = []
     own = mag = None  # one block's product (when there is no ``out``) and its magnitudes, reused
     for wb, sb, ob in _blocks(weight, s, out):
@@ -288,7 +331,7 @@ def _checked_blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | N
             if not bool(torch.abs(b, out=mag[: b.shape[0]] if b.dim() else mag).amin() > 0):
                 if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
                     return False
-    return not ends or bool(torch.isfinite(torch.stack(ends)).all())  # NaN propagates through aminmax
+    return all(math.isfinite(v) for v in torch.stack(ends).tolist()) if ends else True  # NaN propagates
 
 
 def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
@@ -331,7 +374,8 @@ def scale_weight(
     s = slices.to(dtype)
     w = weight.detach()
     out = None if deferred else torch.empty_like(w)  # the weight's layout
-    if bool(((s == 0) & (slices != 0)).any()) or not bool(torch.isfinite(s).all()) or not _checked_blocks(w, s, out):
+    facts = _scale_facts(s, slices)
+    if facts is None or not _checked_blocks(w, s, out, *facts):
         # the float64 product rounded once, a block at a time (never whole): raises what cast_checked raises, else
         # it folds (e.g. a zero scale), in a tensor of the weight's dtype, deferred or not (deferred: made only
         # once the checks passed, so a refused weight costs no copy of it)
@@ -452,6 +496,10 @@ def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Te
     if not dtype.is_floating_point:
         raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
     out = value.to(dtype)
+    if out.numel() and out.dtype in _MINMAX_DTYPES:  # most often one reduction shows all finite and none zero
+        least, most = (float(v) for v in torch.aminmax(out.abs()))
+        if least > 0 and math.isfinite(most):
+            return out
     if not torch.isfinite(out).all():
         raise _overflow(what, dtype, value.abs().max().item())
     lost = (out == 0) & (value != 0)
