@@ -215,7 +215,7 @@ def _run_rules(graph: Any, nodes: list, only, report: FoldReport, reasons: dict)
                 layer = graph.layer(node) if graph.is_live(node) else None  # parsed again: a fold rewires
                 if layer is None:
                     continue
-                outcome = rule(graph, layer, only)
+                outcome = rule.apply(graph, layer, only)
                 for step, why in outcome.reasons.items():
                     reasons.setdefault(step, why)
                 report.merged.extend(outcome.merged)

@@ -58,7 +58,7 @@ def check_layer(graph: GraphAdapter, layer: Layer, only, side: str) -> tuple[Lay
 
 def _finish(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tensor):
     """The folded weight (already in its dtype) and the bias cast back, or None when none is needed."""
-    if w.bias is None and w.pre is None and not bool((new_b != 0).any()):
+    if w.bias is None and w.pre is None and not bool(new_b.any()):  # NaN is nonzero, -0.0 zero
         new_b = None  # a layer without a bias keeps none when the fold adds nothing
     if new_b is not None:
         new_b = fold_math.cast_checked(new_b, w.bias_dtype, f"{layer.op} bias")

@@ -53,7 +53,7 @@ class FxGraph(FxRange):
     def __init__(self, editor: FxTensors):
         self.editor = editor
         self.graph = editor.graph
-        self._layers: dict[Node, tuple] = {}  # node -> ((target, args, kwargs) parsed, Layer | None)
+        self._layers: dict[Node, tuple] = {}  # node -> (target, args, kwargs parsed, Layer | None)
 
     # ------------------------------------------------------------------ classify
 
@@ -71,12 +71,12 @@ class FxGraph(FxRange):
     def _parse_layer(self, node: Node) -> Layer | None:
         """``parse_layer(node)``, kept while the node's target and arguments stay the same objects (an
         edit gives a node new ``args``; a layer's reading depends only on them and their weight path)."""
-        seen = (node.target, node.args, node.kwargs)
+        target, args, kwargs = node.target, node.args, node.kwargs
         hit = self._layers.get(node)
-        if hit is not None and all(a is b for a, b in zip(hit[0], seen, strict=True)):
-            return hit[1]
+        if hit is not None and hit[0] is target and hit[1] is args and hit[2] is kwargs:
+            return hit[3]
         layer = parse_layer(node)
-        self._layers[node] = (seen, layer)
+        self._layers[node] = (target, args, kwargs, layer)
         return layer
 
     def norms(self) -> Iterator[Norm]:

@@ -32,6 +32,7 @@ from .verify import scoped_verifiers, snapshot
 
 _PREFIX = {InputKind.PARAMETER: "p_", InputKind.BUFFER: "b_", InputKind.CONSTANT_TENSOR: "c_"}
 TENSOR_KINDS = tuple(_PREFIX)
+_NOT_IN_NAME = re.compile(r"\W")
 
 
 class ProgramEditor(FxTensors):
@@ -84,7 +85,7 @@ class ProgramEditor(FxTensors):
         target = self.unique_target(target)
         self._targets.add(target)
         spec = self.spec(like)
-        name = re.sub(r"\W", "_", _PREFIX[spec.kind] + target.replace(".", "_"))
+        name = _NOT_IN_NAME.sub("_", _PREFIX[spec.kind] + target.replace(".", "_"))
         with self.graph.inserting_after(like):
             # create_node with an explicit name: fx makes it unique (without the slow name
             # derivation graph.placeholder does), and a placeholder's target is its name.
@@ -241,7 +242,8 @@ def _copy_nodes(source: torch.fx.Graph) -> torch.fx.Graph:
         new = Node(
             graph, node.name, node.op, node.target, map_arg(node.args, get), map_arg(node.kwargs, get), node.type
         )
-        new.meta = copy.copy(node.meta)  # before the node is in the lookup table: no update there
+        meta = node.meta  # copied before the node is in the lookup table: no update there
+        new.meta = meta.copy() if type(meta) is dict else copy.copy(meta)
         names.associate_name_with_obj(names.create_name(node.name, None), new)
         graph._insert(new)
         table.insert(new)
