@@ -22,7 +22,12 @@ multiples of the fp32 forward):
 * ``unmeasured`` ``Runner.run`` (interpreted) with no value measured (``measured=set()``; the batch-norm probes,
                which the report reads, still run): ``run - unmeasured`` is the rows' measurements;
 * ``emulated``   ``Runner.run(x, reference=False)`` (interpreted): the emulated run alone (no reference, no probe,
-               no measurement): ``emulated - straight emu`` is the interpreter's own cost on the emulated run.
+               no measurement): ``emulated - straight emu`` is the interpreter's own cost on the emulated run;
+* ``planned``    the audit's cost plan of the model (``AuditFormat.plan``, three runs of one batch), then ``set-up``:
+               the per-model work before the unfolded program's first batch, as the audit does it.
+
+``--base DIR``: ``planned`` and ``run`` also with another copy of the package (``DIR/bnfold``, imported as
+``bnfold_base``, see ``audit_ratio.py``), interleaved in the same rounds: columns ``base planned``, ``base run``.
 
 A benchmark, not a test: nothing asserts on a time.  The straight loop is not the profile's semantics (no fp16
 accumulation, ORT fusion, float32 islands or host batch norm; under ``fp16`` none of these applies): it is a lower
@@ -38,10 +43,9 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
-from audit_ratio import _min_times, _onnx, forward_of, ocr_models
+from audit_ratio import _min_times, forward_of, load_base, markdown, suite
 
-from bnfold.frontends import frontend_for
-from bnfold.numerics.rows import Graph, rows
+import bnfold
 from bnfold.numerics.runner import DEFAULT_ROUNDING, Runner, round_floats
 
 
@@ -63,38 +67,58 @@ def _straight(runner: Runner, xs: tuple, emulated: bool) -> list:
     return [env[o] for o in prog.outputs]
 
 
-def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str) -> list:
-    fmt = frontend_for(model).numerics()
-    forward = forward_of(model, x)
+def _setup(package, model, profile: str, x: torch.Tensor | None = None):
+    """``setup()`` of ``package`` (a copy of bnfold): the unfolded program built and its ``Runner`` made (``x``: the
+    audit's cost plan of one batch first), as the audit's table measures it."""
+    from importlib import import_module
 
-    def setup() -> Runner:
+    fe = import_module(f"{package.__name__}.frontends").frontend_for(model)
+    numerics = import_module(f"{package.__name__}.numerics.rows")
+    runner_of = import_module(f"{package.__name__}.numerics.runner")
+    hold = import_module(f"{package.__name__}.numerics.audit_memory").AuditHold
+
+    def setup():
+        fmt = fe.numerics()
+        if x is not None:
+            ref = runner_of.reference_dtype(runner_of.get_profile(profile))
+            fmt.plan(model, [(x,)], runs=3, name=None, hold=hold.of(3, ref, False))
         prog = fmt.program(model)
-        outs = {r.output for r in rows(Graph(prog), None, None)}
-        return Runner(prog, profile, measured=outs)
+        outs = {r.output for r in numerics.rows(numerics.Graph(prog), None, None)}
+        return runner_of.Runner(prog, profile, measured=outs)
 
+    return setup
+
+
+def _row(label: str, model, x: torch.Tensor, rounds: int, profile: str, base=None) -> list:
+    forward = forward_of(model, x)
+    setup = _setup(bnfold, model, profile)
     runner = setup()
     runner.compile_after = None
     gen = Runner(runner.program, profile, measured=runner.measured)
     gen.compile_after = 0
     bare = Runner(runner.program, profile, measured=set())
     bare.compile_after = None
+    calls = [
+        forward,
+        setup,
+        lambda: runner.run(x),
+        lambda: gen.run(x),
+        lambda: _straight(runner, (x,), True),
+        lambda: _straight(runner, (x,), False),
+        lambda: bare.run(x),
+        lambda: bare.run(x, reference=False),
+        _setup(bnfold, model, profile, x),
+    ]
+    if base is not None:
+        theirs = _setup(base, model, profile)()
+        theirs.compile_after = None
+        calls += [_setup(base, model, profile, x), lambda: theirs.run(x)]
     with torch.no_grad():
-        fwd, built, run, generated, emu, ref, unmeasured, emulated = _min_times(
-            [
-                forward,
-                setup,
-                lambda: runner.run(x),
-                lambda: gen.run(x),
-                lambda: _straight(runner, (x,), True),
-                lambda: _straight(runner, (x,), False),
-                lambda: bare.run(x),
-                lambda: bare.run(x, reference=False),
-            ],
-            rounds,
-        )
+        found = _min_times(calls, rounds)
+    fwd, built, run, generated, emu, ref, unmeasured, emulated, planned = found[:9]
     cells = [
         f"{t * 1e3:.2f} ({t / fwd:.1f}x)"
-        for t in (built, run, generated, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated)
+        for t in (built, run, generated, emu, ref, emu + ref, run - emu - ref, unmeasured, emulated, *found[8:])
     ]
     return [label, str(len(runner.program.steps)), f"{fwd * 1e3:.2f}", *cells]
 
@@ -104,22 +128,12 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--profile", default="fp16")
     p.add_argument("--only", default="", help="comma-separated model keys (resnet, efficientnet, audio, cls, ...)")
+    p.add_argument("--base", default="", help="a directory holding another copy of bnfold, timed beside this one")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    from models import ARCHS, build
-
+    base = load_base(args.base) if args.base else None
     only = set(filter(None, args.only.split(",")))
-    out = []
-    for arch in ARCHS:
-        if only and arch not in only:
-            continue
-        (x,) = (b := build(arch, None, calib_batches=2))["example"]
-        shape = "x".join(map(str, x.shape))
-        ep = torch.export.export(b["model"], (x,))
-        out.append(_row(f"{arch} (torch program) {shape}", ep, x, args.rounds, args.profile))
-        out.append(_row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile))
-    for label, model, x in ocr_models(only):
-        out.append(_row(label, model, x, args.rounds, args.profile))
+    out = [_row(label, model, x, args.rounds, args.profile, base) for label, model, x in suite(only)]
     head = [
         "model",
         "steps",
@@ -133,10 +147,9 @@ def main(argv=None) -> int:
         "gap",
         "unmeasured",
         "emulated",
-    ]
-    print("| " + " | ".join(head) + " |\n|" + "|".join([":--"] + ["--:"] * (len(head) - 1)) + "|")
-    for r in out:
-        print("| " + " | ".join(r) + " |")
+        "planned",
+    ] + (["base planned", "base run"] if base is not None else [])
+    markdown(head, out)
     return 0
 
 

@@ -38,6 +38,13 @@ both programs' build, the runners' setup, the normalization rows, compiling the 
 audit`` runs them: the run-time check then sizes each op the plan did not before it runs
 (:func:`bnfold.io.run_checks.before_op`).
 
+``--base DIR``: also time the table's audit with another copy of the package (``DIR/bnfold``, e.g. main's:
+``git archive main src/bnfold | tar -x -C /tmp/base``, then ``--base /tmp/base/src``), imported as ``bnfold_base``,
+in the same rounds (column ``base``, and ``new/base``: the table's time over the base's; no ``fold`` column then: a call
+right after the fold reads more; a round runs the forward, the table's audit and the base's, then the forward, the
+base's and the table's: each audit once after the forward and once after the other); ``--table-only`` leaves out
+the ``json``, ``local`` and ``interp`` columns (fewer calls a round).
+
 ``--zoo``: instead, the library zoo's torchvision and timm classes (``tests/library_models.py``, the models of
 ``make zoo``: random weights, calibrated BatchNorm statistics, the zoo's input shapes), each as a torch program and as
 the dynamo exporter's ONNX (``optimize=False``, what the zoo folds), and the median ratio per format: the user models
@@ -105,12 +112,11 @@ def _min_times(fns: list, rounds: int) -> list[float]:
     return best
 
 
-_FOLD = bnfold.api.fold
-
-
-def _less_fold(audit):
+def _less_fold(audit, package=bnfold):
     """``audit`` (a call of ``bnfold.audit``) returning the CPU time of the ``bnfold.fold`` it runs (the audit imports
-    it from ``bnfold.api`` when it folds), for :func:`_min_times` to take off."""
+    it from ``bnfold.api`` when it folds), for :func:`_min_times` to take off (``package``: the copy of bnfold whose
+    audit it calls, ``--base``)."""
+    real = package.api.fold
 
     def run() -> float:
         spent = []
@@ -118,31 +124,51 @@ def _less_fold(audit):
         def fold(*args, **kwargs):
             t = time.process_time()
             try:
-                return _FOLD(*args, **kwargs)
+                return real(*args, **kwargs)
             finally:
                 spent.append(time.process_time() - t)
 
-        bnfold.api.fold = fold
+        package.api.fold = fold
         try:
             audit()
         finally:
-            bnfold.api.fold = _FOLD
+            package.api.fold = real
         return sum(spent)
 
     return run
+
+
+def load_base(path: str):
+    """The copy of bnfold under ``path/bnfold`` as the package ``bnfold_base`` (``--base``: timed beside this one in
+    the same process; its modules import each other relatively, so the two copies share nothing but torch and
+    onnx)."""
+    import importlib.util
+
+    if "bnfold_base" in sys.modules:
+        return sys.modules["bnfold_base"]
+    root = os.path.join(os.path.abspath(path), "bnfold")
+    spec = importlib.util.spec_from_file_location(
+        "bnfold_base", os.path.join(root, "__init__.py"), submodule_search_locations=[root]
+    )
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["bnfold_base"] = module
+    spec.loader.exec_module(module)
+    return module
 
 
 def _onnx(net, x) -> onnx.ModelProto:
     return onnx_keeping_batch_norms(net, x)  # TorchScript exporter, BatchNorm nodes kept
 
 
-def _watched(fn, watched: bool):
-    """``fn`` run inside the CLI's watchdog when ``watched`` (see the module docstring)."""
+def _watched(fn, watched: bool, package=None):
+    """``fn`` run inside the CLI's watchdog when ``watched`` (see the module docstring; ``package``: the copy of
+    bnfold whose watchdog, ``--base``)."""
     if not watched:
         return fn
+    guard = watch if package is None else sys.modules[f"{package.__name__}.io.run_checks"].watch
 
     def run():
-        with watch():
+        with guard():
             return fn()
 
     return run
@@ -164,7 +190,9 @@ def forward_of(model, x: torch.Tensor):
     return lambda: module(x)
 
 
-def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1) -> list:
+def _row(
+    name: str, model, x, rounds: int, profile: str, watched: bool = False, batches: int = 1, base=None, table_only=False
+) -> list:
     inputs = _batches(x, batches)
     forward = forward_of(model, x)
 
@@ -183,20 +211,31 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, 
 
         return _less_fold(_watched(audit, watched))
 
+    def base_audit():
+        return base.audit(model, inputs, profile=profile, tensors=False, local=False)
+
     compile_after = runner_module.COMPILE_AFTER
-    fwd, fold, audit, full, local, interp = _min_times(  # each audit less its own fold
-        [
-            forwards,
-            _watched(lambda: bnfold.fold(model), watched),
-            less_fold(tensors=False, local=False),
-            less_fold(tensors=True, local=False),
-            less_fold(tensors=False, local=True),
-            less_fold(None, tensors=False, local=False),
-        ],
-        rounds,
-    )
+    # with a base: no fold call of its own (each audit's time is less its own fold): a call right after it reads
+    # more (_min_times), and the two audits take each place after the forward and after each other alike
+    fold_call = [] if base is not None else [_watched(lambda: bnfold.fold(model), watched)]
+    calls = [forwards, *fold_call, less_fold(tensors=False, local=False)]
+    if not table_only:
+        calls += [less_fold(tensors=True, local=False), less_fold(tensors=False, local=True)]
+        calls += [less_fold(None, tensors=False, local=False)]
+    if base is not None:  # then forward, base, table: each audit once after the forward, once after the other
+        theirs = _less_fold(_watched(base_audit, watched, base), base)
+        calls += [theirs, forwards, theirs, calls[1 + len(fold_call)]]
+    found = _min_times(calls, rounds)  # each audit less its own fold
+    if base is not None:
+        ours, base_s = min(found[1], found[-1]), min(found[-4], found[-2])
+        found = [min(found[0], found[-3]), float("nan"), ours, *found[2:-4], base_s]
+    fwd, fold, audit = found[:3]
+    full, local, interp = found[3:6] if not table_only else (float("nan"),) * 3
     fwd /= FORWARDS
     ratio, ratio_full, ratio_local, ratio_interp = (t / (fwd * batches) for t in (audit, full, local, interp))
+    extra = []
+    if base is not None:
+        extra = [f"{found[-1]:.3f}", f"{found[-1] / (fwd * batches):.1f}x", f"{audit / found[-1]:.2f}"]
     return [
         name,
         f"{fwd:.4f}",
@@ -210,6 +249,7 @@ def _row(name: str, model, x, rounds: int, profile: str, watched: bool = False, 
         f"{ratio_local:.1f}x",
         f"{interp:.3f}",
         f"{ratio_interp:.1f}x",
+        *extra,
     ]
 
 
@@ -257,43 +297,52 @@ def main(argv=None) -> int:
     p.add_argument("--ops", action="store_true", help="count ATen ops instead of timing (a count does not vary)")
     p.add_argument("--zoo", action="store_true", help="the library zoo's torchvision/timm classes instead")
     p.add_argument("--batches", type=int, default=1, help="audit N batches (the ratio per batch; `bnfold audit`: 8)")
+    p.add_argument("--base", default="", help="a directory holding another copy of bnfold, timed beside this one")
+    p.add_argument("--table-only", action="store_true", help="leave out the json, local and interp columns")
     args = p.parse_args(argv)
     row = functools.partial(_ops_row if args.ops else _row, batches=max(args.batches, 1))
+    if not args.ops:
+        row = functools.partial(row, base=load_base(args.base) if args.base else None, table_only=args.table_only)
     torch.set_num_threads(1)
     if args.zoo:
         return _zoo(args, row)
-    from models import ARCHS, QUICK_SHAPES, build
-
-    only = set(filter(None, args.only.split(",")))
-    rows = []
-    for arch in ARCHS:
-        if only and arch not in only:
-            continue
-        b = build(arch, QUICK_SHAPES[arch] if args.quick else None, calib_batches=2)
-        (x,) = b["example"]
-        shape = "x".join(map(str, x.shape))
-        rows.append(
-            row(
-                f"{arch} (torch program) {shape}",
-                torch.export.export(b["model"], (x,)),
-                x,
-                args.rounds,
-                args.profile,
-                args.watched,
-            )
-        )
-        rows.append(row(f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x, args.rounds, args.profile, args.watched))
-    if not args.quick:
-        for label, model, x in ocr_models(only):
-            rows.append(row(label, model, x, args.rounds, args.profile, args.watched))
-    _print(rows, args.ops)
+    rows = [
+        row(label, model, x, args.rounds, args.profile, args.watched)
+        for label, model, x in suite(set(filter(None, args.only.split(","))), args.quick)
+    ]
+    _print(rows, args.ops, bool(args.base))
     if not args.ops:
-        _summary(rows)
+        _summary(rows, bool(args.base))
     return 0
 
 
-def _summary(rows: list) -> None:
-    """The median and largest table ratio against issue 43's goals, and the floor."""
+def markdown(head: list[str], rows: list[list[str]]) -> None:
+    """Print ``rows`` under ``head`` as a Markdown table (the first column left-aligned, the others right)."""
+    print("| " + " | ".join(head) + " |\n|" + "|".join([":--"] + ["--:"] * (len(head) - 1)) + "|")
+    for r in rows:
+        print("| " + " | ".join(r) + " |")
+
+
+def suite(only: set, quick: bool = False):
+    """``(label, model, input)`` of each model of the table, in its order, made as it is reached: the part-B networks
+    (``benchmarks/models.py``: calibrated statistics; ``quick``: the small shapes) as torch program and as ONNX, then
+    the rapidocr models (not with ``quick``); those in ``only`` when it names any."""
+    from models import ARCHS, QUICK_SHAPES, build
+
+    for arch in ARCHS:
+        if only and arch not in only:
+            continue
+        b = build(arch, QUICK_SHAPES[arch] if quick else None, calib_batches=2)
+        (x,) = b["example"]
+        shape = "x".join(map(str, x.shape))
+        yield f"{arch} (torch program) {shape}", torch.export.export(b["model"], (x,)), x
+        yield f"{arch} (ONNX) {shape}", _onnx(b["model"], x), x
+    if not quick:
+        yield from ocr_models(only)
+
+
+def _summary(rows: list, base: bool = False) -> None:
+    """The median and largest table ratio against issue 43's goals, and the floor (``base``: and the base's)."""
     import statistics
 
     found = [float(r[4].rstrip("x")) for r in rows]
@@ -301,6 +350,12 @@ def _summary(rows: list) -> None:
         f"table: median {statistics.median(found):.1f}x (goal <= {MEDIAN_GOAL:g}x), max {max(found):.1f}x (goal <= "
         f"{GOAL:g}x); floor: {FLOOR:g} forwards (one emulated run, one reference run)"
     )
+    if base:
+        theirs, ratio = [float(r[13].rstrip("x")) for r in rows], [float(r[14]) for r in rows]
+        print(
+            f"base: median {statistics.median(theirs):.1f}x, max {max(theirs):.1f}x; new/base median "
+            f"{statistics.median(ratio):.2f} ({min(ratio):.2f}-{max(ratio):.2f})"
+        )
 
 
 def ocr_models(only: set) -> list[tuple[str, onnx.ModelProto, torch.Tensor]]:
@@ -324,9 +379,10 @@ def ocr_models(only: set) -> list[tuple[str, onnx.ModelProto, torch.Tensor]]:
     return out
 
 
-def _print(rows: list, ops: bool) -> None:
+def _print(rows: list, ops: bool, base: bool = False) -> None:
     headers = ["model", "fp32 fwd s", "fold s", "audit-fold s", "(audit-fold)/fwd", f"goal <= {GOAL:g}x"]
     headers += ["json-fold s", "ratio", "local-fold s", "ratio", "interp-fold s", "ratio"]
+    headers += ["base-fold s", "ratio", "new/base"] if base else []
     if ops:
         headers = ["model", "fwd ops", "fold ops", "audit ops", "local ops", "(audit-fold)/fwd"]
     widths = [max(len(str(r[i])) for r in rows + [headers]) for i in range(len(headers))]

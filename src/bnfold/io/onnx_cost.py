@@ -124,6 +124,7 @@ def onnx_plan(
     hold: Any = None,
     batches: int = 1,
     input_dims: dict[str, tuple] | None = None,
+    fields: list[tuple] | None = None,
 ) -> Plan:
     """Check the cost of running the main graph of ``model`` once on a batch (the inputs' symbolic dims:
     ``batch`` first, 1 elsewhere; ``input_dims`` sets whole inputs' dims) and return the plan.  Sizes come
@@ -131,7 +132,8 @@ def onnx_plan(
     ``value_info`` or output shapes); a dim that inference cannot size (a Resize whose scales the graph
     computes) is not counted here but checked when the op runs (:func:`bnfold.io.run_checks.before_op`).
     With ``hold`` (:class:`bnfold.numerics.audit_memory.AuditHold`), values count what the ONNX audit holds of
-    them (``batches`` batches)."""
+    them (``batches`` batches).  ``fields``: the nodes' fields as :func:`bnfold.onnx.const_eval.node_fields` reads
+    them, when the caller has them (the audit: its program of the model reads the same)."""
     from ..onnx.shapes import Shapes
 
     input_dims = input_dims or {}
@@ -155,8 +157,10 @@ def onnx_plan(
         live[t.name] = n * info.itemsize(data_type)
         float_weights += n if data_type in _ONNX_FLOATS else 0
     weights = sum(b for n, b in live.items() if n not in inputs) if content_bytes is None else content_bytes
-    nodes = list(g.node)
-    ops = [node.op_type for node in nodes]
+    if fields is None:
+        fields = [(node, node.op_type, node.input, node.output, None) for node in g.node]
+    nodes = [f[0] for f in fields]
+    ops = [f[1] for f in fields]
     const_floats = 0  # the float elements of Constant nodes (paddle2onnx keeps weights there)
     if content_bytes is None:  # Constant nodes hold weights too
         for node, op in zip(nodes, ops):
@@ -179,24 +183,25 @@ def onnx_plan(
     if hold:  # the weights' copies (each batch's outputs are dropped after its run: they count at their step)
         live["(held by the audit)"] = hold.constants(weights, float_weights)
     dims = {n: info.dims(n) for n in live}
-    steps = _onnx_steps(nodes, ops, info, dims, outs, hold)
+    steps = _onnx_steps(fields, info, dims, outs, hold)
     return check_plan(steps, budget, where, live=live, runs=runs)
 
 
-def _onnx_steps(nodes: list, ops: list[str], info: _OnnxValues, dims: dict, outs: set, hold: Any) -> list[PlanStep]:
-    """``nodes`` (op types ``ops``) as the steps of :func:`onnx_plan` (``dims``: the dims of the values present
-    so far, each node's outputs added as they are counted)."""
+def _onnx_steps(fields: list[tuple], info: _OnnxValues, dims: dict, outs: set, hold: Any) -> list[PlanStep]:
+    """The nodes (``fields``: node, op type, inputs, outputs, as :func:`onnx_plan` has them) as the steps of
+    :func:`onnx_plan` (``dims``: the dims of the values present so far, each node's outputs added as they are
+    counted)."""
     steps = []
-    for node, op in zip(nodes, ops):
-        if op == "Constant" and len(node.output) == 1 and node.output[0] not in outs:
-            o = node.output[0]  # the runners hold its value as a constant, never run it: no FLOPs, no temporaries
+    for node, op, inputs, outputs, _ in fields:
+        if op == "Constant" and len(outputs) == 1 and outputs[0] not in outs:
+            o = outputs[0]  # the runners hold its value as a constant, never run it: no FLOPs, no temporaries
             d, _, _, nb = info(o)
             dims[o] = d
             steps.append(PlanStep(f"Constant {(node.name or o)!r}", [o], [], nb, 0))
             continue
-        outputs = list(node.output)
+        outputs = list(outputs)
         label = f"{op} {(node.name or (outputs[0] if outputs else ''))!r}"
-        reads = [i for i in node.input if i]
+        reads = [i for i in inputs if i]
         out = []
         out_b = flops = temp = 0
         for o in outputs:

@@ -118,11 +118,14 @@ class AuditHold:
         return measured
 
 
-def onnx_audit_plan(model: Any, batches: list, where: str, hold: AuditHold | None = None) -> Plan:
+def onnx_audit_plan(
+    model: Any, batches: list, where: str, hold: AuditHold | None = None, fields: list | None = None
+) -> Plan:
     """:func:`onnx_plan` with the graph inputs shaped like the largest of ``batches`` (the ONNX audit's
     check before it runs: dims the file leaves open are then those of the real inputs), counting what
     the audit holds (``hold``, three runs a batch; default: the most any audit holds); then the run-time checks of the
-    op loop are armed (:func:`bnfold.io.run_checks.expect`)."""
+    op loop are armed (:func:`bnfold.io.run_checks.expect`).  ``fields``: the nodes' fields
+    (:func:`bnfold.onnx.const_eval.node_fields`), read once for the plan and the program."""
 
     init = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in init]
@@ -133,7 +136,7 @@ def onnx_audit_plan(model: Any, batches: list, where: str, hold: AuditHold | Non
             if elements(shape) >= elements(largest.get(v.name, ())):
                 largest[v.name] = shape
     hold = (hold or AuditHold(3)).with_runs(3)
-    plan = onnx_plan(model, where, hold=hold, batches=max(len(batches), 1), input_dims=largest)
+    plan = onnx_plan(model, where, hold=hold, batches=max(len(batches), 1), input_dims=largest, fields=fields)
     expect(plan.budget, plan.flops, where)
     return plan
 

@@ -163,14 +163,17 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
     return round_fp16(run(ins, torch.float32)[0])
 
 
-def onnx_program(model: onnx.ModelProto, like: Program | None = None, lazy: bool = False) -> Program:
+def onnx_program(
+    model: onnx.ModelProto, like: Program | None = None, lazy: bool = False, nodes: list[tuple] | None = None
+) -> Program:
     """``model`` as the runner's :class:`~.runner.Program` (``stored``: its large initializers' protos and tensors).
     ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
     fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share.
     ``lazy``: an initializer a streamed load left on disk (``load_onnx(path, stream=True)``) of at least
     :data:`~.lazy.LAZY_BYTES` is a :class:`~.lazy.LazyConstant`, read when a step reads it (for
-    :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held)."""
-    nodes = node_fields(model)
+    :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held).  ``nodes``: the model's node
+    fields (:func:`~bnfold.onnx.const_eval.node_fields`) when the caller read them already (the audit's plan)."""
+    nodes = node_fields(model) if nodes is None else nodes
     mine, before = _large_initializers(model, nodes), like.stored if like is not None else {}
     reused = {k: before[k][1] for k, t in mine.items() if k in before and before[k][0] == t}
     read: dict = {k: v.numpy() for k, v in reused.items()}
@@ -293,10 +296,20 @@ def check_batches(model: onnx.ModelProto, batches: list[tuple], input_shapes: di
 
 
 class OnnxAudit:
-    """The audit hooks of an ONNX model (:class:`~.runner.AuditFormat`)."""
+    """The audit hooks of an ONNX model (:class:`~.runner.AuditFormat`), one per caller (``Frontend.numerics()``):
+    the nodes' fields of the model it plans are read once, for the plan and the program :meth:`program` builds next of
+    that same model (``_read``: the model and its fields, until then)."""
 
     #: an op the audit cannot run (:class:`UnsupportedOp`), inputs that do not fit the model, an op that fails
     cannot_run: tuple[type[Exception], ...] = (NotImplementedError, ValueError)
+
+    def __init__(self) -> None:
+        self._read: tuple[onnx.ModelProto, list[tuple]] | None = None
+
+    def _fields(self, model: onnx.ModelProto) -> list[tuple]:
+        """``model``'s node fields, kept for the next :meth:`program` of it."""
+        self._read = (model, node_fields(model))
+        return self._read[1]
 
     def prepare(
         self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True, hold=None
@@ -311,10 +324,15 @@ class OnnxAudit:
         return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
 
     def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> None:
-        onnx_audit_plan(model, batches, name or "the model", hold)  # counts three runs, whatever ``runs`` says
+        # counts three runs, whatever ``runs`` says
+        onnx_audit_plan(model, batches, name or "the model", hold, self._fields(model))
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
-        return onnx_program(model, like, lazy)
+        """The program of ``model`` (see :func:`onnx_program`); the fields its plan read are used once, by the next
+        program of that model (the audit's unfolded one), and dropped: a model a caller edits afterwards is read
+        again."""
+        read, self._read = self._read, None
+        return onnx_program(model, like, lazy, read[1] if read is not None and read[0] is model else None)
 
     def output_rank(self, model) -> int | None:
         """The rank the graph declares for its first output (None: not declared)."""
@@ -322,6 +340,3 @@ class OnnxAudit:
         if not outs or not outs[0].type.tensor_type.HasField("shape"):
             return None
         return len(outs[0].type.tensor_type.shape.dim)
-
-
-ONNX_AUDIT = OnnxAudit()

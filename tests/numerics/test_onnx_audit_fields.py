@@ -1,0 +1,55 @@
+"""The ONNX audit reads each node's fields once, for its cost plan and the program of the model it planned
+(:class:`bnfold.numerics.onnx_program.OnnxAudit`): one ``OnnxAudit`` per caller, the fields handed to that model's
+next program only, so a model edited after that program is read again."""
+
+import pytest
+import torch
+from numerics_helpers import onnx_keeping_batch_norms, small_net
+
+import bnfold.numerics.onnx_program as onnx_program_module
+from bnfold.frontends import frontend_for
+from bnfold.numerics.audit_memory import AuditHold
+
+onnx = pytest.importorskip("onnx")
+
+
+@pytest.fixture
+def model():
+    net = small_net()
+    return onnx_keeping_batch_norms(net, torch.randn(1, 3, 8, 8))
+
+
+def test_each_caller_gets_its_own_hooks(model):
+    fe = frontend_for(model)
+    assert fe.numerics() is not fe.numerics()
+
+
+def test_plan_and_program_share_one_read(model, monkeypatch):
+    reads = []
+    real = onnx_program_module.node_fields
+
+    def counting(m):
+        reads.append(m)
+        return real(m)
+
+    monkeypatch.setattr(onnx_program_module, "node_fields", counting)
+    fmt = frontend_for(model).numerics()
+    fmt.plan(model, [(torch.randn(1, 3, 8, 8),)], runs=3, name=None, hold=AuditHold.of(3, torch.float32, False))
+    assert reads == [model]
+    shared = fmt.program(model)
+    assert reads == [model]  # the plan's read
+    again = fmt.program(model)  # used once: read again
+    assert len(reads) == 2
+    assert [s.op for s in shared.steps] == [s.op for s in again.steps]
+
+
+def test_a_model_edited_after_its_program_is_read_again(model):
+    fmt = frontend_for(model).numerics()
+    x = torch.randn(1, 3, 8, 8)
+    fmt.plan(model, [(x,)], runs=3, name=None, hold=AuditHold.of(3, torch.float32, False))
+    before = fmt.program(model)
+    sigmoid = next(n for n in model.graph.node if n.op_type == "Sigmoid")
+    sigmoid.op_type = "Tanh"  # in place, after the program of the plan's read
+    after = fmt.program(model)
+    assert "Tanh" not in [s.op for s in before.steps]
+    assert [s.op for s in after.steps].count("Tanh") == 1
