@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 import cli_helpers as h
 
@@ -94,3 +95,82 @@ def test_a_huge_input_shape_on_an_open_dim_is_one_line_before_anything_is_drawn(
     code, _, err = run("audit", str(path), "--input-shape", f"input:{batch},3,8,8", "-q")
     assert code == 2
     h.one_error_line(err, "--input-shape", "one batch of inputs takes")
+
+
+class _Wide(torch.nn.Module):
+    """conv+bn on x, which is ``s + 10`` wide (a derived dim); ``Shifted``: its output past column 10 plus y, ``s``
+    wide (export then guards s against 0 and 1, which the slice was traced without)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv, self.bn = torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.BatchNorm2d(4)
+
+    def forward(self, x):
+        return self.bn(self.conv(x))
+
+
+class _Shifted(_Wide):
+    def forward(self, x, y):
+        return super().forward(x)[..., 10:] + y
+
+
+def _derived(path, low: int, shifted: bool):
+    s = torch.export.Dim("s", min=low, max=100)
+    args, dyn = (torch.randn(1, 3, 8, 30),), ({3: s + 10},)
+    if shifted:
+        args, dyn = (*args, torch.randn(1, 4, 8, 20)), (*dyn, {3: s})
+    ep = torch.export.export(h.randomize_bn((_Shifted if shifted else _Wide)()).eval(), args, dynamic_shapes=dyn)
+    torch.export.save(ep, str(path))
+    return ep, path
+
+
+def _sizes(width: int, shifted: bool) -> dict:
+    return {"x": (1, 3, 8, width), **({"y": (1, 4, 8, width - 10)} if shifted else {})}
+
+
+@pytest.mark.parametrize(("low", "shifted"), [(0, False), (1, False), (0, True)], ids=["min 0", "min 1", "guarded"])
+def test_a_derived_dim_takes_the_sizes_torchs_own_module_takes(low, shifted, tmp_path):
+    """``Dim("s", min=low)`` and x ``s + 10`` wide: bnfold allows the sizes that ``ExportedProgram.module()``
+    runs (its range_constraints, 0 and 1 let through below a lowest bound of 2, and its guards).  Before, x 10 wide
+    at min 0 was refused (sympy's ``Eq(s + 10, 10)`` is False for torch's positive symbols) and 11 wide passed the
+    guarded program, whose guards refuse s = 1."""
+    from bnfold.io.input_dims import shape_error
+
+    ep, _ = _derived(tmp_path / "d.pt2", low, shifted)
+    for width in (9, 10, 11, 12, 110, 111):
+        try:
+            ep.module()(*(torch.randn(s) for s in _sizes(width, shifted).values()))
+            runs = True
+        except (AssertionError, RuntimeError):
+            runs = False
+        assert (shape_error(ep, _sizes(width, shifted)) is None) == runs, (
+            width,
+            shape_error(ep, _sizes(width, shifted)),
+        )
+
+
+@pytest.mark.parametrize(
+    ("low", "shifted", "width", "words"),
+    [
+        (0, False, 10, None),  # s = 0 in 0..100: audits
+        (1, False, 10, " + 10 only in 11..110"),
+        (0, True, 11, "break the program's guard ((-10) + L['x'].size()[3]) != 1"),
+    ],
+    ids=["s is 0 at min 0", "s is 0 at min 1", "s is 1, guarded"],
+)
+def test_a_derived_dims_size_audits_or_is_one_line_naming_the_bound(run, tmp_path, low, shifted, width, words):
+    _, path = _derived(tmp_path / "d.pt2", low, shifted)
+    given = [
+        a
+        for name, dims in _sizes(width, shifted).items()
+        for a in ("--input-shape", f"{name}:{','.join(map(str, dims))}")
+    ]
+    code, out, err = run("audit", path, *given, "-q")
+    if words is None:
+        assert code == 0, err
+        assert out.splitlines()[0].endswith("8 samples in 8 batch(es), random inputs")
+    else:
+        assert code == 2
+        h.one_error_line(
+            err, f"--input-shape x: dim 3 is {width}" if "only in" in words else "--input-shape x: its dims", words
+        )

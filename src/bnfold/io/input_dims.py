@@ -9,6 +9,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from .input_guards import failed_guard
+
 
 def user_placeholders(ep: Any) -> list:
     """The placeholder nodes of the program's user inputs, in order."""
@@ -21,14 +23,16 @@ def user_placeholders(ep: Any) -> list:
 
 def dims_text(ep: Any, val: Any) -> list[str]:
     """The dims of the stated input ``val``, each as text: ``1``, a dynamic dim as its expression and range
-    (``32*s25 in 32..4096``)."""
+    (``s25 in 1..128``), a derived one with its symbol's (``32*s25 in 32..4096 (s25 in 1..128)``)."""
     import torch
 
     parts = []
     for d in val.shape:
         if isinstance(d, torch.SymInt) and not d.node.expr.is_number:
-            lo, hi = _range(ep, d.node.expr)
-            parts.append(f"{d.node.expr} in {lo}..{hi if hi < math.inf else 'inf'}")
+            expr, lo, hi = d.node.expr, *_range(ep, d.node.expr)
+            (sym,) = expr.free_symbols if len(expr.free_symbols) == 1 else (expr,)
+            of = f" ({sym} in {'..'.join(map(_text, _range(ep, sym)))})" if sym != expr else ""
+            parts.append(f"{expr} in {lo}..{_text(hi)}{of}")
         else:
             parts.append(str(int(d)))
     return parts
@@ -45,10 +49,13 @@ def _range(ep: Any, expr: Any) -> tuple[int, float]:
 
 def shape_error(ep: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] | None:
     """``(input, why)`` for the first of ``shapes`` (user input name -> dims) that the program does not allow, else
-    None.  A static dim must be equal; a dynamic dim's expression of one symbol is solved for it (an integer, the same
-    across the inputs) and both the dim and its symbol must be within the program's ranges (a lowest bound up to 2 is
-    not enforced: torch's own check lets 0 and 1 through, as export specializes them); a dim whose expression has
-    several symbols cannot be checked here and is refused."""
+    None.  A static dim must be equal; a dynamic dim's expression of one symbol is solved for it over the integers (the
+    same value across the inputs: sympy's ``Eq(s + 10, 10)`` is False for torch's positive symbols, so a derived dim's
+    symbol at 0 is solved for an unassumed one) and both the dim and its symbol must be within the program's
+    ``range_constraints``, as ``ExportedProgram.module()`` checks them: a lowest bound up to 2 does not refuse 0 and 1
+    (export's own specialization; a negative symbol is refused); then the program's guards on its inputs' sizes
+    (:mod:`bnfold.io.input_guards`), where export refuses 0 or 1 that its ops were traced without.  A dim whose
+    expression has several symbols cannot be checked here and is refused."""
     import sympy
     import torch
     from torch.utils._sympy.solve import try_solve
@@ -71,21 +78,43 @@ def shape_error(ep: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] 
                 return node.name, f"dim {k} is {expr}, a dim bnfold cannot check"
             (sym,) = free
             if sym not in bound:
-                solved = r if expr == sym else _solve(try_solve, sympy.Eq(expr, r), sym)
+                solved = r if expr == sym else _solve(try_solve, expr, r, sym)
                 if solved is None:
                     return node.name, f"dim {k} is {r}, not of the program's form {expr} for a whole {sym}"
                 bound[sym] = solved
             if expr.xreplace({sym: bound[sym]}) != r:
                 return node.name, f"dim {k} is {r}, but {expr} is {expr.xreplace({sym: bound[sym]})} by an earlier dim"
-            for what, value in ((expr, r), (sym, bound[sym])):
-                lo, hi = _range(ep, what)
-                if (lo > 2 and value < lo) or value > hi:
-                    return node.name, f"dim {k} is {r}, but the program allows {what} only in {lo}..{hi}"
+            why = _outside(ep, expr, r, sym, bound[sym])
+            if why is not None:
+                return node.name, f"dim {k} is {r}{why}"
+    guard = failed_guard(ep, shapes)
+    if guard is not None:
+        name = next((n for n in shapes if f"[{n!r}]" in guard), next(iter(shapes)))
+        return name, f"its dims break the program's guard {guard[:200]}"
     return None
 
 
-def _solve(try_solve: Any, eq: Any, sym: Any) -> int | None:
-    """The whole number ``sym`` that solves ``eq``, else None."""
-    solution = try_solve(eq, sym)
+def _outside(ep: Any, expr: Any, dim: int, sym: Any, value: int) -> str | None:
+    """Why ``dim`` (of ``expr``) or ``value`` (its symbol's) is outside the program's range, naming it, else None."""
+    lo, hi = _range(ep, expr)
+    if (lo > 2 and dim < lo) or dim > hi:
+        return f", but the program allows {expr} only in {lo}..{_text(hi)}"
+    s_lo, s_hi = _range(ep, sym)
+    if expr != sym and (value > s_hi or (value < s_lo and not 0 <= value < s_lo <= 2)):
+        return f", so {sym} is {value}, but the program allows {sym} only in {s_lo}..{_text(s_hi)}"
+    return None
+
+
+def _text(hi: float) -> str:
+    return str(int(hi)) if hi < math.inf else "inf"
+
+
+def _solve(try_solve: Any, expr: Any, dim: int, sym: Any) -> int | None:
+    """The whole number ``sym`` for which ``expr`` is ``dim``, else None; it may be 0 or negative (checked against its
+    range afterwards), which torch's positive symbols would rule out before solving."""
+    import sympy
+
+    free = sympy.Symbol(f"{sym}_", integer=True)
+    solution = try_solve(sympy.Eq(expr.xreplace({sym: free}), dim), free)
     value = solution[1] if solution is not None else None
     return int(value) if value is not None and value.is_integer else None
