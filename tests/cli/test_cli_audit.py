@@ -51,7 +51,7 @@ def test_npz_batches_by_position_and_by_name(ep, tmp_path):
         ({"arr_0": np.zeros((3, 3, 3))}, "has shape"),
         ({"arr_0": np.zeros((5, 3, 8, 8))}, "not a multiple of input x's batch size 2"),
         ({"images": np.zeros((2, 3, 8, 8))}, "expected arrays named"),
-        ({"arr_0": np.array([object(), object()], dtype=object)}, "cannot read the inputs"),
+        ({"arr_0": np.array([object(), object()], dtype=object)}, "has dtype object; inputs must be numeric"),
     ],
 )
 def test_bad_npz_is_one_line_exit_2(run, models, tmp_path, arrays, problem):

@@ -1,10 +1,14 @@
 """Reading an ``.npz`` file of input arrays (``bnfold audit --inputs``): no pickles, regular files only,
-bounded in size."""
+bounded in size.  The file is a stranger's: nothing it states sizes a buffer.  Each member's ``.npy`` header
+(dtype, shape) is read by numpy's header reader, and its data is then read in bounded chunks, counted as
+they come (deflated ones decompressed so, never past the header's size plus one byte, and within the zip
+ratio), and must be exactly the header's elements times the itemsize."""
 
 from __future__ import annotations
 
 import io
 import zipfile
+from typing import Any, BinaryIO
 
 from ..errors import ModelFileError
 from .errors import one_line
@@ -12,71 +16,135 @@ from .limits import RATIO_FREE_BYTES, Limits, open_regular_file, read_regular_fi
 
 #: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
 NUMERIC_KINDS = "biufc"
+_CHUNK = 1 << 20  # bytes of a member read (and decompressed) at a time
+_COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez / np.savez_compressed write
 
 
 def read_npz(path: str, limits: Limits | None = None):
-    """``{name: array}`` from ``path``, read with ``allow_pickle=False``; one-line ModelFileError otherwise.
+    """``{name: array}`` from ``path``; one-line ModelFileError otherwise.
 
     The file must be a regular file (a FIFO would block forever), its arrays
     may unpack to no more than the byte budget of ``limits``, no entry over
-    1 MiB may inflate more than the ``.pt2`` bound (200-fold), and every array
+    1 MiB may inflate more than the ``.pt2`` bound (200-fold), every member must be an
+    ``.npy`` array whose data is exactly what its header states, and every array
     must be numeric (bool, integer, float, complex: no strings, dates,
-    records or objects).
+    records or objects; nothing is unpickled).
     """
-    import numpy as np
-
     data = read_regular_file(path, ".npz file")
-    budget = (limits or Limits()).byte_budget(len(data))
     limits = limits or Limits()
-    try:
-        with zipfile.ZipFile(io.BytesIO(data)) as zf:
-            infos = zf.infolist()
-    except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
-        raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
-    total = sum(i.file_size for i in infos)
-    if total > budget:
-        raise ModelFileError(f"{path}: the arrays unpack to {total} bytes, over the limit of {budget}; refused")
-    for i in infos:
-        if i.file_size > RATIO_FREE_BYTES and i.file_size > limits.zip_ratio * max(i.compress_size, 1):
-            raise ModelFileError(
-                f"{path}: entry {i.filename!r} inflates {i.file_size // max(i.compress_size, 1)}-fold "
-                f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
-            )
-    try:
-        with np.load(io.BytesIO(data), allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except MemoryError:
-        raise ModelFileError(f"{path}: out of memory while reading the inputs") from None
-    except Exception as e:  # noqa: BLE001 - numpy raises many kinds for a bad file
-        raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
+    arrays = _scan(path, io.BytesIO(data), limits, limits.byte_budget(len(data)), keep=True)
     if not arrays:
         raise ModelFileError(f"{path}: the .npz file holds no arrays")
-    for name, a in arrays.items():
-        if a.dtype.kind not in NUMERIC_KINDS or a.dtype.fields is not None:
-            raise ModelFileError(
-                f"{path}: array {name!r} has dtype {a.dtype}; inputs must be numeric (bool, integer, float)"
-            )
     return arrays
 
 
 def npz_elements(path: str) -> int:
-    """The elements of all the arrays of the ``.npz`` file at ``path``, from their headers (no array is read):
-    what the user chose to feed, which bounds the work a model file's own input shapes are granted when it is
-    checked at load (:func:`bnfold.io.budget.inputs_chosen`).  0 for a file that cannot be read so (the audit's
-    reader, :func:`read_npz`, then says why)."""
-    import numpy as np
-
-    from .sizes import elements
-
-    fmt = np.lib.format
-    total = 0
+    """The elements of all the arrays of the ``.npz`` file at ``path`` that its data holds: what the user chose
+    to feed, which bounds the work a model file's own input shapes are granted when it is checked at load
+    (:func:`bnfold.io.budget.inputs_chosen`).  Each member is read through (in bounded chunks, nothing kept) and
+    counts only if its data is exactly what its header states (a header claiming more would buy the model file
+    work).  0 for a file that cannot be read so (the audit's reader, :func:`read_npz`, then says why)."""
     try:
-        with open_regular_file(path, ".npz file") as f, zipfile.ZipFile(f) as zf:
-            for info in zf.infolist():
-                with zf.open(info) as entry:
-                    version = fmt.read_magic(entry)
-                    read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-                    total += elements(read(entry)[0])
+        with open_regular_file(path, ".npz file") as f:
+            limits = Limits()
+            budget = limits.byte_budget(f.seek(0, io.SEEK_END))
+            return sum(_scan(path, f, limits, budget, keep=False).values())
     except Exception:  # noqa: BLE001 - any unreadable file: no allowance here, read_npz's error later
         return 0
-    return total
+
+
+def _scan(path: str, f: BinaryIO, limits: Limits, budget: int, keep: bool) -> dict[str, Any]:
+    """``{name: array}`` (``keep``) or ``{name: elements}`` of the ``.npz`` in ``f``, checked as :func:`read_npz`
+    says; one-line ModelFileError otherwise."""
+    try:
+        size = f.seek(0, io.SEEK_END)  # the compressed bytes there are, whatever the members state
+        f.seek(0)
+        with zipfile.ZipFile(f) as zf:
+            infos = zf.infolist()
+            total = sum(i.file_size for i in infos)  # as stated: refuses early, decides nothing else
+            if total > budget:
+                raise ModelFileError(f"{path}: the arrays unpack to {total} bytes, over the limit of {budget}; refused")
+            out: dict[str, Any] = {}
+            for info in infos:
+                _stated_ratio(path, info, limits)
+            for info in infos:
+                name = _name(path, info, out)
+                with zf.open(info) as entry:
+                    out[name], used = _member(path, info, entry, limits, (budget, size), keep)
+                budget -= used
+            return out
+    except MemoryError:
+        raise ModelFileError(f"{path}: out of memory while reading the inputs") from None
+    except ModelFileError:
+        raise
+    except Exception as e:  # noqa: BLE001 - zipfile, zlib and numpy's header reader raise many kinds
+        raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
+
+
+def _stated_ratio(path: str, info: zipfile.ZipInfo, limits: Limits) -> None:
+    """An entry over 1 MiB that states it inflates over the bound is refused before any of it is read (the
+    bound is counted again on the bytes as they come: :func:`_member`)."""
+    if info.file_size > RATIO_FREE_BYTES and info.file_size > limits.zip_ratio * max(info.compress_size, 1):
+        raise ModelFileError(
+            f"{path}: entry {info.filename!r} inflates {info.file_size // max(info.compress_size, 1)}-fold "
+            f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
+        )
+
+
+def _name(path: str, info: zipfile.ZipInfo, seen: dict) -> str:
+    """The array's name (the member's, less ``.npy``): a member of another kind, compression or name is refused."""
+    name = info.filename[:-4] if info.filename.endswith(".npy") else None
+    if name is None or name in seen or info.compress_type not in _COMPRESSIONS or info.flag_bits & 0x1:
+        why = "twice" if name in seen else "not an .npy array stored or deflated"
+        raise ModelFileError(f"{path}: member {info.filename!r} is {why}; refused")
+    return name
+
+
+def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, bounds: tuple[int, int], keep: bool):
+    """``(array or elements, bytes)`` of one member: its header read, its data read in chunks and counted.
+    ``bounds``: the bytes the arrays may still unpack to, and the file's size (the most compressed bytes a member
+    can have, whatever it states: the inflation is counted against the smaller)."""
+    import numpy as np
+
+    budget, packed = bounds[0], max(min(info.compress_size, bounds[1]), 1)
+
+    fmt = np.lib.format
+    version = fmt.read_magic(entry)
+    if version not in ((1, 0), (2, 0)):
+        raise ModelFileError(f"{path}: array {info.filename!r} has .npy format {version}; refused")
+    read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
+    shape, fortran, dtype = read(entry)
+    if dtype.kind not in NUMERIC_KINDS or dtype.fields is not None or dtype.subdtype is not None:
+        raise ModelFileError(
+            f"{path}: array {info.filename[:-4]!r} has dtype {dtype}; inputs must be numeric (bool, integer, float)"
+        )
+    count = 1
+    for d in shape:
+        count *= d
+    need = count * dtype.itemsize
+    if need > budget:
+        raise ModelFileError(
+            f"{path}: array {info.filename[:-4]!r} states {need} bytes, over the limit of {budget}; refused"
+        )
+    buf, got = bytearray(), 0
+    while got <= need:
+        chunk = entry.read(min(_CHUNK, need + 1 - got))
+        if not chunk:
+            break
+        got += len(chunk)
+        if got > RATIO_FREE_BYTES and got > limits.zip_ratio * packed:
+            raise ModelFileError(
+                f"{path}: entry {info.filename!r} inflates over {got // packed}-fold "
+                f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
+            )
+        if keep:
+            buf += chunk
+    if got != need:
+        raise ModelFileError(
+            f"{path}: array {info.filename[:-4]!r} states {count} elements of {dtype} ({need} bytes), "
+            f"its data holds {'more' if got > need else got}; refused"
+        )
+    if not keep:
+        return count, need
+    array = np.frombuffer(buf, dtype=dtype, count=count)
+    return (array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)), need
