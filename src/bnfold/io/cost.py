@@ -28,7 +28,9 @@ the audit holds of each value is the numerics' memory model (:mod:`bnfold.numeri
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where callers find them)
     CONTENT_MULTIPLE,
@@ -58,6 +60,38 @@ ONNX_FLOAT_CONV_OPS = ONNX_CONV_OPS[:2]  # the float ones
 def is_fx_conv(name: str) -> bool:
     """Whether the op of short name ``name`` is a convolution (transposed ones included)."""
     return name in FX_CONV_OPS or name.startswith("conv_t")
+
+
+class Conv(NamedTuple):
+    """A convolution op's facts that decide its im2col buffer (``numerics.audit_memory.conv_columns``): transposed,
+    dilated (a dilation over 1 on any side)."""
+
+    transposed: bool = False
+    dilated: bool = False
+
+
+def fx_conv(name: str, args: Sequence) -> Conv | None:
+    """The :class:`Conv` of a torch op of short name ``name`` and arguments ``args``, None for another op:
+    ``convolution(x, w, b, stride, padding, dilation, transposed, ...)``, ``conv2d(x, w, b, stride, padding,
+    dilation, groups)``, ``conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)``."""
+    if not is_fx_conv(name):
+        return None
+    transposed = name.startswith("conv_t") or (name in ("convolution", "_convolution") and bool(_arg(args, 6, False)))
+    dilation = _arg(args, 7 if name.startswith("conv_t") else 5, 1)
+    dilations = dilation if isinstance(dilation, (list, tuple)) else [dilation]
+    return Conv(transposed, any(type(d) is int and d != 1 for d in dilations))  # unknown: not dilated, the larger
+
+
+def onnx_conv(node: Any, op: str) -> Conv | None:
+    """The :class:`Conv` of an ONNX node of type ``op``, None for another than ``Conv`` / ``ConvTranspose``."""
+    if op not in ONNX_FLOAT_CONV_OPS:
+        return None
+    dilations = next((list(a.ints) for a in node.attribute if a.name == "dilations"), [])
+    return Conv(op == "ConvTranspose", any(d != 1 for d in dilations))
+
+
+def _arg(args: Sequence, i: int, default: Any) -> Any:
+    return args[i] if len(args) > i else default
 
 
 # ----------------------------------------------------------------------------- plans

@@ -18,7 +18,7 @@ from .cost import (
     check_batches,
     check_inputs,
     check_plan,
-    is_fx_conv,
+    fx_conv,
 )
 from .sizes import concrete_dim, elements
 
@@ -198,7 +198,7 @@ def fx_plan(
         for n, s in zip(ns, vals):
             flops += _fx_flops(name, node.args, s.dims, in_dims, n, in_ns)
             if hold and s.is_float:
-                temp = max(temp, hold.temp(is_fx_conv(name), s.dims, in_dims))
+                temp = max(temp, hold.temp(fx_conv(name, node.args), s.dims, in_dims))
         if vals:
             firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))

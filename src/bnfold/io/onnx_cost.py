@@ -9,12 +9,12 @@ from typing import Any
 from .budget import input_flops
 from .cost import (
     ONNX_CONV_OPS,
-    ONNX_FLOAT_CONV_OPS,
     Budget,
     Plan,
     PlanStep,
     check_inputs,
     check_plan,
+    onnx_conv,
 )
 from .fx_cost import einsum_flops
 from .sizes import elements
@@ -218,7 +218,7 @@ def _onnx_steps(fields: list[tuple], info: _OnnxValues, dims: dict, outs: set, h
             ins = [dims.get(i) for i in reads]
             flops += _onnx_flops(node, op, ins, n)
             if hold:
-                temp = max(temp, hold.temp(op in ONNX_FLOAT_CONV_OPS, d, ins, n))
+                temp = max(temp, hold.temp(onnx_conv(node, op), d, ins, n))
         steps.append(PlanStep(label, out, reads, out_b, flops, temp))
     return steps
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from ..errors import ModelFileError
-from ..io.cost import Plan
+from ..io.cost import Conv, Plan
 from ..io.fx_cost import check_indices, fx_plan, higher_order_ops
 from ..io.onnx_cost import onnx_plan
 from ..io.run_checks import expect
@@ -101,21 +101,59 @@ class AuditHold:
         emulators = 2 if self.runs > 2 else 1
         return _slack(emulators * out_elements * (AUDIT_EMULATED_BYTES + self.reference_bytes))
 
-    def temp(self, conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None) -> int:
-        """What one op holds while it runs (``out``: ``out_dims``' element count, when the caller has it)."""
+    def temp(
+        self, conv: Conv | None, out_dims: list[int], in_dims: list[list[int] | None], out: int | None = None
+    ) -> int:
+        """What one op holds while it runs (``conv``: the op is a convolution, which; ``out``: ``out_dims``' element
+        count, when the caller has it)."""
         return _slack(self._temp(conv, out_dims, in_dims, elements(out_dims) if out is None else out))
 
-    def _temp(self, conv: bool, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
-        """What one op holds while it runs: a float64 reference convolution's im2col buffer (CPU: each output
-        position times the weight's fan-in, 8 bytes each; measured 162 MiB for a [4, 32, 128, 128] input and a 3x3
-        kernel; a float32 convolution runs without one, in oneDNN), else the float64 temporaries of the error
-        measurement (measured 18 MiB for an 8 MiB float32 value) and of a batch norm's input probe.  An input's
-        dims may be None (unknown: none counted)."""
+    def _temp(self, conv: Conv | None, out_dims: list[int], in_dims: list[list[int] | None], out: int) -> int:
+        """What one op holds while it runs: the float64 temporaries of the error measurement (measured 18 MiB for an
+        8 MiB float32 value) and of a batch norm's input probe, or a convolution's im2col buffer where torch's CPU
+        convolution makes one (:func:`conv_columns`), in the reference run or the float32 emulated one, whichever
+        is larger.  An input's dims may be None (unknown: none counted)."""
         measured = out * AUDIT_TEMP_BYTES
-        if conv and self.reference_bytes == 8 and len(in_dims) > 1 and len(out_dims) > 1 and out_dims[1]:
-            columns = out // out_dims[1] * elements((in_dims[1] or [])[1:]) * 8
-            return max(columns, measured)
-        return measured
+        if conv is None:
+            return measured
+        return max(
+            measured,
+            conv_columns(conv, out_dims, in_dims, 4),
+            conv_columns(conv, out_dims, in_dims, self.reference_bytes),
+        )
+
+
+#: A float32 convolution of one sample of at most this many input elements, not grouped, with a kernel of 3 or
+#: less on a side, runs in torch's native kernel (``slow_conv2d``, with an im2col buffer), not in oneDNN.
+SMALL_FLOAT32_INPUT = 20480
+
+
+def conv_columns(conv: Conv, out_dims: list[int], in_dims: list[list[int] | None], itemsize: int) -> int:
+    """The bytes of the im2col buffer torch 2.13's CPU convolution allocates for one run in a dtype of ``itemsize``
+    bytes (measured as the peak RSS of single convolutions, BENCHMARKS.md part N).  float64 runs in torch's native
+    kernels: a ``[N, C_in/g * k, out positions]`` buffer for the whole batch (a transposed one's
+    ``[N, C_out/g * k, input positions]``), one sample's for a dilated one, none for a 1x1 kernel at stride 1 without
+    padding; a grouped one runs group by group, each with its input's slice and its output's.  float32 runs in
+    oneDNN, which makes none (its own temporaries stay under the error measurement's 24 bytes per output element),
+    but for :data:`SMALL_FLOAT32_INPUT`.  0 where an input's dims are unknown."""
+    x, w = (in_dims + [None, None])[:2]
+    if not x or not w or len(x) < 3 or len(w) != len(x) or len(out_dims) != len(x) or not w[1]:
+        return 0
+    n, k = x[0], elements(w[2:])
+    groups = (out_dims[1] if conv.transposed else x[1]) // w[1]
+    if itemsize == 4 and (
+        conv.transposed or groups != 1 or n > 1 or elements(x) > SMALL_FLOAT32_INPUT or (len(w) == 4 and min(w[2:]) > 3)
+    ):
+        return 0  # oneDNN
+    if conv.transposed:
+        columns = n * elements(x[2:]) * w[1] * k
+    elif k == 1 and list(out_dims[2:]) == list(x[2:]):
+        columns = 0  # 1x1, stride 1, no padding: the input is the matrix
+    else:
+        columns = (1 if conv.dilated else n) * elements(out_dims[2:]) * w[1] * k
+    if groups > 1:  # one group at a time: its columns, its input's slice and its output's
+        columns += elements(x) // groups + elements(out_dims) // groups
+    return columns * itemsize
 
 
 def onnx_audit_plan(
