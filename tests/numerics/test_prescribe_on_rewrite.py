@@ -100,3 +100,55 @@ def test_rewrite_then_block_list_through_onnxconverter_common_and_onnx_runtime()
     sqnr = 10 * math.log10(float((ref**2).sum()) / float(((out - ref) ** 2).sum()))
     assert sqnr >= rep.floor.min_sqnr_db
     assert (out.argmax(1) == ref.argmax(1)).mean() >= rep.floor.min_agreement
+
+
+def test_the_fallback_island_has_runs_of_its_own():
+    """``max_runs=1``: the range rewrite's verification run no longer spends the island's runs (before: no island
+    run at all, and the line said "the verdict still fails after 1 runs" of a set never tried); the one island run
+    goes to the fallback, the model as shipped, whose island then holds."""
+    model, xs = _model("pt2")
+    pres = bnfold.audit(model, xs, max_runs=1).prescription
+    assert pres.base == "folded" and pres.rewrite == [] and pres.holds and pres.fp32_nodes
+    assert pres.end_to_end is not None and not pres.end_to_end.output.nonfinite
+    assert pres.runs == 2  # the rewrite's verification, the fallback's island
+
+
+def test_an_island_on_a_rewritten_model_cannot_starve_the_fallback(monkeypatch):
+    """An island search on the rewritten model that never holds spends only its share of ``max_runs`` (half); the
+    fallback's search on the model as shipped then runs in its own (before, it got what was left: nothing)."""
+    from bnfold.numerics import diagnose, prescribe
+
+    real, spent = prescribe.island, []
+
+    def never_holds(search, program, records, cause, runs=None):
+        if spent:  # the second search, on the model as shipped: the real one
+            return real(search, program, records, cause, runs)
+        for _ in range(runs):
+            search.run(program)
+        spent.append(runs)
+        return [program.steps[0].name], False, None
+
+    monkeypatch.setattr(diagnose, "island", never_holds)
+    model, xs = _model("pt2")
+    pres = bnfold.audit(model, xs, max_runs=8).prescription
+    assert spent == [4] and pres.base == "folded" and pres.holds and pres.end_to_end is not None
+    assert 1 + 4 < pres.runs <= 1 + 8  # the verification, then at most max_runs island runs
+
+
+def test_the_report_keeps_no_rewritten_program():
+    """Each tried rewrite's program and per-op records are dropped once scored; the report keeps what it prints."""
+    model, xs = _model("pt2")
+    rep = bnfold.audit(model, xs)
+    tried = rep.prescription.tried
+    assert tried and all(v.program is None and v.records == [] for v in tried)
+    d = rep.to_dict()["prescription"]["tried"]
+    assert [t["name"] for t in d] == [v.rewrite.name for v in tried] and all("output_sqnr_db" in t for t in d)
+
+
+@pytest.mark.parametrize(
+    ("max_runs", "partial", "shares"), [(8, 0, (0, 8)), (8, 1, (4, 4)), (8, 2, (4, 4)), (3, 1, (2, 1)), (1, 1, (0, 1))]
+)
+def test_island_shares(max_runs, partial, shares):
+    from bnfold.numerics.prescribe import island_shares
+
+    assert island_shares(max_runs, partial) == shares

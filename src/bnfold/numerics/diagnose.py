@@ -6,7 +6,18 @@ where its damage starts (:mod:`.cause`) and what fixes it (:mod:`.prescribe`), o
 from __future__ import annotations
 
 from .cause import find_cause, op_records
-from .prescribe import FOLD, REWRITES, Prescription, Search, Verified, changed, island, verify
+from .prescribe import (
+    FOLD,
+    REWRITES,
+    Prescription,
+    Search,
+    Verified,
+    changed,
+    forget_programs,
+    island,
+    island_shares,
+    verify,
+)
 
 
 def diagnose(
@@ -43,6 +54,7 @@ def diagnose(
                     break
         if not pres.rewrite:
             _island(pres, search, program, records, rep.cause)
+        forget_programs(pres.tried)
     elif not rep.deploy:
         pres.holds = False
     pres.runs = search.runs
@@ -53,15 +65,22 @@ def _island(pres: Prescription, search: Search, program, records: list, cause) -
     """The float32 island when no rewrite holds alone.  A rewrite that changed the model but left part of it broken
     (the range rewrite: a residual stream it rescaled, scores at a softmax it cannot) is kept: the island is searched
     on the rewritten model first (each such rewrite in :data:`REWRITES` order), from its own cause, so that it holds
-    only what no rewrite fixes; the model as shipped is searched when no such island holds."""
+    only what no rewrite fixes; the model as shipped is searched when no such island holds, in runs of its own
+    (:func:`island_shares`: the rewritten models' searches cannot spend them).  Each rewritten program is dropped
+    once its search is over."""
     partial = [v for v in pres.tried if v.program is not None and not v.holds]  # the fold's own entry has none
+    shared, fallback = island_shares(search.max_runs, len(partial))
+    start = search.runs
     for v in partial:
-        nodes, holds, e2e = island(search, v.program, v.records, find_cause(v.records, damaged=True))
-        if holds:
+        left = shared - (search.runs - start)
+        found = island(search, v.program, v.records, find_cause(v.records, damaged=True), left) if left > 0 else None
+        if found is not None and found[1]:
             pres.rewrite, pres.base, pres.nodes = [v.rewrite.name], "rewritten", len(v.program.steps)
-            _set_island(pres, v.program, nodes, holds, e2e)
+            _set_island(pres, v.program, *found)
             return
-    _set_island(pres, program, *island(search, program, records, cause))
+        forget_programs([v])
+    left = fallback + max(0, shared - (search.runs - start))
+    _set_island(pres, program, *island(search, program, records, cause, left))
 
 
 def _set_island(pres: Prescription, program, nodes: list, holds: bool, e2e) -> None:

@@ -1,8 +1,8 @@
 """What fixes a model the verdict rejects, found by measurement: a rewrite of ``bnfold.fold`` (:data:`REWRITES`), each
 verified by emulating the rewritten model, else the smallest set of nodes to keep in float32 that it finds (grown
 from the first damaged op, each set verified by a run with those nodes in float32, :class:`~.runner.Runner`'s
-``fp32``; at most ``max_runs`` runs).  Names are the format's own: ONNX node names, torch program node names (and
-their module paths, ``labels``)."""
+``fp32``; at most ``max_runs`` runs, :func:`island_shares`).  Names are the format's own: ONNX node names, torch
+program node names (and their module paths, ``labels``)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def changed(report) -> bool:
 class Verified:
     """A rewrite and the end-to-end numbers of the rewritten model's emulation (``program``, ``records``: the
     rewritten model's program and per-op records, for an island search on top of a rewrite that does not hold
-    alone)."""
+    alone; dropped once the search is over, :func:`forget_programs`)."""
 
     rewrite: Rewrite
     end_to_end: object
@@ -166,18 +166,21 @@ def verify(search: Search, fmt, model, rewrite: Rewrite):
     return Verified(rewrite, e2e, search.floor.holds(e2e), program, records)
 
 
-def island(search: Search, program, records: list[OpRecord], cause: Cause | None) -> tuple[list[str], bool, object]:
+def island(
+    search: Search, program, records: list[OpRecord], cause: Cause | None, runs: int | None = None
+) -> tuple[list[str], bool, object]:
     """The nodes of ``program`` to keep in float32: every op whose value passes the profile's limit (no fp16 value
-    holds it) and the cause, then, run by run, the next op where damage starts, until the verdict holds or
-    ``search.max_runs`` runs were made.  Returns the nodes in graph order, whether the verdict holds, and the last
-    run's end-to-end numbers."""
+    holds it) and the cause, then, run by run, the next op where damage starts, until the verdict holds or ``runs``
+    runs (default ``search.max_runs``) were made.  Returns the nodes in graph order, whether the verdict holds, and
+    the last run's end-to-end numbers."""
     order = {s.name: i for i, s in enumerate(program.steps)}
     keep = {r.node for r in records if r.overflows}
     if cause is not None:
         keep.add(cause.node)
     keep = _cast_closure(program, records, keep)
     e2e, holds = None, False
-    while keep and search.runs < search.max_runs:
+    stop = search.runs + (search.max_runs if runs is None else runs)
+    while keep and search.runs < stop:
         e2e, recs = search.run(program, frozenset(keep))
         holds = search.floor.holds(e2e)
         if holds:
@@ -201,3 +204,18 @@ def _cast_closure(program, records: list[OpRecord], keep: set) -> set:
         keep |= more
         grown = bool(more)
     return keep
+
+
+def island_shares(max_runs: int, partial: int) -> tuple[int, int]:
+    """The island runs of ``max_runs``: ``(for the searches on the ``partial`` rewritten models together, for the
+    fallback's on the model as shipped)``.  The fallback has its own share, at least half (and at least one run),
+    plus what the rewritten models' searches leave; without a rewritten model, all of them."""
+    fallback = max(1, max_runs // 2) if partial else max_runs
+    return max(0, max_runs - fallback), fallback
+
+
+def forget_programs(tried: list[Verified]) -> None:
+    """Drop the rewritten programs and per-op records of ``tried`` once scored (the report keeps the numbers it
+    prints: name, flag, holds, end-to-end)."""
+    for v in tried:
+        v.program, v.records = None, []
