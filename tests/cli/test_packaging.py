@@ -87,3 +87,10 @@ def test_pre_commit_hook_runs_bnfold_check_on_model_files(models, tmp_path):
     staged.append(h.copy_to(models["conv_bn"], tmp_path))  # something foldable: the commit is refused
     proc = subprocess.run([*entry, *map(str, staged)], capture_output=True, text=True)
     assert proc.returncode == 1 and "foldable: run bnfold fold" in proc.stdout
+
+
+def test_the_license_is_an_spdx_expression_for_the_setuptools_that_reads_it():
+    """``license = {text = ...}`` is deprecated from setuptools 77, which reads an SPDX expression (PEP 639): the
+    build requires that setuptools."""
+    assert PYPROJECT["project"]["license"] == "Apache-2.0"
+    assert PYPROJECT["build-system"]["requires"] == ["setuptools>=77"]
