@@ -174,3 +174,22 @@ def test_a_derived_dims_size_audits_or_is_one_line_naming_the_bound(run, tmp_pat
         h.one_error_line(
             err, f"--input-shape x: dim 3 is {width}" if "only in" in words else "--input-shape x: its dims", words
         )
+
+
+def test_a_guard_is_read_never_run():
+    """``input_guards.failed_guard`` evaluates comparisons of input sizes itself; a guard of anything else (a call,
+    an attribute, an input not given) is passed over, never executed."""
+    from types import SimpleNamespace
+
+    from bnfold.io.input_guards import failed_guard
+
+    guards = [
+        "__import__('os').system('false')",
+        "math.floor(L['x'].size()[0]) > 100",
+        "L['y'].size()[0] > 100",
+        "(-10) + L['x'].size()[1] != 1 and max(1, L['x'].size()[0]) >= 3",
+    ]
+    ep = SimpleNamespace(_guards_code=guards)
+    assert failed_guard(ep, {"x": (2, 20)}) == guards[3]
+    assert failed_guard(ep, {"x": (3, 11)}) == guards[3]
+    assert failed_guard(ep, {"x": (3, 12)}) is None
