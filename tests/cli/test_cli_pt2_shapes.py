@@ -178,7 +178,8 @@ def test_a_derived_dims_size_audits_or_is_one_line_naming_the_bound(run, tmp_pat
 
 def test_a_guard_is_read_never_run():
     """``input_guards.failed_guard`` evaluates comparisons of input sizes itself; a guard of anything else (a call,
-    an attribute, an input not given) is passed over, never executed."""
+    an attribute, an input not given, a text too long to parse) is never executed, and refuses the sizes: bnfold
+    cannot tell whether the program's ops were traced for them."""
     from types import SimpleNamespace
 
     from bnfold.io.input_guards import failed_guard
@@ -189,7 +190,10 @@ def test_a_guard_is_read_never_run():
         "L['y'].size()[0] > 100",
         "(-10) + L['x'].size()[1] != 1 and max(1, L['x'].size()[0]) >= 3",
     ]
-    ep = SimpleNamespace(_guards_code=guards)
-    assert failed_guard(ep, {"x": (2, 20)}) == guards[3]
-    assert failed_guard(ep, {"x": (3, 11)}) == guards[3]
+    for k, guard in enumerate(guards[:3]):
+        assert failed_guard(SimpleNamespace(_guards_code=[guards[3], guard]), {"x": (3, 12)}) == (guard, False), k
+    assert failed_guard(SimpleNamespace(_guards_code=["1 == 1 and " * 1000 + "True"]), {"x": (3, 12)})[1] is False
+    ep = SimpleNamespace(_guards_code=guards[3:])
+    assert failed_guard(ep, {"x": (2, 20)}) == (guards[3], True)
+    assert failed_guard(ep, {"x": (3, 11)}) == (guards[3], True)
     assert failed_guard(ep, {"x": (3, 12)}) is None

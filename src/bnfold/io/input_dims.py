@@ -87,10 +87,13 @@ def shape_error(ep: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, str] 
             why = _outside(ep, expr, r, sym, bound[sym])
             if why is not None:
                 return node.name, f"dim {k} is {r}{why}"
-    guard = failed_guard(ep, shapes)
-    if guard is not None:
+    failed = failed_guard(ep, shapes)
+    if failed is not None:
+        guard, read = failed
         name = next((n for n in shapes if f"[{n!r}]" in guard), next(iter(shapes)))
-        return name, f"its dims break the program's guard {guard[:200]}"
+        if read:
+            return name, f"its dims break the program's guard {guard[:200]}"
+        return name, f"the program has a guard bnfold cannot check on these dims ({guard[:200]}); use its example shape"
     return None
 
 

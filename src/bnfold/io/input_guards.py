@@ -22,22 +22,26 @@ _CMP = {
     ast.GtE: operator.ge,
 }
 _CALLS = {"min": min, "max": max, "abs": abs}
+#: a guard longer than this is not parsed (torch writes guards of a few dozen characters)
+MAX_GUARD_CHARS = 4096
 
 
 class _Unknown(Exception):
     """A guard this evaluator does not read."""
 
 
-def failed_guard(ep: Any, shapes: dict[str, tuple[int, ...]]) -> str | None:
-    """The first of the program's guards that ``shapes`` (input name -> dims) break, as its text, else None.  A
-    guard naming an input not in ``shapes``, or beyond what this reads, is passed over."""
+def failed_guard(ep: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, bool] | None:
+    """The first of the program's guards that ``shapes`` (input name -> dims) break or that cannot be read here
+    (one naming an input not in ``shapes``, or beyond what this reads), as ``(its text, read)``, else None."""
     for code in getattr(ep, "_guards_code", None) or ():
+        if not isinstance(code, str) or len(code) > MAX_GUARD_CHARS:
+            return str(code)[:200], False
         try:
             ok = _value(ast.parse(code, mode="eval").body, shapes)
         except (_Unknown, SyntaxError, ValueError, RecursionError, ZeroDivisionError, IndexError, KeyError):
-            continue
+            return code, False
         if not ok:
-            return code
+            return code, True
     return None
 
 
