@@ -389,3 +389,21 @@ def test_a_product_cut_short_leaves_no_bytes_in_the_scratch_file(tmp_path):
             source.store_blocks(TensorProto(name="b", data_type=TensorProto.UINT8), cut(), 2 * SPILL_BYTES)
         assert os.fstat(source.scratch.fileno()).st_size == size == 2 * SPILL_BYTES
         assert source.read(first).tobytes() == block.tobytes() * 2
+
+
+def test_the_read_buffers_go_back_when_closing_the_scratch_file_fails(tmp_path):
+    """The outermost ``reading()`` gives back the pages of every read buffer nothing references and forgets the
+    scratch file even when closing what it opened raises (the error still comes out)."""
+    from onnx import TensorProto
+
+    from bnfold.io.onnx_stream import SPILL_BYTES, ExternalSource
+
+    source = ExternalSource(str(tmp_path / "m.onnx"))
+    block = np.arange(SPILL_BYTES, dtype=np.uint8)
+    with pytest.raises(OSError, match="close failed"), source.reading():
+        stored = source.store(TensorProto(name="a", data_type=TensorProto.UINT8), block)
+        source.read(stored)  # a buffer nothing references once the line is done
+        pages = [p for _, p in source.lent]
+        source.stack.callback(lambda: (_ for _ in ()).throw(OSError("close failed")))
+    assert pages and all(p.closed for p in pages)
+    assert source.lent == [] and source.scratch is None and source.depth == 0

@@ -189,9 +189,11 @@ class ExternalSource:
         finally:
             self.depth -= 1
             if not self.depth:
-                self.stack.close()
-                self.scratch = None
-                self.give_back()
+                try:
+                    self.stack.close()
+                finally:  # the buffers go back and the scratch file is forgotten even when closing raises
+                    self.scratch = None
+                    self.give_back()
 
 
 def _pages(length: int) -> mmap.mmap:
