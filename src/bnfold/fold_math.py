@@ -19,8 +19,9 @@ Weight layouts (``kind``):
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -230,14 +231,27 @@ BLOCK_ELEMENTS = 1 << 15
 STAGE_BYTES = 1 << 18
 
 
+class Spill(Protocol):
+    """Where :func:`scale_weight` puts a deferred product's blocks as its checks make them (the streamed ONNX
+    fold's scratch file), so the product is made once: ``write`` gets them in the weight's memory order,
+    ``done(True)`` after the last gives a token for :attr:`Product.spilled` (None: not kept), ``done(False)``
+    drops what was written (the checks refused, or the blocks stopped coming)."""
+
+    def write(self, block: torch.Tensor) -> None: ...
+
+    def done(self, ok: bool) -> object | None: ...
+
+
 @dataclass(frozen=True)
 class Product:
     """``weight * s`` in the weight's dtype (``s``: the per-slice scales already rounded to it, broadcasting
     against it), checked by :func:`scale_weight` and not materialized: :meth:`stages` makes it a few blocks at
-    a time, each element rounded as in the whole product (an elementwise product of two values of one dtype)."""
+    a time, each element rounded as in the whole product (an elementwise product of two values of one dtype).
+    ``spilled``: the token of a :class:`Spill` that holds the product's bytes in the weight's memory order."""
 
     weight: torch.Tensor
     s: torch.Tensor
+    spilled: object | None = field(default=None, compare=False)
 
     @property
     def dtype(self) -> torch.dtype:
@@ -254,7 +268,7 @@ class Product:
     @property
     def T(self) -> Product:  # noqa: N802 (as torch names it)
         """The product of a 2-D weight, transposed (a MatMul weight back to its stored ``[in, out]``)."""
-        return Product(self.weight.T, self.s.expand(self.weight.shape).T)
+        return Product(self.weight.T, self.s.expand(self.weight.shape).T, self.spilled)
 
     def stages(self) -> Iterator[torch.Tensor]:
         """The product in row-major order of :attr:`shape`, as 1-D pieces of about :data:`STAGE_BYTES`: views
@@ -307,11 +321,16 @@ def _scale_facts(s: torch.Tensor, slices: torch.Tensor) -> tuple[bool, bool] | N
 
 
 def _checked_blocks(
-    weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None, small: bool, zero_scale: bool
+    weight: torch.Tensor,
+    s: torch.Tensor,
+    out: torch.Tensor | None,
+    small: bool,
+    zero_scale: bool,
+    spill: Spill | None = None,
 ) -> bool:
     """Whether ``weight * s`` (both in the weight's dtype) is finite and loses no nonzero weight to zero,
-    made block by block in memory order (into ``out``'s blocks when given, else into a block of its own).
-    ``small``, ``zero_scale``: :func:`_scale_facts` of ``s``.
+    made block by block in memory order (into ``out``'s blocks when given, else into a block of its own;
+    each block handed to ``spill`` once checked).  ``small``, ``zero_scale``: :func:`_scale_facts` of ``s``.
 
     |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a smaller
     scale can underflow a nonzero weight to zero, and only where the product is zero: there the block's
@@ -331,6 +350,8 @@ def _checked_blocks(
             if not bool(torch.abs(b, out=mag[: b.shape[0]] if b.dim() else mag).amin() > 0):
                 if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
                     return False
+        if spill is not None:
+            spill.write(b.view(-1) if b.is_contiguous() else _memory_view(b))  # the weight's memory order
     return all(math.isfinite(v) for v in torch.stack(ends).tolist()) if ends else True  # NaN propagates
 
 
@@ -349,7 +370,11 @@ def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
 
 
 def scale_weight(
-    weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype | None, what: str, deferred: bool = False
+    weight: torch.Tensor,
+    slices: torch.Tensor,
+    dtype: torch.dtype | None,
+    what: str,
+    deferred: bool | Callable[[int], Spill | None] = False,
 ) -> torch.Tensor | Product:
     """``weight * slices`` (float64 per-slice scales), rounded once to ``dtype`` with checks.
 
@@ -364,6 +389,9 @@ def scale_weight(
     memory order (a transposed weight, as MatMul stores it, is read row by row), each block as it is made.
     ``deferred``: that product comes back as a :class:`Product` (checked, made again block by block where it
     is written), so the weight and a block are held, not the weight twice; other cases return a tensor.
+    ``deferred`` may be a function of the product's bytes giving a :class:`Spill` (or None): the checks' blocks go
+    there as they are made (a dense weight's, in its memory order), and the product names them
+    (:attr:`Product.spilled`).
     """
     if dtype is None:
         return weight.detach().to(torch.float64) * slices
@@ -375,7 +403,17 @@ def scale_weight(
     w = weight.detach()
     out = None if deferred else torch.empty_like(w)  # the weight's layout
     facts = _scale_facts(s, slices)
-    if facts is None or not _checked_blocks(w, s, out, *facts):
+    dense = callable(deferred) and facts is not None and _memory_order(w) is not None
+    spill = deferred(w.numel() * w.element_size()) if dense else None
+    try:
+        ok = facts is not None and _checked_blocks(w, s, out, *facts, spill)
+    except BaseException:
+        if spill is not None:
+            spill.done(False)
+        raise
+    if spill is not None:
+        spilled = spill.done(ok)
+    if not ok:
         # the float64 product rounded once, a block at a time (never whole): raises what cast_checked raises, else
         # it folds (e.g. a zero scale), in a tensor of the weight's dtype, deferred or not (deferred: made only
         # once the checks passed, so a refused weight costs no copy of it)
@@ -384,11 +422,17 @@ def scale_weight(
             out = torch.empty_like(w)
         _check_cast_blocks(w, slices, dtype, what, out)
         return out
-    return Product(w, s) if deferred else out
+    return Product(w, s, spilled if spill is not None else None) if deferred else out
 
 
 def fold_output_affine(
-    weight, bias, aff: Affine, kind: str, groups: int = 1, dtype: torch.dtype | None = None, deferred: bool = False
+    weight,
+    bias,
+    aff: Affine,
+    kind: str,
+    groups: int = 1,
+    dtype: torch.dtype | None = None,
+    deferred: bool | Callable[[int], Spill | None] = False,
 ):
     """Fold ``y = producer(x) * scale + shift`` into the producer's weight/bias.
 
@@ -416,7 +460,7 @@ def fold_input_affine(
     groups: int = 1,
     shift_exact: bool = True,
     dtype: torch.dtype | None = None,
-    deferred: bool = False,
+    deferred: bool | Callable[[int], Spill | None] = False,
 ):
     """Fold ``y = consumer(x * scale + shift)`` into the consumer's weight/bias.
 

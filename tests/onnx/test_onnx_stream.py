@@ -338,19 +338,26 @@ def test_every_edge_case_streams_to_the_plain_folds_bytes(tmp_path, dtype, monke
     whose second layer refuses (neither is written): the streamed fold writes the plain fold's files, folds each
     streamed weight as a deferred product (never whole in memory) and leaves no refused fold's bytes behind."""
     from bnfold import fold_math
+    from bnfold.io import onnx_stream
     from bnfold.io.onnx import load_onnx
 
     src = tmp_path / "in"
     src.mkdir()
     path = _external(edge_cases(dtype), src, "one")
-    made = []
-    real_stages = fold_math.Product.stages
+    made, spilled = [], []
+    real_stages, real_refer = fold_math.Product.stages, onnx_stream.ExternalSource.refer
     monkeypatch.setattr(fold_math.Product, "stages", lambda self: made.append(self.shape) or real_stages(self))
     monkeypatch.setattr(fold_math.Product, "materialize", lambda self: pytest.fail("a streamed product made whole"))
+    monkeypatch.setattr(
+        onnx_stream.ExternalSource,
+        "refer",
+        lambda self, t, *a: spilled.append(tuple(t.dims)) or real_refer(self, t, *a),
+    )
     outs = _plain_and_streamed(tmp_path, path)
     assert outs["stream"] == outs["plain"]
-    # chain, shared_a, shared_b (one weight, written twice: a private copy and the original) and the conv
-    assert sorted(tuple(s) for s in made) == [(128, 32, 3, 3)] + [(512, 512)] * 3
+    # chain, shared_a, shared_b (one weight, written twice: a private copy and the original) and the conv: each
+    # product written as its checks made it (the scratch file), none made again
+    assert made == [] and sorted(spilled) == [(128, 32, 3, 3)] + [(512, 512)] * 3
     out = str(tmp_path / "stream" / "out.onnx")
     assert os.path.getsize(out + ".data") == _external_lengths(out)  # no bytes of a refused fold in the data
     before = {t.name: t for t in load_onnx(path).model.graph.initializer}

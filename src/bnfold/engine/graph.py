@@ -22,13 +22,13 @@ engine code.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
 import torch
 
-from ..fold_math import Affine
+from ..fold_math import Affine, Spill
 from ..report import Code
 
 
@@ -69,7 +69,8 @@ class LayerWeights:
     affine the layer applies after its bias-free product (ONNX Gemm's
     ``alpha`` and ``beta * C``); the bias is then None.  The dtypes are those
     of the stored tensors, which the folded values are cast back to.  ``deferred``: the adapter writes a
-    folded weight given as a ``fold_math.Product`` (made block by block as it is written: a streamed load).
+    folded weight given as a ``fold_math.Product`` (made block by block as it is written: a streamed load); a
+    function giving a ``fold_math.Spill`` sends the checked product's blocks there as they are made.
     """
 
     weight: torch.Tensor
@@ -77,7 +78,7 @@ class LayerWeights:
     weight_dtype: torch.dtype
     bias_dtype: torch.dtype
     pre: Affine | None = None
-    deferred: bool = False
+    deferred: bool | Callable[[int], Spill | None] = False
 
 
 @dataclass

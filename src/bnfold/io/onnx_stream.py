@@ -96,24 +96,38 @@ class ExternalSource:
         if nbytes < SPILL_BYTES:
             t.raw_data = b"".join(b.tobytes() for b in blocks)
             return t
-        if self.scratch is None:
-            self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
-        fd = self.scratch.fileno()
-        offset = done = os.fstat(fd).st_size
+        spill = ScratchSpill(self)
         try:
             for block in blocks:
-                view = memoryview(block.reshape(-1).view(np.uint8))
-                end = done + len(view)
-                while done < end:  # straight from the block's memory (no buffered file between)
-                    done += os.pwrite(fd, view[len(view) - (end - done) :], done)
-            if done - offset != nbytes:
-                raise AssertionError(f"internal: {t.name} has {done - offset} bytes, expected {nbytes}")
+                spill.write(block)
+            if spill.length != nbytes:
+                raise AssertionError(f"internal: {t.name} has {spill.length} bytes, expected {nbytes}")
         except BaseException:
-            os.ftruncate(fd, offset)
+            spill.done(False)
             raise
+        stored = self.refer(t, spill.done(True), nbytes)
+        assert stored is not None
+        return stored
+
+    def spill(self, nbytes: int) -> ScratchSpill | None:
+        """Somewhere for a new parameter of ``nbytes`` bytes to go as it is made (the scratch file), taken up by
+        :meth:`refer`; None for one :meth:`store` keeps in memory."""
+        return ScratchSpill(self) if nbytes >= SPILL_BYTES else None
+
+    def refer(self, t: TensorProto, spilled: object, nbytes: int) -> TensorProto | None:
+        """``t`` referring to the ``nbytes`` bytes a :class:`ScratchSpill` of this source wrote (``spilled``, the
+        token its ``done(True)`` gave); None for any other token or length."""
+        if not isinstance(spilled, Spilled) or spilled.source is not self or spilled.length != nbytes:
+            return None
         t.data_location = TensorProto.EXTERNAL
-        _set_entries(t, (("location", _TOKEN + "scratch"), ("offset", str(offset)), ("length", str(nbytes))))
+        entries = (("location", _TOKEN + "scratch"), ("offset", str(spilled.offset)), ("length", str(nbytes)))
+        _set_entries(t, entries)
         return t
+
+    def _scratch_fd(self) -> int:
+        if self.scratch is None:
+            self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
+        return self.scratch.fileno()
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
         """Copy the tensor's bytes to the end of ``out`` in the kernel (``copy_file_range``; chunks through
@@ -194,6 +208,46 @@ class ExternalSource:
                 finally:  # the buffers go back and the scratch file is forgotten even when closing raises
                     self.scratch = None
                     self.give_back()
+
+
+@dataclass(frozen=True)
+class Spilled:
+    """Bytes a :class:`ScratchSpill` wrote: ``length`` bytes at ``offset`` of ``source``'s scratch file."""
+
+    source: ExternalSource
+    offset: int
+    length: int
+
+
+@dataclass(eq=False)
+class ScratchSpill:
+    """Bytes appended to a source's scratch file as they come (``fold_math.Spill``, given numpy arrays):
+    ``done(True)`` names them (:class:`Spilled`), ``done(False)`` cuts the file back to where they began."""
+
+    source: ExternalSource
+    start: int = -1
+    end: int = -1
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def write(self, block: np.ndarray) -> None:
+        fd = self.source._scratch_fd()
+        if self.start < 0:
+            self.start = self.end = os.fstat(fd).st_size
+        view = memoryview(block.reshape(-1).view(np.uint8))
+        done = 0
+        while done < len(view):  # straight from the block's memory (no buffered file between)
+            done += os.pwrite(fd, view[done:], self.end + done)
+        self.end += done
+
+    def done(self, ok: bool) -> Spilled | None:
+        if not ok and self.start >= 0 and self.source.scratch is not None:
+            os.ftruncate(self.source.scratch.fileno(), self.start)
+        if not ok:
+            self.start = self.end = -1
+        return Spilled(self.source, self.start, self.length) if ok and self.start >= 0 else None
 
 
 def _pages(length: int) -> mmap.mmap:

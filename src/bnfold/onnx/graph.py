@@ -42,7 +42,7 @@ from .ops import (
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .range import OnnxRange
 from .shapes import Shapes
-from .tensors import TORCH_DTYPES, is_external, to_torch, torch_dtype
+from .tensors import TORCH_DTYPES, is_external, spill_to_reader, to_torch, torch_dtype
 
 #: How far ``shape_info`` follows neighbouring values to complete a shape.
 _MAX_DEPTH = 8
@@ -273,8 +273,11 @@ class OnnxGraph(OnnxRange):
                 bias = None  # alpha and beta * C act after the product, as ``pre``
         except FoldError as err:
             return str(err)
-        # a weight a streamed load left on disk is folded as a Product, written block by block (from_torch)
-        return LayerWeights(w, bias, dtype, bias_dtype, pre, deferred=self._streamed(layer.weight) is not None)
+        # a weight a streamed load left on disk is folded as a Product, its checked blocks written to the scratch
+        # file as they are made (spill_to_reader; else made again block by block where it is written, from_torch)
+        streamed = self._streamed(layer.weight)
+        deferred = (spill_to_reader(streamed.data_type) or True) if streamed is not None else False
+        return LayerWeights(w, bias, dtype, bias_dtype, pre, deferred=deferred)
 
     def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str:
         return follow_axis(self, hop, axis, forward)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
 import numpy as np
@@ -16,7 +16,7 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
-from ..fold_math import FoldError, Product
+from ..fold_math import FoldError, Product, Spill
 
 #: The ONNX element types whose parameters the fold can write back, as torch dtypes.
 TORCH_DTYPES = {
@@ -60,6 +60,16 @@ class ExternalReader(Protocol):
     def store(self, t: TensorProto, data: np.ndarray) -> TensorProto: ...  # ``t`` holding ``data``'s bytes
 
     def store_blocks(self, t: TensorProto, blocks: Iterable[np.ndarray], nbytes: int) -> TensorProto: ...  # in order
+
+    def spill(self, nbytes: int) -> _NumpySpill | None: ...  # where a new parameter's bytes go as they are made
+
+    def refer(self, t: TensorProto, spilled: object, nbytes: int) -> TensorProto | None: ...  # ``t`` holding them
+
+
+class _NumpySpill(Protocol):
+    def write(self, block: np.ndarray) -> None: ...
+
+    def done(self, ok: bool) -> object | None: ...
 
 
 _READER: contextvars.ContextVar[ExternalReader | None] = contextvars.ContextVar("bnfold_external", default=None)
@@ -136,15 +146,48 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
+def spill_to_reader(elem_type: int) -> Callable[[int], Spill | None] | None:
+    """For ``fold_math.scale_weight(deferred=)``: where the active reader keeps a new parameter of ``elem_type``
+    as its checks make it (the product is then made once, :func:`from_torch` refers to those bytes); None
+    outside :func:`reading_external`."""
+    reader = _READER.get()
+    if reader is None:
+        return None
+
+    def spill(nbytes: int) -> Spill | None:
+        into = reader.spill(nbytes)
+        return None if into is None else _TorchSpill(into, elem_type)
+
+    return spill
+
+
+class _TorchSpill:
+    """A ``fold_math.Spill`` writing torch blocks to a reader's numpy spill, in the byte order ONNX stores."""
+
+    def __init__(self, into: _NumpySpill, elem_type: int) -> None:
+        self.into, self.elem_type = into, elem_type
+
+    def write(self, block: torch.Tensor) -> None:
+        self.into.write(_little_endian(block, self.elem_type))
+
+    def done(self, ok: bool) -> object | None:
+        return self.into.done(ok)
+
+
 def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None) -> TensorProto:
     """A TensorProto named ``name`` holding ``t`` (already cast to ``elem_type``'s dtype); inside
     :func:`reading_external`, its bytes are handed to the reader (a large one goes to disk), not copied, and a
-    deferred product (``fold_math.Product``) is made and handed over block by block (elsewhere, made whole)."""
+    deferred product (``fold_math.Product``) is made and handed over block by block (elsewhere, made whole), or,
+    when its checks already handed the reader its bytes in this order (:func:`spill_to_reader`), refers to them."""
     reader = _READER.get()
     if isinstance(t, Product) and (reader is None or shape is not None):
         t = t.materialize()
     if isinstance(t, Product):
         out = _header(name, elem_type, t.dtype, t.shape)
+        if t.spilled is not None and t.weight.is_contiguous():  # spilled in the weight's memory order: this one
+            stored = reader.refer(out, t.spilled, t.nbytes)
+            if stored is not None:
+                return stored
         return reader.store_blocks(out, (_little_endian(b, elem_type) for b in t.stages()), t.nbytes)
     t = t.detach().contiguous()
     if shape is not None:

@@ -1,0 +1,135 @@
+"""``fold_math.scale_weight`` in the weight's dtype against the float64 route (hypothesis): a float32, float16 or
+bfloat16 weight times per-channel scales.  The rule: the scales are rounded to the dtype and the product is taken
+in it, which is the float64 product of the weight and the rounded scale rounded once (a product of two values of
+one of these dtypes is exact in float64), so the bits are those whenever that product is finite and loses no
+nonzero weight; otherwise (or for scales the dtype cannot hold, or a zero scale beside scales <= 1/2) the fold is
+the float64 route's: ``cast_checked`` of the float64 product, its bits or its refusal, word for word.  Eager,
+deferred (``Product``) and spilled (``Spill``, the streamed fold's scratch file) alike; subnormals, signed zeros,
+overflow, NaN, transposed weights (MatMul's ``[in, out]``) and several blocks included."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from bnfold import fold_math
+from bnfold.errors import FoldError
+
+INTS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.contiguous().view(INTS[t.dtype])
+
+
+def _span(dtype: torch.dtype) -> int:
+    """Exponents drawn for weights and scales: a third of the dtype's range each way (their products mostly fit)."""
+    return min(30, int(torch.finfo(dtype).max).bit_length() // 3)
+
+
+def _weight(seed: int, dtype: torch.dtype, rows: int, cols: int, specials: int) -> torch.Tensor:
+    """Random values over the dtype's range, with signed zeros, subnormals, values near the largest and the odd
+    NaN at random places."""
+    g = torch.Generator().manual_seed(seed)
+    fi, e = torch.finfo(dtype), _span(dtype)
+    w = torch.randn(rows, cols, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(
+        -e, e + 1, (rows, cols), generator=g
+    )
+    tiny = fi.smallest_normal * fi.eps  # the smallest subnormal
+    edge = torch.tensor([0.0, -0.0, tiny, -3 * tiny, fi.smallest_normal / 2, fi.max / 3, -fi.max, float("nan")])
+    picks = torch.randint(0, rows * cols, (specials,), generator=g)
+    which = torch.randint(0, len(edge) - (seed % 4 != 0), (specials,), generator=g)  # NaN in a quarter of the cases
+    w.view(-1)[picks] = edge[which].to(torch.float64)
+    return w.to(dtype)
+
+
+def _scales(seed: int, rows: int, dtype: torch.dtype) -> torch.Tensor:
+    """Per-row scales: powers of two (exact in any dtype), values the dtype rounds, small ones (<= 1/2), negative
+    ones; in a fifth of the cases also a zero (a pruned channel), in another one below every dtype's subnormals."""
+    g = torch.Generator().manual_seed(seed + 1)
+    e = _span(dtype)
+    exact = 2.0 ** torch.randint(-e, e + 1, (rows,), generator=g).to(torch.float64)
+    rough = torch.rand(rows, generator=g, dtype=torch.float64) * 2.5 + 0.1
+    small = torch.rand(rows, generator=g, dtype=torch.float64) * 0.5
+    values = torch.stack([exact, rough, small, -rough])[torch.randint(0, 4, (rows,), generator=g), torch.arange(rows)]
+    if seed % 5 in (0, 1):  # a zero (the float64 route, beside small scales), or one no dtype holds (refused)
+        values[int(torch.randint(0, rows, (1,), generator=g))] = 0.0 if seed % 5 == 0 else 1e-47
+    return values.reshape(rows, 1)
+
+
+class _Memory:
+    """A ``fold_math.Spill`` into a list (blocks cloned: a block's buffer is reused)."""
+
+    def __init__(self) -> None:
+        self.blocks: list[torch.Tensor] = []
+        self.ended: bool | None = None
+
+    def write(self, block: torch.Tensor) -> None:
+        self.blocks.append(block.clone())
+
+    def done(self, ok: bool) -> object | None:
+        self.ended = ok
+        return torch.cat(self.blocks) if ok else None
+
+
+def _outcome(call):
+    try:
+        return call()
+    except FoldError as err:
+        return str(err)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    rows=st.integers(1, 300),
+    cols=st.integers(1, 240),
+    specials=st.integers(0, 6),
+    transposed=st.booleans(),
+    seed=st.integers(0, 10_000),
+)
+def test_the_product_in_the_weights_dtype_is_the_float64_routes(dtype, rows, cols, specials, transposed, seed):
+    w = _weight(seed, dtype, rows, cols, specials)
+    if transposed:  # stored [in, out], folded as [out, in]
+        w = _weight(seed, dtype, cols, rows, specials).T
+    s = _scales(seed, rows, dtype)
+    w64, sd = w.to(torch.float64), s.to(dtype)
+    exact = w64 * sd.to(torch.float64)  # exact: two values of the dtype
+    product = exact.to(dtype)  # rounded once
+    small = bool(((sd != 0) & (sd.abs() <= 0.5)).any())
+    in_dtype = (
+        not bool(((sd == 0) & (s != 0)).any())
+        and bool(torch.isfinite(sd).all())
+        and bool(torch.isfinite(product).all())
+        and not bool(((product == 0) & (exact != 0)).any())
+        and not (small and bool((sd == 0).any()))
+    )
+    whole = _outcome(lambda: fold_math.cast_checked(w64 * s, dtype, "linear weight"))
+    expected = product if in_dtype else whole
+
+    eager = _outcome(lambda: fold_math.scale_weight(w, s, dtype, "linear weight"))
+    deferred = _outcome(lambda: fold_math.scale_weight(w, s, dtype, "linear weight", deferred=True))
+    spills: list[_Memory] = []
+    spilled = _outcome(
+        lambda: fold_math.scale_weight(
+            w, s, dtype, "linear weight", deferred=lambda n: spills.append(_Memory()) or spills[-1]
+        )
+    )
+    if isinstance(expected, str):
+        assert eager == deferred == spilled == expected
+        assert all(sp.ended is False for sp in spills)  # what was spilled is dropped
+        return
+    assert isinstance(eager, torch.Tensor) and eager.stride() == w.stride()
+    assert torch.equal(_bits(eager), _bits(expected))  # signed zeros and subnormals bit for bit
+    for got in (deferred, spilled):
+        made = got.materialize() if isinstance(got, fold_math.Product) else got
+        assert torch.equal(_bits(made), _bits(expected))
+    if isinstance(spilled, fold_math.Product) and spilled.spilled is not None:
+        stored = expected.T if transposed else expected  # the weight's memory order: as stored
+        assert spills[0].ended is True
+        assert torch.equal(_bits(spilled.spilled), _bits(stored).reshape(-1))
+        assert torch.equal(
+            _bits(torch.cat([b.clone() for b in (spilled.T if transposed else spilled).stages()])),
+            _bits(stored).reshape(-1),
+        )
