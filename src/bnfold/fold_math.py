@@ -335,7 +335,6 @@ def _checked_blocks(
     |w| >= the smallest subnormal for every nonzero w, so |w * s| > half of it when |s| > 1/2: only a smaller
     scale can underflow a nonzero weight to zero, and only where the product is zero: there the block's
     nonzero count is compared with the weight's (a product is nonzero only where the weight is)."""
-    ends: list[torch.Tensor] = []
     own = mag = None  # one block's product (when there is no ``out``) and its magnitudes, reused
     for wb, sb, ob in _blocks(weight, s, out):
         if ob is None:
@@ -344,7 +343,9 @@ def _checked_blocks(
         b = torch.mul(wb, sb, out=ob)
         if not b.numel():
             continue
-        ends.extend(torch.aminmax(b))
+        lo, hi = torch.aminmax(b)  # NaN propagates; read at once (no small tensor per block kept to the end)
+        if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
+            return False
         if small:
             mag = torch.empty_like(b) if mag is None else mag
             if not bool(torch.abs(b, out=mag[: b.shape[0]] if b.dim() else mag).amin() > 0):
@@ -352,7 +353,7 @@ def _checked_blocks(
                     return False
         if spill is not None:
             spill.write(b.view(-1) if b.is_contiguous() else _memory_view(b))  # the weight's memory order
-    return all(math.isfinite(v) for v in torch.stack(ends).tolist()) if ends else True  # NaN propagates
+    return True
 
 
 def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
