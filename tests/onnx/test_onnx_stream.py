@@ -414,3 +414,35 @@ def test_the_read_buffers_go_back_when_closing_the_scratch_file_fails(tmp_path):
         source.stack.callback(lambda: (_ for _ in ()).throw(OSError("close failed")))
     assert pages and all(p.closed for p in pages)
     assert source.lent == [] and source.scratch is None and source.depth == 0
+
+
+def test_a_refused_check_cuts_its_spilled_blocks_from_the_scratch_file(tmp_path):
+    """The checks of a streamed product write each block to the scratch file as they make it; when a later block
+    overflows, what was written of that product is cut back (what was stored before stays), and a product that
+    passes names exactly its bytes there, in the stored layout."""
+    from onnx import TensorProto
+
+    from bnfold import fold_math
+    from bnfold.io.onnx_stream import SPILL_BYTES, ExternalSource
+    from bnfold.onnx.tensors import from_torch, spill_to_reader
+
+    source = ExternalSource(str(tmp_path / "m.onnx"))
+    block = np.arange(SPILL_BYTES, dtype=np.uint8)
+    stored = torch.linspace(-1, 1, 300 * 256).reshape(300, 256)  # [in, out] as a MatMul stores it: several blocks
+    scales = fold_math.per_slice(torch.linspace(0.6, 2.0, 256, dtype=torch.float64), "linear", "out", (256, 300))
+    with source.reading():
+        first = source.store(TensorProto(name="a", data_type=TensorProto.UINT8), block)
+        size = os.fstat(source.scratch.fileno()).st_size
+        bad = stored.clone()
+        bad[-1, 200] = 3e38  # times about 1.7, in the last block: the blocks before it were written
+        with pytest.raises(fold_math.FoldError, match="overflows"):
+            fold_math.scale_weight(bad.T, scales, torch.float32, "w", deferred=spill_to_reader(TensorProto.FLOAT))
+        assert os.fstat(source.scratch.fileno()).st_size == size
+        product = fold_math.scale_weight(
+            stored.T, scales, torch.float32, "w", deferred=spill_to_reader(TensorProto.FLOAT)
+        )
+        assert product.spilled is not None
+        assert os.fstat(source.scratch.fileno()).st_size == size + stored.numel() * 4
+        t = from_torch(product.T, "w", TensorProto.FLOAT)
+        assert source.read(t).tobytes() == (stored.T * scales.to(torch.float32)).T.contiguous().numpy().tobytes()
+        assert source.read(first).tobytes() == block.tobytes()
