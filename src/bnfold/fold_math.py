@@ -502,8 +502,13 @@ def scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: str
     """``value * 2 ** exponent`` in ``dtype``: exact (a power of two only moves the exponent), or FoldError when
     the result leaves ``dtype``'s range (overflow, or a value that underflows and would lose bits).  The result has
     ``value``'s layout; a dense tensor is computed in slices of its memory (:data:`_POW2_CHUNK` elements each), so
-    its float64 copies are a slice's, not the tensor's; a slice that fails is reported as the whole tensor fails."""
+    its float64 copies are a slice's, not the tensor's; a slice that fails is reported as the whole tensor fails.
+    An ``exponent`` past :data:`POW2_REACH` either way keeps only zeros (anything else is refused)."""
     value = value.detach()
+    if abs(exponent) > POW2_REACH:
+        if bool((value != 0).any()):  # NaN too
+            raise FoldError(f"{what} times 2^{exponent} leaves {dtype}'s range", Code.CAST_RANGE)
+        return value.to(dtype, copy=True)
     flat = _memory_view(value)
     if flat is None or flat.numel() <= _POW2_CHUNK:
         return _scale_pow2(value, exponent, dtype, what)
@@ -524,6 +529,34 @@ def _scale_pow2(value: torch.Tensor, exponent: int, dtype: torch.dtype, what: st
     if not torch.equal(out.to(torch.float64) * 2.0**-exponent, value.to(torch.float64)):
         raise FoldError(f"{what} times 2^{exponent} is not exact in {dtype} (it underflows)", Code.CAST_RANGE)
     return out
+
+
+#: the largest power of two :func:`scale_pow2` and :func:`pow2_exact` scale by, either way (``2.0 ** 1000`` is a
+#: float64; past it only zeros stay in any float format)
+POW2_REACH = 1000
+
+
+def pow2_exact(span: tuple[float, float], dtype: torch.dtype, stored: torch.dtype, exponent: int) -> bool:
+    """Whether :func:`scale_pow2` of a ``dtype`` tensor whose nonzero magnitudes lie in ``span`` (``(smallest
+    nonzero, largest)``, 0 for none) by ``2 ** exponent`` into ``stored`` surely succeeds and keeps every bit:
+    ``stored`` is ``dtype`` (a floating one), the magnitudes are finite (a NaN or infinity never scales), and the
+    results are in ``stored``'s normal range (a power of two then moves only the exponent).  Read from the two
+    floats alone; False where a subnormal is involved, even where the scale happens to be exact."""
+    if dtype != stored or not stored.is_floating_point or abs(exponent) > POW2_REACH:
+        return False
+    low, high = span
+    if not math.isfinite(high):
+        return False
+    info = torch.finfo(stored)
+    return _ldexp(high, exponent) <= info.max and (low == 0.0 or _ldexp(low, exponent) >= info.tiny)
+
+
+def _ldexp(x: float, exponent: int) -> float:
+    """``x * 2 ** exponent`` in float64, infinity where it overflows (``math.ldexp`` raises there)."""
+    try:
+        return math.ldexp(x, exponent)
+    except OverflowError:
+        return math.inf
 
 
 def _memory_view(t: torch.Tensor) -> torch.Tensor | None:

@@ -66,6 +66,7 @@ class Code(str, Enum):
     NONLINEAR_READER = "nonlinear_reader"  #: a reader with no exact scale rule (softmax, exp) reads it too large
     SCALE_CONFLICT = "scale_conflict"  #: the value's readers and writers ask for different scales of one value
     LIMIT_BOUND = "limit_bound"  #: every scale that lowers the peak pushes another value or constant past a limit
+    REGION_LIMIT = "region_limit"  #: its region passes the planner's bounds (values, steps, the graph's work budget)
     INEXACT = "inexact"  #: the float64 proof found the rewritten model differs (relative error > 1e-6): not applied
     # requests
     EXCLUDED = "excluded"  #: excluded by ``exclude`` (``--exclude``)

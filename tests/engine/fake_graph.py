@@ -342,11 +342,13 @@ class FakeAdapter:
         eps = node.attrs.get("eps", 1e-5) if node.op == "group_norm" else None
         return RangeOp(node, RANGE[node.op], node.output, list(enumerate(node.inputs)), eps=eps)
 
-    def scale_operand(self, node, slot, factor) -> None:
+    def scaled_operand(self, node, slot, exponent):
+        return self.g.consts[node.inputs[slot]] * 2.0**exponent
+
+    def scale_operand(self, node, slot, new) -> None:
         old = node.inputs[slot]
-        new = self.g.const(f"{old}_range_{node.name}", self.g.consts[old] * factor)
-        node.inputs[slot] = new
-        self.writes.append((node.name, slot, factor))
+        node.inputs[slot] = self.g.const(f"{old}_range_{node.name}", new)
+        self.writes.append((node.name, slot, new))
 
     def set_eps(self, node, eps) -> None:
         node.attrs["eps"] = eps

@@ -4,28 +4,15 @@ line (a hostile .npz, arrays that do not fit, a model over the work budget): non
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from range_cli import cli
 
 import bnfold
 import range_models as rm
-
-
-def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    src = str(Path(bnfold.__file__).parent.parent)
-    return subprocess.run(
-        [sys.executable, "-m", "bnfold", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"},
-        timeout=300,
-    )
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +28,7 @@ def files(tmp_path_factory) -> Path:
 
 
 def test_cli_rewrites_and_reports(files):
-    done = _cli("--json", "fold", "att.pt2", "-o", "out.pt2", "--fp16-range", "att.npz", "--force", cwd=files)
+    done = cli("--json", "fold", "att.pt2", "-o", "out.pt2", "--fp16-range", "att.npz", "--force", cwd=files)
     assert done.returncode == 0, done.stderr
     payload = json.loads(done.stdout)
     assert {e["code"] for e in payload["rescaled"]} == {"rescaled", "nonlinear_reader"}
@@ -60,7 +47,7 @@ def test_cli_rewrites_and_reports(files):
 )
 def test_cli_refuses_in_one_line(files, npz, extra, says):
     out = files / f"refused_{npz}.pt2"
-    done = _cli("fold", "att.pt2", "-o", out.name, "--fp16-range", npz, *extra, cwd=files)
+    done = cli("fold", "att.pt2", "-o", out.name, "--fp16-range", npz, *extra, cwd=files)
     assert done.returncode != 0
     lines = [line for line in done.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and says in lines[0] and "Traceback" not in done.stderr

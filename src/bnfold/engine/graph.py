@@ -306,8 +306,10 @@ class GraphAdapter(Protocol[N, V]):
     def ordered_nodes(self) -> list[N]: ...  # the live nodes in graph order
     def values(self) -> list[V]: ...  # the graph's inputs and its nodes' outputs (the main graph)
     def value_name(self, value: V) -> str: ...  # the value's name in the numerics program (``numerics.runner``)
-    # The operand at ``slot`` of ``node`` (a constant) becomes ``constant * factor`` for that node alone.
-    def scale_operand(self, node: N, slot: Any, factor: float) -> None: ...
+    # The operand at ``slot`` of ``node`` (a constant) times ``2 ** exponent`` (``fold_math.scale_pow2``, FoldError
+    # where not exact), as ``scale_operand`` writes it: it becomes that for ``node`` alone.
+    def scaled_operand(self, node: N, slot: Any, exponent: int) -> Any: ...
+    def scale_operand(self, node: N, slot: Any, new: Any) -> None: ...
     def set_eps(self, node: N, eps: float) -> None: ...  # an ``invariant`` norm's eps
     # ``value * factor`` as a new node; ``readers`` (nodes; None among them: the graph output) read it instead of
     # ``value`` (``readers`` None: every reader).  Returns the value holding the product.

@@ -1,10 +1,14 @@
 """The fp16 range rewrite's edits (``bnfold.engine.range``): a plan applied through the adapter's primitive edits,
-its factors by ``bnfold.fold_math.scale_pow2``."""
+its factors by ``bnfold.fold_math.scale_pow2``.  All or nothing: every new tensor, constant, eps and multiply is
+made (or shown exact) before the first edit, so a plan that cannot be applied exactly is Refused with the graph
+as it was."""
 
 from __future__ import annotations
 
 from fractions import Fraction
 from typing import Any
+
+import torch
 
 from .. import fold_math
 from ..fold_math import FoldError
@@ -14,59 +18,97 @@ from .range_planner import Plan, Planner, Refused
 
 def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     """Make the edits of plan ``p`` with ``s = 2 ** -k``; returns the names of the nodes edited, in graph order.
-    Raises Refused (nothing written yet) when a rewritten layer tensor would leave its dtype's range."""
+    Raises Refused, nothing written, when a rewritten layer tensor, constant operand, eps or multiply would not be
+    exact in its dtype."""
     g = planner.g
 
-    def factor(e: Fraction) -> float:
-        return 2.0 ** -int(e * k)
+    def exponent(e: Fraction) -> int:  # the power of two a value of exponent ``e`` is scaled by
+        return -int(e * k)
 
-    eps = []  # invariant norms reading a scaled value: eps * s ** 2e
-    for value, e in p.exps.items():
-        for user in g.users(value):
-            op = planner.rop(user) if user is not None else None
-            if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
-                eps.append((user, op.eps * factor(2 * e)))
+    def refused(node: Any, why: str, code: Code = Code.LIMIT_BOUND) -> Refused:
+        return Refused(f"{g.describe_node(node) if node is not None else 'the graph output'}: {why}", code)
 
     def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True) -> tuple:
         """The layer and its weight (None where ``weight`` is False) and bias scaled; Refused where one fails."""
         layer, w = planner.layer(node)[0], planner.weights(node)
         try:
             what = f"{layer.op} weight"
-            out = fold_math.scale_pow2(w.weight, -int(w_e * k), w.weight_dtype, what) if weight else None
-            bias = None if w.bias is None else fold_math.scale_pow2(w.bias, -int(b_e * k), w.bias_dtype, "bias")
+            out = fold_math.scale_pow2(w.weight, exponent(w_e), w.weight_dtype, what) if weight else None
+            bias = None if w.bias is None else fold_math.scale_pow2(w.bias, exponent(b_e), w.bias_dtype, "bias")
         except FoldError as err:
-            raise Refused(f"{g.describe_node(node)}: {err}", Code.LIMIT_BOUND) from None
+            raise refused(node, str(err)) from None
         return layer, out, bias
 
-    # every layer is checked before any is written, in order: scaled, except a large weight whose spans show that its
-    # scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it is written
-    # (the same arithmetic), so the edit holds one large weight at a time
+    # every layer is checked before anything is written, in order: scaled, except a large weight whose spans show
+    # that its scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it
+    # is written (the same arithmetic), so the edit holds one large weight at a time
     writes = []
     for node, (w_e, b_e) in planner.layer_exps(p).items():
         held = planner.layer(node)[1] is not None
-        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, -int(w_e * k)))
+        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, exponent(w_e)))
         writes.append((node, (w_e, b_e), done if held else None))
         del done
+    operands = []  # (node, slot, the new constant): made here, written below
+    for (node, slot), e in p.operands.items():
+        if e != 0:
+            operands.append((node, slot, _operand(planner, node, slot, exponent(e), refused)))
+    eps = []  # invariant norms reading a scaled value: eps * s ** 2e
+    for value, e in p.exps.items():
+        for user in g.users(value):
+            op = planner.rop(user) if user is not None else None
+            if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
+                eps.append((user, _pow2(op.eps, exponent(2 * e), torch.float32, refused(user, "its eps"))))
+    muls = []  # (value, factor, readers): a multiply after a value, or before a reader, in the value's dtype
+    for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
+        kept = {node for (v, node) in p.mul_before if v == value}
+        readers = [u for u in g.users(value) if u not in kept]
+        muls.append((value, _mul(g, value, exponent(e), refused(readers[0] if readers else None, "")), readers))
+    for (value, node), e in p.mul_before.items():
+        if value not in p.mul_after:
+            muls.append((value, _mul(g, value, -exponent(e), refused(node, "")), [node]))
+
     edited = {}  # node -> its name
     for node, exps, done in writes:
         layer, weight, bias = done if done is not None else scaled(node, *exps)
         g.write_layer(layer, weight, bias, label)
         edited[node] = g.node_name(node)
         del weight, bias, done
-    for (node, slot), e in p.operands.items():
-        if e != 0:
-            g.scale_operand(node, slot, factor(e))
-            edited[node] = g.node_name(node)
+    for node, slot, new in operands:
+        g.scale_operand(node, slot, new)
+        edited[node] = g.node_name(node)
     for node, value in eps:
         g.set_eps(node, value)
         edited[node] = g.node_name(node)
-    for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
-        kept = {node for (v, node) in p.mul_before if v == value}
-        readers = [u for u in g.users(value) if u not in kept]
-        g.insert_mul(value, factor(e), readers)
-    for (value, node), e in p.mul_before.items():
-        if value not in p.mul_after:
-            g.insert_mul(value, 1.0 / factor(e), [node])
-    nodes = [node for node, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
-    planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
+    for value, factor, readers in muls:
+        g.insert_mul(value, factor, readers)
+    nodes = [node for node, _, _ in writes] + [node for node, _, _ in operands]
+    planner.forget(nodes + [node for node, _ in eps], added=bool(muls))
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
+
+
+def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> Any:
+    """The constant operand at ``slot`` of ``node`` times ``2 ** exponent`` as the adapter writes it; Refused where
+    it is not exact (a NaN or infinity in it, or a result outside its dtype)."""
+    value = planner._operand(node, slot)
+    if not bool(planner._const(value).isfinite().all()):
+        raise refused(node, f"its constant {planner.g.describe(value)} holds NaN or inf", Code.NOT_FINITE)
+    try:
+        return planner.g.scaled_operand(node, slot, exponent)
+    except FoldError as err:
+        raise refused(node, str(err)) from None
+
+
+def _pow2(x: float, exponent: int, dtype: torch.dtype, refusal: Refused) -> float:
+    """``x * 2 ** exponent`` where it is a normal ``dtype`` number (or zero), else ``refusal``."""
+    if not fold_math.pow2_exact((abs(x), abs(x)), dtype, dtype, exponent):
+        raise refusal
+    return x * 2.0**exponent
+
+
+def _mul(g, value: Any, exponent: int, reader: Refused) -> float:
+    """A multiply's factor ``2 ** exponent``, a normal number in ``value``'s dtype (float32 where unknown); else
+    ``reader`` (its reader's refusal) says so."""
+    dtype = g.shape_info(value).dtype
+    dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+    why = f"a multiply of {g.describe(value)} by 2^{exponent} before it is not exact in {dtype}"
+    return _pow2(1.0, exponent, dtype, Refused(reader.reason + why, Code.LIMIT_BOUND))

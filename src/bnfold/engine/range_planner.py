@@ -23,11 +23,17 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from .. import fold_math
 from ..report import Code
 from .graph import GraphAdapter, Layer, LayerWeights
 
-#: a plan visits at most this many nodes (a region is never worth an unbounded walk)
-MAX_REGION = 4096
+#: a plan scales at most this many values (a region is never worth an unbounded walk) and takes at most 8 times as
+#: many steps (:meth:`Planner.step`)
+MAX_REGION = 1 << 14
+#: the largest exponent of ``s`` (and denominator of one) a plan gives: past it, its factors leave every float format
+MAX_EXPONENT = 1 << 10
+#: the steps all plans on a graph take together, per node of the graph (:meth:`Planner.step`)
+WORK_PER_NODE = 64
 #: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
 #: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
 HELD_BYTES = 1 << 20
@@ -53,18 +59,53 @@ class Refused(Exception):
 @dataclass
 class Plan:
     """A region: exponents of values, of constant operands (``(node, slot)``), multiplies to insert after a
-    value (its producer takes no scale) or before a reader (``(value, node)``: the reader takes none)."""
+    value (its producer takes no scale) or before a reader (``(value, node)``: the reader takes none).
+    ``log``: what the walk back (:meth:`Planner.need`) wrote, to undo a trial that fails (:meth:`undo`)."""
 
     exps: dict = field(default_factory=dict)
     operands: dict = field(default_factory=dict)
     mul_after: dict = field(default_factory=dict)
     mul_before: dict = field(default_factory=dict)
     forward: set = field(default_factory=set)  # values whose exponent their producer's rule gave
+    log: list = field(default_factory=list, repr=False, compare=False)
 
-    def copy(self) -> Plan:
-        return Plan(
-            dict(self.exps), dict(self.operands), dict(self.mul_after), dict(self.mul_before), set(self.forward)
-        )
+    def put(self, table: dict, key: Any, value: Any) -> None:
+        """``table[key] = value``, undone by :meth:`undo`."""
+        self.log.append((table, key, table.get(key, _ABSENT)))
+        table[key] = value
+
+    def mark(self) -> int:
+        return len(self.log)
+
+    def undo(self, mark: int) -> None:
+        """Undo every :meth:`put` since ``mark``, the last first."""
+        while len(self.log) > mark:
+            table, key, old = self.log.pop()
+            if old is _ABSENT:
+                del table[key]
+            else:
+                table[key] = old
+
+
+_ABSENT = object()
+
+
+def _unrolled(walk, p: Plan) -> Any:
+    """Run the generator ``walk`` to its answer: each generator it yields is run first, on this loop's stack
+    (a list, not Python's: no depth is too deep), and its answer sent back; ``p``'s journal is dropped after the
+    outermost walk (nothing outside it undoes)."""
+    outer = not p.log
+    stack, answer = [walk], None
+    while stack:
+        try:
+            stack.append(stack[-1].send(answer))
+            answer = None
+        except StopIteration as done:
+            stack.pop()
+            answer = done.value
+    if outer:
+        p.log.clear()
+    return answer
 
 
 class Planner:
@@ -73,6 +114,9 @@ class Planner:
     def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
         self.g, self.peaks, self.limits = graph, peaks, limits
         self.read_graph()
+        self.nodes = len(self.order)
+        self.budget, self.spent = 8 * MAX_REGION + WORK_PER_NODE * self.nodes, 0  # :meth:`step`
+        self._steps, self._full = 0, False
 
     def read_graph(self) -> None:
         """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
@@ -159,7 +203,7 @@ class Planner:
         from its span: it is held in the dtype it is written in, and its largest and smallest nonzero magnitudes stay
         in that dtype's normal range (a power of two then keeps every bit)."""
         self.spans(node)
-        return _pow2_exact(*self._spans[node][0], exponent)
+        return fold_math.pow2_exact(*self._spans[node][0], exponent)
 
     def rop(self, node: Any):
         key = ("op", node)
@@ -189,32 +233,44 @@ class Planner:
     # ------------------------------------------------------------------ backward: who writes a scaled value
 
     def need(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
-        """``value`` must reach its readers as ``value * s ** e``."""
+        """``value`` must reach its readers as ``value * s ** e``.  The walk back through its writers runs on a
+        stack of its own (:func:`_unrolled`), not Python's: a chain of any depth plans, in time linear in it."""
+        return _unrolled(self._need(p, value, e, queue), p)
+
+    def need_operand(self, p: Plan, node: Any, slot: Any, value: Any, e: Fraction, queue: list) -> bool:
+        return _unrolled(self._need_operand(p, node, slot, value, e, queue), p)
+
+    def _need(self, p: Plan, value: Any, e: Fraction, queue: list):
+        """:meth:`need` as a generator: it yields the walks it waits for (:func:`_unrolled` runs them) and
+        returns its answer.  A trial that fails is undone from ``p``'s journal (:meth:`Plan.undo`), not made
+        on a copy (a copy per step made a chain quadratic)."""
         if e == 0:
             return p.exps.get(value, Fraction(0)) == 0
         if value in p.exps:
             return p.exps[value] == e
         if len(p.exps) > MAX_REGION:
+            self._full = True
             return False
-        p.exps[value] = e
-        trial = p.copy()
-        if self.produce(trial, value, e, queue):
-            p.__dict__.update(trial.__dict__)
-        elif self.hot(value):
-            return False  # a multiply after it would read the value too large
-        else:
-            p.mul_after[value] = e
+        self.step()
+        p.put(p.exps, value, e)
+        mark = p.mark()
+        if not (yield self._produce(p, value, e, queue)):
+            p.undo(mark)
+            if self.hot(value):
+                return False  # a multiply after it would read the value too large
+            p.put(p.mul_after, value, e)
         self.push_readers(value, queue)
         return True
 
-    def need_operand(self, p: Plan, node: Any, slot: Any, value: Any, e: Fraction, queue: list) -> bool:
+    def _need_operand(self, p: Plan, node: Any, slot: Any, value: Any, e: Fraction, queue: list):
         if self.is_const(value):
-            p.operands[(node, slot)] = e
+            p.put(p.operands, (node, slot), e)
             return True
-        return self.need(p, value, e, queue)
+        return (yield self._need(p, value, e, queue))
 
-    def produce(self, p: Plan, value: Any, e: Fraction, queue: list) -> bool:
-        """Make ``value``'s producer write it scaled by ``s ** e``, asking its inputs for scales."""
+    def _produce(self, p: Plan, value: Any, e: Fraction, queue: list):
+        """Make ``value``'s producer write it scaled by ``s ** e``, asking its inputs for scales (a generator, as
+        :meth:`_need`)."""
         if value in self.written:
             return True  # its layer's weight and bias take it (``apply``)
         node = self.g.producer(value)
@@ -223,21 +279,24 @@ class Planner:
             return False
         if op.fact == "homogeneous":
             slot, v = op.operands[0]
-            return self.need_operand(p, node, slot, v, e, queue)
+            return (yield self._need_operand(p, node, slot, v, e, queue))
         if op.fact == "sum":
-            return all(self.need_operand(p, node, s, v, e, queue) for s, v in op.operands)
-        if op.fact == "power" and op.degree:
+            for s, v in op.operands:
+                if not (yield self._need_operand(p, node, s, v, e, queue)):
+                    return False
+            return True
+        if op.fact == "power" and (degree := _degree(op)) is not None:
             slot, v = op.operands[0]
-            return self.need_operand(p, node, slot, v, e / Fraction(op.degree).limit_denominator(8), queue)
+            return (yield self._need_operand(p, node, slot, v, e / degree, queue))
         if op.fact in ("product", "quotient") and len(op.operands) == 2:
             order = sorted(range(2), key=lambda i: not self.is_const(op.operands[i][1]))  # a constant first
             for i in order:
                 slot, v = op.operands[i]
-                trial = p.copy()
+                mark = p.mark()
                 sign = -1 if op.fact == "quotient" and i == 1 else 1
-                if self.need_operand(trial, node, slot, v, sign * e, queue):
-                    p.__dict__.update(trial.__dict__)
+                if (yield self._need_operand(p, node, slot, v, sign * e, queue)):
                     return True
+                p.undo(mark)
         return False
 
     # ------------------------------------------------------------------ forward: who reads a scaled value
@@ -277,8 +336,8 @@ class Planner:
                 if x != e and not self.need_operand(p, node, s, v, e, queue):
                     return False
             return self.set_out(p, op.output, e, queue)
-        if op.fact == "power" and op.degree:
-            return self.set_out(p, op.output, exps[0] * Fraction(op.degree).limit_denominator(8), queue)
+        if op.fact == "power" and (degree := _degree(op)) is not None:
+            return self.set_out(p, op.output, exps[0] * degree, queue)
         if op.fact in ("product", "quotient") and len(floats) == 2:
             out = exps[0] + exps[1] if op.fact == "product" else exps[0] - exps[1]
             want = p.exps.get(op.output, Fraction(0)) if op.output not in p.forward else Fraction(0)
@@ -335,18 +394,18 @@ class Planner:
 
     def plan(self, value: Any) -> Plan:
         p, queue = Plan(), []
+        self._steps, self._full = 0, False
         if not self.need(p, value, Fraction(1), queue) or value in p.mul_after:
+            if self._full:
+                raise Refused(f"its region passes {MAX_REGION} values", Code.REGION_LIMIT)
             raise Refused(
                 f"{self.g.describe(value)} is too large where it is made and nothing before it takes a scale "
                 "(a graph input, or an overflow inside the op that computes it)",
                 Code.NO_ABSORBER,
             )
-        steps = 0
         done: dict = {}
         while queue:
-            steps += 1
-            if steps > 8 * MAX_REGION:
-                raise Refused("the region grows without bound", Code.SCALE_CONFLICT)
+            self.step()
             _, _, (what, x) = heapq.heappop(queue)
             if what == "output":
                 self.output_read(p, x)
@@ -362,6 +421,20 @@ class Planner:
                 )
         self.check(p)
         return p
+
+    def step(self) -> None:
+        """Count one step of a plan (a value the walk back scales, a node the walk forward reads): a plan takes
+        at most ``8 * MAX_REGION``, all plans together at most :attr:`budget` (linear in the graph), else
+        Refused: a hostile graph costs bounded time, however its regions fail."""
+        self._steps += 1
+        self.spent += 1
+        if self._steps > 8 * MAX_REGION:
+            raise Refused(f"its region grows past {8 * MAX_REGION} steps of the plan", Code.REGION_LIMIT)
+        if self.spent > self.budget:
+            raise Refused(
+                f"the rewrite's work budget is spent ({self.budget} steps for {self.nodes} nodes): not tried",
+                Code.REGION_LIMIT,
+            )
 
     def seen(self, p: Plan, node: Any) -> tuple:
         """What ``node`` reads and writes under ``p``: it is read again only when that changed."""
@@ -388,7 +461,7 @@ class Planner:
             elif op.fact == "sum":
                 ok = all(x == out for x in xs)
             elif op.fact == "power":
-                ok = op.degree is not None and out == xs[0] * Fraction(op.degree).limit_denominator(8)
+                ok = (degree := _degree(op)) is not None and out == xs[0] * degree
             elif op.fact == "product":
                 ok = len(xs) == 2 and out == xs[0] + xs[1]
             else:
@@ -404,6 +477,8 @@ class Planner:
         whether the limit is met."""
         fractions = list(p.exps.values()) + list(p.operands.values()) + list(p.mul_before.values())
         step = math.lcm(*(f.denominator for f in fractions)) if fractions else 1
+        if step > MAX_EXPONENT or any(abs(f) > MAX_EXPONENT for f in fractions):  # a chain of powers
+            raise Refused(f"its exponents of s pass {MAX_EXPONENT} (a chain of powers)", Code.REGION_LIMIT)
         lo, hi = 0.0, math.inf
         for value, e in p.exps.items():
             peak = self.peaks.get(value, 0.0)
@@ -414,6 +489,8 @@ class Planner:
             elif e < 0:
                 hi = min(hi, math.log2(self.limits.value / peak) / float(-e))
         for low, high, e in self.constant_ranges(p):
+            if not math.isfinite(high):
+                raise Refused("a constant it rescales holds NaN or inf", Code.NOT_FINITE)
             if e > 0 and high > self.limits.constant:  # a constant beyond the limit: it moves down with the region
                 lo = max(lo, math.log2(high / self.limits.constant) / float(e))
             if e > 0 and low > 0 and self.limits.tiny:
@@ -466,15 +543,14 @@ class Planner:
         return out
 
 
-def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: int) -> bool:
-    """Whether every value of a ``dtype`` tensor of ``span`` (:func:`span`) times ``2 ** exponent`` is exact in
-    ``stored`` (the same dtype, results in its normal range, no NaN or infinity)."""
-    if dtype != stored or not stored.is_floating_point:
-        return False
-    import torch
-
-    info, (low, high), factor = torch.finfo(stored), span, 2.0**exponent
-    return high * factor <= info.max and (low == 0.0 or low * factor >= info.tiny)
+def _degree(op) -> Fraction | None:
+    """A ``power`` op's degree as a fraction of denominator at most 8, or None: not a finite nonzero number, or
+    not such a fraction exactly (``s ** degree`` would be no power of two for every ``k``)."""
+    d = op.degree
+    if not d or not math.isfinite(d):
+        return None
+    f = Fraction(d)
+    return f if f.denominator <= 8 else None
 
 
 def span(t) -> tuple[float, float]:

@@ -4,7 +4,6 @@ set a norm's epsilon, insert a ``Mul``).  Mixed into ``OnnxGraph``; it decides n
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import onnx
@@ -78,11 +77,13 @@ class OnnxRange:
             p.attribute.append(onnx.helper.make_attribute("epsilon", eps))
         self._edited()
 
-    def scale_operand(self, node: Any, slot: Any, factor: float) -> None:
-        value = self.value(node.gi, node.proto.input[slot])
-        c = self.const(value)
+    def scaled_operand(self, node: Any, slot: Any, exponent: int) -> torch.Tensor:
+        c = self.const(self.value(node.gi, node.proto.input[slot]))
         dtype = torch_dtype(c.elem_type, "the constant")
-        new = fold_math.scale_pow2(to_torch(c.value), round(math.log2(factor)), dtype, "constant")
+        return fold_math.scale_pow2(to_torch(c.value), exponent, dtype, "constant")
+
+    def scale_operand(self, node: Any, slot: Any, new: torch.Tensor) -> None:
+        value = self.value(node.gi, node.proto.input[slot])
         name = add_initializer(self.index, node.gi, f"{safe(value.name)}_range", new)
         self.index.set_input(node.gi, node.proto, slot, name)
         self._edited()

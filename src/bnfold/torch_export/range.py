@@ -4,7 +4,6 @@ insert a multiply).  Mixed into ``FxGraph``; it decides nothing."""
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -131,14 +130,19 @@ class FxRange:
         else:
             node.kwargs = {**node.kwargs, "eps": eps}
 
-    def scale_operand(self, node: Any, slot: Any, factor: float) -> None:
+    def scaled_operand(self, node: Any, slot: Any, exponent: int) -> Any:
+        old = _get(node, slot)
+        if not isinstance(old, Node):  # a Python number: a float64
+            number = torch.tensor(float(old), dtype=torch.float64)
+            return float(fold_math.scale_pow2(number, exponent, torch.float64, "constant"))
+        value = self.constant(old)
+        return fold_math.scale_pow2(value.reshape(old.meta["val"].shape), exponent, old.meta["val"].dtype, "constant")
+
+    def scale_operand(self, node: Any, slot: Any, new: Any) -> None:
         old = _get(node, slot)
         if not isinstance(old, Node):
-            _set(node, slot, old * factor)
+            _set(node, slot, new)
             return
-        value = self.constant(old)
-        dtype = old.meta["val"].dtype
-        new = fold_math.scale_pow2(value.reshape(old.meta["val"].shape), round(math.log2(factor)), dtype, "constant")
         like = self._like(old)
         target = f"{self.editor.target(like)}_range"
         _set(node, slot, self.editor.add_tensor(like, target, new))
