@@ -116,6 +116,18 @@ def test_a_constant_that_does_not_scale_leaves_the_graph_untouched(c, code):
     assert [n.op_type for n in result.model.graph.node] == [n.op_type for n in folded.graph.node]
 
 
+def test_a_torch_constant_that_does_not_scale_leaves_the_program_untouched():
+    program = torch.export.export(rg.PlusScaledConstant([1.0, 1.2345678e-38, 1.0, 1.0]).eval(), rg.batches(1)[0])
+    folded = bnfold.fold(program).model
+    result = bnfold.fold(program, fp16_range=rg.batches())
+    (entry,) = [e for e in result.report.rescaled if e.value == "add"]
+    assert entry.code is Code.LIMIT_BOUND and "'mul'" in entry.reason and not entry.nodes, entry
+    assert all(e.factor == 1.0 for e in result.report.rescaled)
+    assert result.model.graph_module.code == folded.graph_module.code
+    after, before = result.model.state_dict, folded.state_dict
+    assert after.keys() == before.keys() and all(torch.equal(after[k], before[k]) for k in before)
+
+
 @pytest.mark.parametrize(
     ("model", "code"),
     [
