@@ -64,6 +64,12 @@ def power_chain(op: str, n: int, exponent: float | None = None) -> onnx.ModelPro
     return _model(nodes, inits)
 
 
+def layer_norm(eps: float) -> onnx.ModelProto:
+    """A LayerNormalization of epsilon ``eps`` reading the hot conv: the scale moves into its eps."""
+    nodes = [helper.make_node("LayerNormalization", ["h0", "g"], ["h1"], axis=-1, epsilon=eps)]
+    return _model(nodes, {"g": np.ones(4, np.float32)})
+
+
 def batches(n: int = 2, seed: int = 0) -> list[tuple[torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     return [(torch.randn(SHAPE, generator=g),) for _ in range(n)]

@@ -96,20 +96,21 @@ def test_a_region_past_the_bounds_is_refused_with_its_code(monkeypatch):
 
 
 @pytest.mark.parametrize(
-    ("c", "code"),
+    ("c", "value", "code"),
     [
-        ([1.0, 1.2345678e-38, 1.0, 1.0], Code.LIMIT_BOUND),  # a normal float32 whose scale by 2^-k is subnormal
-        ([1.0, float("nan"), 1.0, 1.0], Code.NOT_FINITE),
-        ([1.0, float("inf"), 1.0, 1.0], Code.NOT_FINITE),
+        ([1.0, 1.2345678e-38, 1.0, 1.0], "h1", Code.LIMIT_BOUND),  # a normal float32 whose scale by 2^-k is subnormal
+        ([1.0, float("nan"), 1.0, 1.0], "h1", Code.NOT_FINITE),
+        ([1.0, float("inf"), 1.0, 1.0], "h1", Code.NOT_FINITE),
+        ([1.0, 3.4e38, 1.0, 1.0], "h0", Code.NOT_FINITE),  # x * c overflows float32: the values' peaks are infinite
     ],
 )
-def test_a_constant_that_does_not_scale_leaves_the_graph_untouched(c, code):
+def test_a_constant_that_does_not_scale_leaves_the_graph_untouched(c, value, code):
     """The conv's weights and the constant are scaled together: the conv's check passes, the constant's fails.
     Before, the conv was written and then the constant raised (a fold failure with a half-edited graph)."""
     model = rg.plus_scaled_constant(c)
     folded = bnfold.fold(model).model
     result = bnfold.fold(model, fp16_range=rg.batches())
-    (entry,) = [e for e in result.report.rescaled if e.value == "h1"]
+    (entry,) = [e for e in result.report.rescaled if e.value == value]
     assert entry.code is code and entry.factor == 1.0 and not entry.nodes, entry
     assert all(e.factor == 1.0 for e in result.report.rescaled)
     assert _inits(result.model) == _inits(folded)
@@ -145,6 +146,25 @@ def test_exploding_powers_are_refused_with_a_code(model, code):
     (entry,) = [e for e in result.report.rescaled if e.value == "h0"]
     assert entry.code is code and entry.factor == 1.0, entry
     assert _inits(result.model) == _inits(bnfold.fold(model).model)
+
+
+@pytest.mark.parametrize("eps", [float("nan"), 1e-44])
+def test_an_eps_that_would_not_stay_exact_is_refused(eps):
+    """LayerNormalization's epsilon (a float32 attribute) times 2^-2k: a NaN stays NaN, 1e-44 (subnormal) would lose
+    its bits (main wrote 0)."""
+    model = rg.layer_norm(eps)
+    result = bnfold.fold(model, fp16_range=rg.batches())
+    (entry,) = [e for e in result.report.rescaled if e.value == "h0"]
+    assert entry.code is Code.LIMIT_BOUND and "its eps" in entry.reason and entry.factor == 1.0, entry
+    assert list(result.model.graph.node[1].attribute) == list(model.graph.node[1].attribute)
+
+
+def test_a_normal_eps_moves_with_the_scale():
+    result = bnfold.fold(rg.layer_norm(1e-5), fp16_range=rg.batches())
+    (entry,) = [e for e in result.report.rescaled if e.value == "h0"]
+    assert entry.code is Code.RESCALED, entry
+    (eps,) = [a.f for a in result.model.graph.node[1].attribute if a.name == "epsilon"]
+    assert eps == np.float32(1e-5) * entry.factor**2
 
 
 def test_the_cli_refuses_a_hostile_constant_in_its_report(tmp_path):

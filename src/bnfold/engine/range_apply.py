@@ -57,7 +57,9 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
         for user in g.users(value):
             op = planner.rop(user) if user is not None else None
             if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
-                eps.append((user, _pow2(op.eps, exponent(2 * e), torch.float32, refused(user, "its eps"))))
+                x = exponent(2 * e)
+                why = refused(user, f"its eps {op.eps:g} times 2^{x} is no normal float32")
+                eps.append((user, _pow2(op.eps, x, torch.float32, why)))
     muls = []  # (value, factor, readers): a multiply after a value, or before a reader, in the value's dtype
     for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
         kept = {node for (v, node) in p.mul_before if v == value}

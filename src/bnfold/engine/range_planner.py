@@ -484,6 +484,10 @@ class Planner:
             peak = self.peaks.get(value, 0.0)
             if peak <= 0 or value in p.mul_after:
                 continue
+            if not math.isfinite(peak):
+                raise Refused(
+                    f"{self.g.describe(value)} is not finite in float32 on the calibration batches", Code.NOT_FINITE
+                )
             if e > 0 and peak > self.limits.value:
                 lo = max(lo, math.log2(peak / self.limits.value) / float(e))
             elif e < 0:
