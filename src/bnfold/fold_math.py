@@ -229,6 +229,9 @@ def per_slice(values: torch.Tensor, kind: str, side: str, shape, groups: int = 1
 BLOCK_ELEMENTS = 1 << 15
 #: bytes of a deferred product handed to its writer at a time (blocks gathered in one buffer)
 STAGE_BYTES = 1 << 18
+#: a tensor of at least this many bytes is large: a streamed model's stays on disk where a run reads it
+#: (``numerics.lazy``), and the range rewrite's planner reads it again where it needs it instead of holding it
+LARGE_BYTES = 1 << 20
 
 
 class Spill(Protocol):

@@ -60,13 +60,16 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for node, value in eps:
         g.set_eps(node, value)
         edited[node] = g.node_name(node)
+    touched = []  # the writer and readers of each value a multiply goes at
     for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
         kept = {node for (v, node) in p.mul_before if v == value}
         readers = [u for u in g.users(value) if u not in kept]
+        touched += [g.producer(value), *readers]
         g.insert_mul(value, factor(e), readers)
     for (value, node), e in p.mul_before.items():
         if value not in p.mul_after:
+            touched += [g.producer(value), node]
             g.insert_mul(value, 1.0 / factor(e), [node])
     nodes = [node for node, _, _ in writes] + [node for (node, _), e in p.operands.items() if e != 0]
-    planner.forget(nodes + [node for node, _ in eps], added=bool(p.mul_after or p.mul_before))
+    planner.forget(nodes + [node for node, _ in eps], [n for n in dict.fromkeys(touched) if n is not None])
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))

@@ -23,14 +23,12 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
+from ..fold_math import LARGE_BYTES
 from ..report import Code
 from .graph import GraphAdapter, Layer, LayerWeights
 
 #: a plan visits at most this many nodes (a region is never worth an unbounded walk)
 MAX_REGION = 4096
-#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
-#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
-HELD_BYTES = 1 << 20
 
 
 @dataclass
@@ -75,14 +73,21 @@ class Planner:
         self.read_graph()
 
     def read_graph(self) -> None:
-        """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
+        """Read the graph: its order and layers, every cache dropped."""
         self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
+        self._read_layers()
+        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
+        self.added: list = []  # nodes added since the constants were last read (``HotConstants``)
+
+    def _read_layers(self) -> None:
+        """The layers whose weights are constants (each read once: :meth:`layer` keeps what it read)."""
         self.written: dict = {}  # a layer's output value -> its node
         self.layer_nodes: set = set()  # the nodes of ``written``
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
+        self._ends: dict = {}  # a layer node -> its output and the node that writes it (:meth:`_layer_of`)
         for layer in self.g.layers():
             if self.layer(layer.node) is None:
                 continue
@@ -91,23 +96,44 @@ class Planner:
             end = self.g.producer(layer.output)
             if end is not None and end != layer.node:
                 self.inside.add(end)
-        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
-        self.added = False  # whether an edit added nodes since ``read_graph``
+            self._ends[layer.node] = (layer.output, end)
 
     def in_order(self, nodes) -> list:
         """``nodes`` (each once) in graph order; nodes the graph order does not hold last, as given."""
         last = len(self.order)
         return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, last))
 
-    def forget(self, nodes: list, added: bool) -> None:
-        """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
-        (multiplies): what was read of them is read again, the whole graph if nodes were added."""
+    def forget(self, nodes: list, touched: list = ()) -> None:
+        """``nodes`` were edited (their weights, a constant operand, an eps): what was read of them is read again.
+        ``touched``: nodes that read or write a value a multiply was inserted at (their operands changed, not their
+        constants): their ops are read again, the new nodes numbered in the graph order, and the layers listed again
+        only where a touched node changed what it is (a layer, its output, the node that ends it)."""
         for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
             self._spans.pop(node, None)
         self.edited.update(nodes)
-        self.added = self.added or added
+        if not touched:
+            return
+        for node in touched:  # a layer's input or output is another value: parsed again (its spans are kept)
+            self._ops.pop(node, None)
+            self._ops.pop(("op", node), None)
+        self.edited.update(touched)
+        nodes = self.g.ordered_nodes()
+        added = [n for n in nodes if n not in self.order]
+        self.order = {n: i for i, n in enumerate(nodes)}
+        self.added += added
+        if any(self._layer_of(n) != self._ends.get(n) for n in touched) or any(self.layer(n) for n in added):
+            layers, inside = set(self.layer_nodes), set(self.inside)
+            self._read_layers()
+            for node in (layers ^ self.layer_nodes) | (inside ^ self.inside):
+                self._ops.pop(("op", node), None)
+                self.edited.add(node)
+
+    def _layer_of(self, node: Any) -> tuple | None:
+        """``node`` as a layer of ``written`` now: its output and the node that writes it, or None."""
+        lw = self.layer(node)
+        return None if lw is None else (lw[0].output, self.g.producer(lw[0].output))
 
     # ------------------------------------------------------------------ reading the graph
 
@@ -120,7 +146,8 @@ class Planner:
             layer = self.g.layer(node)
             w = self._read(layer) if layer is not None else None
             ok = layer is not None and w is not None
-            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
+            # large weights are read again where needed (a streamed model's stay on disk: one held at a time)
+            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < LARGE_BYTES
             self._ops[node] = (layer, w if held else None) if ok else None
         return self._ops[node]
 
