@@ -535,8 +535,9 @@ def _memory_view(t: torch.Tensor) -> torch.Tensor | None:
     return None if order is None else t.permute(order).view(-1)
 
 
-#: elements of a slice :func:`scale_pow2` computes at a time
-_POW2_CHUNK = 1 << 20
+#: elements of a slice :func:`scale_pow2` computes at a time (its float64 copies 512 KiB each: a rewritten weight's
+#: temporaries stay small beside the weight)
+_POW2_CHUNK = 1 << 16
 
 
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:

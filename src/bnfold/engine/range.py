@@ -150,7 +150,7 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     planner = Planner(graph, by_handle, limits)
 
     def skip(v: Any) -> bool:  # a weight computed from constants is no value, a layer's product before its bias
-        return graph.constant(v) is not None or _inside_layer(planner, v)  # add is the layer's
+        return planner.is_const(v) or _inside_layer(planner, v)  # add is the layer's
 
     def hot(v: Any) -> bool:
         return by_handle.get(v, 0.0) > limits.value and v not in tried and not skip(v)

@@ -78,6 +78,8 @@ class Planner:
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
+        self._is_const: dict = {}  # a value -> whether it is a constant (:meth:`is_const`)
+        self._layer_exps: tuple = (None, {})  # the last plan's :meth:`layer_exps`
         self._read_layers()
         self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
         self.added: list = []  # nodes added since the constants were last read (``HotConstants``)
@@ -108,6 +110,7 @@ class Planner:
         ``touched``: nodes that read or write a value a multiply was inserted at (their operands changed, not their
         constants): their ops are read again, the new nodes numbered in the graph order, and the layers listed again
         only where a touched node changed what it is (a layer, its output, the node that ends it)."""
+        self._layer_exps = (None, {})
         for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
@@ -200,7 +203,13 @@ class Planner:
         return bool((self._const(value).abs() == 1).all())
 
     def is_const(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) or self.g.constant(value) is not None
+        """Whether ``value`` is a number or a constant, asked once per value (an edit never makes a value another
+        kind: a rewritten constant is a new value, a multiply goes after a computed one)."""
+        if isinstance(value, (int, float)):
+            return True
+        if value not in self._is_const:
+            self._is_const[value] = self.g.constant(value) is not None
+        return self._is_const[value]
 
     def hot(self, value: Any) -> bool:
         return self.peaks.get(value, 0.0) > self.limits.value
@@ -478,7 +487,13 @@ class Planner:
         return torch.tensor(float(value)) if isinstance(value, (int, float)) else self.g.constant(value)
 
     def layer_exps(self, p: Plan) -> dict:
-        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order."""
+        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order (made
+        once per plan: sizing, naming and applying it read the same)."""
+        if self._layer_exps[0] is not p:
+            self._layer_exps = (p, self._exps_of_layers(p))
+        return self._layer_exps[1]
+
+    def _exps_of_layers(self, p: Plan) -> dict:
         out = {}
         nodes = [self.written[v] for v in p.exps if v in self.written] + [u for v in p.exps for u in self.g.users(v)]
         for node in self.in_order(nodes):
@@ -506,10 +521,27 @@ def _pow2_exact(span: tuple[float, float], dtype: Any, stored: Any, exponent: in
 
 def span(t) -> tuple[float, float]:
     """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
-    dtype (the same floats as in float64, without a float64 copy)."""
+    dtype (the same floats as in float64, without a float64 copy); a large tensor a block of rows at a time (its
+    temporaries a block's, not the tensor's: a streamed model's weight is the largest thing a rewrite holds)."""
     if not t.numel():
         return (0.0, 0.0)
-    a = t.detach().abs()
+    t = t.detach()
+    if t.dim() == 0 or t.numel() <= SPAN_BLOCK:
+        return _span(t)
+    rows = max(1, SPAN_BLOCK // (t.numel() // t.shape[0]))
+    parts = [_span(t[i : i + rows]) for i in range(0, t.shape[0], rows)]
+    highs = [high for _, high in parts]
+    high = math.nan if any(math.isnan(h) for h in highs) else max(highs)
+    lows = [low for low, _ in parts if low > 0.0]
+    return (min(lows) if lows else 0.0, high)
+
+
+#: elements of a block :func:`span` reads at a time
+SPAN_BLOCK = 1 << 16
+
+
+def _span(t) -> tuple[float, float]:
+    a = t.abs()
     if not a.is_floating_point():
         a = a.double()
     high = float(a.max())
