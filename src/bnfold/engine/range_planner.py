@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any
 
-from ..fold_math import LARGE_BYTES
+from ..fold_math import BLOCK_ELEMENTS, LARGE_BYTES
 from ..report import Code
 from .graph import GraphAdapter, Layer, LayerWeights
 
@@ -536,8 +536,8 @@ def span(t) -> tuple[float, float]:
     return (min(lows) if lows else 0.0, high)
 
 
-#: elements of a block :func:`span` reads at a time
-SPAN_BLOCK = 1 << 16
+#: elements of a block :func:`span` reads at a time (each op on the calling thread: ``fold_math.BLOCK_ELEMENTS``)
+SPAN_BLOCK = BLOCK_ELEMENTS
 
 
 def _span(t) -> tuple[float, float]:
