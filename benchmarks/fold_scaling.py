@@ -1,7 +1,7 @@
 """A (goals). The fold's scaling and its share of torch.export on part A's chain, against a baseline.
 
     .venv/bin/python benchmarks/fold_scaling.py [--sizes 200,800,1600] [--rounds 5] [--baseline DIR] [--out DIR]
-    .venv/bin/python benchmarks/fold_scaling.py --fp16-range [--sizes 50,200] [--rounds 3]
+    .venv/bin/python benchmarks/fold_scaling.py --fp16-range [--sizes 50,200] [--rounds 3] [--baseline DIR]
 
 Part A's ``Chain(N)`` (``models.chain``), exported once per N.  In ONE process, round robin (the order
 reversed every other round, an untimed ``gc.collect()`` before each call, 1 torch thread):
@@ -22,7 +22,8 @@ the wall time only.
 chain with calibrated statistics and every second block's output past fp16's range over the margin
 (N / 2 values to rewrite); round robin as above, ``bnfold.fold(ep)`` and ``bnfold.fold(ep,
 fp16_range=2 batches)`` (calibration, rewrite, the float64 proof on the batches and fresh inputs); the
-range part is the difference of the two least times.  Reference line: ``t(4N) / t(N) <= 4.2``.
+range part is the difference of the two least times; with ``--baseline DIR`` the baseline's two calls join the
+round robin (its rows labelled ``baseline``).  Reference line: ``t(4N) / t(N) <= 4.2``.
 """
 
 from __future__ import annotations
@@ -56,8 +57,7 @@ def measure(sizes: list[int], rounds: int, baseline: str | None) -> dict:
     torch.set_num_threads(1)
     calls = {"bnfold": bnfold.fold}
     if baseline:
-        sys.path.insert(0, os.path.dirname(os.path.abspath(baseline)))
-        calls["baseline"] = importlib.import_module(os.path.basename(os.path.abspath(baseline))).fold
+        calls["baseline"] = _baseline(baseline).fold
     model, x = chain(2)
     for fold in calls.values():  # imports and first-call set-up
         fold(torch.export.export(model, x))
@@ -89,20 +89,29 @@ def measure(sizes: list[int], rounds: int, baseline: str | None) -> dict:
     return rows
 
 
-def measure_range(sizes: list[int], rounds: int) -> dict:
+def measure_range(sizes: list[int], rounds: int, baseline: str | None = None) -> dict:
     import torch
     from models import hot_chain, structured_inputs
 
     import bnfold
 
     torch.set_num_threads(1)
+    versions = {"": bnfold.fold}
+    if baseline:
+        versions["baseline "] = _baseline(baseline).fold
     rows = {}
     for n in sizes:
         model, x = hot_chain(n)
         ep = torch.export.export(model, x)
         batches = [(b,) for b in structured_inputs(tuple(x[0].shape), 2, seed=1)]
-        calls = {"fold": lambda: bnfold.fold(ep), "fp16_range": lambda: bnfold.fold(ep, fp16_range=batches)}
-        rescaled = sum(e.factor != 1.0 for e in calls["fp16_range"]().report.rescaled)  # and the first-call set-up
+        calls = {}
+        for label, fold in versions.items():
+            calls[f"{label}fold"] = lambda f=fold: f(ep)
+            calls[f"{label}fp16_range"] = lambda f=fold: f(ep, fp16_range=batches)
+        rescaled = {}
+        for label in versions:  # the first calls' set-up, untimed
+            calls[f"{label}fold"]()
+            rescaled[label] = sum(e.factor != 1.0 for e in calls[f"{label}fp16_range"]().report.rescaled)
         times: dict[str, list] = {}
         for i in range(rounds):
             for name in calls if i % 2 == 0 else reversed(calls):
@@ -112,29 +121,40 @@ def measure_range(sizes: list[int], rounds: int) -> dict:
     return rows
 
 
+def _baseline(folder: str):
+    """The bnfold package ``folder`` imported under its folder's name (``--baseline``)."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(folder)))
+    return importlib.import_module(os.path.basename(os.path.abspath(folder)))
+
+
 def render_range(rows: dict, load: str) -> str:
     from common import table
 
-    def least(n: int) -> dict:
-        t = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in rows[n][0].items()}
+    labels = list(rows[min(rows)][1])
+
+    def least(n: int, label: str) -> dict:
+        t = {k: (min(w for w, _ in v), min(c for _, c in v)) for k, v in rows[n][0].items() if k.startswith(label)}
+        t = {k.removeprefix(label): v for k, v in t.items() if k.removeprefix(label) in ("fold", "fp16_range")}
         t["range"] = tuple(a - b for a, b in zip(t["fp16_range"], t["fold"]))
         return t
 
     head = ["N blocks", "values rewritten", "fold s (cpu)", "fold + fp16_range s (cpu)", "range part s (cpu)"]
     body = []
     for n in sorted(rows):
-        t = least(n)
-        cells = [f"{t[k][0]:.3f} ({t[k][1]:.3f})" for k in ("fold", "fp16_range", "range")]
-        body.append([str(n), str(rows[n][1]), *cells])
+        for label in labels:
+            t = least(n, label)
+            cells = [f"{t[k][0]:.3f} ({t[k][1]:.3f})" for k in ("fold", "fp16_range", "range")]
+            body.append([f"{label}{n}", str(rows[n][1][label]), *cells])
     lines = [table(head, body), ""]
     goal = []
     for a, b in zip(sorted(rows), sorted(rows)[1:]):
-        ta, tb = least(a), least(b)
-        row = [f"t({b})/t({a}) (x{b / a:g} the blocks)"]
-        for k in ("fold", "fp16_range", "range"):
-            w, c = tb[k][0] / ta[k][0], tb[k][1] / ta[k][1]
-            row.append(f"{w:.2f} {'PASS' if w <= RATIO_GOAL * b / a / 4 else 'MISS'} (cpu {c:.2f})")
-        goal.append(row)
+        for label in labels:
+            ta, tb = least(a, label), least(b, label)
+            row = [f"{label}t({b})/t({a}) (x{b / a:g} the blocks)"]
+            for k in ("fold", "fp16_range", "range"):
+                w, c = tb[k][0] / ta[k][0], tb[k][1] / ta[k][1]
+                row.append(f"{w:.2f} {'PASS' if w <= RATIO_GOAL * b / a / 4 else 'MISS'} (cpu {c:.2f})")
+            goal.append(row)
     lines.append(table(["ratio (goal <= 4.2 for x4)", "fold", "fold + fp16_range", "range part"], goal, align="lrrr"))
     lines.append(f"\nload average {load}")
     return "\n".join(lines)
@@ -188,7 +208,7 @@ def main() -> None:
     quiet()
     if args.fp16_range:
         sizes = [int(s) for s in (args.sizes if args.sizes != ap.get_default("sizes") else "50,200").split(",")]
-        text = render_range(measure_range(sizes, args.rounds), str(load_now()))
+        text = render_range(measure_range(sizes, args.rounds, args.baseline), str(load_now()))
         write_text("fold_scaling_fp16_range", text, args.out)
         print(text, flush=True)
         return

@@ -1,6 +1,6 @@
 """``--fp16-range`` with ``--low-memory`` on a model whose weights are external and large (each at least
-``LAZY_BYTES``): the calibration and proof runs read each weight when its op runs and drop it after, the planner
-holds no large weight, and the files and report are those of the plain route."""
+``fold_math.LARGE_BYTES``): the calibration and proof runs read each weight when its op runs and drop it after,
+the planner holds no large weight, and the files and report are those of the plain route."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from bnfold.numerics import lazy
 from bnfold.numerics.onnx_program import onnx_program
 from bnfold.numerics.ranges import run_plain
 
-_WIDTH = 1024  # 4 MiB weights: past lazy.LAZY_BYTES
+_WIDTH = 1024  # 4 MiB weights: past fold_math.LARGE_BYTES
 
 
 def _model(folder, n: int = 4) -> tuple[str, int]:

@@ -62,22 +62,30 @@ def _rewrite(planner: Planner, value: Any, entry, tried: set, by_handle: dict, h
 class HotConstants:
     """The constants beyond the constant limit, in graph order: a layer's weight or bias (the value: the layer's
     output), then a constant operand of a sum, product or quotient (the value: its output).  Read once, then
-    again only for the nodes an edit touched (``Planner.forget``), or all of them when nodes were added."""
+    again only for the nodes an edit touched or added (``Planner.forget``)."""
 
     def __init__(self, planner: Planner):
         self.planner = planner
         self.read()
 
     def read(self) -> None:
-        planner = self.planner
-        nodes = list(planner.written.values()) + [n for n in planner.g.ordered_nodes() if n not in planner.layer_nodes]
-        self.rank = {n: i for i, n in enumerate(nodes)}
+        self.rank: dict = {}
         self.found: dict = {}
         self.heap: list = []
-        for node in nodes:
+        self._rank()
+        for node in self.rank:
             self.look(node)
-        planner.edited.clear()
-        planner.added = False
+        self.planner.edited.clear()
+        self.planner.added = []
+
+    def _rank(self) -> None:
+        """Layers first, then the other nodes in graph order; what was found is kept for the nodes still there."""
+        planner = self.planner
+        nodes = list(planner.written.values()) + [n for n in planner.order if n not in planner.layer_nodes]
+        self.rank = {n: i for i, n in enumerate(nodes)}
+        self.found = {n: found for n, found in self.found.items() if n in self.rank}
+        self.heap = [(self.rank[n], id(n), n) for n, found in self.found.items() if found is not None]
+        heapq.heapify(self.heap)
 
     def look(self, node: Any) -> None:
         found = self.found[node] = self.hot(node)
@@ -103,9 +111,11 @@ class HotConstants:
     def next(self, tried: set) -> tuple[Any, str, float] | None:
         """The first constant beyond the limit whose value was not tried."""
         planner = self.planner
-        if planner.added:
-            planner.read_graph()
-            self.read()
+        if planner.added:  # ranked again; the new nodes read (and below, the nodes the edit touched)
+            self._rank()
+            for node in planner.added:
+                self.look(node)
+            planner.added = []
         for node in planner.edited:
             if node in self.rank:
                 self.look(node)
@@ -131,7 +141,8 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     tried (rescaled, or refused with its code).  ``peak_after`` and ``margin`` are the plan's predictions; the
     caller measures them.  Every value past the limit is tried once (with it, the other values of its region): at
     most one plan per value, each bounded by ``MAX_REGION``; one ``Planner`` reads the graph once and again only
-    what each rewrite edits (all of it when a rewrite adds multiplies), so the whole is linear in the graph."""
+    what each rewrite edits or touches (a multiply's writer and readers; the graph order is numbered again, no
+    weight read), so the weights are read once each and again only where a rewrite edits them."""
     from ..report import Rescaled
 
     entries, tried = [], set()
@@ -139,7 +150,7 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     planner = Planner(graph, by_handle, limits)
 
     def skip(v: Any) -> bool:  # a weight computed from constants is no value, a layer's product before its bias
-        return graph.constant(v) is not None or _inside_layer(planner, v)  # add is the layer's
+        return planner.is_const(v) or _inside_layer(planner, v)  # add is the layer's
 
     def hot(v: Any) -> bool:
         return by_handle.get(v, 0.0) > limits.value and v not in tried and not skip(v)
@@ -155,8 +166,6 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
         entry = Rescaled(name, peak=peak, peak_after=peak, limit=fp16_max, margin=fp16_max / peak)
         entries.append(entry)
         _rewrite(planner, value, entry, tried, by_handle, hot, limits)
-        if planner.added:
-            planner.read_graph()
     constants = HotConstants(planner)
     while (found := constants.next(tried)) is not None:  # the value a constant makes moves down with it
         value, what, high = found

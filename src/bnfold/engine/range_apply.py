@@ -81,10 +81,12 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for node, value in eps:
         g.set_eps(node, value)
         edited[node] = g.node_name(node)
+    touched = []  # the writer and readers of each value a multiply goes at
     for value, factor, readers in muls:
+        touched += [g.producer(value), *readers]
         g.insert_mul(value, factor, readers)
     nodes = [node for node, _, _ in writes] + [node for node, _, _ in operands]
-    planner.forget(nodes + [node for node, _ in eps], added=bool(muls))
+    planner.forget(nodes + [node for node, _ in eps], [n for n in dict.fromkeys(touched) if n is not None])
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
 
 

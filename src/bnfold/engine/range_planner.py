@@ -24,6 +24,7 @@ from fractions import Fraction
 from typing import Any
 
 from .. import fold_math
+from ..fold_math import BLOCK_ELEMENTS, LARGE_BYTES
 from ..report import Code
 from .graph import GraphAdapter, Layer, LayerWeights
 
@@ -34,9 +35,6 @@ MAX_REGION = 1 << 14
 MAX_EXPONENT = 1 << 10
 #: the steps all plans on a graph take together, per node of the graph (:meth:`Planner.step`)
 WORK_PER_NODE = 64
-#: a planner holds a layer's weights below this many bytes; a larger one is read again where it is needed (a
-#: streamed model's weights stay on disk: the planner holds one at a time, not every layer's)
-HELD_BYTES = 1 << 20
 
 
 @dataclass
@@ -119,14 +117,23 @@ class Planner:
         self._steps, self._full = 0, False
 
     def read_graph(self) -> None:
-        """(Re)read the graph: its order and layers, every cache dropped (after an edit that adds nodes)."""
+        """Read the graph: its order and layers, every cache dropped."""
         self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
+        self._is_const: dict = {}  # a value -> whether it is a constant (:meth:`is_const`)
+        self._layer_exps: tuple = (None, {})  # the last plan's :meth:`layer_exps`
+        self._read_layers()
+        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
+        self.added: list = []  # nodes added since the constants were last read (``HotConstants``)
+
+    def _read_layers(self) -> None:
+        """The layers whose weights are constants (each read once: :meth:`layer` keeps what it read)."""
         self.written: dict = {}  # a layer's output value -> its node
         self.layer_nodes: set = set()  # the nodes of ``written``
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
+        self._ends: dict = {}  # a layer node -> its output and the node that writes it (:meth:`_layer_of`)
         for layer in self.g.layers():
             if self.layer(layer.node) is None:
                 continue
@@ -135,23 +142,45 @@ class Planner:
             end = self.g.producer(layer.output)
             if end is not None and end != layer.node:
                 self.inside.add(end)
-        self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
-        self.added = False  # whether an edit added nodes since ``read_graph``
+            self._ends[layer.node] = (layer.output, end)
 
     def in_order(self, nodes) -> list:
         """``nodes`` (each once) in graph order; nodes the graph order does not hold last, as given."""
         last = len(self.order)
         return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, last))
 
-    def forget(self, nodes: list, added: bool) -> None:
-        """``nodes`` were edited (their weights, a constant operand, an eps), and ``added``: nodes were added
-        (multiplies): what was read of them is read again, the whole graph if nodes were added."""
+    def forget(self, nodes: list, touched: list = ()) -> None:
+        """``nodes`` were edited (their weights, a constant operand, an eps): what was read of them is read again.
+        ``touched``: nodes that read or write a value a multiply was inserted at (their operands changed, not their
+        constants): their ops are read again, the new nodes numbered in the graph order, and the layers listed again
+        only where a touched node changed what it is (a layer, its output, the node that ends it)."""
+        self._layer_exps = (None, {})
         for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
             self._spans.pop(node, None)
         self.edited.update(nodes)
-        self.added = self.added or added
+        if not touched:
+            return
+        for node in touched:  # a layer's input or output is another value: parsed again (its spans are kept)
+            self._ops.pop(node, None)
+            self._ops.pop(("op", node), None)
+        self.edited.update(touched)
+        nodes = self.g.ordered_nodes()
+        added = [n for n in nodes if n not in self.order]
+        self.order = {n: i for i, n in enumerate(nodes)}
+        self.added += added
+        if any(self._layer_of(n) != self._ends.get(n) for n in touched) or any(self.layer(n) for n in added):
+            layers, inside = set(self.layer_nodes), set(self.inside)
+            self._read_layers()
+            for node in (layers ^ self.layer_nodes) | (inside ^ self.inside):
+                self._ops.pop(("op", node), None)
+                self.edited.add(node)
+
+    def _layer_of(self, node: Any) -> tuple | None:
+        """``node`` as a layer of ``written`` now: its output and the node that writes it, or None."""
+        lw = self.layer(node)
+        return None if lw is None else (lw[0].output, self.g.producer(lw[0].output))
 
     # ------------------------------------------------------------------ reading the graph
 
@@ -164,7 +193,8 @@ class Planner:
             layer = self.g.layer(node)
             w = self._read(layer) if layer is not None else None
             ok = layer is not None and w is not None
-            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < HELD_BYTES
+            # large weights are read again where needed (a streamed model's stay on disk: one held at a time)
+            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < LARGE_BYTES
             self._ops[node] = (layer, w if held else None) if ok else None
         return self._ops[node]
 
@@ -217,7 +247,13 @@ class Planner:
         return bool((self._const(value).abs() == 1).all())
 
     def is_const(self, value: Any) -> bool:
-        return isinstance(value, (int, float)) or self.g.constant(value) is not None
+        """Whether ``value`` is a number or a constant, asked once per value (an edit never makes a value another
+        kind: a rewritten constant is a new value, a multiply goes after a computed one)."""
+        if isinstance(value, (int, float)):
+            return True
+        if value not in self._is_const:
+            self._is_const[value] = self.g.constant(value) is not None
+        return self._is_const[value]
 
     def hot(self, value: Any) -> bool:
         return self.peaks.get(value, 0.0) > self.limits.value
@@ -532,7 +568,13 @@ class Planner:
         return torch.tensor(float(value)) if isinstance(value, (int, float)) else self.g.constant(value)
 
     def layer_exps(self, p: Plan) -> dict:
-        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order."""
+        """``{layer node: (weight exponent, bias exponent)}`` of the layers touching the region, in graph order (made
+        once per plan: sizing, naming and applying it read the same)."""
+        if self._layer_exps[0] is not p:
+            self._layer_exps = (p, self._exps_of_layers(p))
+        return self._layer_exps[1]
+
+    def _exps_of_layers(self, p: Plan) -> dict:
         out = {}
         nodes = [self.written[v] for v in p.exps if v in self.written] + [u for v in p.exps for u in self.g.users(v)]
         for node in self.in_order(nodes):
@@ -559,10 +601,27 @@ def _degree(op) -> Fraction | None:
 
 def span(t) -> tuple[float, float]:
     """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
-    dtype (the same floats as in float64, without a float64 copy)."""
+    dtype (the same floats as in float64, without a float64 copy); a large tensor a block of rows at a time (its
+    temporaries a block's, not the tensor's: a streamed model's weight is the largest thing a rewrite holds)."""
     if not t.numel():
         return (0.0, 0.0)
-    a = t.detach().abs()
+    t = t.detach()
+    if t.dim() == 0 or t.numel() <= SPAN_BLOCK:
+        return _span(t)
+    rows = max(1, SPAN_BLOCK // (t.numel() // t.shape[0]))
+    parts = [_span(t[i : i + rows]) for i in range(0, t.shape[0], rows)]
+    highs = [high for _, high in parts]
+    high = math.nan if any(math.isnan(h) for h in highs) else max(highs)
+    lows = [low for low, _ in parts if low > 0.0]
+    return (min(lows) if lows else 0.0, high)
+
+
+#: elements of a block :func:`span` reads at a time (each op on the calling thread: ``fold_math.BLOCK_ELEMENTS``)
+SPAN_BLOCK = BLOCK_ELEMENTS
+
+
+def _span(t) -> tuple[float, float]:
+    a = t.abs()
     if not a.is_floating_point():
         a = a.double()
     high = float(a.max())

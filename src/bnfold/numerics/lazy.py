@@ -1,7 +1,7 @@
 """Constants a :class:`~.runner.Program` reads when an op reads them: a streamed model's large weights
-(``bnfold fold --low-memory``), left on disk by the load, are read for the step that reads them and dropped after
-it, so a run holds the weight in use, not every weight (:func:`.ranges.run_plain`, the fp16 range rewrite's
-calibration and proof)."""
+(``bnfold fold --low-memory``; at least :data:`bnfold.fold_math.LARGE_BYTES`), left on disk by the load, are read
+for the step that reads them and dropped after it, so a run holds the weight in use, not every weight
+(:func:`.ranges.run_plain`, the fp16 range rewrite's calibration and proof)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,6 @@ from typing import Any
 
 import numpy as np
 import torch
-
-#: a streamed constant of at least this many bytes stays on disk in a lazy program; a smaller one is read once
-LAZY_BYTES = 1 << 20
 
 
 @dataclass(frozen=True, eq=False)

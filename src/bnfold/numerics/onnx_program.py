@@ -23,6 +23,7 @@ import numpy as np
 import onnx
 import torch
 
+from .. import fold_math
 from ..io.run_checks import allocator_failure
 from ..onnx.const_eval import graph_constants, node_fields
 from ..onnx.nodes import graph_inputs
@@ -34,7 +35,7 @@ from ..onnx.tensors import streamed
 from . import accumulate
 from .audit_memory import onnx_audit_plan
 from .batches import RANDOM_BATCHES, as_batches
-from .lazy import LAZY_BYTES, LazyConstant
+from .lazy import LazyConstant
 from .profiles import Profile
 from .runner import DEFAULT_ROUNDING, ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
 
@@ -170,7 +171,7 @@ def onnx_program(
     ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
     fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share.
     ``lazy``: an initializer a streamed load left on disk (``load_onnx(path, stream=True)``) of at least
-    :data:`~.lazy.LAZY_BYTES` is a :class:`~.lazy.LazyConstant`, read when a step reads it (for
+    :data:`bnfold.fold_math.LARGE_BYTES` is a :class:`~.lazy.LazyConstant`, read when a step reads it (for
     :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held).  ``nodes``: the model's node
     fields (:func:`~bnfold.onnx.const_eval.node_fields`) when the caller read them already (the audit's plan)."""
     nodes = node_fields(model) if nodes is None else nodes
@@ -207,8 +208,9 @@ def _held(v, reused: torch.Tensor | None, read) -> torch.Tensor | LazyConstant:
 
 
 def _unread(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, LazyConstant]:
-    """The initializers left on disk by a streamed load of at least :data:`~.lazy.LAZY_BYTES` (their size from the
-    dims the load checked against the stored bytes), which no node writes and no caller can override, unread."""
+    """The initializers left on disk by a streamed load of at least :data:`bnfold.fold_math.LARGE_BYTES` (their size
+    from the dims the load checked against the stored bytes), which no node writes and no caller can override,
+    unread."""
     inputs = {i.name for i in model.graph.input}
     names = Counter([t.name for t in model.graph.initializer] + [o for *_, outs, _ in nodes for o in outs])
     out = {}
@@ -216,7 +218,7 @@ def _unread(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, LazyConstan
         if names[t.name] != 1 or t.name in inputs or t.data_type not in _FLOATS or not streamed(t):
             continue
         nbytes = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
-        if nbytes >= LAZY_BYTES:
+        if nbytes >= fold_math.LARGE_BYTES:
             out[t.name] = LazyConstant(partial(array, t), _owned, nbytes)
     return out
 
