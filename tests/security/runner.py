@@ -2,7 +2,8 @@
 
 Argument: JSON ``{"argvs": [[...], ...], "control": [path, ...]}``.  Prints one
 JSON line: per argv ``{"code", "stderr", "marker", "peak_mib"}`` (``peak_mib``: the
-process's peak resident memory so far, in MiB), then per control file
+process's peak resident memory so far, in MiB: ``VmHWM``, which starts again at exec, not ``ru_maxrss``, which
+Linux carries over from the forking process: a pytest worker of 1.2 GiB), then per control file
 the markers present after plain ``torch.export.load`` + ``.module()`` of it
 (``marker`` lists the ``PWNED*`` files in the working folder).
 The working folder is put first on ``sys.path`` (as ``python -m`` does), the
@@ -13,7 +14,6 @@ import contextlib
 import io
 import json
 import os
-import resource
 import sys
 
 MARKER = "PWNED"
@@ -28,6 +28,12 @@ def marker() -> list[str]:
     return sorted(n for n in os.listdir(".") if n.startswith(MARKER))
 
 
+def peak_mib() -> int:
+    """This process's peak resident memory since it was exec'd, in MiB (``VmHWM`` of ``/proc/self/status``)."""
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmHWM:"))
+
+
 def main() -> None:
     sys.path.insert(0, os.getcwd())
     job = json.loads(sys.argv[1])
@@ -38,7 +44,7 @@ def main() -> None:
         err = io.StringIO()
         with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
             code = bnfold(argv)
-        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024
+        peak = peak_mib()
         out.append({"code": code, "stderr": err.getvalue(), "marker": marker(), "peak_mib": peak})
     for path in job["control"]:
         import torch
