@@ -20,6 +20,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -401,6 +403,7 @@ def scale_weight(
         return weight.detach().to(torch.float64) * slices
     if not dtype.is_floating_point:
         raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
+    _screen_overflow(weight, slices, dtype, what)
     if weight.dtype != dtype or dtype == torch.float64:
         return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     s = slices.to(dtype)
@@ -571,6 +574,71 @@ def _memory_view(t: torch.Tensor) -> torch.Tensor | None:
 #: elements of a slice :func:`scale_pow2` computes at a time: a block (its float64 copies 256 KiB each, beside the
 #: weight; each op on the calling thread, 3x faster than slices of 1M elements on a busy 2-core machine)
 _POW2_CHUNK = BLOCK_ELEMENTS
+
+
+# ------------------------------------------------------------------ refusing a retried weight's overflow cheaply
+
+#: the screens of :func:`screened`: id(weight) -> [weight, times seen, {slices' shape: (least, largest |w|)}]
+_SCREENS: ContextVar[dict | None] = ContextVar("bnfold_fold_screens", default=None)
+
+
+@contextmanager
+def screened() -> Iterator[None]:
+    """Within it, :func:`scale_weight` of a weight it has already scaled once refuses an overflowing product from
+    per-slice summaries of the weight (its least and largest magnitude along each scaled slice, read once)
+    instead of making the product: the same :class:`FoldError`, word for word, in time of the scales' size.
+    The fold's retry loop (``engine.edit.fold_chain``) drops a chain's steps one at a time until the product
+    fits; without this each dropped step cost a few passes over the whole weight."""
+    token = _SCREENS.set({})
+    try:
+        yield
+    finally:
+        _SCREENS.reset(token)
+
+
+def _slice_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The least and largest ``|weight|`` over each slice of a scale of ``shape`` (float64), or None."""
+    screens = _SCREENS.get()
+    if screens is None:
+        return None
+    entry = screens.get(id(weight))
+    if entry is None or entry[0] is not weight:
+        screens[id(weight)] = [weight, 1, {}]
+        return None  # the first product of a weight is made as ever: most folds make only one
+    if shape not in entry[2]:
+        dims = [d for d in range(weight.dim()) if shape[d] == 1 and weight.shape[d] != 1]
+        mag = weight.detach().abs()
+        least = mag.amin(dim=dims, keepdim=True) if dims else mag
+        most = mag.amax(dim=dims, keepdim=True) if dims else mag
+        entry[2][shape] = (least.to(torch.float64), most.to(torch.float64))
+    return entry[2][shape]
+
+
+def _screen_overflow(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str) -> None:
+    """Raise what the checks of ``weight * slices`` in ``dtype`` raise where summaries prove that it overflows
+    (:func:`screened`); else nothing (the product is made and checked as ever).
+
+    Exactness: rounding is monotone, so per slice the largest ``|fl64(w * s)|`` is ``fl64(max|w| * |s|)`` and it
+    overflows ``dtype`` iff some element does; ``w * inf`` is NaN only where ``w`` is zero (least ``|w|`` 0).
+    That is the float64 route's verdict and its "max |value|" (NaN where a NaN is made).  The in-dtype route
+    (weight and scale of one dtype, product exact in float64 before its one rounding) must fail too: its
+    scale is not finite in ``dtype``, or ``max|w| * |s|`` rounded to ``dtype`` overflows."""
+    if dtype not in _MINMAX_DTYPES or not weight.numel() or weight.dim() != slices.dim() or slices.isnan().any():
+        return
+    extremes = _slice_extremes(weight, tuple(slices.shape))
+    if extremes is None or not bool(torch.isfinite(extremes[1]).all()):
+        return
+    least, most = extremes
+    scale = slices.abs()
+    biggest = most * scale
+    made_nan = bool(((least == 0) & torch.isinf(scale)).any())
+    if not (made_nan or bool(torch.isinf(biggest.to(dtype)).any())):
+        return
+    if weight.dtype == dtype and dtype != torch.float64:
+        s = slices.to(dtype)
+        if bool(torch.isfinite(s).all()) and not bool(torch.isinf((most * s.abs().to(torch.float64)).to(dtype)).any()):
+            return  # the in-dtype route may hold where the float64 one overflows: make it
+    raise _overflow(what, dtype, math.nan if made_nan else float(biggest.max()))
 
 
 def cast_checked(value: torch.Tensor, dtype: torch.dtype, what: str) -> torch.Tensor:

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from .. import fold_math
 from ..fold_math import Affine, FoldError
 from ..report import Code, Folded, FoldStep
 from . import spelled
@@ -128,24 +129,48 @@ def fold_chain(
     side = "output" if rule == "output" else "input"
     far = -1 if side == "output" else 0  # the end of the chain farthest from the layer
     trim_hops(steps, far)
-    while steps:
-        crossing = negative_crossing(graph, steps, side)
-        if crossing:
-            dropped = steps.pop(far)
-            note(graph, out, dropped.node, crossing, Code.NEGATIVE_SCALE)
-            trim_hops(steps, far)
-            continue
-        total = compose(steps)
-        try:
-            new = [params(layer, w, total) for layer, w in targets]
-        except FoldError as err:
-            failed = next(layer for layer, w in targets if _fails(params, layer, w, total))
-            dropped = steps.pop(far)
-            note(graph, out, dropped.node, why(failed, err), err.code)
-            trim_hops(steps, far)
-            continue
-        _write(graph, targets, steps, rule, side, new, out)
-        return
+    # the output side drops steps from the end: each shorter chain's affine is a prefix of the fold below
+    prefixes = _prefix_composites(steps) if side == "output" else []
+    with fold_math.screened():  # a retried weight's overflow refused from its slices' extremes
+        while steps:
+            crossing = negative_crossing(graph, steps, side)
+            if crossing:
+                dropped = steps.pop(far)
+                note(graph, out, dropped.node, crossing, Code.NEGATIVE_SCALE)
+                _drop(steps, far, dropped, prefixes)
+                continue
+            total = prefixes[-1] if prefixes else compose(steps)
+            new, failed = [], None
+            for layer, w in targets:
+                try:
+                    new.append(params(layer, w, total))
+                except FoldError as err:
+                    failed = (layer, err)
+                    break
+            if failed is not None:
+                dropped = steps.pop(far)
+                note(graph, out, dropped.node, why(*failed), failed[1].code)
+                _drop(steps, far, dropped, prefixes)
+                continue
+            _write(graph, targets, steps, rule, side, new, out)
+            return
+
+
+def _prefix_composites(steps: list[ChainStep]) -> list[Affine]:
+    """``compose`` of each leading part of ``steps`` that ends at an affine step, shortest first (the same
+    products in the same order, so the same bits)."""
+    out: list[Affine] = []
+    for s in steps:
+        if s.affine is not None:
+            out.append(s.affine if not out else out[-1].then(s.affine))
+    return out
+
+
+def _drop(steps: list[ChainStep], far: int, dropped: ChainStep, prefixes: list[Affine]) -> None:
+    """After ``dropped`` left the far end: the hops now there go too, and so does its prefix."""
+    if prefixes and dropped.affine is not None:
+        prefixes.pop()
+    trim_hops(steps, far)
 
 
 def negative_crossing(graph: GraphAdapter, steps: list[ChainStep], side: str) -> str:
@@ -170,14 +195,6 @@ def negative_crossing(graph: GraphAdapter, steps: list[ChainStep], side: str) ->
                 "channels; a maximum commutes only with a non-negative scale"
             )
     return ""
-
-
-def _fails(params: Params, layer: Layer, w: LayerWeights, total: Affine) -> bool:
-    try:
-        params(layer, w, total)
-    except FoldError:
-        return True
-    return False
 
 
 def _write(graph: GraphAdapter, targets: list, steps: list[ChainStep], rule: str, side: str, new: list, out: Outcome):
