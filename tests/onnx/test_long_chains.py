@@ -77,8 +77,7 @@ def _folded(model, screen: bool, monkeypatch):
 
 def _zero_channels() -> np.ndarray:
     w = np.random.default_rng(1).standard_normal((8, 8, 3, 3))
-    w[3] = 0  # 0 * inf is NaN: "max |value| nan"
-    w[5, 0, 0, 0] = 0
+    w[5, 0, 0, 0] = 0  # 0 * inf is NaN: "max |value| nan" (the channel's other products are inf)
     return w
 
 
@@ -103,10 +102,11 @@ def test_screen_at_the_overflow_boundary(dtype):
     is the unscreened one's error word for word, and where the product fits the screen stays out of the way."""
     top = float(torch.finfo(dtype).max)
     g = torch.Generator().manual_seed(0)
+    seen = set()
     for trial in range(40):
-        w = (torch.rand(4, 3, 2, 2, generator=g, dtype=torch.float64) * 2 - 1).to(dtype)
+        w = ((torch.rand(4, 3, 2, 2, generator=g, dtype=torch.float64) + 1) * (1 - 2 * (trial % 2))).to(dtype)
         if trial % 5 == 0:
-            w[1] = 0
+            w[1, 0] = 0
         m = float(w.abs().amax())
         scale = torch.full((4, 1, 1, 1), top / m, dtype=torch.float64)
         scale[trial % 4] *= 1 + (trial - 20) * 2.0**-24
@@ -117,11 +117,27 @@ def test_screen_at_the_overflow_boundary(dtype):
             try:
                 with fold_math.screened():
                     if screened:
-                        fold_math.scale_weight(w, scale * 0.5, dtype, "conv weight")  # seen once: summaries next
+                        fold_math.scale_weight(w, torch.ones_like(scale), dtype, "conv weight")  # seen: summaries next
                     outcomes.append(fold_math.scale_weight(w, scale, dtype, "conv weight"))
             except fold_math.FoldError as err:
                 outcomes.append((str(err), err.code))
-        if isinstance(outcomes[0], tuple):
+        refused = isinstance(outcomes[0], tuple)
+        seen.add(refused)
+        if refused:
             assert outcomes[1] == outcomes[0]
         else:
             assert torch.equal(outcomes[0], outcomes[1])
+    assert seen == {True, False}  # both sides of the boundary were drawn
+
+
+def test_screen_leaves_a_product_that_fits_in_the_weights_dtype():
+    """The float64 route overflows, the in-dtype one does not: the scale rounds down to 2^100 in float32 and
+    FLT_MAX / 2^100 times 2^100 is FLT_MAX.  The fold takes the in-dtype product; the screen must not refuse it."""
+    m = float(torch.finfo(torch.float32).max) / 2.0**100
+    w = torch.tensor([[m], [0.5]], dtype=torch.float32)
+    scale = torch.tensor([[2.0**100 * (1 + 0.9 * 2.0**-24)], [1.0]], dtype=torch.float64)
+    assert float(w[0, 0]) * float(scale[0, 0]) > float(torch.finfo(torch.float32).max) * (1 + 2.0**-25)
+    with fold_math.screened():
+        fold_math.scale_weight(w, torch.ones_like(scale), torch.float32, "linear weight")
+        out = fold_math.scale_weight(w, scale, torch.float32, "linear weight")
+    assert float(out[0, 0]) == float(torch.finfo(torch.float32).max)
