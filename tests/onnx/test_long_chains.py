@@ -22,17 +22,27 @@ PASSES = ("_checked_blocks", "_check_cast_blocks", "cast_checked")
 
 def mul_chain(n: int, k: float = 100.0, c: int = 8, weight: np.ndarray | None = None, dtype=np.float32):
     """A conv, then ``n`` multiplies by the scalar ``k``: only the first few fit float32, the rest overflow."""
+    return chain([("Mul", k)] * n, c, weight, dtype)
+
+
+def chain(ops: list, c: int = 8, weight: np.ndarray | None = None, dtype=np.float32):
+    """A conv, then ``ops``: ``("Mul", k)`` multiplies by the scalar ``k``, ``("MaxPool", None)`` a 1x1 max-pool."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((c, c, 3, 3)) if weight is None else weight
-    inits = [nh.from_array(w.astype(dtype), "w"), nh.from_array(np.array(k, dtype), "k")]
+    inits = [nh.from_array(w.astype(dtype), "w")]
     nodes = [helper.make_node("Conv", ["x", "w"], ["y0"], name="conv", pads=[1, 1, 1, 1])]
-    nodes += [helper.make_node("Mul", [f"y{i}", "k"], [f"y{i + 1}"], name=f"mul{i}") for i in range(n)]
+    for i, (op, k) in enumerate(ops):
+        if op == "Mul":
+            inits.append(nh.from_array(np.array(k, dtype), f"k{i}"))
+            nodes.append(helper.make_node("Mul", [f"y{i}", f"k{i}"], [f"y{i + 1}"], name=f"mul{i}"))
+        else:
+            nodes.append(helper.make_node(op, [f"y{i}"], [f"y{i + 1}"], name=f"pool{i}", kernel_shape=[1, 1]))
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
     graph = helper.make_graph(
         nodes,
         "chain",
         [helper.make_tensor_value_info("x", elem, [1, c, 6, 6])],
-        [helper.make_tensor_value_info(f"y{n}", elem, [1, c, 6, 6])],
+        [helper.make_tensor_value_info(f"y{len(ops)}", elem, [1, c, 6, 6])],
         inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
@@ -141,3 +151,28 @@ def test_screen_leaves_a_product_that_fits_in_the_weights_dtype():
         fold_math.scale_weight(w, torch.ones_like(scale), torch.float32, "linear weight")
         out = fold_math.scale_weight(w, scale, torch.float32, "linear weight")
     assert float(out[0, 0]) == float(torch.finfo(torch.float32).max)
+
+
+def _thens(monkeypatch, pairs: int) -> int:
+    """``Affine.then`` calls folding a conv, ``pairs`` (max-pool, multiply by 1), then ``pairs`` (max-pool,
+    multiply by -1): the retry loop drops the far multiplies one at a time, and every other try scans every
+    max-pool (the crossing scale is non-negative for all but the last ones)."""
+    ops = [("MaxPool", None), ("Mul", 1.0)] * pairs + [("MaxPool", None), ("Mul", -1.0)] * pairs
+    calls = [0]
+    real = fold_math.Affine.then
+
+    def counted(self, other):
+        calls[0] += 1
+        return real(self, other)
+
+    monkeypatch.setattr(fold_math.Affine, "then", counted)
+    report = bnfold.fold(chain(ops, c=4)).report
+    monkeypatch.undo()
+    assert sum("negative on" in k.reason for k in report.kept_ops) >= pairs
+    return calls[0]
+
+
+def test_the_scale_crossing_each_max_pool_is_composed_once_per_fold(monkeypatch):
+    short, long = _thens(monkeypatch, 8), _thens(monkeypatch, 32)
+    # main: 547 and 27343 (each try composed what crosses each max-pool again: cubic); now 196 and 2728
+    assert long <= 16 * short and long <= 4000, (short, long)

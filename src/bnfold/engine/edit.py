@@ -131,9 +131,10 @@ def fold_chain(
     trim_hops(steps, far)
     # the output side drops steps from the end: each shorter chain's affine is a prefix of the fold below
     prefixes = _prefix_composites(steps) if side == "output" else []
+    crossings: dict = {}  # negative_crossing's per max-pool, for every try
     with fold_math.screened():  # a retried weight's overflow refused from its slices' extremes
         while steps:
-            crossing = negative_crossing(graph, steps, side)
+            crossing = negative_crossing(graph, steps, side, crossings)
             if crossing:
                 dropped = steps.pop(far)
                 note(graph, out, dropped.node, crossing, Code.NEGATIVE_SCALE)
@@ -173,28 +174,46 @@ def _drop(steps: list[ChainStep], far: int, dropped: ChainStep, prefixes: list[A
     trim_hops(steps, far)
 
 
-def negative_crossing(graph: GraphAdapter, steps: list[ChainStep], side: str) -> str:
+def negative_crossing(graph: GraphAdapter, steps: list[ChainStep], side: str, memo: dict | None = None) -> str:
     """Why the chain cannot move to the layer through one of its maxima, or "".
 
     Folding moves every affine step farther from the layer than a max-pool across it, and
     ``max(x * s + t) = max(x) * s + t`` per channel only where ``s >= 0``: the composed scale of
-    those steps must be non-negative on every channel.
+    those steps must be non-negative on every channel.  ``memo`` (output side, where the retry loop only
+    drops steps from the end): per max-pool, the negative channels of each leading part of what crosses it,
+    composed once for every try of the loop (the same products in the same order).
     """
+    memo = memo if side == "output" else None
+    affine_before = [0]  # affine steps before each index
+    for s in steps:
+        affine_before.append(affine_before[-1] + (s.affine is not None))
     for i, step in enumerate(steps):
         if not step.monotone:
             continue
-        crossing = steps[i + 1 :] if side == "output" else steps[:i]
-        if not any(s.affine is not None for s in crossing):
+        lo, hi = (i + 1, len(steps)) if side == "output" else (0, i)
+        count = affine_before[hi] - affine_before[lo]
+        if not count:
             continue
-        scale = compose(crossing).scale
-        negative = int((scale < 0).sum())
+        if memo is None:
+            scale = compose(steps[lo:hi]).scale
+            negative, channels = int((scale < 0).sum()), scale.numel()
+        else:
+            if i not in memo:
+                memo[i] = _negatives(steps[lo:hi])
+            negative, channels = memo[i][count - 1]
         if negative:
             what = graph.describe_node(step.node)
             return (
-                f"the scale that would move through {what} is negative on {negative} of {scale.numel()} "
+                f"the scale that would move through {what} is negative on {negative} of {channels} "
                 "channels; a maximum commutes only with a non-negative scale"
             )
     return ""
+
+
+def _negatives(crossing: list[ChainStep]) -> list[tuple[int, int]]:
+    """``(negative channels, channels)`` of the composed scale of each leading part of ``crossing`` that ends at
+    an affine step (``compose``'s products in its order)."""
+    return [(int((a.scale < 0).sum()), a.scale.numel()) for a in _prefix_composites(crossing)]
 
 
 def _write(graph: GraphAdapter, targets: list, steps: list[ChainStep], rule: str, side: str, new: list, out: Outcome):
