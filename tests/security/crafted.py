@@ -113,14 +113,18 @@ def _limits(fsize: int | None) -> Callable[[], None]:
     return apply
 
 
-def run_bnfold(cwd: Path, *argvs: list, fsize: int | None = None, control: list | None = None) -> list[dict]:
+def run_bnfold(
+    cwd: Path, *argvs: list, fsize: int | None = None, control: list | None = None, recursion_limit: int = 0
+) -> list[dict]:
     """Run ``bnfold.cli.main(argv)`` for each argv in one limited subprocess in ``cwd``.
 
     Returns ``{"code", "stderr", "marker"}`` per argv; ``marker`` lists the
     marker files (``PWNED*``) that existed after that command.  ``control`` lists files to
-    load with plain ``torch.export.load`` afterwards (to show a payload is live).
+    load with plain ``torch.export.load`` afterwards (to show a payload is live).  ``recursion_limit``: the
+    Python stack bnfold runs with (0: the usual).
     """
-    payload = json.dumps({"argvs": [[str(a) for a in argv] for argv in argvs], "control": control or []})
+    job = {"argvs": [[str(a) for a in argv] for argv in argvs], "control": control or []}
+    payload = json.dumps({**job, "recursion_limit": recursion_limit})
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     proc = run_resident_bounded(
         [sys.executable, str(RUNNER), payload], MEMORY_LIMIT, cwd=cwd, timeout=150, preexec_fn=_limits(fsize), env=env

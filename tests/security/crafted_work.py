@@ -6,6 +6,7 @@ Every builder takes a folder and returns the path it wrote.
 
 from __future__ import annotations
 
+import json
 import zipfile
 from pathlib import Path
 
@@ -239,3 +240,37 @@ def computed_resize(d: Path, scale: float) -> Path:
     path = d / f"resize_{scale:g}.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), path)
     return path
+
+
+def getitem_chain(d: Path, n: int) -> Path:
+    """The conv weight, ``n + 4`` dimensions (``n`` of size 1), reaches the conv through ``n`` ``getitem(w, 0)``
+    nodes: honest metadata, a chain whose length the file sets (its metadata grows as ``n ** 2``)."""
+    entries = c.read_entries(c.export(d / "conv-bn.pt2", c.ConvBN(), (X,)))
+    model, weights = (
+        f"{c.root_of(entries)}/{p}" for p in ("models/model.json", "data/weights/model_weights_config.json")
+    )
+    doc, config = json.loads(entries[model]), json.loads(entries[weights])
+    graph = doc["graph_module"]["graph"]
+    meta = graph["tensor_values"]["p_conv_weight"]
+
+    def ones(k: int) -> dict:  # the weight's metadata with k leading dimensions of size 1
+        return {
+            **meta,
+            "sizes": [{"as_int": 1}] * k + meta["sizes"],
+            "strides": [{"as_int": 108}] * k + meta["strides"],
+        }
+
+    graph["tensor_values"]["p_conv_weight"] = config["config"]["conv.weight"]["tensor_meta"] = ones(n)
+    chain, prev = [], "p_conv_weight"
+    for i in range(n):
+        args = [{"as_tensor": {"name": prev}}, {"as_int": 0}]
+        prev = f"item_{i}"
+        outputs = [{"as_tensor": {"name": prev}}]
+        chain.append({"target": "_operator.getitem", "inputs": [{"name": "", "arg": a, "kind": 1} for a in args]})
+        chain[-1].update(outputs=outputs, metadata={})
+        graph["tensor_values"][prev] = ones(n - 1 - i)
+    conv = next(node for node in graph["nodes"] if "conv" in node["target"])
+    conv["inputs"][1]["arg"]["as_tensor"]["name"] = prev
+    graph["nodes"][:0] = chain
+    entries[model], entries[weights] = json.dumps(doc).encode(), json.dumps(config).encode()
+    return c.write_entries(d / f"getitem-chain-{n}.pt2", entries)

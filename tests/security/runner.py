@@ -1,11 +1,11 @@
 """Run bnfold's command line on crafted files, inside the limits that ``crafted.run_bnfold`` sets.
 
-Argument: JSON ``{"argvs": [[...], ...], "control": [path, ...]}``.  Prints one
-JSON line: per argv ``{"code", "stderr", "marker", "peak_mib"}`` (``peak_mib``: the
-process's peak resident memory so far, in MiB: ``VmHWM``, which starts again at exec, not ``ru_maxrss``, which
-Linux carries over from the forking process: a pytest worker of 1.2 GiB), then per control file
-the markers present after plain ``torch.export.load`` + ``.module()`` of it
-(``marker`` lists the ``PWNED*`` files in the working folder).
+Argument: JSON ``{"argvs": [[...], ...], "control": [path, ...], "recursion_limit": n}`` (the last
+optional: the Python stack bnfold runs with).  Prints one JSON line: per argv ``{"code", "stderr",
+"marker", "peak_mib"}`` (``peak_mib``: the process's peak resident memory so far, in MiB: ``VmHWM``, which
+starts again at exec, not ``ru_maxrss``, which Linux carries over from the forking process: a pytest worker
+of 1.2 GiB), then per control file the markers present after plain ``torch.export.load`` + ``.module()`` of
+it (``marker`` lists the ``PWNED*`` files in the working folder).
 The working folder is put first on ``sys.path`` (as ``python -m`` does), the
 worst case for a payload that imports a module from there.
 """
@@ -39,6 +39,10 @@ def main() -> None:
     job = json.loads(sys.argv[1])
     from bnfold.cli import main as bnfold
 
+    if job.get("recursion_limit"):  # a smaller stack: a chain of hundreds stands for one of thousands
+        import torch  # noqa: F401 (imported at the usual depth)
+
+        sys.setrecursionlimit(job["recursion_limit"])
     out = []
     for argv in job["argvs"]:
         err = io.StringIO()

@@ -56,7 +56,7 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
 def _peak(peaks: dict | None, name: str, value) -> None:
     if peaks is None or not is_float(value) or value.numel() == 0:
         return
-    a = value.detach().abs()
+    a = value.detach().abs().reshape(-1)  # flat: a mask indexes tensors of at most 64 dims, a file's may have more
     finite = a[torch.isfinite(a)]
     top = float(finite.max()) if finite.numel() else float("inf")
     if not torch.isfinite(a).all():

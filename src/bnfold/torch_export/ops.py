@@ -582,9 +582,15 @@ def reads_only_metadata(user: Node, value: Node) -> bool:
 
 
 def _mentions(arg: Any, value: Node) -> bool:
-    if isinstance(arg, (list, tuple)):
-        return any(_mentions(a, value) for a in arg)
-    return arg is value
+    """Whether ``value`` is ``arg`` or in it (nested lists and tuples followed on a stack of its own)."""
+    todo = [arg]
+    while todo:
+        a = todo.pop()
+        if isinstance(a, (list, tuple)):
+            todo.extend(a)
+        elif a is value:
+            return True
+    return False
 
 
 def hop_is_exact(node: Node) -> bool:

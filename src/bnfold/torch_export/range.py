@@ -86,8 +86,9 @@ class FxRange:
         elif not _is_float(node):
             return None
         if key == "getitem":
-            source = node.args[0]
-            src = self.range_op(source) if isinstance(source, Node) else None
+            source = node.args[0]  # only a source holding several values can have this getitem as its output
+            several = isinstance(source, Node) and isinstance(source.meta.get("val"), (tuple, list))
+            src = self.range_op(source) if several else None  # (a getitem of a tensor: no walk down a chain)
             if src is not None and src.output is node:
                 return None  # a multi-output op's value: part of that op
         slots = [(s, a) for s, a in _slots(node) if _is_float(a)]

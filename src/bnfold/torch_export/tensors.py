@@ -104,11 +104,14 @@ class FxTensors:
     def _evaluable(self, node: Any) -> bool:
         """Whether ``node`` is an op constant evaluation may run: pure, deterministic, reading a node
         (a ``getitem`` of such an op: one output of a multi-output op, ``_native_batch_norm_legit.no_stats``
-        over a weight)."""
+        over a weight). A chain of ``getitem`` is followed in a loop: a file sets its length (one per
+        dimension of a weight of thousands)."""
+        while isinstance(node, Node) and node.op == "call_function" and node.target is operator.getitem:
+            if not isinstance(node.args[1], int):
+                return False
+            node = node.args[0]
         if not isinstance(node, Node) or node.op != "call_function":
             return False
-        if node.target is operator.getitem:
-            return isinstance(node.args[1], int) and self._evaluable(node.args[0])
         schema = getattr(node.target, "_schema", None)
         if schema is None or schema.is_mutable or not any(isinstance(a, Node) for a in node.args):
             return False
