@@ -110,7 +110,8 @@ def audit(
     ``min_agreement``, output SQNR at least ``min_sqnr_db`` (:class:`~.verdict.Floor`).  ``report.ops``: per op, its
     peak against the profile's limit, NaN/inf and SQNR jump; ``report.cause``: the op where damage starts.  A rejected
     model gets ``report.prescription`` when ``prescribe``: a verified rewrite, else the nodes to keep in float32,
-    found in at most ``max_runs`` more emulations (:mod:`.prescribe`).
+    found in at most ``max_runs`` island emulations, shared between the searches on rewritten models and the
+    fallback on the model as shipped, plus the cause run and one verification per rewrite tried (:mod:`.prescribe`).
 
     ``model`` may also be the path of a ``.pt2`` or ``.onnx`` file (read with the safe loader, as ``bnfold.fold``
     reads it).  Without ``inputs``, random batches shaped like the model's example inputs are drawn (8, as
