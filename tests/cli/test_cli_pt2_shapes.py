@@ -188,12 +188,13 @@ def test_a_guard_is_read_never_run():
         "__import__('os').system('false')",
         "math.floor(L['x'].size()[0]) > 100",
         "L['y'].size()[0] > 100",
+        "abs(1, 2) == 1 and min(1) == 1",
         "(-10) + L['x'].size()[1] != 1 and max(1, L['x'].size()[0]) >= 3",
     ]
-    for k, guard in enumerate(guards[:3]):
-        assert failed_guard(SimpleNamespace(_guards_code=[guards[3], guard]), {"x": (3, 12)}) == (guard, False), k
+    for k, guard in enumerate(guards[:4]):
+        assert failed_guard(SimpleNamespace(_guards_code=[guards[4], guard]), {"x": (3, 12)}) == (guard, False), k
     assert failed_guard(SimpleNamespace(_guards_code=["1 == 1 and " * 1000 + "True"]), {"x": (3, 12)})[1] is False
-    ep = SimpleNamespace(_guards_code=guards[3:])
-    assert failed_guard(ep, {"x": (2, 20)}) == (guards[3], True)
-    assert failed_guard(ep, {"x": (3, 11)}) == (guards[3], True)
+    ep = SimpleNamespace(_guards_code=guards[4:])
+    assert failed_guard(ep, {"x": (2, 20)}) == (guards[4], True)
+    assert failed_guard(ep, {"x": (3, 11)}) == (guards[4], True)
     assert failed_guard(ep, {"x": (3, 12)}) is None

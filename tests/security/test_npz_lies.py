@@ -125,3 +125,29 @@ def test_a_member_that_is_no_numeric_array_is_refused(tmp_path, members, words):
     assert npz_elements(str(path)) == 0
     with pytest.raises(ModelFileError, match=words):
         read_npz(str(path))
+
+
+def test_a_header_stating_a_huge_length_is_refused_before_it_is_read(tmp_path):
+    """A version 2.0 header may state a length of up to 4 GiB; numpy's reader reads (and inflates) all of it
+    before it refuses one over its limit.  bnfold reads the length itself and refuses it first (here a length
+    just over the limit: numpy's own refusal, after the read, words it otherwise)."""
+    n = 20000
+    raw = b"\x93NUMPY\x02\x00" + struct.pack("<I", n) + b" " * n
+    path = _zip(tmp_path / "header.npz", {"x": raw})
+    with pytest.raises(ModelFileError, match=f"array 'x' has a header of {n} bytes"):
+        read_npz(str(path))
+    assert npz_elements(str(path)) == 0
+
+
+def test_a_member_stating_more_compressed_bytes_than_the_file_has_is_refused_by_its_ratio(tmp_path):
+    """The ratio a member states is counted against the file's real size when its stated compressed size is
+    larger: 24 MiB of zeros deflated to a few KiB, whose central directory claims 4 MiB compressed."""
+    n = 24 << 20
+    path = _zip(tmp_path / "lie.npz", {"x": _npy((n // 4,), bytes(n))}, zipfile.ZIP_DEFLATED)
+    data = bytearray(path.read_bytes())
+    at = data.rindex(b"PK\x01\x02")  # the one member's central directory record
+    data[at + 20 : at + 24] = struct.pack("<I", 4 << 20)
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match="entry 'x.npy' inflates [0-9]+-fold"):
+        read_npz(str(path))
+    assert npz_elements(str(path)) == 0

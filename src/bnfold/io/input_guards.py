@@ -2,8 +2,9 @@
 ``ExportedProgram.module()`` checks them before a run: export writes one where its ops were traced for a size
 its ranges would let in (a derived dim's symbol at 0 or 1).  The guard is a stranger's text: it is never
 executed, but read as a Python expression and evaluated here over whole numbers, with only comparisons, ``and``
-/``or``/``not``, ``+ - * // %``, ``min``/``max``/``abs`` and an input's ``.size()[k]``; a guard of anything else
-cannot be checked here and is passed over (what the program allows is still only a bound, the run is planned)."""
+/``or``/``not``, ``+ - * // %``, ``min``/``max``/``abs`` and an input's ``.size()[k]``.  A guard of anything else
+(or longer than :data:`MAX_GUARD_CHARS`) cannot be checked here, and the sizes it speaks of are refused: running
+the program at sizes its ops may not have been traced for could give a silently wrong audit."""
 
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def failed_guard(ep: Any, shapes: dict[str, tuple[int, ...]]) -> tuple[str, bool
             return str(code)[:200], False
         try:
             ok = _value(ast.parse(code, mode="eval").body, shapes)
-        except (_Unknown, SyntaxError, ValueError, RecursionError, ZeroDivisionError, IndexError, KeyError):
+        except (_Unknown, SyntaxError, ValueError, TypeError, RecursionError, ZeroDivisionError, IndexError, KeyError):
             return code, False
         if not ok:
             return code, True

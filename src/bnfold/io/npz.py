@@ -7,6 +7,7 @@ ratio), and must be exactly the header's elements times the itemsize."""
 from __future__ import annotations
 
 import io
+import struct
 import zipfile
 from typing import Any, BinaryIO
 
@@ -17,6 +18,8 @@ from .limits import RATIO_FREE_BYTES, Limits, open_regular_file, read_regular_fi
 #: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
 NUMERIC_KINDS = "biufc"
 _CHUNK = 1 << 20  # bytes of a member read (and decompressed) at a time
+#: the longest ``.npy`` header read (numpy's own reader refuses longer ones, but only after reading them whole)
+MAX_HEADER_BYTES = 10000
 _COMPRESSIONS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)  # what np.savez / np.savez_compressed write
 
 
@@ -66,7 +69,7 @@ def _scan(path: str, f: BinaryIO, limits: Limits, budget: int, keep: bool) -> di
                 raise ModelFileError(f"{path}: the arrays unpack to {total} bytes, over the limit of {budget}; refused")
             out: dict[str, Any] = {}
             for info in infos:
-                _stated_ratio(path, info, limits)
+                _stated_ratio(path, info, limits, size)
             for info in infos:
                 name = _name(path, info, out)
                 with zf.open(info) as entry:
@@ -81,14 +84,32 @@ def _scan(path: str, f: BinaryIO, limits: Limits, budget: int, keep: bool) -> di
         raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
 
 
-def _stated_ratio(path: str, info: zipfile.ZipInfo, limits: Limits) -> None:
-    """An entry over 1 MiB that states it inflates over the bound is refused before any of it is read (the
-    bound is counted again on the bytes as they come: :func:`_member`)."""
-    if info.file_size > RATIO_FREE_BYTES and info.file_size > limits.zip_ratio * max(info.compress_size, 1):
+def _stated_ratio(path: str, info: zipfile.ZipInfo, limits: Limits, size: int) -> None:
+    """An entry over 1 MiB that states it inflates over the bound is refused before any of it is read; its
+    compressed bytes are at most the file's ``size``, whatever it states (the bound is counted again on the
+    bytes as they come: :func:`_member`)."""
+    packed = max(min(info.compress_size, size), 1)
+    if info.file_size > RATIO_FREE_BYTES and info.file_size > limits.zip_ratio * packed:
         raise ModelFileError(
-            f"{path}: entry {info.filename!r} inflates {info.file_size // max(info.compress_size, 1)}-fold "
+            f"{path}: entry {info.filename!r} inflates {info.file_size // packed}-fold "
             f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
         )
+
+
+def _header(path: str, info: zipfile.ZipInfo, entry: BinaryIO, version: tuple) -> BinaryIO:
+    """The member's ``.npy`` header (its length field and text) read here, at most :data:`MAX_HEADER_BYTES`:
+    numpy's reader would read (and inflate) a stated length of up to 4 GiB before it refuses it."""
+    form = "<H" if version == (1, 0) else "<I"
+    raw = entry.read(struct.calcsize(form))
+    length = struct.unpack(form, raw)[0] if len(raw) == struct.calcsize(form) else -1
+    if not 0 <= length <= MAX_HEADER_BYTES:
+        raise ModelFileError(
+            f"{path}: array {info.filename[:-4]!r} has a header of {length} bytes (at most {MAX_HEADER_BYTES}); refused"
+        )
+    text = entry.read(length)
+    if len(text) != length:
+        raise ModelFileError(f"{path}: array {info.filename[:-4]!r} has a header cut short; refused")
+    return io.BytesIO(raw + text)
 
 
 def _name(path: str, info: zipfile.ZipInfo, seen: dict) -> str:
@@ -113,7 +134,7 @@ def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, b
     if version not in ((1, 0), (2, 0)):
         raise ModelFileError(f"{path}: array {info.filename!r} has .npy format {version}; refused")
     read = fmt.read_array_header_1_0 if version == (1, 0) else fmt.read_array_header_2_0
-    shape, fortran, dtype = read(entry)
+    shape, fortran, dtype = read(_header(path, info, entry, version))
     if dtype.kind not in NUMERIC_KINDS or dtype.fields is not None or dtype.subdtype is not None:
         raise ModelFileError(
             f"{path}: array {info.filename[:-4]!r} has dtype {dtype}; inputs must be numeric (bool, integer, float)"
