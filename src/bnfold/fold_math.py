@@ -236,15 +236,30 @@ STAGE_BYTES = 1 << 18
 LARGE_BYTES = 1 << 20
 
 
+class Spilled(Protocol):
+    """A kept product's bytes (:attr:`Product.spilled`): ``discard()`` gives their room back where nothing will
+    refer to them (the fold's try that made them failed later: :func:`discard`)."""
+
+    def discard(self) -> None: ...
+
+
 class Spill(Protocol):
     """Where :func:`scale_weight` puts a deferred product's blocks as its checks make them (the streamed ONNX
     fold's scratch file), so the product is made once: ``write`` gets them in the weight's memory order,
-    ``done(True)`` after the last gives a token for :attr:`Product.spilled` (None: not kept), ``done(False)``
-    drops what was written (the checks refused, or the blocks stopped coming)."""
+    ``done(True)`` after the last gives a :class:`Spilled` for :attr:`Product.spilled` (None: not kept),
+    ``done(False)`` drops what was written (the checks refused, or the blocks stopped coming)."""
 
     def write(self, block: torch.Tensor) -> None: ...
 
-    def done(self, ok: bool) -> object | None: ...
+    def done(self, ok: bool) -> Spilled | None: ...
+
+
+def discard(*made: object) -> None:
+    """Give back the spilled bytes of the products among ``made`` (last first) that will never be written: a
+    retry of the fold drops them when a later check of the same try refused."""
+    for x in reversed(made):
+        if isinstance(x, Product) and x.spilled is not None:
+            x.spilled.discard()
 
 
 @dataclass(frozen=True)
@@ -256,7 +271,7 @@ class Product:
 
     weight: torch.Tensor
     s: torch.Tensor
-    spilled: object | None = field(default=None, compare=False)
+    spilled: Spilled | None = field(default=None, compare=False)
 
     @property
     def dtype(self) -> torch.dtype:

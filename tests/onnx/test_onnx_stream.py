@@ -446,3 +446,44 @@ def test_a_refused_check_cuts_its_spilled_blocks_from_the_scratch_file(tmp_path)
         t = from_torch(product.T, "w", TensorProto.FLOAT)
         assert source.read(t).tobytes() == (stored.T * scales.to(torch.float32)).T.contiguous().numpy().tobytes()
         assert source.read(first).tobytes() == block.tobytes()
+
+
+def test_a_fold_retried_after_its_bias_refused_gives_the_weights_scratch_room_back(tmp_path, monkeypatch):
+    """conv (bias 3e38) -> + 3e38 -> x2 six times: every try of the chain folds the weight (spilled to the
+    scratch file as its checks pass) and then refuses the bias; each failed try's product goes back, so the
+    scratch file never holds more than one product (it held one per try), and nothing folds."""
+    from onnx import TensorProto, helper
+    from onnx import numpy_helper as nh
+
+    from bnfold.io import onnx_stream
+
+    c = 128  # a 128 x 128 x 1 x 1 float32 weight: 64 KiB, spilled
+    rng = np.random.default_rng(0)
+    inits = {
+        "w": rng.standard_normal((c, c, 1, 1)).astype(np.float32),
+        "b": np.full(c, 3e38, np.float32),
+        "big": np.full((1, c, 1, 1), 3e38, np.float32),
+        "two": np.full((1, c, 1, 1), 2.0, np.float32),
+    }
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["h"]), helper.make_node("Add", ["h", "big"], ["a0"])]
+    nodes += [helper.make_node("Mul", [f"a{i}", "two"], [f"a{i + 1}"]) for i in range(6)]
+    graph = helper.make_graph(
+        nodes,
+        "retries",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, 2, 2])],
+        [helper.make_tensor_value_info("a6", TensorProto.FLOAT, None)],
+        [nh.from_array(v, k) for k, v in inits.items()],
+    )
+    path = _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path, "one")
+    ends, write = [], onnx_stream.ScratchSpill.write
+
+    def recording(self, block):
+        write(self, block)
+        ends.append(self.end)
+
+    monkeypatch.setattr(onnx_stream.ScratchSpill, "write", recording)
+    result = bnfold.fold(path)
+    assert not result.report.folded
+    kept = result.report.to_dict()["kept_ops"]
+    assert len(kept) == 7 and all(k["code"] == "cast_range" for k in kept), kept  # each try refused its bias
+    assert ends and max(ends) <= c * c * 4, (max(ends), len(ends))

@@ -149,6 +149,7 @@ def fold_chain(
                     failed = (layer, err)
                     break
             if failed is not None:
+                fold_math.discard(*(x for made in new for x in made))  # this try's products, never written
                 dropped = steps.pop(far)
                 note(graph, out, dropped.node, why(*failed), failed[1].code)
                 _drop(steps, far, dropped, prefixes)

@@ -61,7 +61,11 @@ def _finish(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Ten
     if w.bias is None and w.pre is None and not bool(new_b.any()):  # NaN is nonzero, -0.0 zero
         new_b = None  # a layer without a bias keeps none when the fold adds nothing
     if new_b is not None:
-        new_b = fold_math.cast_checked(new_b, w.bias_dtype, f"{layer.op} bias")
+        try:
+            new_b = fold_math.cast_checked(new_b, w.bias_dtype, f"{layer.op} bias")
+        except FoldError:
+            fold_math.discard(new_w)  # the weight's product is never written: its spilled bytes go back
+            raise
     return new_w, new_b
 
 

@@ -218,6 +218,13 @@ class Spilled:
     offset: int
     length: int
 
+    def discard(self) -> None:
+        """Cut these bytes back off the scratch file where they are its last (a failed try's product, after the
+        ones stored before it); bytes with others after them stay until the file goes."""
+        scratch = self.source.scratch
+        if scratch is not None and os.fstat(scratch.fileno()).st_size == self.offset + self.length:
+            os.ftruncate(scratch.fileno(), self.offset)
+
 
 @dataclass(eq=False)
 class ScratchSpill:
