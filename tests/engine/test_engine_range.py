@@ -152,3 +152,25 @@ def test_rewrites_that_insert_multiplies_read_each_weight_once_and_again_where_e
     # where large: its spans, the check before writing, the write, the spans after it
     assert len(reads) <= (layers + edited if held else 2 * layers + 4 * edited), (len(reads), layers, edited)
     assert torch.equal(before, g.run({"x": x})[0])  # powers of two: not one bit differs in float64
+
+
+@pytest.mark.parametrize("far_first", [True, False])
+def test_a_region_limit_backtracked_does_not_code_a_later_refusal(far_first, monkeypatch):
+    """``out = (relu^6(a) * b) + g``: the walk back tries ``a``'s relu chain first (past a region of 4 values:
+    backtracked, the product takes the scale through ``b`` instead), then the hot graph input ``g`` refuses: nothing
+    before it takes a scale (no_absorber), whichever operand the sum reads first."""
+    monkeypatch.setattr(range_planner, "MAX_REGION", 4)
+    g = FakeGraph()
+    h = g.input("a", 2, 4)
+    for _ in range(6):
+        h = g.node("relu", [h])
+    prod = g.node("mul", [h, g.input("b", 2, 4)])
+    hot_in = g.input("g", 2, 4)
+    out = g.node("add", [prod, hot_in] if far_first else [hot_in, prod], name="out")
+    g.outputs = [out]
+    peaks = {v: 1.0 for v in g.shapes}
+    peaks.update({v: 1e6 for v in g.shapes if v not in ("b",)})
+    planner = Planner(FakeAdapter(g), peaks, LIMITS)
+    with pytest.raises(range_planner.Refused) as refused:
+        planner.plan(out)
+    assert refused.value.code is Code.NO_ABSORBER, refused.value.reason

@@ -279,7 +279,11 @@ class Planner:
     def _need(self, p: Plan, value: Any, e: Fraction, queue: list):
         """:meth:`need` as a generator: it yields the walks it waits for (:func:`_unrolled` runs them) and
         returns its answer.  A trial that fails is undone from ``p``'s journal (:meth:`Plan.undo`), not made
-        on a copy (a copy per step made a chain quadratic)."""
+        on a copy (a copy per step made a chain quadratic).  ``_full``: whether the last value the walk entered
+        stopped at the region's bound.  A failure passed up enters no other value, so at a refusal it tells that
+        failure's cause; after a backtracked one (another operand took the scale, a multiply went after it) the next
+        value entered clears it, and a later refusal is coded by what refused it."""
+        self._full = False
         if e == 0:
             return p.exps.get(value, Fraction(0)) == 0
         if value in p.exps:
