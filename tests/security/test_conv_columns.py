@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 import torch
 
+import bnfold
 from bnfold.io.cost import Conv, fx_conv, onnx_conv
+from bnfold.io.fx_cost import op_flops
 from bnfold.numerics.audit_memory import AuditHold, conv_columns
 
 MIB = 1 << 20
@@ -105,3 +107,27 @@ def test_the_facts_come_from_the_programs_and_graphs_convolutions(tmp_path):
     torch.onnx.export(model, (x,), str(tmp_path / "m.onnx"), opset_version=17, dynamo=False)
     nodes = onnx.load(str(tmp_path / "m.onnx")).graph.node
     assert [onnx_conv(n, n.op_type) for n in nodes if onnx_conv(n, n.op_type)] == [Conv(False, True), Conv(True, False)]
+
+
+class _TimeBatchConv(torch.nn.Module):
+    def __init__(self, c: int):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, c, c) / 20)
+
+    def forward(self, x):
+        return torch.conv_tbc(x, self.w, torch.zeros(self.w.shape[2]), 1)
+
+
+def test_conv_tbc_is_no_transposed_conv():
+    """``conv_tbc`` (input ``[T, B, C_in]``, weight ``[taps, C_in, C_out]``) adds one matrix product per tap into its
+    output and allocates nothing else (torch's profiler: one ``empty``, the output): no im2col buffer is counted, and
+    its FLOPs are ``taps x C_in`` products per output element.  Before, its ``conv_t`` prefix read it as a transposed
+    conv: an fp32-profile audit of a 100 x 4 x 128 sequence (a 200 KB output) was refused at 2.35 GiB."""
+    assert fx_conv("conv_tbc", (None, None, None, 1)) is None
+    assert fx_conv("conv_transpose2d", ()) == Conv(True, False)
+    dims = [[100, 4, 128], [3, 128, 128], [128]]
+    assert op_flops(torch.ops.aten.conv_tbc.default, (None, None, None, 1), [100, 4, 128], dims) == 2 * 51200 * 384
+    x = torch.randn(100, 4, 128)
+    ep = torch.export.export(_TimeBatchConv(128).eval(), (x,))
+    report = bnfold.audit(ep, [(x,)], profile="fp32").to_dict()
+    assert report["end_to_end"]["unfolded"]["elements"] == 51200

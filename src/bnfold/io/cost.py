@@ -58,8 +58,10 @@ ONNX_FLOAT_CONV_OPS = ONNX_CONV_OPS[:2]  # the float ones
 
 
 def is_fx_conv(name: str) -> bool:
-    """Whether the op of short name ``name`` is a convolution (transposed ones included)."""
-    return name in FX_CONV_OPS or name.startswith("conv_t")
+    """Whether the op of short name ``name`` is a convolution with an im2col buffer (transposed ones included; not
+    ``conv_tbc``, a time-batch-channel 1-d convolution that adds one matrix product per kernel tap into its output:
+    it allocates its output only)."""
+    return name in FX_CONV_OPS or name.startswith("conv_transpose")
 
 
 class Conv(NamedTuple):
@@ -76,8 +78,9 @@ def fx_conv(name: str, args: Sequence) -> Conv | None:
     dilation, groups)``, ``conv_transpose2d(x, w, b, stride, padding, output_padding, groups, dilation)``."""
     if not is_fx_conv(name):
         return None
-    transposed = name.startswith("conv_t") or (name in ("convolution", "_convolution") and bool(_arg(args, 6, False)))
-    dilation = _arg(args, 7 if name.startswith("conv_t") else 5, 1)
+    spelled = name.startswith("conv_transpose")
+    transposed = spelled or (name in ("convolution", "_convolution") and bool(_arg(args, 6, False)))
+    dilation = _arg(args, 7 if spelled else 5, 1)
     dilations = dilation if isinstance(dilation, (list, tuple)) else [dilation]
     return Conv(transposed, any(type(d) is int and d != 1 for d in dilations))  # unknown: not dilated, the larger
 

@@ -28,8 +28,8 @@ def _fx_flops(
 ) -> int:
     """FLOPs of one op ``name`` (``convolution``, ``mm`` ...) called with ``args``, from its recomputed output and
     input dims and their element counts ``out_n`` and ``in_ns``: matrix and conv ops by their inner products (a
-    transposed ``convolution`` is told by its 7th argument, an ``einsum`` by its equation), anything else by the
-    elements it touches."""
+    transposed ``convolution`` is told by its 7th argument, a ``conv_tbc``'s weight is ``[taps, C_in, C_out]``, an
+    ``einsum`` by its equation), anything else by the elements it touches."""
     if name == "einsum" and args and isinstance(args[0], str):
         return einsum_flops(args[0], in_dims, out_dims)
     if name in FX_CONV_OPS and len(in_dims) > 1:
@@ -37,6 +37,8 @@ def _fx_flops(
         return 2 * (in_ns[0] if transposed else out_n) * elements(in_dims[1][1:])
     if name.startswith("conv_transpose") and len(in_dims) > 1:
         return 2 * in_ns[0] * elements(in_dims[1][1:])
+    if name == "conv_tbc" and len(in_dims) > 1:  # weight [taps, C_in, C_out]: taps x C_in products per output
+        return 2 * out_n * elements(in_dims[1][:-1])
     if name in ("mm", "bmm", "matmul", "addmm", "linear", "baddbmm", "addbmm") and in_dims:
         a = in_dims[1] if name in ("addmm", "baddbmm", "addbmm") and len(in_dims) > 1 else in_dims[0]
         return 2 * out_n * (a[-1] if a else 1)
