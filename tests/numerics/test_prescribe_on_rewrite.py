@@ -113,6 +113,18 @@ def test_the_fallback_island_has_runs_of_its_own():
     assert pres.runs == 2  # the rewrite's verification, the fallback's island
 
 
+def test_max_runs_0_runs_no_island():
+    """``max_runs=0``: no island emulation (the rewrite is still verified: one run); the island's starting set (the
+    ops past the limit and the cause) is listed as not verified.  Before, the fallback's share of at least one run
+    made one anyway; a negative ``max_runs`` is refused in one line."""
+    model, xs = _model("pt2")
+    pres = bnfold.audit(model, xs, max_runs=0).prescription
+    assert pres.runs == 1 and pres.fp32_nodes and not pres.holds and pres.end_to_end is None
+    assert "not verified: max_runs left no run" in pres.line() and "still fails" not in pres.line()
+    with pytest.raises(ValueError, match="max_runs must be a whole number of runs, 0 or more, got -1"):
+        bnfold.audit(model, xs, max_runs=-1)
+
+
 def test_an_island_on_a_rewritten_model_cannot_starve_the_fallback(monkeypatch):
     """An island search on the rewritten model that never holds spends only its share of ``max_runs`` (half); the
     fallback's search on the model as shipped then runs in its own (before, it got what was left: nothing)."""
@@ -146,7 +158,8 @@ def test_the_report_keeps_no_rewritten_program():
 
 
 @pytest.mark.parametrize(
-    ("max_runs", "partial", "shares"), [(8, 0, (0, 8)), (8, 1, (4, 4)), (8, 2, (4, 4)), (3, 1, (2, 1)), (1, 1, (0, 1))]
+    ("max_runs", "partial", "shares"),
+    [(8, 0, (0, 8)), (8, 1, (4, 4)), (8, 2, (4, 4)), (3, 1, (2, 1)), (1, 1, (0, 1)), (0, 1, (0, 0)), (0, 0, (0, 0))],
 )
 def test_island_shares(max_runs, partial, shares):
     from bnfold.numerics.prescribe import island_shares

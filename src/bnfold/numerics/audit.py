@@ -111,7 +111,9 @@ def audit(
     peak against the profile's limit, NaN/inf and SQNR jump; ``report.cause``: the op where damage starts.  A rejected
     model gets ``report.prescription`` when ``prescribe``: a verified rewrite, else the nodes to keep in float32,
     found in at most ``max_runs`` island emulations, shared between the searches on rewritten models and the
-    fallback on the model as shipped, plus the cause run and one verification per rewrite tried (:mod:`.prescribe`).
+    fallback on the model as shipped, plus the cause run and one verification per rewrite tried (:mod:`.prescribe`);
+    ``max_runs=0``: the rewrites are verified, the island is not searched (its starting set, the ops past the limit
+    and the cause, is listed as not verified).
 
     ``model`` may also be the path of a ``.pt2`` or ``.onnx`` file (read with the safe loader, as ``bnfold.fold``
     reads it).  Without ``inputs``, random batches shaped like the model's example inputs are drawn (8, as
@@ -123,6 +125,8 @@ def audit(
     from ..frontends import frontend_for
 
     spec = task(class_axis, threshold, metric)
+    if isinstance(max_runs, bool) or not isinstance(max_runs, int) or max_runs < 0:
+        raise ValueError(f"max_runs must be a whole number of runs, 0 or more, got {max_runs!r}")
     # the work the inputs justify (bnfold.io.budget.input_flops) when the user chose their sizes: tensors passed
     # in, or shapes given; random batches shaped like the file's own inputs get the content's budget only (the
     # prescription's folds and runs on the same batches too)

@@ -95,7 +95,12 @@ class Prescription:
             "folded": "of the folded model (bnfold fold first) ",
             "rewritten": f"of the model `bnfold fold {flags}` writes ",
         }.get(self.base, "")
-        ok = "the verdict then holds" if self.holds else f"the verdict still fails after {self.runs} runs"
+        if self.holds:
+            ok = "the verdict then holds"
+        elif self.end_to_end is None:  # the island's starting set, never emulated
+            ok = "not verified: max_runs left no run"
+        else:
+            ok = f"the verdict still fails after {self.runs} runs"
         return (
             f"prescription: keep {len(self.fp32_nodes)} of {self.nodes} nodes {base}in float32: {shown}; {ok} "
             "(--block-list FILE writes them for a converter)."
@@ -209,8 +214,8 @@ def _cast_closure(program, records: list[OpRecord], keep: set) -> set:
 def island_shares(max_runs: int, partial: int) -> tuple[int, int]:
     """The island runs of ``max_runs``: ``(for the searches on the ``partial`` rewritten models together, for the
     fallback's on the model as shipped)``.  The fallback has its own share, at least half (and at least one run),
-    plus what the rewritten models' searches leave; without a rewritten model, all of them."""
-    fallback = max(1, max_runs // 2) if partial else max_runs
+    plus what the rewritten models' searches leave; without a rewritten model, all of them; ``max_runs`` 0: none."""
+    fallback = max(1, max_runs // 2) if partial and max_runs > 0 else max_runs
     return max(0, max_runs - fallback), fallback
 
 
