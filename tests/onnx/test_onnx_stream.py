@@ -487,3 +487,37 @@ def test_a_fold_retried_after_its_bias_refused_gives_the_weights_scratch_room_ba
     kept = result.report.to_dict()["kept_ops"]
     assert len(kept) == 7 and all(k["code"] == "cast_range" for k in kept), kept  # each try refused its bias
     assert ends and max(ends) <= c * c * 4, (max(ends), len(ends))
+
+
+def test_a_spilled_product_written_in_another_order_gives_its_spill_back(tmp_path):
+    """A product spilled in its weight's memory order but written in another (a transposed weight's, row-major:
+    made again from ``stages()``) gives the spilled bytes back first: the scratch file holds one copy of it, not
+    two.  Bytes a tensor refers to are never given back (a second write of the same product leaves them)."""
+    from onnx import TensorProto
+
+    from bnfold import fold_math
+    from bnfold.io.onnx_stream import ExternalSource
+    from bnfold.onnx.tensors import from_torch, spill_to_reader
+
+    source = ExternalSource(str(tmp_path / "m.onnx"))
+    stored = torch.linspace(-1, 1, 300 * 256).reshape(300, 256)
+    scales = fold_math.per_slice(torch.linspace(0.6, 2.0, 256, dtype=torch.float64), "linear", "out", (256, 300))
+    nbytes = stored.numel() * 4
+    want = (stored.T * scales.to(torch.float32)).contiguous().numpy().tobytes()
+    with source.reading():
+        product = fold_math.scale_weight(
+            stored.T, scales, torch.float32, "w", deferred=spill_to_reader(TensorProto.FLOAT)
+        )
+        assert product.spilled is not None and os.fstat(source.scratch.fileno()).st_size == nbytes
+        t = from_torch(product, "w", TensorProto.FLOAT)  # row-major [256, 300]: not the spilled order
+        assert source.read(t).tobytes() == want
+        assert os.fstat(source.scratch.fileno()).st_size == nbytes  # before: 2 x nbytes
+
+        again = fold_math.scale_weight(
+            stored.T, scales, torch.float32, "w", deferred=spill_to_reader(TensorProto.FLOAT)
+        )
+        kept = from_torch(again.T, "w2", TensorProto.FLOAT)  # refers to its spilled bytes
+        size = os.fstat(source.scratch.fileno()).st_size
+        from_torch(again, "w3", TensorProto.FLOAT)  # written again: the referred bytes stay
+        assert os.fstat(source.scratch.fileno()).st_size == size + nbytes
+        assert source.read(kept).tobytes() == (stored * scales.T.to(torch.float32)).numpy().tobytes()

@@ -119,6 +119,7 @@ class ExternalSource:
         token its ``done(True)`` gave); None for any other token or length."""
         if not isinstance(spilled, Spilled) or spilled.source is not self or spilled.length != nbytes:
             return None
+        spilled.taken = True
         t.data_location = TensorProto.EXTERNAL
         entries = (("location", _TOKEN + "scratch"), ("offset", str(spilled.offset)), ("length", str(nbytes)))
         _set_entries(t, entries)
@@ -210,18 +211,23 @@ class ExternalSource:
                     self.give_back()
 
 
-@dataclass(frozen=True)
+@dataclass(eq=False)
 class Spilled:
-    """Bytes a :class:`ScratchSpill` wrote: ``length`` bytes at ``offset`` of ``source``'s scratch file."""
+    """Bytes a :class:`ScratchSpill` wrote: ``length`` bytes at ``offset`` of ``source``'s scratch file;
+    ``taken``: a tensor refers to them (:meth:`ExternalSource.refer`), never discarded."""
 
     source: ExternalSource
     offset: int
     length: int
+    taken: bool = False
 
     def discard(self) -> None:
-        """Cut these bytes back off the scratch file where they are its last (a failed try's product, after the
-        ones stored before it); bytes with others after them stay until the file goes."""
+        """Cut these bytes back off the scratch file where they are its last and no tensor refers to them (a
+        failed try's product, after the ones stored before it; a product written again in another order); bytes
+        with others after them stay until the file goes."""
         scratch = self.source.scratch
+        if self.taken:
+            return
         if scratch is not None and os.fstat(scratch.fileno()).st_size == self.offset + self.length:
             os.ftruncate(scratch.fileno(), self.offset)
 

@@ -16,7 +16,7 @@ import onnx
 import torch
 from onnx import TensorProto, numpy_helper
 
-from ..fold_math import FoldError, Product, Spill
+from ..fold_math import FoldError, Product, Spill, discard
 
 #: The ONNX element types whose parameters the fold can write back, as torch dtypes.
 TORCH_DTYPES = {
@@ -181,6 +181,7 @@ def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None)
     when its checks already handed the reader its bytes in this order (:func:`spill_to_reader`), refers to them."""
     reader = _READER.get()
     if isinstance(t, Product) and (reader is None or shape is not None):
+        discard(t)  # its spilled bytes (if any) are not referred to: they go back before it is made
         t = t.materialize()
     if isinstance(t, Product):
         out = _header(name, elem_type, t.dtype, t.shape)
@@ -188,6 +189,7 @@ def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None)
             stored = reader.refer(out, t.spilled, t.nbytes)
             if stored is not None:
                 return stored
+        discard(t)  # spilled in another order: the bytes go back (where last) before it is written again
         return reader.store_blocks(out, (_little_endian(b, elem_type) for b in t.stages()), t.nbytes)
     t = t.detach().contiguous()
     if shape is not None:
