@@ -16,6 +16,7 @@ a folded chain's result under the chain's output name).
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from functools import partial
 
@@ -69,11 +70,25 @@ class OpFailed(ValueError):
 
 def _tensor(arr: np.ndarray) -> torch.Tensor:
     """A constant as the runner holds it: floats as stored (the runner casts them once; bfloat16 and float8, numpy
-    dtypes of ml_dtypes torch does not read, as float32, which holds their values), booleans bool, integers int64."""
+    dtypes of ml_dtypes torch does not read, as float32, which holds their values), booleans bool, integers int64.
+    A float array over the bytes protobuf gave for an initializer's ``raw_data`` (read-only, a copy nothing else
+    holds) is held as it is, not copied again: nothing writes a program's constants (runners share them)."""
+    if arr.dtype.kind == "f" and arr.dtype.isnative and arr.size and arr.flags.c_contiguous and _over_bytes(arr):
+        with warnings.catch_warnings():  # torch's note that it cannot mark the tensor read-only
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(arr)
     custom = arr.dtype.kind not in "fbiu" and arr.dtype.name.startswith(("bfloat", "float"))
     return torch.from_numpy(
         arr.astype(np.float32) if custom else np.array(arr, dtype=None if arr.dtype.kind in "fb" else np.int64)
     )
+
+
+def _over_bytes(arr: np.ndarray) -> bool:
+    """Whether ``arr``'s memory is a ``bytes`` object's (immutable: ``np.frombuffer(t.raw_data)``)."""
+    base = arr.base
+    while isinstance(base, np.ndarray):
+        base = base.base
+    return type(base) is bytes
 
 
 def norms_of(nodes: list[tuple], consts: dict[str, np.ndarray]) -> dict[str, float]:
