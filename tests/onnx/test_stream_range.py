@@ -151,3 +151,46 @@ def test_a_data_file_cut_short_before_the_calibration_reads_it_is_refused_in_one
     err = capsys.readouterr().err.strip()
     assert "changed while it was read" in err and "\n" not in err and "Traceback" not in err
     assert not os.listdir(out)
+
+
+def test_the_adapter_keeps_no_large_float64_constant(tmp_path):
+    """``OnnxGraph.constant`` (what the range planner asks of a constant operand) keeps its float64 copy for the
+    next call only under ``fold_math.LARGE_BYTES``: a streamed 1 MiB float32 operand (2 MiB in float64) is read
+    again, the same values each time, and a small one is kept (before: both kept until the next edit)."""
+    from onnx import TensorProto, helper
+    from onnx import numpy_helper as nh
+
+    from bnfold import fold_math
+    from bnfold.onnx.fold import range_edit_onnx
+
+    rng = np.random.default_rng(0)
+    big, small = rng.standard_normal((512, 512)).astype(np.float32), np.float32([3.0])
+    graph = helper.make_graph(
+        [helper.make_node("Add", ["x", "big"], ["y"]), helper.make_node("Mul", ["y", "small"], ["z"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
+        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [512, 512])],
+        [nh.from_array(big, "big"), nh.from_array(small, "small")],
+    )
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(onnx.load(path), path, save_as_external_data=True, location="m.data", size_threshold=1024)
+    seen = {}
+
+    def edit(g):
+        for node in g.ordered_nodes():
+            for v in g.inputs(node):
+                name = g.value_name(v)
+                if name in ("big", "small"):
+                    seen[name] = (g.constant(v), g.constant(v))
+        seen["kept"] = [t.nbytes for t in g._tensors.values() if t is not None]
+        return []
+
+    loaded = load_onnx(str(path), stream=True)
+    with loaded.layout.reading():
+        range_edit_onnx(loaded.model, edit)
+    a, b = seen["big"]
+    assert a is not b and torch.equal(a, b) and torch.equal(a, torch.from_numpy(big).double())
+    a, b = seen["small"]
+    assert a is b and a.tolist() == [3.0]
+    assert seen["kept"] and max(seen["kept"]) < fold_math.LARGE_BYTES, seen["kept"]

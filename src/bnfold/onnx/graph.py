@@ -15,6 +15,7 @@ from typing import Any
 import onnx
 import torch
 
+from .. import fold_math
 from ..engine.graph import Binary, ChainStep, ConvGeometry, Hop, Layer, LayerWeights, Norm, Pool, ShapeInfo
 from ..fold_math import FoldError, Product, affine, in_channels, out_channels
 from ..report import Code
@@ -189,17 +190,20 @@ class OnnxGraph(OnnxRange):
         return None if isinstance(c, str) else c
 
     def constant(self, value: Any) -> torch.Tensor | None:
-        """A floating-point constant as a float64 tensor, or None."""
+        """A floating-point constant as a float64 tensor, or None; kept for the next call where it is smaller than
+        :data:`bnfold.fold_math.LARGE_BYTES` (a large one, such as a streamed initializer the range planner asks
+        about, is read again: its float64 copy is not held beside the model)."""
         if not isinstance(value, Value):
             return None
-        if value not in self._tensors:
-            c = self.const(value)
-            kind = getattr(c.value.dtype, "kind", "") if c is not None else ""
-            if c is None or (kind != "f" and c.value.dtype.name != "bfloat16"):
-                self._tensors[value] = None
-            else:
-                self._tensors[value] = to_torch(c.value).to(torch.float64)
-        return self._tensors[value]
+        if value in self._tensors:
+            return self._tensors[value]
+        c = self.const(value)
+        kind = getattr(c.value.dtype, "kind", "") if c is not None else ""
+        t = None if c is None or (kind != "f" and c.value.dtype.name != "bfloat16") else to_torch(c.value)
+        t = None if t is None else t.to(torch.float64)
+        if t is None or t.nbytes < fold_math.LARGE_BYTES:
+            self._tensors[value] = t
+        return t
 
     def dims(self, value: Value) -> list | None:
         """The dims of ``value``: inferred, or those of the constant it holds."""
