@@ -53,3 +53,26 @@ def test_a_model_edited_after_its_program_is_read_again(model):
     after = fmt.program(model)
     assert "Tanh" not in [s.op for s in before.steps]
     assert [s.op for s in after.steps].count("Tanh") == 1
+
+
+@pytest.mark.parametrize("edit", ["op_type", "input", "removed"])
+def test_a_model_edited_between_plan_and_program_is_read_again(model, edit):
+    """The plan's read serves the program only while the model's nodes are the ones read (a digest of their
+    serialized bytes, 10x cheaper than reading their fields): a node edited in place, rewired or removed after the
+    plan is read again (before: the program ran the plan's stale op types and inputs)."""
+    fmt = frontend_for(model).numerics()
+    fmt.plan(model, [(torch.randn(1, 3, 8, 8),)], runs=3, name=None, hold=AuditHold.of(3, torch.float32, False))
+    nodes = model.graph.node
+    i, sigmoid = next((i, n) for i, n in enumerate(nodes) if n.op_type == "Sigmoid")
+    if edit == "op_type":
+        sigmoid.op_type = "Tanh"
+    elif edit == "input":
+        sigmoid.input[0] = model.graph.input[0].name  # reads the graph input instead
+    else:
+        reader = next(n for n in nodes if sigmoid.output[0] in n.input)
+        reader.input[list(reader.input).index(sigmoid.output[0])] = sigmoid.input[0]
+        del nodes[i]
+    steps = fmt.program(model).steps
+    assert [(s.op, list(s.ins), list(s.outs)) for s in steps] == [
+        (n.op_type, list(n.input), list(n.output)) for n in model.graph.node if n.op_type != "Constant"
+    ]

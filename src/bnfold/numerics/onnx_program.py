@@ -15,6 +15,7 @@ a folded chain's result under the chain's output name).
 
 from __future__ import annotations
 
+import hashlib
 import math
 import warnings
 from collections import Counter
@@ -312,21 +313,34 @@ def check_batches(model: onnx.ModelProto, batches: list[tuple], input_shapes: di
                 raise ValueError(f"input {name!r} takes shape {shown}; a batch holds {got}")
 
 
+def nodes_digest(model: onnx.ModelProto) -> bytes:
+    """A digest of ``model``'s nodes as protobuf serializes them, each with its length (about a tenth of the time
+    :func:`~bnfold.onnx.const_eval.node_fields` takes to read their fields): equal while no node was added, removed,
+    moved or edited."""
+    h = hashlib.blake2b(digest_size=16)
+    for node in model.graph.node:
+        data = node.SerializeToString()
+        h.update(len(data).to_bytes(8, "little"))
+        h.update(data)
+    return h.digest()
+
+
 class OnnxAudit:
     """The audit hooks of an ONNX model (:class:`~.runner.AuditFormat`), one per caller (``Frontend.numerics()``):
     the nodes' fields of the model it plans are read once, for the plan and the program :meth:`program` builds next of
-    that same model (``_read``: the model and its fields, until then)."""
+    that same model while its nodes are those read (``_read``: the model, its nodes' digest and their fields, until
+    then)."""
 
     #: an op the audit cannot run (:class:`UnsupportedOp`), inputs that do not fit the model, an op that fails
     cannot_run: tuple[type[Exception], ...] = (NotImplementedError, ValueError)
 
     def __init__(self) -> None:
-        self._read: tuple[onnx.ModelProto, list[tuple]] | None = None
+        self._read: tuple[onnx.ModelProto, bytes, list[tuple]] | None = None
 
     def _fields(self, model: onnx.ModelProto) -> list[tuple]:
         """``model``'s node fields, kept for the next :meth:`program` of it."""
-        self._read = (model, node_fields(model))
-        return self._read[1]
+        self._read = (model, nodes_digest(model), node_fields(model))
+        return self._read[2]
 
     def prepare(
         self, model, inputs, *, input_shapes=None, name=None, random_inputs=False, runtime=None, fold=True, hold=None
@@ -346,10 +360,11 @@ class OnnxAudit:
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
         """The program of ``model`` (see :func:`onnx_program`); the fields its plan read are used once, by the next
-        program of that model (the audit's unfolded one), and dropped: a model a caller edits afterwards is read
-        again."""
+        program of that model (the audit's unfolded one) whose nodes are still those read (:func:`nodes_digest`),
+        and dropped: a model a caller edits, before or after, is read again."""
         read, self._read = self._read, None
-        return onnx_program(model, like, lazy, read[1] if read is not None and read[0] is model else None)
+        same = read is not None and read[0] is model and read[1] == nodes_digest(model)
+        return onnx_program(model, like, lazy, read[2] if same else None)
 
     def output_rank(self, model) -> int | None:
         """The rank the graph declares for its first output (None: not declared)."""
