@@ -23,7 +23,9 @@ chain with calibrated statistics and every second block's output past fp16's ran
 (N / 2 values to rewrite); round robin as above, ``bnfold.fold(ep)`` and ``bnfold.fold(ep,
 fp16_range=2 batches)`` (calibration, rewrite, the float64 proof on the batches and fresh inputs); the
 range part is the difference of the two least times; with ``--baseline DIR`` the baseline's two calls join the
-round robin (its rows labelled ``baseline``).  Reference line: ``t(4N) / t(N) <= 4.2``.
+round robin (its rows labelled ``baseline``).  Every size's calls share each round (the ratio's two sizes meet
+the same load).  "values rewritten": the report's entries with a factor other than 1 (``N / 2`` meant).
+Reference line: ``t(4N) / t(N) <= 4.2``.
 """
 
 from __future__ import annotations
@@ -99,25 +101,24 @@ def measure_range(sizes: list[int], rounds: int, baseline: str | None = None) ->
     versions = {"": bnfold.fold}
     if baseline:
         versions["baseline "] = _baseline(baseline).fold
-    rows = {}
+    calls, rescaled = {}, {}
     for n in sizes:
         model, x = hot_chain(n)
         ep = torch.export.export(model, x)
         batches = [(b,) for b in structured_inputs(tuple(x[0].shape), 2, seed=1)]
-        calls = {}
         for label, fold in versions.items():
-            calls[f"{label}fold"] = lambda f=fold: f(ep)
-            calls[f"{label}fp16_range"] = lambda f=fold: f(ep, fp16_range=batches)
-        rescaled = {}
-        for label in versions:  # the first calls' set-up, untimed
-            calls[f"{label}fold"]()
-            rescaled[label] = sum(e.factor != 1.0 for e in calls[f"{label}fp16_range"]().report.rescaled)
-        times: dict[str, list] = {}
-        for i in range(rounds):
-            for name in calls if i % 2 == 0 else reversed(calls):
-                times.setdefault(name, []).append(_clock(calls[name]))
-        rows[n] = (times, rescaled)
-        print(f"  N={n}: " + ", ".join(f"{k} {min(w for w, _ in v):.3f} s" for k, v in times.items()), flush=True)
+            calls[n, f"{label}fold"] = lambda f=fold, ep=ep: f(ep)
+            calls[n, f"{label}fp16_range"] = lambda f=fold, ep=ep, b=batches: f(ep, fp16_range=b)
+            calls[n, f"{label}fold"]()  # the first calls' set-up, untimed
+            rescaled[n, label] = sum(e.factor != 1.0 for e in calls[n, f"{label}fp16_range"]().report.rescaled)
+    times: dict = {}
+    for i in range(rounds):  # every size's calls in each round: a change of load meets both sizes alike
+        for key in calls if i % 2 == 0 else reversed(calls):
+            times.setdefault(key, []).append(_clock(calls[key]))
+    rows = {}
+    for n in sizes:
+        rows[n] = ({k: v for (m, k), v in times.items() if m == n}, {k: v for (m, k), v in rescaled.items() if m == n})
+        print(f"  N={n}: " + ", ".join(f"{k} {min(w for w, _ in v):.3f} s" for k, v in rows[n][0].items()), flush=True)
     return rows
 
 

@@ -174,3 +174,62 @@ def test_a_region_limit_backtracked_does_not_code_a_later_refusal(far_first, mon
     with pytest.raises(range_planner.Refused) as refused:
         planner.plan(out)
     assert refused.value.code is Code.NO_ABSORBER, refused.value.reason
+
+
+def _hot_chain(blocks: int) -> FakeGraph:
+    """``blocks`` times the same block: a conv whose output passes the limit, a relu, a conv that brings it back (its
+    inverse: the chain's scale does not drift with depth, one hot value per block)."""
+    torch.manual_seed(0)
+    g = FakeGraph()
+    h = g.input("x", 1, 4, 4, 4)
+    for i in range(blocks):
+        d = torch.rand(4) + 1
+        w, v = (torch.diag(s).reshape(4, 4, 1, 1) for s in (d * 4096, 1 / (d * 4096)))
+        y = g.node("conv", [h, g.const(f"w{i}", w), g.const(f"b{i}", torch.randn(4))])
+        z = g.node("relu", [y])
+        h = g.node("conv", [z, g.const(f"v{i}", v), g.const(f"c{i}", torch.randn(4))])
+    g.outputs = [h]
+    return g
+
+
+class _Counting:
+    """``adapter`` with every question counted: one per call, plus one per item of a whole-graph list (a walk)."""
+
+    WALKS = ("ordered_nodes", "values", "layers", "norms", "plain_norms")
+
+    def __init__(self, adapter):
+        self._adapter, self.calls, self.walked = adapter, 0, 0
+
+    def __getattr__(self, name):
+        got = getattr(self._adapter, name)
+        if not callable(got):
+            return got
+
+        def counted(*args, **kwargs):
+            self.calls += 1
+            out = got(*args, **kwargs)
+            if name in self.WALKS:
+                self.walked += len(out)
+            return out
+
+        return counted
+
+
+def _range_work(blocks: int, monkeypatch) -> dict:
+    g = _hot_chain(blocks)
+    x = torch.randn(1, 4, 4, 4)
+    adapter, steps = _Counting(FakeAdapter(g)), []
+    step = Planner.step
+    monkeypatch.setattr(Planner, "step", lambda self: steps.append(1) or step(self))
+    entries = rescale_graph(adapter, _peaks(g, x), LIMITS)
+    monkeypatch.undo()
+    assert sum(e.code is Code.RESCALED for e in entries) == blocks  # each block's hot value, once
+    return {"questions": adapter.calls, "nodes walked": adapter.walked, "plan steps": len(steps)}
+
+
+def test_the_range_planners_work_grows_as_the_blocks_do(monkeypatch):
+    """The same block 4x as many times: the planner's questions to the graph, the nodes its whole-graph walks read and
+    its plans' steps grow 4x, not faster (a planner per value, or a whole-graph walk per rewrite, is quadratic)."""
+    small, large = _range_work(10, monkeypatch), _range_work(40, monkeypatch)
+    for what in small:
+        assert 3 * small[what] < large[what] <= 4 * small[what], (what, small[what], large[what])
