@@ -12,12 +12,14 @@ ONNX models, built here: a conv (``channels`` x ``channels`` x 3 x 3, float32), 
 
 ``bnfold.fold(model)`` of this code and, with ``--baseline DIR``, of another bnfold package folder imported
 under its folder's name (as ``fold_scaling.py --baseline``), round robin in ONE process: least wall and CPU
-time over the rounds, and the load.
+time over the rounds, and the load.  Then each version's report as JSON (``json.dumps(report.to_dict())``): its
+size and least CPU time over the rounds.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 
@@ -86,16 +88,18 @@ def main() -> None:
                 for label, fold in versions.items():
                     out = {}
                     wall, cpu = _clock(lambda fold=fold, out=out: out.setdefault("r", fold(model)))
-                    old = best.get(label)
-                    best[label] = (
-                        (min(wall, old[0]), min(cpu, old[1]), out["r"].report) if old else (wall, cpu, out["r"].report)
-                    )
+                    r = out["r"].report
+                    _, dump = _clock(lambda r=r, out=out: out.setdefault("json", json.dumps(r.to_dict())))
+                    old = best.get(label, (wall, cpu, r, dump))
+                    best[label] = (min(wall, old[0]), min(cpu, old[1]), r, min(dump, old[3]), len(out["json"]))
             report = best["this code"][2]
             row = [kind, n, len(report.folded), len(report.kept_ops) + len(report.skipped)]
             row += [f"{best[v][0]:.2f} / {best[v][1]:.2f}" for v in versions]
+            row += [f"{best[v][4] / 1e6:.2f} MB, {best[v][3]:.2f} s" for v in versions]
             rows.append(row)
             print(" | ".join(map(str, row)), f"load {load_now()}", flush=True)
-    print(table(["chain", "N", "folded entries", "refused", *(f"{v} s (wall / cpu)" for v in versions)], rows))
+    head = ["chain", "N", "folded entries", "refused", *(f"{v} s (wall / cpu)" for v in versions)]
+    print(table(head + [f"{v} JSON report (cpu)" for v in versions], rows))
     print(f"load {load_now()}")
 
 

@@ -9,7 +9,7 @@ people read the reason.  Every :class:`Folded` entry carries the edit it made: t
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from enum import Enum
 from typing import Any
 
@@ -107,10 +107,10 @@ class Folded:
 
     The edit itself: ``rule`` is the engine rule that made it (``"output"``,
     ``"input"``, ``"fanout"``, ``"merge"``, ``"constant"``); ``steps`` every node of the folded chain in graph
-    order with what happened to it (:class:`FoldStep`; the same list on every
-    entry of one chain); ``layers`` the graph node names of the layers whose
-    weight and bias were written (several for ``"fanout"``); ``bias_added`` is
-    True when the layer could not hold the bias and an add node was inserted.
+    order with what happened to it (:class:`FoldStep`; the same list object on every entry of one chain, not a
+    copy: :meth:`FoldReport.to_dict` writes it once per chain); ``layers`` the graph node names of the layers whose
+    weight and bias were written (several for ``"fanout"``); ``bias_added`` is True when the layer could not hold
+    the bias and an add node was inserted.
     ``kind`` is the normalization's kind (``bnfold.kinds.NORM_KINDS``), or ``""`` for a chain of
     elementwise ops alone (``norm`` is then ``"affine mul+add"`` or the ops' module path).
     """
@@ -276,7 +276,7 @@ class FoldReport:
         if self.stats is not None:
             summary.update(self.stats.to_dict())
         return {
-            "folded": [entry_dict(f) for f in self.folded],
+            "folded": folded_dicts(self.folded),
             "skipped": [entry_dict(s) for s in self.skipped],
             "lowered": [entry_dict(x) for x in self.lowered],
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
@@ -315,9 +315,12 @@ class FoldReport:
         lines += [f"  unmatched: {u}" for u in self.unmatched]
         width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
         into = max([24] + [len(f.into) for f in self.folded])
+        first: dict[int, Folded] = {}  # a chain's pattern once: its other entries name the first
         for f in self.folded:
             extra = f"  (+{f.extra_bytes} bytes for a private weight copy)" if f.extra_bytes else ""
-            lines.append(f"  folded   {f.norm:<{width}} into {f.into:<{into}} {f.pattern} [{f.side}]{extra}")
+            head = first.setdefault(id(f.steps), f) if f.steps else f
+            pattern = f.pattern if head is f else f"(the chain of {head.norm})"
+            lines.append(f"  folded   {f.norm:<{width}} into {f.into:<{into}} {pattern} [{f.side}]{extra}")
         for s in self.skipped:
             lines.append(f"  skipped  {s.norm:<{width}} {s.reason}")
         for x in self.lowered:
@@ -335,12 +338,28 @@ class FoldReport:
         return self.table()
 
 
-def entry_dict(entry: Any) -> dict[str, Any]:
-    """A report entry as plain JSON data (a :class:`Code` becomes its string value)."""
-    out = asdict(entry)
+def entry_dict(entry: Any, omit: tuple[str, ...] = ()) -> dict[str, Any]:
+    """A report entry as plain JSON data (a :class:`Code` becomes its string value), without the fields ``omit``
+    (not read either)."""
+    out = asdict(replace(entry, **dict.fromkeys(omit)) if omit else entry)
+    for key in omit:
+        del out[key]
     for key, value in out.items():
         if isinstance(value, Enum):
             out[key] = value.value
+    return out
+
+
+def folded_dicts(entries: list[Folded]) -> list[dict[str, Any]]:
+    """:class:`Folded` entries as JSON data, each chain written once: the first entry of a chain has its ``steps``
+    and ``pattern``; an entry whose ``steps`` are those of an earlier one (the same list: one chain, several
+    normalizations) has ``chain_of``, that entry's index in ``entries``, in their place.  A chain of n
+    normalizations is n entries of constant size plus the chain once, not n copies of it."""
+    first: dict[int, int] = {}  # id of a chain's steps -> the index of its first entry
+    out = []
+    for i, f in enumerate(entries):
+        j = first.setdefault(id(f.steps), i) if f.steps else i
+        out.append(entry_dict(f) if j == i else {**entry_dict(f, ("steps", "pattern")), "chain_of": j})
     return out
 
 
@@ -401,9 +420,9 @@ class CheckResult:
         return {
             "ok": self.ok,
             "strict_ok": self.strict_ok,
-            "foldable": [entry_dict(f) for f in self.foldable],
+            "foldable": folded_dicts(self.foldable),
             "unfoldable": [entry_dict(s) for s in self.unfoldable],
-            "foldable_ops": [entry_dict(f) for f in self.foldable_ops],
+            "foldable_ops": folded_dicts(self.foldable_ops),
             "kept_ops": [entry_dict(k) for k in self.kept_ops],
             "notes": list(self.notes),
             "unmatched": list(self.unmatched),

@@ -6,6 +6,7 @@ and checked), never seconds."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -26,7 +27,8 @@ def mul_chain(n: int, k: float = 100.0, c: int = 8, weight: np.ndarray | None = 
 
 
 def chain(ops: list, c: int = 8, weight: np.ndarray | None = None, dtype=np.float32):
-    """A conv, then ``ops``: ``("Mul", k)`` multiplies by the scalar ``k``, ``("MaxPool", None)`` a 1x1 max-pool."""
+    """A conv, then ``ops``: ``("Mul", k)`` multiplies by the scalar ``k``, ``("MaxPool", None)`` a 1x1 max-pool,
+    ``("BatchNormalization", None)`` an eval batch norm (gamma 0.9-1.1)."""
     rng = np.random.default_rng(0)
     w = rng.standard_normal((c, c, 3, 3)) if weight is None else weight
     inits = [nh.from_array(w.astype(dtype), "w")]
@@ -35,6 +37,11 @@ def chain(ops: list, c: int = 8, weight: np.ndarray | None = None, dtype=np.floa
         if op == "Mul":
             inits.append(nh.from_array(np.array(k, dtype), f"k{i}"))
             nodes.append(helper.make_node("Mul", [f"y{i}", f"k{i}"], [f"y{i + 1}"], name=f"mul{i}"))
+        elif op == "BatchNormalization":
+            stats = [rng.uniform(0.9, 1.1, c), rng.normal(0, 0.01, c), rng.normal(0, 0.01, c), rng.uniform(0.9, 1.1, c)]
+            inits += [nh.from_array(v.astype(dtype), f"{role}{i}") for role, v in zip("sbmv", stats)]
+            names = [f"y{i}", *(f"{role}{i}" for role in "sbmv")]
+            nodes.append(helper.make_node(op, names, [f"y{i + 1}"], name=f"bn{i}"))
         else:
             nodes.append(helper.make_node(op, [f"y{i}"], [f"y{i + 1}"], name=f"pool{i}", kernel_shape=[1, 1]))
     elem = TensorProto.FLOAT16 if dtype == np.float16 else TensorProto.FLOAT
@@ -176,3 +183,22 @@ def test_the_scale_crossing_each_max_pool_is_composed_once_per_fold(monkeypatch)
     short, long = _thens(monkeypatch, 8), _thens(monkeypatch, 32)
     # main: 547 and 27343 (each try composed what crosses each max-pool again: cubic); now 196 and 2728
     assert long <= 16 * short and long <= 4000, (short, long)
+
+
+def test_a_long_chains_report_holds_the_chain_once():
+    """n batch norms folded in one chain: n entries that share the chain's steps (one list, not n copies) and a
+    JSON report that writes the chain once (``chain_of`` on the other entries), linear in n: the report of 256
+    batch norms was 16x the report of 64 (each entry carried the chain's steps and pattern: 256 x 256 steps)."""
+    sizes = {}
+    for n in (64, 256):
+        report = bnfold.fold(chain([("BatchNormalization", None)] * n, c=4)).report
+        assert len(report.folded) == n and len({id(f.steps) for f in report.folded}) == 1
+        data = report.to_dict()["folded"]
+        assert "chain_of" not in data[0] and all(d["chain_of"] == 0 for d in data[1:])
+        for f, d in zip(report.folded, data):  # the chain, read back through chain_of, is each entry's own
+            head = data[d.get("chain_of", 0)]
+            assert head["steps"] == [dataclasses.asdict(s) for s in f.steps] and head["pattern"] == f.pattern
+            assert d["norm"] == f.norm and d["into"] == "conv"
+        assert len(f.steps) == n and len(str(report).splitlines()) == n + 1
+        sizes[n] = (len(json.dumps(report.to_dict())), len(str(report)))
+    assert sizes[256][0] < 4.5 * sizes[64][0] and sizes[256][1] < 4.5 * sizes[64][1], sizes

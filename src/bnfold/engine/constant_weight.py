@@ -76,7 +76,7 @@ def fold_constant_weight(graph: GraphAdapter, layer: Layer, only) -> Outcome:
             graph.node_name(n.node),
             into_node,
             CONSTANT.name,
-            list(steps),
+            steps,  # shared by the entries of one chain, not copied
             [into_node],
             kind=n.kind,
         )

@@ -276,8 +276,8 @@ def fold_entries(
     chain = step_entries(graph, steps)
     written = [graph.node_name(lay.node) for lay in layers]
 
-    def entry(norm: str, node: str, kind: str = "") -> Folded:
-        return Folded(norm, into, pattern, side, 0, node, into_node, rule, list(chain), list(written), kind=kind)
+    def entry(norm: str, node: str, kind: str = "") -> Folded:  # the chain's steps shared, not copied
+        return Folded(norm, into, pattern, side, 0, node, into_node, rule, chain, list(written), kind=kind)
 
     norms: dict = {}  # node -> Norm, in chain order: the chain's normalizations and those whose affine it spells
     for s in steps:
