@@ -215,7 +215,7 @@ class FakeAdapter:
         t = self.g.consts.get(value) if isinstance(value, str) else None
         return None if t is None else t.to(torch.float64)
 
-    def weights(self, layer: Layer):
+    def weights(self, layer: Layer, values: bool = True):
         w = self.g.consts.get(layer.weight)
         if w is None:
             return f"its weight comes from {self.describe(layer.weight)}"

@@ -207,6 +207,36 @@ def test_without_the_kernels_copy_the_save_copies_through_memory(tmp_path, monke
     assert calls and outs["stream"] == outs["plain"]
 
 
+def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, monkeypatch):
+    """A streamed weight the fold leaves as it is (the projection behind a Reshape, which the input rule looks
+    at; a layer ``--exclude`` skips) is never read into memory: the rules learn its shape from the file's dims
+    and read a weight only for a chain that folds, and the save copies its bytes file to file in the kernel.
+    The folded weights are read once each.  Counted, not timed; the files are the plain fold's."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(linear_stack(3, 128), src, "mixed")  # proj 128 KiB, each layer's weight 64 KiB: streamed
+    reads, copies = [], []
+    real_read, real_copy = onnx_stream.ExternalSource.read, onnx_stream._copy_range
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+
+    def copy(*args, kernel=True):
+        copies.append(kernel)
+        return real_copy(*args, kernel=kernel)
+
+    monkeypatch.setattr(onnx_stream, "_copy_range", copy)
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        out = str(tmp_path / name / "out.onnx")
+        assert main(["fold", path, "-o", out, "-q", "--exclude", "l1", *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    assert outs["stream"] == outs["plain"]
+    assert sorted(reads) == ["l0.w", "l2.w"]  # not proj, not the excluded l1.w
+    assert copies and all(copies)  # every streamed tensor (proj, l1.w, the products) copied by the kernel
+
+
 def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):
     """Where ``os.preadv`` is missing, a streamed tensor is read with ``pread`` in chunks: the same files."""
     src = tmp_path / "in"

@@ -29,17 +29,18 @@ from .rule import Rule
 __all__ = ["INPUT", "OUTPUT", "check_layer", "compose", "fold_input", "fold_output", "input_params", "output_params"]
 
 
-def check_layer(graph: GraphAdapter, layer: Layer, only, side: str) -> tuple[LayerWeights, int]:
+def check_layer(graph: GraphAdapter, layer: Layer, only, side: str, values: bool = True) -> tuple[LayerWeights, int]:
     """The layer's constants and its channel count on ``side`` (``"output"`` / ``"input"``), or Stop
     with the reason (and code) nothing folds into it.  A fold-math refusal of the weight's shape
-    (``groups`` that do not divide it) is a Stop too, never an exception."""
+    (``groups`` that do not divide it) is a Stop too, never an exception.  ``values=False``: the weight may
+    be its shape only (``GraphAdapter.weights``); :func:`_read` reads it once a chain is there to fold."""
     if only is not None and layer.kind not in only:
         raise Stop(
             layer.node,
             f"folding into {layer.kind} layers was not requested (only={','.join(sorted(only))})",
             Code.NOT_REQUESTED,
         )
-    weights = graph.weights(layer)
+    weights = graph.weights(layer, values)
     if isinstance(weights, str):
         raise Stop(
             layer.node, f"cannot fold into {layer.op} {graph.describe_node(layer.node)}: {weights}", Code.LAYER_WEIGHTS
@@ -54,6 +55,16 @@ def check_layer(graph: GraphAdapter, layer: Layer, only, side: str) -> tuple[Lay
             layer.node, f"cannot fold into {layer.op} {graph.describe_node(layer.node)}: {err}", err.code
         ) from None
     return weights, channels
+
+
+def _read(graph: GraphAdapter, layer: Layer, w: LayerWeights) -> LayerWeights:
+    """``w`` with the weight's values, read now where :func:`check_layer` gave its shape only."""
+    if not w.weight.is_meta:
+        return w
+    read = graph.weights(layer)
+    if isinstance(read, str) or read.weight.shape != w.weight.shape:  # the same checks passed on its shape
+        raise AssertionError(f"internal: {layer.op} weight read as {read!r}, checked as {tuple(w.weight.shape)}")
+    return read
 
 
 def _finish(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tensor):
@@ -124,7 +135,7 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     if not any(is_step(graph, user) for user in graph.users(layer.output)):
         return out  # nothing that could be a chain: no need to read the layer
     try:
-        w, channels = check_layer(graph, layer, only, "output")
+        w, channels = check_layer(graph, layer, only, "output", values=False)
     except Stop as stop:
         for user in graph.users(layer.output):
             norm = graph.norm(user) if user is not None else None
@@ -140,7 +151,8 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, -1)
     if _only_a_bias(layer, steps):
         return out
-    fold_chain(graph, [(layer, w)], steps, OUTPUT.name, output_params, out, _why(graph))
+    if steps:  # a weight the fold does not change is not read
+        fold_chain(graph, [(layer, _read(graph, layer, w))], steps, OUTPUT.name, output_params, out, _why(graph))
     return out
 
 
@@ -150,7 +162,7 @@ def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     if not is_step(graph, graph.producer(layer.input)):
         return out
     try:
-        w, channels = check_layer(graph, layer, only, "input")
+        w, channels = check_layer(graph, layer, only, "input", values=False)
     except Stop as stop:
         producer = graph.producer(layer.input)
         if producer is not None and len(graph.users(layer.input)) == 1:
@@ -162,7 +174,8 @@ def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, 0)
     if _only_a_bias(layer, steps):
         return out
-    fold_chain(graph, [(layer, w)], steps, INPUT.name, input_params, out, _why(graph))
+    if steps:  # a weight the fold does not change is not read
+        fold_chain(graph, [(layer, _read(graph, layer, w))], steps, INPUT.name, input_params, out, _why(graph))
     return out
 
 

@@ -238,13 +238,17 @@ class OnnxGraph(OnnxRange):
                 self._depth -= 1
         return ShapeInfo(None, kind) if dims is None else ShapeInfo(len(dims), kind, tuple(dims))
 
-    def weights(self, layer: Layer) -> LayerWeights | str:
+    def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str:
         p, wiring = layer.node.proto, layer.extra
         c = self.const_or_reason(layer.weight, "weight")
         if isinstance(c, str):
             return c
+        streamed = self._streamed(layer.weight)
         try:
-            w = to_torch(c.value)
+            if not values and streamed is not None and c.elem_type in TORCH_DTYPES:  # its shape, not its bytes
+                w = torch.empty(c.shape, dtype=TORCH_DTYPES[c.elem_type], device="meta")
+            else:
+                w = to_torch(c.value)
             dtype = torch_dtype(c.elem_type, "the weight")
             bias, bias_dtype, pre = None, dtype, None
             if p.op_type in ("Gemm", "MatMul"):
@@ -279,7 +283,6 @@ class OnnxGraph(OnnxRange):
             return str(err)
         # a weight a streamed load left on disk is folded as a Product, its checked blocks written to the scratch
         # file as they are made (spill_to_reader; else made again block by block where it is written, from_torch)
-        streamed = self._streamed(layer.weight)
         deferred = (spill_to_reader(streamed.data_type) or True) if streamed is not None else False
         return LayerWeights(w, bias, dtype, bias_dtype, pre, deferred=deferred)
 

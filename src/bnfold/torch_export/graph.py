@@ -179,7 +179,7 @@ class FxGraph(FxRange):
             return torch.tensor(float(value), dtype=torch.float64)
         return self.editor.constant_value(value)
 
-    def weights(self, layer: Layer) -> LayerWeights | str:
+    def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str:  # values read always
         w = self._parameter(layer.weight, not layer.extra.views)
         if w is None:
             return f"its weight is not a constant of the program (it comes from {self.describe(layer.weight)})"
