@@ -10,7 +10,8 @@ interpreter, the imports, the code) and "with this graph": this model with every
 first 64 KiB of rows (the same nodes, names and per-channel vectors, read inline as here; the cut tensors still
 streamed, checked and spilled), so "peak - floor with this graph" is what the large tensors add.
 
-    python -m benchmarks.onnx_stream --mb 1024 --dir /tmp/stream [--before OTHER/src] [--rounds 2] [--fp16-range]
+    python -m benchmarks.onnx_stream --mb 1024 --dir /tmp/stream [--before OTHER/src] [--rounds 2] [--plain-once]
+        [--fp16-range]
 
 ``--before`` runs another checkout's streamed fold in the same rounds (its ``src`` folder first on the path; with
 ``--fp16-range``, its streamed fold with ``--fp16-range`` too).
@@ -166,6 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--rounds", type=int, default=2, help="rounds, each command once per round, interleaved")
     ap.add_argument("--before", metavar="SRC", help="another bnfold's src folder: its streamed fold, interleaved")
     ap.add_argument("--fp16-range", action="store_true", help="also both folds with --fp16-range (2 batches)")
+    ap.add_argument("--plain-once", action="store_true", help="the plain folds in the first round only (slow)")
     ap.add_argument("--save", action="store_true", help="write the table to benchmarks/results/onnx_stream.md")
     a = ap.parse_args(argv)
     load = os.getloadavg()[0]
@@ -204,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
     times: dict[str, list[float]] = {name: [] for name, *_ in runs}
     peaks: dict[str, list[int]] = {name: [] for name, *_ in runs}
     kernel, synced, loop, imports, floor, graph_floor = [], [], [], [], [], []
-    for _ in range(a.rounds):
+    for round_ in range(a.rounds):
         k, ks, lp = copies(data, a.dir)
         kernel.append(k)
         synced.append(ks)
@@ -214,8 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             out = os.path.join(os.path.dirname(path), "out.onnx")
             into.append(measure(["fold", path, "-o", out, "-q", "--force", "--low-memory"]))
         for i, (name, code, extra, _) in enumerate(runs):
+            if round_ and a.plain_once and "--low-memory" not in extra:
+                continue
             folder = os.path.join(a.dir, f"out{i}")
-            os.makedirs(folder, exist_ok=True)
+            shutil.rmtree(folder, ignore_errors=True)  # the last round's output goes untimed, as the copies' do
+            os.makedirs(folder)
             dt, hwm = measure(["fold", src, "-o", os.path.join(folder, "out.onnx"), "--force", "-q", *extra], code)
             times[name].append(dt)
             peaks[name].append(hwm)
@@ -238,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
         f"times): {statistics.median(imports):.2f} s. Copy of the data: shutil.copyfile {copy_s:.2f} s, "
         f"then fsync {synced_s:.2f} s, a read/write loop {loop_s:.2f} s (each after os.sync()). The streamed fold's "
         f"data file: {new / mb:.0f} MB folded (written new), {kept / mb:.0f} MB copied unchanged. Medians of "
-        f"{a.rounds} rounds, load {load:.1f} -> {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
+        f"{a.rounds} rounds{' (the plain folds: 1)' if a.plain_once else ''}, load {load:.1f} -> "
+        f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs.",
         "",
         "| fold | peak RSS (MB) | peak - floor (MB) | / weights | / largest tensor | peak - floor with this graph "
         "(MB) | / largest tensor | time (s) | / copyfile | / copyfile + fsync | / loop |",
