@@ -265,6 +265,26 @@ def test_a_data_file_cut_short_after_the_load_is_refused_in_one_line(tmp_path):
     assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
 
 
+def test_an_unchanged_tensor_cut_short_after_the_load_is_refused_at_the_save(tmp_path):
+    """A tensor the fold leaves is never read, only copied by the kernel at the save: a data file cut short under it
+    after the load makes that copy come back short, a one-line file error, and nothing is written."""
+    from bnfold.io.onnx import load_onnx, save_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(linear_stack(3, 128), src, "mixed")  # l2.w, the last tensor of m.data, is left by --exclude
+    model, layout = load_onnx(path, stream=True)
+    os.truncate(src / "m.data", os.path.getsize(src / "m.data") - 1000)
+    out = tmp_path / "out.onnx"
+    with layout.reading(), pytest.raises(ModelFileError, match="changed while it was read") as err:
+        result = bnfold.fold(model, exclude=["l2"])
+        assert [e.into for e in result.report.folded][-1] == "l1"  # the fold itself read what it folded: l0.w, l1.w
+        save_onnx(result.model, out, layout)
+    assert "'m.data' changed" in str(err.value) and "\n" not in str(err.value)
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
 @pytest.mark.parametrize(
     ("layout", "ranged"), [("one", False), ("many", False), ("mixed", False), ("none", False), ("one", True)]
 )
