@@ -28,12 +28,15 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     def refused(node: Any, why: str, code: Code = Code.LIMIT_BOUND) -> Refused:
         return Refused(f"{g.describe_node(node) if node is not None else 'the graph output'}: {why}", code)
 
-    def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True) -> tuple:
-        """The layer and its weight (None where ``weight`` is False) and bias scaled; Refused where one fails."""
+    def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True, exact: bool = False) -> tuple:
+        """The layer and its weight (None where ``weight`` is False; a product made as it is written where ``exact``,
+        the span showed the scale exact, and the adapter takes one) and bias scaled; Refused where one fails."""
         layer, w = planner.layer(node)[0], planner.weights(node)
         try:
             what = f"{layer.op} weight"
-            out = fold_math.scale_pow2(w.weight, exponent(w_e), w.weight_dtype, what) if weight else None
+            out = (_product(w, exponent(w_e)) if exact else None) if weight else None
+            if weight and out is None:
+                out = fold_math.scale_pow2(w.weight, exponent(w_e), w.weight_dtype, what)
             bias = None if w.bias is None else fold_math.scale_pow2(w.bias, exponent(b_e), w.bias_dtype, "bias")
         except FoldError as err:
             raise refused(node, str(err)) from None
@@ -41,12 +44,14 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
 
     # every layer is checked before anything is written, in order: scaled, except a large weight whose spans show
     # that its scale is exact (its bias is still scaled); a large one's result is not kept but made (again) when it
-    # is written (the same arithmetic), so the edit holds one large weight at a time
+    # is written (the same arithmetic; where its scale is exact and the adapter writes a deferred product, a block
+    # at a time as it is written), so the edit holds one large weight at a time
     writes = []
     for node, (w_e, b_e) in planner.layer_exps(p).items():
         held = planner.layer(node)[1] is not None
-        done = scaled(node, w_e, b_e, held or not planner.scales_exactly(node, exponent(w_e)))
-        writes.append((node, (w_e, b_e), done if held else None))
+        exact = not held and planner.scales_exactly(node, exponent(w_e))
+        done = scaled(node, w_e, b_e, not exact)
+        writes.append((node, (w_e, b_e), done if held else None, exact))
         del done
     operands = []  # (node, slot, the new constant): made here, written below
     for (node, slot), e in p.operands.items():
@@ -70,8 +75,8 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             muls.append((value, _mul(g, value, -exponent(e), refused(node, "")), [node]))
 
     edited = {}  # node -> its name
-    for node, exps, done in writes:
-        layer, weight, bias = done if done is not None else scaled(node, *exps)
+    for node, exps, done, exact in writes:
+        layer, weight, bias = done if done is not None else scaled(node, *exps, exact=exact)
         g.write_layer(layer, weight, bias, label)
         edited[node] = g.node_name(node)
         del weight, bias, done
@@ -85,9 +90,19 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for value, factor, readers in muls:  # it was not given: ONNX renames a graph output's producer's value)
         touched += [g.producer(value), *(u for u in g.users(value) if u is not None)]
         g.insert_mul(value, factor, readers)
-    nodes = [node for node, _, _ in writes] + [node for node, _, _ in operands]
+    nodes = [node for node, *_ in writes] + [node for node, _, _ in operands]
     planner.forget(nodes + [node for node, _ in eps], [n for n in dict.fromkeys(touched) if n is not None])
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
+
+
+def _product(w: Any, exponent: int) -> fold_math.Product | None:
+    """``w.weight * 2 ** exponent`` (the caller showed it exact: each element is then
+    ``fold_math.scale_pow2``'s) as a product the adapter makes as it writes it, where it takes one
+    (``LayerWeights.deferred``) and ``2 ** exponent`` is a normal number of the weight's dtype; else None."""
+    dtype = w.weight.dtype
+    if not w.deferred or dtype != w.weight_dtype or not fold_math.pow2_exact((1.0, 1.0), dtype, dtype, exponent):
+        return None
+    return fold_math.Product(w.weight, torch.tensor(2.0**exponent, dtype=dtype))
 
 
 def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> Any:

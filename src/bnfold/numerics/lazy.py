@@ -23,9 +23,13 @@ class LazyConstant:
     tensor: Callable[[np.ndarray], torch.Tensor]
     nbytes: int
 
+    def value(self) -> torch.Tensor:
+        """The value as stored (as an eager program holds it before a run converts its floats)."""
+        return self.tensor(self.array())
+
     def load(self, dtype: torch.dtype) -> torch.Tensor:
         """The value as a run in ``dtype`` holds it (floats converted, as an eager program's constants are)."""
-        t = self.tensor(self.array())
+        t = self.value()
         return t.to(dtype) if t.is_floating_point() else t
 
 

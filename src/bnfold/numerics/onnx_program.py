@@ -145,11 +145,24 @@ def _step(
     if step.layer is not None:
         step.weight = ins[1] if len(ins) > 1 and ins[1] in consts else None
         step.bias = ins[2] if len(ins) > 2 and ins[2] else None
+        step.channels = _channels(op, a) if step.weight is not None else None
     if step.layer is not None or (row is not None and row.accumulate):
         step.accumulated = lambda ins, chunk: _accumulated(node, a, run, ins, chunk)
     if norm_eps is not None:
         step.norm = StepNorm(ins[0], tuple(ins[1:5]), norm_eps, output=outs[0])
     return step
+
+
+def _channels(op: str, a: dict) -> tuple[int, int] | None:
+    """Where a layer's output channels lie (:attr:`~.runner.Step.channels`): a MatMul's weight ``[..., K, N]``, a
+    Gemm's ``B`` (``[N, K]`` under ``transB``) with ``C`` broadcast along ``N``, an ungrouped Conv's ``[O, ...]``."""
+    if op == "MatMul":
+        return (-1, -1)
+    if op == "Gemm":
+        return (0 if a.get("transB", 0) else 1, 1)
+    if op == "Conv" and a.get("group", 1) == 1:
+        return (0, 1)
+    return None
 
 
 def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> torch.Tensor:

@@ -82,7 +82,7 @@ class Step:
     ``mutates``: the op writes an input in place (the runner runs it so, as the program says); ``shape`` the op
     table's (``same``: the output has the first input's shape; ``broadcast``: the inputs' broadcast shape;
     ``reduced``: at most the first input's elements): it bounds the outputs' size without a meta run
-    (:func:`bnfold.io.run_checks.shape_bound`)."""
+    (:func:`bnfold.io.run_checks.shape_bound`); ``channels`` where its output channels lie."""
 
     name: str
     op: str
@@ -100,6 +100,10 @@ class Step:
     label: str = ""  # the name the report shows (a module path), "" for ``name``
     mutates: bool = False  # its op writes one of its inputs in place (torch's ``relu_``, ``add_``, ``out=``)
     shape: str = ""
+    #: ``(weight axis, output axis)`` where a layer's output channels lie, each output channel computed from its
+    #: slice of the weight (and of a bias's last axis) alone: a run may compute it a block of channels at a time
+    #: (:func:`.ranges.run_plain`); None where the format does not say (a grouped or transposed conv)
+    channels: tuple[int, int] | None = None
 
 
 @dataclass
