@@ -138,7 +138,7 @@ class _Largest(TorchDispatchMode):
 @pytest.mark.parametrize("route", [["--low-memory"], []], ids=["streamed", "plain"])
 def test_the_proof_makes_no_float64_copy_of_a_large_weight(tmp_path, monkeypatch, route):
     """The proof's float64 runs convert a large layer weight a block of output channels at a time
-    (``ranges.BLOCK_BYTES``, 1 MiB): no op in them makes a float64 tensor of more than a quarter of a float32
+    (``ranges.BLOCK_BYTES``, 256 KiB): no op in them makes a float64 tensor of more than a quarter of a float32
     weight (4 MiB here), where each layer's whole float64 copy (8 MiB) was made before, in both routes."""
     src = tmp_path / "in"
     src.mkdir()

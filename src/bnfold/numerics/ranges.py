@@ -12,8 +12,11 @@ from .. import fold_math
 from .lazy import split
 from .runner import Program, Step, is_float
 
-#: bytes of a large weight a float64 run converts at a time (:func:`run_plain`): a block of its output channels
-BLOCK_BYTES = 1 << 20
+#: bytes of a large weight a float64 run converts at a time (:func:`run_plain`): a block of its output channels of
+#: at most :data:`bnfold.fold_math.BLOCK_ELEMENTS` float64 elements (256 KiB, in cache; at least one channel).  Larger
+#: blocks left more behind in the allocator's heap: a 256 MB model's proof peaked 2 MB over its start with these,
+#: 4-8 MB with 1 MiB blocks, 28 MB with 4 MiB ones, in the same time
+BLOCK_BYTES = fold_math.BLOCK_ELEMENTS * 8
 
 
 def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None) -> list:
@@ -23,7 +26,7 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
     :data:`bnfold.fold_math.LARGE_BYTES`) is read, and converted to ``dtype``, for each step that reads it and
     dropped after that step.  In a float64 run (the range rewrite's proof), a layer whose output channels the
     format places (:attr:`.runner.Step.channels`) converts such a weight a block of output channels at a time
-    (:data:`BLOCK_BYTES` in float64), so no float64 copy of the whole weight is made; a held weight and a lazy one
+    (:data:`BLOCK_BYTES` of float64), so no float64 copy of the whole weight is made; a held weight and a lazy one
     run the same blocks, so a streamed model's run gives the eager one's outputs bit for bit."""
     held, lazy = split(program.constants)
     at_use = {k for k, v in held.items() if is_float(v) and v.dtype != dtype and _nbytes(v) >= fold_math.LARGE_BYTES}
@@ -94,7 +97,7 @@ def _by_channels(step: Step, ins: list, k: int, weight: torch.Tensor, dtype: tor
     one output.  Where a block's output does not hold its channels as the step says, the step runs whole.  The
     blocks run on the calling thread (``torch.set_num_threads(1)`` while they run, restored after): a block is
     small and in cache, and a hand-off of each to the thread pool costs more than it gains (on a loaded 2-core
-    machine, a 2048x2048 layer in blocks of 1 MiB: 10 ms on one thread, 50-70 ms on two; whole: 37-68 ms)."""
+    machine, a 2048x2048 layer in blocks of 16 channels: 21 ms on one thread, 130-260 ms on two; whole: 37-68 ms)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
