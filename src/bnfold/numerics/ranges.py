@@ -22,14 +22,19 @@ BLOCK_BYTES = fold_math.BLOCK_ELEMENTS * 8
 def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None) -> list:
     """The program's outputs on each batch, computed in ``dtype``; ``peaks`` (a dict) gets the largest finite
     magnitude of every float value by name (inputs, every step's outputs), merged over batches.  A large float
-    constant (a lazy one, :class:`.lazy.LazyConstant`, or one held of at least
-    :data:`bnfold.fold_math.LARGE_BYTES`) is read, and converted to ``dtype``, for each step that reads it and
-    dropped after that step.  In a float64 run (the range rewrite's proof), a layer whose output channels the
-    format places (:attr:`.runner.Step.channels`) converts such a weight a block of output channels at a time
-    (:data:`BLOCK_BYTES` of float64), so no float64 copy of the whole weight is made; a held weight and a lazy one
-    run the same blocks, so a streamed model's run gives the eager one's outputs bit for bit."""
+    constant (a lazy one, :class:`.lazy.LazyConstant`, or one held of at least :data:`bnfold.fold_math.LARGE_BYTES`
+    that no step writes in place) is read, and converted to ``dtype``, for each step that reads it and dropped after
+    that step.  In a float64 run (the range rewrite's proof), a layer whose output channels the format places
+    (:attr:`.runner.Step.channels`) converts such a weight a block of output channels at a time (:data:`BLOCK_BYTES`
+    of float64), so no float64 copy of the whole weight is made; a held weight and a lazy one run the same blocks,
+    so a streamed model's run gives the eager one's outputs bit for bit."""
     held, lazy = split(program.constants)
-    at_use = {k for k, v in held.items() if is_float(v) and v.dtype != dtype and _nbytes(v) >= fold_math.LARGE_BYTES}
+    written = {v for step in program.steps if step.mutates for v in step.ins}  # held as the run's own copy
+    at_use = {
+        k
+        for k, v in held.items()
+        if is_float(v) and v.dtype != dtype and _nbytes(v) >= fold_math.LARGE_BYTES and k not in written
+    }
     consts = {k: v.to(dtype) if is_float(v) else v for k, v in held.items() if k not in at_use}
     deferred = at_use | set(lazy)
     last_use: dict[str, int] = {}
