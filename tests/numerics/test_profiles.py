@@ -70,7 +70,7 @@ def test_constants_rounded_together_equal_one_by_one_and_stay_aligned(name):
     """The runner rounds a model's small constants in one call over their concatenation: each comes out as the
     profile rounds it alone, in its shape and strides, and starts on a 64-byte boundary as an allocation of its own
     does (a 1x1 conv computes other float32 bits from a weight 4 bytes off)."""
-    from bnfold.numerics.runner import ROUNDED_TOGETHER, _round_constants
+    from bnfold.numerics.rounded_constants import ROUNDED_TOGETHER, round_constants
 
     g = torch.Generator().manual_seed(0)
     shapes = [(96, 6, 1, 1), (96,), (), (7,), (1, 3), (ROUNDED_TOGETHER + 1,), (5, 5)]
@@ -79,14 +79,40 @@ def test_constants_rounded_together_equal_one_by_one_and_stay_aligned(name):
     f32["tiny"] = torch.tensor([1e-9, -3e-8, 0.0])  # under ort-cpu's clamp
     f32["odd"] = torch.randn(3, generator=g).as_strided((3, 1), (1, 7))  # contiguous, a size-1 dim's stride is free
     prof = get_profile(name)
-    out = _round_constants(prof, f32)
+    out = round_constants(prof, f32)
     assert out.keys() == f32.keys()
     for k, v in f32.items():
         alone = prof.round_const(v)
         assert out[k].shape == v.shape and torch.equal(out[k], alone), k
         assert out[k].stride() == v.stride() and out[k].data_ptr() % 64 == 0, k
     w, b = torch.randn(96, 6, 1, 1, generator=g), torch.randn(96, generator=g)
-    together = _round_constants(prof, {"s": torch.randn(3, generator=g), "w": w, "b": b})  # w after 3 floats
+    together = round_constants(prof, {"s": torch.randn(3, generator=g), "w": w, "b": b})  # w after 3 floats
     x = torch.randn(1, 6, 1, 1, generator=g)
     alone = torch.conv2d(x, prof.round_const(w), prof.round_const(b))
     assert torch.equal(torch.conv2d(x, together["w"], together["b"]), alone)
+
+
+def test_a_large_constant_rounded_chunk_by_chunk_holds_the_bits_of_one_rounding(monkeypatch):
+    """A float32 constant past ``ROUND_IN_CHUNKS`` is rounded through a small fp16 buffer: the bits of rounding it
+    whole (ties to even, fp16's subnormals, overflow to inf, -0.0; a NaN stays NaN, its payload the conversion's),
+    its shape and strides; a strided or float64 one is rounded whole."""
+    import bnfold.numerics.profiles as profiles
+
+    monkeypatch.setattr(profiles, "ROUND_IN_CHUNKS", 64)
+    monkeypatch.setattr(profiles, "_CHUNK", 64)  # chunks that end inside the tensor's rows
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(19, 13, generator=g) * 3e4
+    t.view(-1)[:8] = torch.tensor([65520.0, 65519.0, -0.0, 3e-8, 2.98e-8, float("nan"), float("inf"), 1 + 2**-11])
+    calls = []
+    real = profiles.round_fp16_chunked
+    monkeypatch.setattr(profiles, "round_fp16_chunked", lambda x: calls.append(1) or real(x))
+    for name in ("fp16", "htp"):
+        out = get_profile(name).round_const(t)
+        whole = profiles.round_fp16(t)
+        assert out.shape == t.shape and out.stride() == t.stride()
+        assert torch.equal(out.isnan(), whole.isnan()) and out.isnan().sum() == 1
+        assert torch.equal(out.nan_to_num().view(torch.int32), whole.nan_to_num().view(torch.int32))
+    assert len(calls) == 2
+    get_profile("fp16").round_const(t.t())  # strided: whole
+    get_profile("fp16").round_const(t.double())
+    assert len(calls) == 2

