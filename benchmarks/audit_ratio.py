@@ -390,11 +390,10 @@ def _print(rows: list, ops: bool, base: bool = False) -> None:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)), flush=True)
 
 
-def _zoo(args, row) -> int:
-    """``--zoo``: the rows of the library zoo's models (all but its slow ones, or ``--only``), then the median
-    ratio of each format."""
-    import statistics
-
+def zoo_models(only: set):
+    """``(label, format, model, input)`` of the library zoo's models (all but its slow ones, or those in ``only``),
+    each as a torch program and as the dynamo exporter's ONNX, made as they are reached; an export that fails is said
+    on stderr and skipped; none when the zoo's libraries are not installed (said on stderr)."""
     tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests")
     sys.path[:0] = [tests, os.path.join(tests, "reparam")]
     from reparam_onnx import onnx_export
@@ -403,9 +402,7 @@ def _zoo(args, row) -> int:
 
     if available() is not None:
         print(f"the library zoo needs torchvision and timm: {available()}", file=sys.stderr)
-        return 1
-    only = set(filter(None, args.only.split(",")))
-    rows, ratios, met = [], {"torch program": [], "ONNX": []}, {"torch program": 0, "ONNX": 0}
+        return
     for name in MODELS:
         if (only and name not in only) or (not only and name in SLOW):
             continue
@@ -423,19 +420,34 @@ def _zoo(args, row) -> int:
                     file=sys.stderr,
                 )
                 continue
-            r = row(f"{name} ({fmt}) {shape}", program, x, args.rounds, args.profile, args.watched)
-            rows.append(r)
-            ratios[fmt].append(float(r[-1 if args.ops else 4].rstrip("x")))
-            met[fmt] += ratios[fmt][-1] <= GOAL if args.ops else r[5] == "PASS"  # the row's own verdict, unrounded
-            print("  ".join(map(str, r)), flush=True)
+            yield f"{name} ({fmt}) {shape}", fmt, program, x
+
+
+def _zoo(args, row) -> int:
+    """``--zoo``: the rows of the library zoo's models (all but its slow ones, or ``--only``), then the median
+    ratio of each format."""
+    import statistics
+
+    only = set(filter(None, args.only.split(",")))
+    rows, ratios, met = [], {"torch program": [], "ONNX": []}, {"torch program": 0, "ONNX": 0}
+    for label, fmt, program, x in zoo_models(only):
+        r = row(label, program, x, args.rounds, args.profile, args.watched)
+        rows.append(r)
+        ratios[fmt].append(float(r[-1 if args.ops else 4].rstrip("x")))
+        met[fmt] += ratios[fmt][-1] <= GOAL if args.ops else r[5] == "PASS"  # the row's own verdict, unrounded
+        print("  ".join(map(str, r)), flush=True)
+    if not rows:
+        return 1
     print()
-    _print(rows, args.ops)
+    _print(rows, args.ops, bool(args.base))
     for fmt, found in ratios.items():
         if found:
             print(
                 f"{fmt}: {len(found)} models, ratio {min(found):.1f}-{max(found):.1f}x, median "
                 f"{statistics.median(found):.1f}x, {met[fmt]} within {GOAL:g}x"
             )
+    if args.base and not args.ops:
+        _summary(rows, True)
     return 0
 
 

@@ -1,6 +1,6 @@
 """Where one ``bnfold.audit`` goes, stage by stage (issue 43: the audit at the cost of two forwards).
 
-    .venv/bin/python benchmarks/audit_stages.py [--audits 10] [--only resnet,cls] [--batches 1] [--base DIR]
+    .venv/bin/python benchmarks/audit_stages.py [--audits 10] [--only resnet,cls] [--batches 1] [--base DIR] [--zoo]
 
 Per model (the part-B networks as torch program and ONNX, and the rapidocr models, as ``audit_ratio.py`` builds
 them; one torch thread), the audit of ``audit_ratio.py``'s table (``tensors=False, local=False``, the model's fold
@@ -14,6 +14,9 @@ the least over the audits is printed, in fp32 forwards (the forward timed as ``a
                rows' measurements and the batch-norm probes;
 * ``norms``    the normalization rows (:func:`bnfold.numerics.norm_rows.norm_audits`: risk, kappa, headroom);
 * ``rest``     the audit less all of those (rows, the report, the diagnosis).
+
+``--zoo``: the library zoo's models instead (``audit_ratio.py --zoo``'s: ``--only tv:vgg11_bn,timm:levit_128s``), as
+torch programs and as dynamo ONNX.
 
 ``--base DIR``: the same stages of another copy of the package (``DIR/bnfold``, imported as ``bnfold_base``, see
 ``audit_ratio.py``), its audits alternating with this one's; printed as a second line per model.  With
@@ -34,7 +37,7 @@ from importlib import import_module
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch
-from audit_ratio import FORWARDS, _batches, _min_times, forward_of, load_base, markdown, suite
+from audit_ratio import FORWARDS, _batches, _min_times, forward_of, load_base, markdown, suite, zoo_models
 
 import bnfold
 
@@ -118,12 +121,15 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=1, help="audit N batches (stages per batch)")
     p.add_argument("--only", default="", help="comma-separated model keys (resnet, efficientnet, audio, cls, ...)")
     p.add_argument("--base", default="", help="a directory holding another copy of bnfold, timed beside this one")
+    p.add_argument("--zoo", action="store_true", help="the library zoo's torchvision/timm classes instead")
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     base = load_base(args.base) if args.base else None
     clocks = [_Clock(bnfold)] + ([_Clock(base)] if base is not None else [])
     out = []
-    for label, model, x in suite(set(filter(None, args.only.split(",")))):
+    only = set(filter(None, args.only.split(",")))
+    models = ((label, model, x) for label, _, model, x in zoo_models(only)) if args.zoo else suite(only)
+    for label, model, x in models:
         out += _rows(label, model, x, args, base, clocks)
     head = ["model", "fwd ms", *STAGES, "rest", "total"]
     markdown(head, out)

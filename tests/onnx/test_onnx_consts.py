@@ -149,8 +149,11 @@ def test_batch_norm_refusals():
 
 def test_result_bytes_count_the_float64_temporaries():
     a, b = np.ones((64, 1), np.float32), np.ones((1, 32), np.float32)
-    # float64 copies of both operands, the float64 result, its float32 cast
+    # float64 copies of both operands, the float64 result, its float32 cast (float32 is computed in float32, but
+    # charged as the float64 arithmetic)
     assert result_bytes(_node("Mul", 2), [a, b]) == 64 * 8 + 32 * 8 + 64 * 32 * (8 + 4)
+    a16, b16 = a.astype(np.float16), b.astype(np.float16)
+    assert result_bytes(_node("Mul", 2), [a16, b16]) == 64 * 8 + 32 * 8 + 64 * 32 * (8 + 2)
     assert result_bytes(_node("Mul", 2), [a.astype(np.float64), b.astype(np.float64)]) == 64 * 32 * 8
     assert result_bytes(_node("Add", 2), [np.ones(5, np.int32), np.ones(5, np.int32)]) == 5 * 4
     x = np.ones((4, 6, 10), np.float32)
@@ -302,3 +305,20 @@ def test_transpose_gives_numpy_transposes_bytes(dtype, shape, perm):
     expected = np.ascontiguousarray(np.transpose(a, perm))
     assert value.dtype == expected.dtype and value.shape == expected.shape and value.flags.c_contiguous
     assert value.tobytes() == expected.tobytes()
+
+
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+def test_float32_arithmetic_holds_the_bits_of_float64_cast_once(op):
+    """Two float32 operands are computed in float32: the bits of the float64 result cast once to float32, on random
+    bit patterns (every exponent: subnormals, overflow to inf, exact cancellation, infinities; NaN stays NaN)."""
+    bits = RNG.integers(0, 1 << 32, size=(2, 200_000), dtype=np.uint64).astype(np.uint32)
+    a, b = bits.view(np.float32)
+    with np.errstate(all="ignore"):
+        near = a * np.float32(1 + 2**-20)  # operands of one magnitude: cancellation and ties
+        a, b = np.concatenate([a, near]), np.concatenate([b, -a if op == "Add" else a])
+        got = evaluate(_node(op, 2), [a, b])
+        fn = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide}[op]
+        expected = fn(a.astype(np.float64), b.astype(np.float64)).astype(np.float32)
+    assert got.dtype == np.float32 and np.array_equal(np.isnan(got), np.isnan(expected))
+    finite = ~np.isnan(expected)
+    assert np.array_equal(got[finite].view(np.uint32), expected[finite].view(np.uint32))
