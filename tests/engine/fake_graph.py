@@ -367,3 +367,7 @@ class FakeAdapter:
         self.g.nodes.insert(at, mul)
         self.g.shapes[mul.output] = self.g.shapes[value]
         return mul.output
+
+    def mul_placed(self, node):
+        at = self.g.nodes.index(node)
+        return (True, next((n for n in reversed(self.g.nodes[:at]) if not n.dead), None))

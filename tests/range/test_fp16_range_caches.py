@@ -49,8 +49,8 @@ def test_a_multiply_before_a_graph_output_leaves_no_stale_op_in_the_planner(monk
     stale, checked = [], []
     forget = range_planner.Planner.forget
 
-    def checking(self, nodes, touched=()):
-        forget(self, nodes, touched)
+    def checking(self, nodes, touched=(), added=()):
+        forget(self, nodes, touched, added)
         for key, op in list(self._ops.items()):
             if isinstance(key, tuple) and key[0] == "op" and op is not None and key[1] in self.order:
                 checked.append(key[1])
@@ -63,3 +63,43 @@ def test_a_multiply_before_a_graph_output_leaves_no_stale_op_in_the_planner(monk
     assert len(result.model.graph.node) == len(model.graph.node) + 1  # the multiply before the output z
     assert checked
     assert stale == []
+
+
+class _Softmaxed(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 3, 1), torch.nn.Conv2d(3, 3, 1)
+
+    def forward(self, x):
+        y = self.a(x).relu()
+        return self.b(y + torch.softmax(x, 1)) + y
+
+
+def test_a_multiply_in_a_program_takes_its_place_in_the_planners_order():
+    """torch.export: a multiply goes before its value's first reader (after the placeholders where that is the first
+    node); the key ``Planner.place`` gives each, from the node ``mul_placed`` names, sorts the call_function nodes as
+    the graph does, and the order is not numbered again."""
+    from bnfold.torch_export.fold import range_edit_program
+
+    checked = []
+
+    def edit(g):
+        planner = range_planner.Planner(g, {}, range_planner.Limits(4094.0, 1e4))
+        relisted = planner.relisted
+        values = {n.name: n for n in g.ordered_nodes()}
+        x = next(n for n in g.graph.nodes if n.op == "placeholder" and n.name == "x")
+        relu = next(n for n in values.values() if n.users and "relu" in n.name)
+        add = next(
+            n for n in relu.users if "add" in n.name and len(n.users) == 1 and "conv" in next(iter(n.users)).name
+        )
+        for value, readers in ((x, None), (x, None), (relu, [add]), (relu, None), (add, None)):
+            made = g.producer(g.insert_mul(value, 2.0, readers))
+            assert planner.place(made) == [made]
+        nodes = g.ordered_nodes()
+        assert set(planner.order) == set(nodes) and planner.in_order(reversed(nodes)) == nodes
+        assert planner.relisted == relisted
+        checked.append(len(nodes))
+        return []
+
+    range_edit_program(torch.export.export(_Softmaxed().eval(), (torch.randn(1, 3, 4, 4),)), edit)
+    assert checked

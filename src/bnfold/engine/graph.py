@@ -316,3 +316,7 @@ class GraphAdapter(Protocol[N, V]):
     # ``value * factor`` as a new node; ``readers`` (nodes; None among them: the graph output) read it instead of
     # ``value`` (``readers`` None: every reader).  Returns the value holding the product.
     def insert_mul(self, value: V, factor: float, readers: list | None = None) -> V: ...
+    # Where the node ``insert_mul`` made stands in ``ordered_nodes()``: ``(True, the node right before it)`` (None:
+    # it is first), or ``(False, None)``: not listed there (an ONNX node is placed when the graph is compacted).
+    # A question of its neighbours, never a walk over the graph.
+    def mul_placed(self, node: N) -> tuple[bool, N | None]: ...

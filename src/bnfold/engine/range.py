@@ -81,8 +81,9 @@ class HotConstants:
     def _rank(self) -> None:
         """Layers first, then the other nodes in graph order; what was found is kept for the nodes still there."""
         planner = self.planner
-        nodes = list(planner.written.values()) + [n for n in planner.order if n not in planner.layer_nodes]
-        self.rank = {n: i for i, n in enumerate(nodes)}
+        self.rank = {n: (0, (i,)) for i, n in enumerate(planner.written.values())}
+        self.rank.update((n, (1, key)) for n, key in planner.order.items() if n not in planner.layer_nodes)
+        self.relisted = planner.relisted
         self.found = {n: found for n, found in self.found.items() if n in self.rank}
         self.heap = [(self.rank[n], id(n), n) for n, found in self.found.items() if found is not None]
         heapq.heapify(self.heap)
@@ -111,10 +112,14 @@ class HotConstants:
     def next(self, tried: set) -> tuple[Any, str, float] | None:
         """The first constant beyond the limit whose value was not tried."""
         planner = self.planner
-        if planner.added:  # ranked again; the new nodes read (and below, the nodes the edit touched)
+        if planner.relisted != self.relisted:  # the order numbered or the layers listed again: all ranked again
             self._rank()
-            for node in planner.added:
-                self.look(node)
+        if planner.added:  # the new nodes ranked (a key of the graph order: no walk) and read, and below the nodes
+            for node in planner.added:  # the edit touched
+                if node not in planner.layer_nodes:
+                    self.rank[node] = (1, planner.order[node])
+                if node in self.rank:
+                    self.look(node)
             planner.added = []
         for node in planner.edited:
             if node in self.rank:
@@ -123,9 +128,9 @@ class HotConstants:
         while self.heap:
             _, _, node = self.heap[0]
             found = self.found.get(node)
-            if found is not None and found[0] not in tried:
+            if found is not None and found[0] not in tried and planner.g.is_live(node):
                 return found
-            heapq.heappop(self.heap)  # gone, or tried (for good)
+            heapq.heappop(self.heap)  # gone (the order keeps a node an edit removed), or tried (for good)
         return None
 
 
@@ -141,8 +146,9 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     tried (rescaled, or refused with its code).  ``peak_after`` and ``margin`` are the plan's predictions; the
     caller measures them.  Every value past the limit is tried once (with it, the other values of its region): at
     most one plan per value, each bounded by ``MAX_REGION``; one ``Planner`` reads the graph once and again only
-    what each rewrite edits or touches (a multiply's writer and readers; the graph order is numbered again, no
-    weight read), so the weights are read once each and again only where a rewrite edits them."""
+    what each rewrite edits or touches (a multiply's writer and readers; the multiply takes its place in the graph
+    order from the node before it, no walk, no weight read), so the weights are read once each and again only where
+    a rewrite edits them."""
     from ..report import Rescaled
 
     entries, tried = [], set()

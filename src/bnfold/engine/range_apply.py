@@ -86,12 +86,12 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for node, value in eps:
         g.set_eps(node, value)
         edited[node] = g.node_name(node)
-    touched = []  # the writer and every reader of each value a multiply goes at (an adapter may rewire readers
-    for value, factor, readers in muls:  # it was not given: ONNX renames a graph output's producer's value)
+    touched, added = [], []  # the writer and every reader of each value a multiply goes at (an adapter may rewire
+    for value, factor, readers in muls:  # readers it was not given: ONNX renames a graph output's producer's value)
         touched += [g.producer(value), *(u for u in g.users(value) if u is not None)]
-        g.insert_mul(value, factor, readers)
+        added += planner.place(g.producer(g.insert_mul(value, factor, readers)))  # placed where it was put
     nodes = [node for node, *_ in writes] + [node for node, _, _ in operands]
-    planner.forget(nodes + [node for node, _ in eps], [n for n in dict.fromkeys(touched) if n is not None])
+    planner.forget(nodes + [node for node, _ in eps], [n for n in dict.fromkeys(touched) if n is not None], added)
     return list(dict.fromkeys(edited[node] for node in planner.in_order(edited)))
 
 

@@ -86,6 +86,8 @@ class Plan:
 
 
 _ABSENT = object()
+#: the graph-order keys of a node the order does not hold and of the graph output: after every node, in that order
+_UNLISTED, _OUTPUT = (math.inf,), (math.inf, 1)
 
 
 def _unrolled(walk, p: Plan) -> Any:
@@ -111,6 +113,7 @@ class Planner:
 
     def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
         self.g, self.peaks, self.limits = graph, peaks, limits
+        self.relisted = 0  # how often the graph order was numbered or the layers listed (``HotConstants``)
         self.read_graph()
         self.nodes = len(self.order)
         self.budget, self.spent = 8 * MAX_REGION + WORK_PER_NODE * self.nodes, 0  # :meth:`step`
@@ -118,7 +121,7 @@ class Planner:
 
     def read_graph(self) -> None:
         """Read the graph: its order and layers, every cache dropped."""
-        self.order = {n: i for i, n in enumerate(self.g.ordered_nodes())}
+        self._number()
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
@@ -134,6 +137,7 @@ class Planner:
         self.layer_nodes: set = set()  # the nodes of ``written``
         self.inside: set = set()  # nodes that are part of a layer (its bias add): no op of their own
         self._ends: dict = {}  # a layer node -> its output and the node that writes it (:meth:`_layer_of`)
+        self.relisted += 1
         for layer in self.g.layers():
             if self.layer(layer.node) is None:
                 continue
@@ -146,14 +150,36 @@ class Planner:
 
     def in_order(self, nodes) -> list:
         """``nodes`` (each once) in graph order; nodes the graph order does not hold last, as given."""
-        last = len(self.order)
-        return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, last))
+        return sorted(dict.fromkeys(nodes), key=lambda n: self.order.get(n, _UNLISTED))
 
-    def forget(self, nodes: list, touched: list = ()) -> None:
+    def _number(self) -> None:
+        """Number the graph order: ``order`` maps each node to a key (a tuple) that sorts as the graph does."""
+        self.order = {n: (i,) for i, n in enumerate(self.g.ordered_nodes())}
+        self._placed = itertools.count(1)
+        self.relisted += 1
+
+    def place(self, node: Any) -> list:
+        """Give ``node``, just made by ``insert_mul``, its key in the graph order from the node the adapter says it
+        follows (``GraphAdapter.mul_placed``), without a walk over the graph: right after a key ``K`` is ``K + (-c,)``,
+        ``c`` counting up, so it sorts after ``K`` and before whatever followed ``K`` (a node placed there before it
+        included).  Returns the nodes the graph order now holds that it did not (pass them to :meth:`forget`); a
+        node said to follow one the order does not hold has the whole order numbered again."""
+        listed, prev = self.g.mul_placed(node)
+        if not listed or node in self.order:
+            return []
+        if prev is not None and prev not in self.order:
+            old = self.order
+            self._number()
+            return [n for n in self.order if n not in old]
+        self.order[node] = (self.order[prev] if prev is not None else ()) + (-next(self._placed),)
+        return [node]
+
+    def forget(self, nodes: list, touched: list = (), added: list = ()) -> None:
         """``nodes`` were edited (their weights, a constant operand, an eps): what was read of them is read again.
         ``touched``: nodes that read or write a value a multiply was inserted at (their operands changed, not their
-        constants): their ops are read again, the new nodes numbered in the graph order, and the layers listed again
-        only where a touched node changed what it is (a layer, its output, the node that ends it)."""
+        constants): their ops are read again, and the layers listed again only where a touched node changed what it
+        is (a layer, its output, the node that ends it).  ``added``: the nodes the multiplies added to the graph
+        order (:meth:`place`, no walk over the graph)."""
         self._layer_exps = (None, {})
         for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
             self._ops.pop(node, None)
@@ -166,9 +192,6 @@ class Planner:
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
         self.edited.update(touched)
-        nodes = self.g.ordered_nodes()
-        added = [n for n in nodes if n not in self.order]
-        self.order = {n: i for i, n in enumerate(nodes)}
         self.added += added
         if any(self._layer_of(n) != self._ends.get(n) for n in touched) or any(self.layer(n) for n in added):
             layers, inside = set(self.layer_nodes), set(self.inside)
@@ -344,9 +367,9 @@ class Planner:
     def push_readers(self, value: Any, queue: list) -> None:
         for user in self.g.users(value):
             if user is None:
-                heapq.heappush(queue, (len(self.order) + 1, next(self._pushed), ("output", value)))
+                heapq.heappush(queue, (_OUTPUT, next(self._pushed), ("output", value)))
             else:
-                heapq.heappush(queue, (self.order.get(user, len(self.order)), next(self._pushed), ("node", user)))
+                heapq.heappush(queue, (self.order.get(user, _UNLISTED), next(self._pushed), ("node", user)))
 
     def read(self, p: Plan, node: Any, queue: list) -> bool:
         """``node`` reads scaled values: set its output's exponent by its rule, or stop the scale before it."""

@@ -118,5 +118,8 @@ class OnnxRange:
         self._edited()
         return self.value(gi, out)
 
+    def mul_placed(self, node: Any) -> tuple[bool, Any]:
+        return (False, None)  # an inserted node joins ``gi.nodes`` (``ordered_nodes``) when the model is read again
+
     def range_label(self, node: Any) -> str:
         return node_label(node.proto)

@@ -179,6 +179,18 @@ class FxRange:
             user.replace_input_with(value, mul)
         return mul
 
+    def mul_placed(self, node: Any) -> tuple[bool, Any]:
+        return _placed(node)
+
+
+def _placed(node: Node) -> tuple[bool, Node | None]:
+    """``node``'s place among the call_function nodes (``ordered_nodes``): the one right before it (None: first),
+    walked back over the placeholders and constants between them."""
+    prev = node.prev
+    while prev.op not in ("call_function", "root"):
+        prev = prev.prev
+    return (True, prev if prev.op == "call_function" else None)
+
 
 def _first_of(value: Node, users: list) -> Node:
     """The first of ``users`` in graph order: walked forward from ``value`` (every reader is after it)."""
