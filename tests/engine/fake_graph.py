@@ -215,6 +215,9 @@ class FakeAdapter:
         t = self.g.consts.get(value) if isinstance(value, str) else None
         return None if t is None else t.to(torch.float64)
 
+    def is_constant(self, value) -> bool:
+        return isinstance(value, str) and value in self.g.consts and self.g.consts[value] is not None
+
     def weights(self, layer: Layer, values: bool = True):
         w = self.g.consts.get(layer.weight)
         if w is None:

@@ -230,28 +230,38 @@ def test_a_data_file_cut_short_before_the_calibration_reads_it_is_refused_in_one
     assert not os.listdir(out)
 
 
+def _operands_model(path, ints: bool = False):
+    """``z = (x + big) * small`` saved with ``big`` (a 512x512 float32 operand: 1 MiB, 2 MiB in float64) in
+    ``m.data``; ``ints``: also ``zi = xi + bigi``, a 512x512 int32 operand there too.  Returns ``big``."""
+    from onnx import TensorProto, helper
+    from onnx import numpy_helper as nh
+
+    rng = np.random.default_rng(0)
+    big, small = rng.standard_normal((512, 512)).astype(np.float32), np.float32([3.0])
+    nodes = [helper.make_node("Add", ["x", "big"], ["y"]), helper.make_node("Mul", ["y", "small"], ["z"])]
+    inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])]
+    outputs = [helper.make_tensor_value_info("z", TensorProto.FLOAT, [512, 512])]
+    inits = [nh.from_array(big, "big"), nh.from_array(small, "small")]
+    if ints:
+        nodes.append(helper.make_node("Add", ["xi", "bigi"], ["zi"]))
+        inputs.append(helper.make_tensor_value_info("xi", TensorProto.INT32, [512, 512]))
+        outputs.append(helper.make_tensor_value_info("zi", TensorProto.INT32, [512, 512]))
+        inits.append(nh.from_array(np.arange(512 * 512, dtype=np.int32).reshape(512, 512), "bigi"))
+    graph = helper.make_graph(nodes, "g", inputs, outputs, inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    onnx.save(onnx.load(path), path, save_as_external_data=True, location="m.data", size_threshold=1024)
+    return big
+
+
 def test_the_adapter_keeps_no_large_float64_constant(tmp_path):
     """``OnnxGraph.constant`` (what the range planner asks of a constant operand) keeps its float64 copy for the
     next call only under ``fold_math.LARGE_BYTES``: a streamed 1 MiB float32 operand (2 MiB in float64) is read
     again, the same values each time, and a small one is kept (before: both kept until the next edit)."""
-    from onnx import TensorProto, helper
-    from onnx import numpy_helper as nh
-
     from bnfold import fold_math
     from bnfold.onnx.fold import range_edit_onnx
 
-    rng = np.random.default_rng(0)
-    big, small = rng.standard_normal((512, 512)).astype(np.float32), np.float32([3.0])
-    graph = helper.make_graph(
-        [helper.make_node("Add", ["x", "big"], ["y"]), helper.make_node("Mul", ["y", "small"], ["z"])],
-        "g",
-        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [512, 512])],
-        [helper.make_tensor_value_info("z", TensorProto.FLOAT, [512, 512])],
-        [nh.from_array(big, "big"), nh.from_array(small, "small")],
-    )
     path = tmp_path / "m.onnx"
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
-    onnx.save(onnx.load(path), path, save_as_external_data=True, location="m.data", size_threshold=1024)
+    big = _operands_model(path)
     seen = {}
 
     def edit(g):
@@ -330,3 +340,37 @@ def test_a_float64_run_computes_a_large_layer_by_blocks_of_output_channels(monke
     assert y.dtype == torch.float64 and y.shape == ref.shape
     torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12 * float(ref.abs().max()))
     assert (mode.nbytes < w.size * 8) == blocked, (mode.nbytes, w.size * 8)
+
+
+def test_the_planner_tells_a_streamed_constant_without_reading_it(tmp_path, monkeypatch):
+    """The range planner's ``is_const`` (asked of every operand it walks) is the adapter's ``is_constant``: a
+    streamed initializer's answer comes from its element type, its data not read (before: ``constant()`` read
+    each from the data file, ``big`` twice, and made its float64 copy, 2 MiB, to throw it away).  The answers are
+    ``constant(v) is not None`` for every operand: the float32 one, the int32 one (no float constant), the small
+    one and the inputs."""
+    from bnfold.engine.range_planner import Limits, Planner
+    from bnfold.onnx.fold import range_edit_onnx
+
+    path = tmp_path / "m.onnx"
+    _operands_model(path, ints=True)
+    reads = []
+    real_read = onnx_stream.ExternalSource.read
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+    answers = {}
+
+    def edit(g):
+        planner = Planner(g, {}, Limits(60000.0, 60000.0))
+        operands = {g.value_name(v): v for node in g.ordered_nodes() for v in g.inputs(node)}
+        answers["planner"] = {name: planner.is_const(v) for name, v in operands.items()}
+        answers["reads"] = list(reads)
+        answers["constant"] = {name: g.constant(v) is not None for name, v in operands.items()}
+        answers["reads by constant()"] = sorted(reads)
+        return []
+
+    loaded = load_onnx(str(path), stream=True)
+    with loaded.layout.reading():
+        range_edit_onnx(loaded.model, edit)
+    assert answers["reads"] == []
+    assert answers["planner"] == answers["constant"]
+    assert answers["planner"] == {"x": False, "big": True, "y": False, "small": True, "xi": False, "bigi": False}
+    assert answers["reads by constant()"] == ["big"]  # the count sees reads (an int32 one is no float constant)

@@ -284,7 +284,7 @@ def chain_up(
                     break
                 step = norm_step(graph, norm, axis, channels, rank, lost)
             elif (op := graph.binary(node)) is not None:
-                data = [v for v in (op.a, op.b) if graph.constant(v) is None]
+                data = [v for v in (op.a, op.b) if not graph.is_constant(v)]
                 if len(data) != 1:
                     break
                 try:

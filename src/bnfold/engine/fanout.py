@@ -60,7 +60,7 @@ def _affine(graph: GraphAdapter, node: Any) -> bool:
     if graph.norm(node) is not None:
         return True
     op = graph.binary(node)
-    return op is not None and sum(graph.constant(v) is None for v in (op.a, op.b)) == 1
+    return op is not None and sum(not graph.is_constant(v) for v in (op.a, op.b)) == 1
 
 
 def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:

@@ -263,6 +263,9 @@ class GraphAdapter(Protocol[N, V]):
 
     # -- read
     def constant(self, value: V) -> torch.Tensor | None: ...
+    # Whether ``constant(value)`` is not None, answered without making the tensor (a streamed initializer stays on
+    # disk: its element type tells)
+    def is_constant(self, value: V) -> bool: ...
     # or why they are not constants; ``values=False``: the weight may be a ``meta`` tensor (its shape and dtype
     # only) where reading it costs (a streamed load): the rules read it only for a chain that folds
     def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str: ...

@@ -275,7 +275,7 @@ class Planner:
         if isinstance(value, (int, float)):
             return True
         if value not in self._is_const:
-            self._is_const[value] = self.g.constant(value) is not None
+            self._is_const[value] = self.g.is_constant(value)
         return self._is_const[value]
 
     def hot(self, value: Any) -> bool:

@@ -84,9 +84,9 @@ class _Refused(Exception):
 def _sum(graph: GraphAdapter, node: Any) -> tuple[Any, Any, float] | None:
     """``node`` as ``a + k * b`` of two computed values (an add or a sub, in place or not), or None."""
     op = (graph.inplace_sum(node) or graph.binary(node)) if node is not None else None
-    if op is None or op.op not in ("add", "sub") or graph.constant(op.a) is not None:
+    if op is None or op.op not in ("add", "sub") or graph.is_constant(op.a):
         return None
-    if graph.constant(op.b) is not None:
+    if graph.is_constant(op.b):
         return None
     alpha = op.alpha if isinstance(op.alpha, (int, float)) else graph.constant(op.alpha)
     if alpha is None or (isinstance(alpha, torch.Tensor) and alpha.numel() != 1):
@@ -116,7 +116,7 @@ def _affine_step(graph: GraphAdapter, node: Any, value: Any, channels: int, tree
         op = graph.binary(node)
         if op is None:
             return None
-        data = [v for v in (op.a, op.b) if graph.constant(v) is None]
+        data = [v for v in (op.a, op.b) if not graph.is_constant(v)]
         if len(data) != 1:
             return None
         return binary_step(graph, node, data[0], axis, channels, rank)

@@ -27,7 +27,7 @@ def _data(graph: GraphAdapter, node: Any) -> Any:
     op = graph.binary(node)
     if op is None:
         return None
-    data = [v for v in (op.a, op.b) if graph.constant(v) is None]
+    data = [v for v in (op.a, op.b) if not graph.is_constant(v)]
     return data[0] if len(data) == 1 else None
 
 

@@ -198,12 +198,20 @@ class OnnxGraph(OnnxRange):
         if value in self._tensors:
             return self._tensors[value]
         c = self.const(value)
-        kind = getattr(c.value.dtype, "kind", "") if c is not None else ""
-        t = None if c is None or (kind != "f" and c.value.dtype.name != "bfloat16") else to_torch(c.value)
-        t = None if t is None else t.to(torch.float64)
+        t = to_torch(c.value).to(torch.float64) if c is not None and _floating(c) else None
         if t is None or t.nbytes < fold_math.LARGE_BYTES:
             self._tensors[value] = t
         return t
+
+    def is_constant(self, value: Any) -> bool:
+        """Whether :meth:`constant` gives a tensor for ``value``, told from the constant's dtype: a streamed
+        initializer's from its element type, its data not read and nothing copied."""
+        if not isinstance(value, Value):
+            return False
+        if value in self._tensors:
+            return self._tensors[value] is not None
+        c = self.const(value)
+        return c is not None and _floating(c)
 
     def dims(self, value: Value) -> list | None:
         """The dims of ``value``: inferred, or those of the constant it holds."""
@@ -495,3 +503,13 @@ class OnnxGraph(OnnxRange):
                 else:
                     index.set_input(use.gi, use.node, use.idx, new.name)
         self._edited()
+
+
+def _floating(c: Const) -> bool:
+    """Whether ``c`` is a floating-point constant: its array's dtype, a streamed one's from its element type (the
+    dtype :func:`.tensors.to_numpy` reads it as) without reading it."""
+    try:
+        dtype = c.stored.dtype if c.stored is not None else onnx.helper.tensor_dtype_to_np_dtype(c.elem_type)
+    except KeyError:  # an element type onnx does not know: as read
+        dtype = c.value.dtype
+    return getattr(dtype, "kind", "") == "f" or dtype.name == "bfloat16"

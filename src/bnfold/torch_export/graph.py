@@ -179,6 +179,13 @@ class FxGraph(FxRange):
             return torch.tensor(float(value), dtype=torch.float64)
         return self.editor.constant_value(value)
 
+    def is_constant(self, value: Any) -> bool:
+        """Whether :meth:`constant` gives a tensor for ``value``: a tensor of the program (no copy made), or a
+        value computed from such tensors (evaluated once: the evaluator keeps what it computed)."""
+        if isinstance(value, bool):
+            return False
+        return isinstance(value, Number) or self.editor.constant_value(value) is not None
+
     def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str:  # values read always
         w = self._parameter(layer.weight, not layer.extra.views)
         if w is None:
