@@ -101,7 +101,7 @@ class FxGraph(FxRange):
         if not isinstance(node, Node):
             return None
         norm = parse_norm(node) or parse_norm_affine(node)
-        if norm is not None and norm.problem and self.editor.constant_value(norm.input) is not None:
+        if norm is not None and norm.problem and self.editor.is_constant(norm.input):
             # weight standardization: batch statistics of a parameter
             norm.problem, norm.problem_code = CONSTANT_NORM_REASON, Code.CONSTANT_NORM
         return norm
@@ -177,14 +177,15 @@ class FxGraph(FxRange):
             return None
         if isinstance(value, Number):
             return torch.tensor(float(value), dtype=torch.float64)
-        return self.editor.constant_value(value)
+        t = self.editor.constant_value(value)  # the program's own tensor, or one computed from them (in float64)
+        self.editor.release(value)  # a large computed one is not kept for the next call
+        return t
 
     def is_constant(self, value: Any) -> bool:
-        """Whether :meth:`constant` gives a tensor for ``value``: a tensor of the program (no copy made), or a
-        value computed from such tensors (evaluated once: the evaluator keeps what it computed)."""
+        """Whether :meth:`constant` gives a tensor for ``value``, no tensor of the program copied."""
         if isinstance(value, bool):
             return False
-        return isinstance(value, Number) or self.editor.constant_value(value) is not None
+        return isinstance(value, Number) or self.editor.is_constant(value)
 
     def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str:  # values read always
         w = self._parameter(layer.weight, not layer.extra.views)
@@ -206,6 +207,7 @@ class FxGraph(FxRange):
         if t is not None or not computed_ok or not _computed(node):
             return t
         value, info = self.editor.constant_value(node), self.shape_info(node)
+        self.editor.release(node)
         if value is None or info.dtype is None or tuple(value.shape) != tuple(info.shape or ()):
             return None
         return value.to(info.dtype)

@@ -26,6 +26,7 @@ class FxTensors:
     def __init__(self, gm: GraphModule, graph: torch.fx.Graph):
         self.gm, self.graph = gm, graph
         self._computed: dict[Node, torch.Tensor | None] = {}
+        self._released: dict[Node, bool] = {}  # a large value handed out and dropped -> whether it is a constant
         self._work = None  # the constant evaluator's WorkMeter, made on first use
         self._tuples: dict[Node, tuple] = {}  # the values of multi-output ops computed from constants
         self._fake_mode = next(
@@ -92,14 +93,45 @@ class FxTensors:
             if n in self._computed:
                 stack.pop()
                 continue
-            todo = [a for a in n.all_input_nodes if a not in self._computed and self._evaluable(a)]
-            todo = [a for a in todo if self.tensor(a) is None]
-            if todo:
-                stack.extend(todo)
+            inputs = n.all_input_nodes
+            if any(self._no_constant(a) for a in inputs):  # nor is ``n``: its other inputs are not computed
+                self._computed[n] = None
+                stack.pop()
+                continue
+            todo = next((a for a in inputs if a not in self._computed and self.tensor(a) is None), None)
+            if todo is not None:
+                stack.append(todo)  # one at a time: an input found to be no constant spares the rest
                 continue
             stack.pop()
             self._computed[n] = self._evaluate(n)
         return self._computed[node]
+
+    def _no_constant(self, node: Node) -> bool:
+        """Whether ``node`` is known to be no constant: evaluated to none, or neither a tensor nor evaluable."""
+        if node in self._computed:
+            return self._computed[node] is None and node not in self._tuples
+        return self.tensor(node) is None and not self._evaluable(node)
+
+    def is_constant(self, node: Any) -> bool:
+        """Whether :meth:`constant_value` gives a tensor for ``node``: a tensor of the graph (nothing copied), or a
+        value computed from them (computed once; a large one's answer kept after :meth:`release` dropped it)."""
+        if node in self._released:
+            return self._released[node]
+        value = self.constant_value(node)
+        self.release(node)
+        return value is not None
+
+    def release(self, node: Any) -> None:
+        """The caller took ``node``'s computed value: it is dropped where it holds at least
+        :data:`bnfold.fold_math.LARGE_BYTES` (a float64 copy, not held beside the program until the fold ends;
+        asked for again, it is computed again and metered again, as a value :meth:`_free_read` dropped)."""
+        from ..fold_math import LARGE_BYTES
+
+        value = self._computed.get(node) if isinstance(node, Node) else None
+        if value is not None and value.numel() * value.element_size() >= LARGE_BYTES:
+            self._computed.pop(node)
+            self._released[node] = True
+            self._meter().free(node)
 
     def _evaluable(self, node: Any) -> bool:
         """Whether ``node`` is an op constant evaluation may run: pure, deterministic, reading a node

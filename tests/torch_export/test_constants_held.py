@@ -1,0 +1,58 @@
+"""What the fx adapter keeps of the constants it hands out: a tensor of the program is given as it is (nothing
+copied); a value computed from such tensors (``weight_norm``'s weight, ``w * 2``) is evaluated in float64 and
+kept for the next call only under ``fold_math.LARGE_BYTES``, as the ONNX adapter keeps its float64 copies
+(tests/onnx/test_stream_range.py)."""
+
+from __future__ import annotations
+
+import torch
+
+from bnfold import fold_math
+from bnfold.torch_export.fold import range_edit_program
+
+
+class _Operands(torch.nn.Module):
+    """``(linear(x) + big * 2) * (small * 3)``, the linear's weight computed by ``weight_norm`` (512 x 512: 1 MiB in
+    float32, 2 MiB in float64, as ``big * 2``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.linear = torch.nn.utils.parametrizations.weight_norm(torch.nn.Linear(512, 512))
+        self.big = torch.nn.Parameter(torch.randn(512, 512, generator=torch.Generator().manual_seed(0)))
+        self.small = torch.nn.Parameter(torch.full((512,), 0.5))
+
+    def forward(self, x):
+        return (self.linear(x) + self.big * 2.0) * (self.small * 3.0)
+
+
+def _held(g) -> list[int]:
+    return [(n.name, t.nbytes) for n, t in g.editor._computed.items() if isinstance(t, torch.Tensor)]
+
+
+def test_the_adapter_keeps_no_large_float64_computed_constant():
+    model = _Operands().eval()
+    ep = torch.export.export(model, (torch.randn(512, 512),))
+    seen = {}
+
+    def edit(g):
+        add = next(n for n in g.ordered_nodes() if n.target == torch.ops.aten.add.Tensor)
+        (mul,) = add.users
+        big, small = add.args[1], mul.args[1]  # ``big * 2`` and ``small * 3``: computed constants
+        seen["big"] = (g.constant(big), g.constant(big))
+        seen["small"] = (g.constant(small), g.constant(small))
+        seen["is_constant"] = [g.is_constant(v) for v in (big, small, add, add.args[0], 2.0, True)]
+        layer = next(iter(g.layers()))
+        seen["weights"] = (g.weights(layer).weight, g.weights(layer).weight)
+        seen["held"] = _held(g)
+        return []
+
+    range_edit_program(ep, edit)
+    a, b = seen["big"]
+    assert a is not b and torch.equal(a, b) and torch.equal(a, model.big.detach().double() * 2.0)
+    a, b = seen["small"]
+    assert a is b and a.dtype == torch.float64 and bool((a == 1.5).all())
+    assert seen["is_constant"] == [True, True, False, False, True, False]
+    a, b = seen["weights"]  # weight_norm's weight, computed in float64 and cast back to float32
+    assert a is not b and torch.equal(a, b) and a.dtype == torch.float32
+    assert torch.allclose(a, model.linear.weight.detach(), rtol=1e-6, atol=0)
+    assert seen["held"] and max(n for _, n in seen["held"]) < fold_math.LARGE_BYTES, seen["held"]
