@@ -225,9 +225,12 @@ def per_slice(values: torch.Tensor, kind: str, side: str, shape, groups: int = 1
     return values[idx].reshape(*idx.shape, *([1] * (rank - 2)))
 
 
-#: elements of a weight's product made at a time: at most torch's grain for splitting an op across threads
-#: (32768), so each block's product and reduction run on the calling thread, in cache, with no hand-off to a
-#: thread pool (on a busy machine each hand-off waits for a descheduled thread)
+#: torch's grain (``at::internal::GRAIN_SIZE``, ATen/TensorIterator.h: 32768): every block a weight is read in has
+#: fewer elements (:func:`index_blocks`), so each op on it runs on the calling thread, in cache, with no hand-off to
+#: the intra-op thread pool (on a busy machine each hand-off waits for a descheduled thread: 1-16 ms a block).  An
+#: elementwise op or a whole reduction of exactly the grain still runs inline; a reduction over a dim does not.
+#: A block's temporaries are then a few copies of under 32768 elements (256 KiB each in float64) whatever the
+#: weight's shape: a row longer than that is read in pieces too (benchmarks/block_size.py)
 BLOCK_ELEMENTS = 1 << 15
 #: bytes of a deferred product handed to its writer at a time (blocks gathered in one buffer)
 STAGE_BYTES = 1 << 18
@@ -297,22 +300,17 @@ class Product:
         if w.dim() < 2:
             yield (w * s).reshape(-1)
             return
-        per_block = _rows_per_block(w)
-        per_stage = per_block * max(1, STAGE_BYTES // max(1, per_block * w[0].numel() * w.element_size()))
+        per_stage = max(1, STAGE_BYTES // max(1, w[0].numel() * w.element_size()))
         stage = torch.empty((min(per_stage, w.shape[0]), *w.shape[1:]), dtype=w.dtype)
         for i in range(0, w.shape[0], per_stage):
             rows = min(per_stage, w.shape[0] - i)
-            for k in range(i, i + rows, per_block):
-                n = min(per_block, i + rows - k)
-                torch.mul(w[k : k + n], s[k : k + n], out=stage[k - i : k - i + n])
-            yield stage[:rows].reshape(-1)
+            ws, ss, out = w[i : i + rows], s[i : i + rows], stage[:rows]
+            for idx in index_blocks(tuple(ws.shape)):
+                torch.mul(ws[idx], ss[idx], out=out[idx])
+            yield out.reshape(-1)
 
     def materialize(self) -> torch.Tensor:
         return self.weight * self.s
-
-
-def _rows_per_block(w: torch.Tensor) -> int:
-    return max(1, BLOCK_ELEMENTS // max(1, w[0].numel())) if w.dim() and w.shape[0] else 1
 
 
 def _memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
@@ -358,8 +356,9 @@ def _checked_blocks(
     own = mag = None  # one block's product (when there is no ``out``) and its magnitudes, reused
     for wb, sb, ob in _blocks(weight, s, out):
         if ob is None:
-            own = torch.empty_like(wb) if own is None else own
-            ob = own[: wb.shape[0]] if wb.dim() else own
+            if own is None:  # a weight in one block: in its layout (a spill takes the weight's memory order)
+                own = torch.empty_like(wb) if wb is weight else torch.empty(wb.shape, dtype=wb.dtype)
+            ob = _part(own, wb)
         b = torch.mul(wb, sb, out=ob)
         if not b.numel():
             continue
@@ -367,8 +366,8 @@ def _checked_blocks(
         if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
             return False
         if small:
-            mag = torch.empty_like(b) if mag is None else mag
-            if not bool(torch.abs(b, out=mag[: b.shape[0]] if b.dim() else mag).amin() > 0):
+            mag = torch.empty(b.shape, dtype=b.dtype) if mag is None else mag
+            if not bool(torch.abs(b, out=_part(mag, b)).amin() > 0):
                 if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
                     return False
         if spill is not None:
@@ -377,17 +376,23 @@ def _checked_blocks(
 
 
 def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
-    """``(weight rows, their scales, out rows or None)``, rows in memory order, at most :data:`BLOCK_ELEMENTS`
-    at a time (at least one row); a weight that small is one block as it is."""
-    if weight.numel() <= BLOCK_ELEMENTS or weight.dim() == 0:
+    """``(weight block, its scales, out block or None)`` in memory order, each block fewer than
+    :data:`BLOCK_ELEMENTS` elements (:func:`index_blocks`; the first is the largest); a weight that small is one
+    block as it is."""
+    if weight.numel() < BLOCK_ELEMENTS or weight.dim() == 0:
         yield weight, s, out
         return
     order = _memory_order(weight) or tuple(range(weight.dim()))
     w, s = weight.permute(order), s.expand(weight.shape).permute(order)
     o = out.permute(order) if out is not None else None
-    step = _rows_per_block(w)
-    for i in range(0, w.shape[0], step):
-        yield w[i : i + step], s[i : i + step], (o[i : i + step] if o is not None else None)
+    for idx in index_blocks(tuple(w.shape)):
+        yield w[idx], s[idx], (o[idx] if o is not None else None)
+
+
+def _part(buf: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """Room for the block ``like`` in ``buf``, made for the first (the largest) block: ``buf`` itself for a block of
+    its shape, else its first ``like.numel()`` elements (``buf`` is then contiguous) shaped as ``like``."""
+    return buf if buf.shape == like.shape else buf.view(-1)[: like.numel()].view(like.shape)
 
 
 def scale_weight(
@@ -586,9 +591,9 @@ def _memory_view(t: torch.Tensor) -> torch.Tensor | None:
     return None if order is None else t.permute(order).view(-1)
 
 
-#: elements of a slice :func:`scale_pow2` computes at a time: a block (its float64 copies 256 KiB each, beside the
-#: weight; each op on the calling thread, 3x faster than slices of 1M elements on a busy 2-core machine)
-_POW2_CHUNK = BLOCK_ELEMENTS
+#: elements of a slice :func:`scale_pow2` computes at a time: under a block (its float64 copies 256 KiB each, beside
+#: the weight; each op on the calling thread, 13-18x faster than slices of 256K-1M elements on a busy 2-core machine)
+_POW2_CHUNK = BLOCK_ELEMENTS - 1
 
 
 # ------------------------------------------------------------------ refusing a retried weight's overflow cheaply
@@ -627,7 +632,7 @@ def _slice_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, t
 
 def _magnitude_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, torch.Tensor]:
     """The least and largest ``|weight|`` over each slice of a scale of ``shape`` (float64, of ``shape``), read a
-    block (:func:`_index_blocks`) at a time: no temporary the weight's size beside it (a streamed
+    block (:func:`index_blocks`) at a time: no temporary the weight's size beside it (a streamed
     weight read again on the retry path).  Bit for bit ``|weight|.amin/amax`` over the scale's broadcast dims
     cast to float64: the cast is exact and monotone, and NaN propagates through ``minimum``/``maximum`` as through
     ``amin``/``amax``."""
@@ -637,7 +642,7 @@ def _magnitude_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tenso
     out = tuple(1 if d in dims else n for d, n in enumerate(w.shape))
     least = torch.full(out, math.inf, dtype=torch.float64)
     most = torch.full(out, -math.inf, dtype=torch.float64)
-    for idx in _index_blocks(tuple(w.shape)):
+    for idx in index_blocks(tuple(w.shape)):
         mag = w[idx].abs()
         at = tuple(slice(None) if d in dims else i for d, i in enumerate(idx))
         lo, hi = (mag.amin(dim=dims, keepdim=True), mag.amax(dim=dims, keepdim=True)) if dims else (mag, mag)
@@ -647,7 +652,7 @@ def _magnitude_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tenso
     return least.permute(back).contiguous(), most.permute(back).contiguous()
 
 
-def _index_blocks(shape: tuple, prefix: tuple = ()) -> Iterator[tuple]:
+def index_blocks(shape: tuple, prefix: tuple = ()) -> Iterator[tuple]:
     """Index tuples (slices, every dim kept) that cover a tensor of ``shape`` in blocks of fewer than
     :data:`BLOCK_ELEMENTS` elements (or one element): whole rows of the first dim where they fit, else each row
     split the same way.  Fewer: torch hands a reduction over a dim of a block of exactly its grain to its thread
@@ -663,7 +668,7 @@ def _index_blocks(shape: tuple, prefix: tuple = ()) -> Iterator[tuple]:
             yield (*prefix, slice(i, i + step))
         return
     for i in range(shape[d]):
-        yield from _index_blocks(shape, (*prefix, slice(i, i + 1)))
+        yield from index_blocks(shape, (*prefix, slice(i, i + 1)))
 
 
 def _screen_overflow(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str) -> None:
@@ -732,7 +737,7 @@ def _check_cast_blocks(
             continue
         if not bufs:  # the first block is the largest
             bufs = tuple(torch.empty(wb.shape, dtype=d) for d in (torch.float64, dtype, torch.float64))
-        value, out, mag = (b[: wb.shape[0]] if wb.dim() else b for b in bufs)
+        value, out, mag = (_part(b, wb) for b in bufs)
         out = out if ob is None else ob
         torch.mul(wb, sb, out=value)  # in float64: the weight's values are exact there
         out.copy_(value)

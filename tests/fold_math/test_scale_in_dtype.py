@@ -9,6 +9,7 @@ overflow, NaN, transposed weights (MatMul's ``[in, out]``) and several blocks in
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -88,8 +89,17 @@ def _outcome(call):
     specials=st.integers(0, 6),
     transposed=st.booleans(),
     seed=st.integers(0, 10_000),
+    block=st.sampled_from([None, 1, 2, 7, 100, 1000]),
 )
-def test_the_product_in_the_weights_dtype_is_the_float64_routes(dtype, rows, cols, specials, transposed, seed):
+def test_the_product_in_the_weights_dtype_is_the_float64_routes(dtype, rows, cols, specials, transposed, seed, block):
+    """``block``: ``fold_math.BLOCK_ELEMENTS`` (None: as it is): blocks of pieces of rows, of whole rows, or one."""
+    with pytest.MonkeyPatch.context() as mp:
+        if block is not None:
+            mp.setattr(fold_math, "BLOCK_ELEMENTS", block)
+        _check_product(dtype, rows, cols, specials, transposed, seed)
+
+
+def _check_product(dtype, rows, cols, specials, transposed, seed):
     w = _weight(seed, dtype, rows, cols, specials)
     if transposed:  # stored [in, out], folded as [out, in]
         w = _weight(seed, dtype, cols, rows, specials).T

@@ -24,7 +24,7 @@ from fractions import Fraction
 from typing import Any
 
 from .. import fold_math
-from ..fold_math import BLOCK_ELEMENTS, LARGE_BYTES
+from ..fold_math import BLOCK_ELEMENTS, LARGE_BYTES, index_blocks
 from ..report import Code
 from .graph import GraphAdapter, Layer, LayerWeights
 
@@ -628,23 +628,19 @@ def _degree(op) -> Fraction | None:
 
 def span(t) -> tuple[float, float]:
     """``(smallest nonzero, largest)`` magnitude of ``t`` (NaN: largest NaN, never the smallest), in the tensor's
-    dtype (the same floats as in float64, without a float64 copy); a large tensor a block of rows at a time (its
-    temporaries a block's, not the tensor's: a streamed model's weight is the largest thing a rewrite holds)."""
+    dtype (the same floats as in float64, without a float64 copy); a large tensor a block at a time
+    (``fold_math.index_blocks``: its temporaries a block's, not the tensor's: a streamed model's weight is the largest
+    thing a rewrite holds; each op on the calling thread)."""
     if not t.numel():
         return (0.0, 0.0)
     t = t.detach()
-    if t.dim() == 0 or t.numel() <= SPAN_BLOCK:
+    if t.dim() == 0 or t.numel() < BLOCK_ELEMENTS:
         return _span(t)
-    rows = max(1, SPAN_BLOCK // (t.numel() // t.shape[0]))
-    parts = [_span(t[i : i + rows]) for i in range(0, t.shape[0], rows)]
+    parts = [_span(t[idx]) for idx in index_blocks(tuple(t.shape))]
     highs = [high for _, high in parts]
     high = math.nan if any(math.isnan(h) for h in highs) else max(highs)
     lows = [low for low, _ in parts if low > 0.0]
     return (min(lows) if lows else 0.0, high)
-
-
-#: elements of a block :func:`span` reads at a time (each op on the calling thread: ``fold_math.BLOCK_ELEMENTS``)
-SPAN_BLOCK = BLOCK_ELEMENTS
 
 
 def _span(t) -> tuple[float, float]:
