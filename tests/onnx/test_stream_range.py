@@ -374,3 +374,104 @@ def test_the_planner_tells_a_streamed_constant_without_reading_it(tmp_path, monk
     assert answers["planner"] == answers["constant"]
     assert answers["planner"] == {"x": False, "big": True, "y": False, "small": True, "xi": False, "bigi": False}
     assert answers["reads by constant()"] == ["big"]  # the count sees reads (an int32 one is no float constant)
+
+
+def _one_layer(nodes: list, inputs: dict, initializers: dict, output: tuple) -> onnx.ModelProto:
+    io = [helper.make_tensor_value_info(n, TensorProto.FLOAT, list(s)) for n, s in inputs.items()]
+    out = helper.make_tensor_value_info(output[0], TensorProto.FLOAT, list(output[1]))
+    inits = [numpy_helper.from_array(a, n) for n, a in initializers.items()]
+    return helper.make_model(
+        helper.make_graph(nodes, "g", io, [out], inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+
+
+@pytest.mark.parametrize("trans_b", [0, 1])
+def test_a_gemm_whose_c_is_its_a_runs_by_blocks_in_float64(trans_b):
+    """``Gemm(X, W, X)`` (C is A's value: ``[M, K]`` broadcast to ``[M, N]``, K = N) with a 1 MiB ``W`` in a float64
+    run: the blocks slice C in its own slot.  Before, the bias was found by its name's first slot, A's, and every
+    block failed ("mat1 and mat2 shapes cannot be multiplied"): a fold with ``--fp16-range`` that main made refused."""
+    k = 512
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal((k, k)).astype(np.float32)
+    model = _one_layer(
+        [helper.make_node("Gemm", ["x", "w", "x"], ["y"], transB=trans_b)], {"x": (3, k)}, {"w": w}, ("y", (3, k))
+    )
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    x64, w64 = torch.from_numpy(x).double(), torch.from_numpy(w).double()
+    ref = x64 @ (w64.T if trans_b else w64) + x64
+    ((y,),) = run_plain(onnx_program(model), [(torch.from_numpy(x),)], torch.float64)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12 * float(ref.abs().max()))
+
+
+def test_a_large_constant_a_step_writes_is_the_steps_value_in_the_float64_run():
+    """A held constant of at least 1 MiB that a step's output also names is read as that step's value, never as the
+    constant: a standardized weight (``Div(Sub(w, mean), std)``, whose float32 value the program holds beside its
+    steps) is the float64 steps' value, and a value that is both an initializer (zeros) and ``Relu(x)``'s output is
+    the Relu's, in float64 as in float32.  Before, both were converted from the held constant at use: the float32
+    weight (3e-8 off the float64 one) and the zeros (the float64 run's output 0 where the float32 run's was 755)."""
+    k = 512
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((k, k)) * 3 + 1).astype(np.float32)
+    mean, std = w.mean(0, keepdims=True), (w.std(0, keepdims=True) * 1.1).astype(np.float32)
+    nodes = [helper.make_node("Sub", ["w", "mean"], ["d"]), helper.make_node("Div", ["d", "std"], ["ws"])]
+    nodes.append(helper.make_node("MatMul", ["x", "ws"], ["y"]))
+    model = _one_layer(nodes, {"x": (4, k)}, {"w": w, "mean": mean, "std": std}, ("y", (4, k)))
+    x = torch.from_numpy(rng.standard_normal((4, k)).astype(np.float32))
+    t = {n: torch.from_numpy(a).double() for n, a in (("w", w), ("mean", mean), ("std", std))}
+    ref = x.double() @ ((t["w"] - t["mean"]) / t["std"])
+    ((y,),) = run_plain(onnx_program(model), [(x,)], torch.float64)
+    torch.testing.assert_close(y, ref, rtol=1e-12, atol=1e-12 * float(ref.abs().max()))
+
+    nodes = [helper.make_node("Relu", ["x"], ["v"]), helper.make_node("MatMul", ["v", "w"], ["y"])]
+    model = _one_layer(nodes, {"x": (k, k)}, {"v": np.zeros((k, k), np.float32), "w": w}, ("y", (k, k)))
+    x = torch.from_numpy(rng.standard_normal((k, k)).astype(np.float32))
+    ref = x.double().relu() @ t["w"]
+    program = onnx_program(model)
+    ((y32,),) = run_plain(program, [(x,)], torch.float32)
+    ((y64,),) = run_plain(program, [(x,)], torch.float64)
+    torch.testing.assert_close(y64, ref, rtol=1e-12, atol=1e-12 * float(ref.abs().max()))
+    torch.testing.assert_close(y32.double(), ref, rtol=1e-5, atol=1e-5 * float(ref.abs().max()))
+
+
+def test_overlapping_block_runs_give_torchs_thread_count_back(monkeypatch):
+    """Two float64 runs whose blocks overlap in time (A enters, B enters, A leaves, B leaves: folds in a thread
+    pool) leave torch's thread count as they found it, for the calling thread and for a new one.  Before, B saved
+    the 1 that A had set and restored it last."""
+    import threading
+
+    before = torch.get_num_threads()
+    if before < 2:
+        torch.set_num_threads(2)
+    found = torch.get_num_threads()
+    a_in, b_in, a_out = threading.Event(), threading.Event(), threading.Event()
+    waits = {"A": (a_in, b_in), "B": (b_in, a_out)}
+
+    def blocks(step, *_):  # the blocks of run A or B: say it is in, wait for the other's turn
+        entered, then = waits[step]
+        entered.set()
+        then.wait(10)
+        return []
+
+    monkeypatch.setattr(ranges, "_blocks", blocks)
+
+    def first():
+        ranges._by_channels("A", [], 0, None, torch.float64)
+        a_out.set()
+
+    def second():
+        a_in.wait(10)
+        ranges._by_channels("B", [], 0, None, torch.float64)
+
+    try:
+        threads = [threading.Thread(target=first), threading.Thread(target=second)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(20)
+        seen = []
+        probe = threading.Thread(target=lambda: seen.append(torch.get_num_threads()))
+        probe.start()
+        probe.join()
+        assert a_out.is_set() and torch.get_num_threads() == found and seen == [found], (torch.get_num_threads(), seen)
+    finally:
+        torch.set_num_threads(before)

@@ -4,6 +4,8 @@ executors as the audit's runner, without its profile."""
 
 from __future__ import annotations
 
+import contextlib
+import threading
 from collections.abc import Iterable
 
 import torch
@@ -29,7 +31,9 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
     of float64), so no float64 copy of the whole weight is made; a held weight and a lazy one run the same blocks,
     so a streamed model's run gives the eager one's outputs bit for bit."""
     held, lazy = split(program.constants)
-    written = {v for step in program.steps if step.mutates for v in step.ins}  # held as the run's own copy
+    # held as the run's own copy: a constant a step writes in place, and one a step's output replaces (a computed
+    # weight the program keeps the steps of, or a file's name for two values): deferred, the constant would shadow it
+    written = {v for step in program.steps for v in (*(step.ins if step.mutates else ()), *step.outs) if v}
     at_use = {
         k
         for k, v in held.items()
@@ -103,19 +107,37 @@ def _by_channels(step: Step, ins: list, k: int, weight: torch.Tensor, dtype: tor
     blocks run on the calling thread (``torch.set_num_threads(1)`` while they run, restored after): a block is
     small and in cache, and a hand-off of each to the thread pool costs more than it gains (on a loaded 2-core
     machine, a 2048x2048 layer in blocks of 16 channels: 21 ms on one thread, 130-260 ms on two; whole: 37-68 ms)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with _one_thread():
         return _blocks(step, ins, k, weight, dtype)
+
+
+_THREADS = threading.Lock()
+_within = [0, 0]  # [runs inside _one_thread, the thread count the first of them found]
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """torch's intra-op threads set to one while the block runs of any thread are inside, and the count the first
+    of them found given back when the last leaves (overlapping runs cannot leave the process on one thread)."""
+    with _THREADS:
+        if not _within[0]:
+            _within[1] = torch.get_num_threads()
+            torch.set_num_threads(1)
+        _within[0] += 1
+    try:
+        yield
     finally:
-        torch.set_num_threads(threads)
+        with _THREADS:
+            _within[0] -= 1
+            if not _within[0]:
+                torch.set_num_threads(_within[1])
 
 
 def _blocks(step: Step, ins: list, k: int, weight: torch.Tensor, dtype: torch.dtype) -> list:
     w_axis, out_axis = step.channels
     n = weight.shape[w_axis]
     per = max(1, BLOCK_BYTES // max(1, weight.numel() // n * torch.empty((), dtype=dtype).element_size()))
-    b = step.ins.index(step.bias) if step.bias and step.bias in step.ins else None
+    b = 2 if step.bias and len(step.ins) > 2 and step.ins[2] == step.bias else None  # its slot (A may be C's value)
     bias = ins[b] if b is not None and is_float(ins[b]) and ins[b].dim() and ins[b].shape[-1] == n else None
     out = None
     for lo in range(0, n, per):
