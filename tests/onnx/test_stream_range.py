@@ -256,7 +256,8 @@ def _operands_model(path, ints: bool = False):
 def test_the_adapter_keeps_no_large_float64_constant(tmp_path):
     """``OnnxGraph.constant`` (what the range planner asks of a constant operand) keeps its float64 copy for the
     next call only under ``fold_math.LARGE_BYTES``: a streamed 1 MiB float32 operand (2 MiB in float64) is read
-    again, the same values each time, and a small one is kept (before: both kept until the next edit)."""
+    again, the same values each time, and a small one is kept (before: both kept until the next edit); a large one
+    a plain load holds is kept (a chain's walk asks for it at every step: 33 conversions a step, were it not)."""
     from bnfold import fold_math
     from bnfold.onnx.fold import range_edit_onnx
 
@@ -281,6 +282,11 @@ def test_the_adapter_keeps_no_large_float64_constant(tmp_path):
     a, b = seen["small"]
     assert a is b and a.tolist() == [3.0]
     assert seen["kept"] and max(seen["kept"]) < fold_math.LARGE_BYTES, seen["kept"]
+    # held in memory (a plain load), the large one is converted once: a chain's walk asks at every step
+    seen.clear()
+    range_edit_onnx(load_onnx(str(path)).model, edit)
+    a, b = seen["big"]
+    assert a is b and torch.equal(a, torch.from_numpy(big).double())
 
 
 def _layer(op: str, w: np.ndarray, x_shape: tuple, extra: dict | None = None, **attrs) -> onnx.ModelProto:

@@ -190,16 +190,17 @@ class OnnxGraph(OnnxRange):
         return None if isinstance(c, str) else c
 
     def constant(self, value: Any) -> torch.Tensor | None:
-        """A floating-point constant as a float64 tensor, or None; kept for the next call where it is smaller than
-        :data:`bnfold.fold_math.LARGE_BYTES` (a large one, such as a streamed initializer the range planner asks
-        about, is read again: its float64 copy is not held beside the model)."""
+        """A floating-point constant as a float64 tensor, or None; kept for the next call but where a streamed load
+        left it on disk and it is at least :data:`bnfold.fold_math.LARGE_BYTES` (such an initializer, which the range
+        planner may ask about, is read again: its float64 copy is not held beside the model).  A chain's walk asks
+        for the same constant at every step: a held one is converted once."""
         if not isinstance(value, Value):
             return None
         if value in self._tensors:
             return self._tensors[value]
         c = self.const(value)
         t = to_torch(c.value).to(torch.float64) if c is not None and _floating(c) else None
-        if t is None or t.nbytes < fold_math.LARGE_BYTES:
+        if t is None or t.nbytes < fold_math.LARGE_BYTES or self._streamed(value) is None:
             self._tensors[value] = t
         return t
 
