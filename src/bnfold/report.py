@@ -319,7 +319,7 @@ class FoldReport:
         for f in self.folded:
             extra = f"  (+{f.extra_bytes} bytes for a private weight copy)" if f.extra_bytes else ""
             head = first.setdefault(id(f.steps), f) if f.steps else f
-            pattern = f.pattern if head is f else f"(the chain of {head.norm})"
+            pattern = f.pattern if head is f or f.pattern != head.pattern else f"(the chain of {head.norm})"
             lines.append(f"  folded   {f.norm:<{width}} into {f.into:<{into}} {pattern} [{f.side}]{extra}")
         for s in self.skipped:
             lines.append(f"  skipped  {s.norm:<{width}} {s.reason}")
@@ -353,13 +353,18 @@ def entry_dict(entry: Any, omit: tuple[str, ...] = ()) -> dict[str, Any]:
 def folded_dicts(entries: list[Folded]) -> list[dict[str, Any]]:
     """:class:`Folded` entries as JSON data, each chain written once: the first entry of a chain has its ``steps``
     and ``pattern``; an entry whose ``steps`` are those of an earlier one (the same list: one chain, several
-    normalizations) has ``chain_of``, that entry's index in ``entries``, in their place.  A chain of n
-    normalizations is n entries of constant size plus the chain once, not n copies of it."""
+    normalizations) has ``chain_of``, that entry's index in ``entries``, in place of its ``steps``, and in place of
+    its ``pattern`` where it is that entry's too.  A chain of n normalizations is n entries of constant size plus
+    the chain once, not n copies of it."""
     first: dict[int, int] = {}  # id of a chain's steps -> the index of its first entry
     out = []
     for i, f in enumerate(entries):
         j = first.setdefault(id(f.steps), i) if f.steps else i
-        out.append(entry_dict(f) if j == i else {**entry_dict(f, ("steps", "pattern")), "chain_of": j})
+        if j == i:
+            out.append(entry_dict(f))
+        else:
+            omit = ("steps", "pattern") if f.pattern == entries[j].pattern else ("steps",)
+            out.append({**entry_dict(f, omit), "chain_of": j})
     return out
 
 

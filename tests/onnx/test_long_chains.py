@@ -202,3 +202,21 @@ def test_a_long_chains_report_holds_the_chain_once():
         assert len(f.steps) == n and len(str(report).splitlines()) == n + 1
         sizes[n] = (len(json.dumps(report.to_dict())), len(str(report)))
     assert sizes[256][0] < 4.5 * sizes[64][0] and sizes[256][1] < 4.5 * sizes[64][1], sizes
+
+
+def test_an_entry_of_a_chain_keeps_its_own_pattern_where_it_differs():
+    """Entries of one chain share its ``steps``; ``to_dict()`` drops a later entry's ``pattern`` only where it is the
+    chain's first entry's (a rule that labels each normalization of one chain by its own op keeps each label), and
+    the table prints it."""
+    from bnfold.report import Folded, FoldReport, FoldStep
+
+    steps = [FoldStep("conv", "conv2d", "kept"), FoldStep("bn1", "batch_norm"), FoldStep("bn3", "layer_norm")]
+    entries = [
+        Folded(norm=n, into="conv", side="output", pattern=p, steps=steps)
+        for n, p in (("bn1", "batch_norm+conv2d"), ("bn2", "batch_norm+conv2d"), ("bn3", "layer_norm+conv2d"))
+    ]
+    report = FoldReport(folded=entries)
+    data = report.to_dict()["folded"]
+    assert [d.get("chain_of") for d in data] == [None, 0, 0]
+    assert [d.get("pattern") for d in data] == ["batch_norm+conv2d", None, "layer_norm+conv2d"]
+    assert "layer_norm+conv2d" in str(report)
