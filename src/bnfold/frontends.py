@@ -259,7 +259,7 @@ def _program_batches(model: Any, npz: str | None, n: int, seed: int, input_shape
 def _onnx_numerics() -> Any:
     from .numerics.onnx_program import OnnxAudit
 
-    return OnnxAudit()  # one per caller: it keeps what its plan read of a model for that model's program
+    return OnnxAudit()
 
 
 def _program_numerics() -> Any:
