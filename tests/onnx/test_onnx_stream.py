@@ -103,6 +103,27 @@ def test_streamed_load_refuses_a_hostile_reference_in_one_line(tmp_path, capsys,
     assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
 
 
+@pytest.mark.parametrize("location", ["\0bnfold-stream:0", "\0bnfold-stream:scratch", "m.data\0x"])
+@pytest.mark.parametrize("extra", [[], ["--low-memory"]])
+def test_a_location_with_a_nul_byte_is_refused_in_one_line(tmp_path, capsys, location, extra):
+    """A location holding a NUL byte (no file has one; the streamed load's own tokens start with one) is a file
+    error, plain and streamed: before, the output checks' ``realpath`` raised ValueError (exit 3, internal error)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(), src, "one")
+    m = onnx.load(path, load_external_data=False)
+    t = next(t for t in m.graph.initializer if t.name == "l0.w")
+    next(e for e in t.external_data if e.key == "location").value = location
+    (src / "m.onnx").write_bytes(m.SerializeToString())
+    out = tmp_path / "out.onnx"
+    assert main(["fold", path, "-o", str(out), "-q", *extra]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "NUL byte in its location" in err and "'l0.w'" in err and "\n" not in err, err
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+    with pytest.raises(ModelFileError, match="NUL byte"):
+        bnfold.fold(path)  # the API streams an .onnx path
+
+
 def test_two_tensors_on_the_same_bytes_are_refused(tmp_path, capsys):
     src = tmp_path / "in"
     src.mkdir()

@@ -65,6 +65,6 @@ def onnx_external_files(path: str) -> set[str]:
     for t in all_tensors(model):
         if is_external(t):
             loc = {e.key: e.value for e in t.external_data}.get("location")
-            if loc:
+            if loc and "\0" not in loc:  # a location no file can have is refused when the model is loaded
                 found.add(os.path.realpath(os.path.join(base, loc)))
     return found

@@ -211,6 +211,8 @@ def _locate(t: TensorProto, base: str, path: str) -> tuple[str, int, int]:
     where = f"{path}: external data of tensor {t.name!r}"
     if not loc:
         raise ModelFileError(f"{where} has no location")
+    if "\0" in loc:  # no file has one (and the streamed load's own tokens start with one)
+        raise ModelFileError(f"{where} has a NUL byte in its location {loc!r}; refused")
     if os.path.isabs(loc) or loc.startswith(("/", "\\")) or _DRIVE.match(loc):
         raise ModelFileError(f"{where} uses the absolute path {loc!r}; only files in the model's folder are read")
     if ".." in re.split(r"[/\\]", loc):
