@@ -469,6 +469,28 @@ def test_a_product_cut_short_leaves_no_bytes_in_the_scratch_file(tmp_path):
         assert source.read(first).tobytes() == block.tobytes() * 2
 
 
+@pytest.mark.parametrize("code", [errno.EFBIG, errno.ENOSPC])
+def test_a_full_disk_under_the_scratch_file_is_a_one_line_file_error(tmp_path, capsys, monkeypatch, code):
+    """A scratch write the disk refuses (EFBIG, ENOSPC) is a one-line file error naming the scratch file's folder,
+    exit 2 as the plain fold's full disk, with no output and nothing left beside the model (the scratch file is
+    unnamed and closed). Before: 'internal error: OSError', exit 3."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=256), src, "one")  # 256 KiB weights: their products go to the scratch file
+    before = _files(src)
+
+    def full(fd, data, offset):
+        raise OSError(code, os.strerror(code))
+
+    monkeypatch.setattr(os, "pwrite", full)
+    (tmp_path / "o").mkdir()
+    assert main(["fold", path, "-o", str(tmp_path / "o" / "out.onnx"), "-q", "--low-memory"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert f"cannot write the streamed fold's scratch file in {src} ({os.strerror(code)})" in err, err
+    assert "\n" not in err and "internal error" not in err
+    assert os.listdir(tmp_path / "o") == [] and _files(src) == before
+
+
 def test_the_read_buffers_go_back_when_closing_the_scratch_file_fails(tmp_path):
     """The outermost ``reading()`` gives back the pages of every read buffer nothing references and forgets the
     scratch file even when closing what it opened raises (the error still comes out)."""

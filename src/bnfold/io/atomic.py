@@ -136,15 +136,16 @@ def write_text(path: str | os.PathLike, text: str) -> None:
 
 
 @contextlib.contextmanager
-def scratch_file(folder: str) -> Iterator[BinaryIO]:
-    """An unnamed read-write file (in ``folder``, else the temporary folder), gone when the block ends:
-    working space, never a result, so nothing is left behind whatever happens."""
+def scratch_file(folder: str) -> Iterator[tuple[BinaryIO, str]]:
+    """An unnamed read-write file (in ``folder``, else the temporary folder) and the folder it is in, gone
+    when the block ends: working space, never a result, so nothing is left behind whatever happens."""
     try:
         f = tempfile.TemporaryFile(dir=folder)
     except OSError:
-        f = tempfile.TemporaryFile()
+        folder = tempfile.gettempdir()
+        f = tempfile.TemporaryFile(dir=folder)
     with f:
-        yield f
+        yield f, folder
 
 
 def _fsync_file(path: str) -> None:

@@ -58,6 +58,7 @@ class ExternalSource:
     path: str  # the model file, for messages
     files: list[str] = field(default_factory=list)
     scratch: BinaryIO | None = None
+    scratch_folder: str = ""  # where the scratch file is, for messages
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     depth: int = 0
     lent: list[tuple[weakref.ref, mmap.mmap]] = field(default_factory=list)  # read buffers and their pages
@@ -127,8 +128,21 @@ class ExternalSource:
 
     def _scratch_fd(self) -> int:
         if self.scratch is None:
-            self.scratch = self.stack.enter_context(scratch_file(os.path.dirname(os.path.abspath(self.path))))
+            try:
+                self.scratch, self.scratch_folder = self.stack.enter_context(
+                    scratch_file(os.path.dirname(os.path.abspath(self.path)))
+                )
+            except OSError as e:
+                raise self.cannot_spill(e) from None
         return self.scratch.fileno()
+
+    def cannot_spill(self, e: OSError) -> ModelFileError:
+        """The one-line error for a scratch file that cannot be made or written (a full disk: EFBIG, ENOSPC)."""
+        where = self.scratch_folder or "the temporary folder"
+        return ModelFileError(
+            f"{self.path}: cannot write the streamed fold's scratch file in {where} ({e.strerror or e}); "
+            "free space there"
+        )
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
         """Copy the tensor's bytes to the end of ``out`` in the kernel (``copy_file_range``; chunks through
@@ -251,8 +265,11 @@ class ScratchSpill:
             self.start = self.end = os.fstat(fd).st_size
         view = memoryview(block.reshape(-1).view(np.uint8))
         done = 0
-        while done < len(view):  # straight from the block's memory (no buffered file between)
-            done += os.pwrite(fd, view[done:], self.end + done)
+        try:
+            while done < len(view):  # straight from the block's memory (no buffered file between)
+                done += os.pwrite(fd, view[done:], self.end + done)
+        except OSError as e:  # the bytes written stay past self.end: done(False) or the file's end cuts them
+            raise self.source.cannot_spill(e) from None
         self.end += done
 
     def done(self, ok: bool) -> Spilled | None:
