@@ -306,6 +306,73 @@ def test_an_unchanged_tensor_cut_short_after_the_load_is_refused_at_the_save(tmp
     assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
 
+def _rewrite_in_place(data) -> None:
+    """Other bytes of the same size written over ``data`` (a new export to the same path, in place)."""
+    n = os.path.getsize(data)
+    with open(data, "r+b") as f:
+        f.write(np.random.default_rng(5).standard_normal(n // 4).astype(np.float32).tobytes())
+
+
+def _replace_keeping_times(data) -> None:
+    """A new file of the same size moved over ``data`` (another inode), given the old one's times."""
+    st = os.stat(data)
+    new = f"{data}.new"
+    with open(new, "wb") as f:
+        f.write(np.random.default_rng(5).standard_normal(st.st_size // 4).astype(np.float32).tobytes())
+    os.utime(new, ns=(st.st_atime_ns, st.st_mtime_ns))
+    os.replace(new, data)
+
+
+@pytest.mark.parametrize("change", [_rewrite_in_place, _replace_keeping_times])
+@pytest.mark.parametrize("when", ["before the fold", "before the save"])
+def test_a_data_file_changed_at_its_size_after_the_load_is_refused(tmp_path, change, when):
+    """A data file rewritten with other bytes of the same size after the streamed load (in place, or another file
+    moved over it with the old times) is refused where the fold reads it or the save copies from it: before, the
+    save copied the new bytes of the tensors the fold left (never read) beside weights folded from the old ones, a
+    mix of two models. Nothing is written."""
+    from bnfold.io.onnx import load_onnx, save_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(linear_stack(3, 128), src, "mixed")
+    os.utime(src / "m.data", ns=(0, 0))  # last written long ago: a rewrite now moves its times
+    model, layout = load_onnx(path, stream=True)
+    out = tmp_path / "out.onnx"
+    with layout.reading(), pytest.raises(ModelFileError, match="'m.data' changed while it was read") as err:
+        if when == "before the fold":
+            change(src / "m.data")
+        result = bnfold.fold(model, exclude=["l2"])  # l2.w is left: the save copies it, never read
+        change(src / "m.data")
+        save_onnx(result.model, out, layout)
+    assert "\n" not in str(err.value)
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_a_data_file_written_while_the_save_copies_it_is_refused(tmp_path, monkeypatch):
+    """The data file is checked again when a tensor's copy ends: bytes written into it during the copy are refused."""
+    from bnfold.io import onnx_stream
+    from bnfold.io.onnx import load_onnx, save_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(linear_stack(3, 128), src, "mixed")
+    os.utime(src / "m.data", ns=(0, 0))
+    model, layout = load_onnx(path, stream=True)
+    copy = onnx_stream._copy_range
+
+    def copy_then_write(*args, **kwargs):
+        n = copy(*args, **kwargs)
+        _rewrite_in_place(src / "m.data")
+        return n
+
+    monkeypatch.setattr(onnx_stream, "_copy_range", copy_then_write)
+    out = tmp_path / "out.onnx"
+    with layout.reading(), pytest.raises(ModelFileError, match="'m.data' changed while it was read"):
+        save_onnx(bnfold.fold(model, exclude=["l2"]).model, out, layout)
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
 @pytest.mark.parametrize(
     ("layout", "ranged"), [("one", False), ("many", False), ("mixed", False), ("none", False), ("one", True)]
 )

@@ -183,12 +183,22 @@ def _read_range(real: str, offset: int, length: int, path: str) -> bytes:
     """``length`` bytes at ``offset`` of the regular file ``real`` (checked on the open descriptor)."""
     fd = open_regular(real, path)
     try:
-        data = os.pread(fd, length, offset) if length else b""
+        return read_exactly(fd, real, offset, length, path)
     finally:
         os.close(fd)
+
+
+def read_exactly(fd: int, real: str, offset: int, length: int, path: str) -> bytes:
+    """``length`` bytes at ``offset`` of the open data file ``real``; a file too short for them has changed."""
+    data = os.pread(fd, length, offset) if length else b""
     if len(data) != length:
-        raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} changed while it was read")
+        raise changed(path, real)
     return data
+
+
+def changed(path: str, real: str, why: str = "") -> ModelFileError:
+    """The one-line error for the data file ``real`` of the model ``path`` changing under bnfold."""
+    return ModelFileError(f"{path}: external data {os.path.basename(real)!r} changed while it was read{why}")
 
 
 def open_regular(real: str, path: str) -> int:

@@ -37,12 +37,13 @@ from .onnx_external import (
     ExternalLayout,
     _check_overlaps,
     _locate,
-    _read_range,
     _set_entries,
     all_tensors,
+    changed,
     initializers,
     is_external,
     open_regular,
+    read_exactly,
 )
 
 _TOKEN = "\0bnfold-stream:"  # a location no file can have: nothing but the source reads it
@@ -57,6 +58,7 @@ class ExternalSource:
 
     path: str  # the model file, for messages
     files: list[str] = field(default_factory=list)
+    identity: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each file's identity at the load
     scratch: BinaryIO | None = None
     scratch_folder: str = ""  # where the scratch file is, for messages
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
@@ -192,20 +194,27 @@ class ExternalSource:
 
     @contextlib.contextmanager
     def _opened(self, real: str) -> Iterator[int]:
-        """A descriptor of the checked data file ``real`` (opened again, a regular file), or of the scratch file."""
+        """A descriptor of the checked data file ``real`` (opened again, a regular file), or of the scratch file.
+        The data file must be the one the load checked (:func:`file_identity`) when it is opened and when the
+        block ends: one replaced, resized or written since (or while the block read it) is refused as changed."""
         if not real:
             assert self.scratch is not None
             yield self.scratch.fileno()
             return
         fd = open_regular(real, self.path)
         try:
+            self._check(fd, real)
             yield fd
+            self._check(fd, real)
         finally:
             os.close(fd)
 
+    def _check(self, fd: int, real: str) -> None:
+        if file_identity(fd) != self.identity.get(real):
+            raise changed(self.path, real, " (not the file, size or times the load checked); load it again")
+
     def _changed(self, real: str) -> ModelFileError:
-        what = os.path.basename(real) if real else "the scratch file"
-        return ModelFileError(f"{self.path}: external data {what!r} changed while it was read")
+        return changed(self.path, real or "the scratch file")
 
     @contextlib.contextmanager
     def reading(self) -> Iterator[None]:
@@ -344,9 +353,18 @@ def _inline(t: TensorProto, raw: bytes) -> None:
     t.raw_data = raw
 
 
+def file_identity(fd: int) -> tuple[int, ...]:
+    """What tells an open data file from another or from itself rewritten: device, inode, size, and the
+    modification and change times (ns). A rewrite in place that keeps the size and the times (within the file
+    system's timestamp tick, or times set back) keeps it: only reading every byte again would tell."""
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+
+
 def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> StreamedLayout | None:
     """Check every external reference of ``model`` (parsed from ``path``) and point it at a token of
-    a new :class:`ExternalSource`; None when nothing is external."""
+    a new :class:`ExternalSource`; None when nothing is external. Each data file is opened once here: its
+    small tensors are read from it, and its :func:`file_identity` is what later reads and copies check."""
     base = os.path.dirname(os.path.abspath(path))
     found = [(t, _locate(t, base, path)) for t in all_tensors(model) if is_external(t)]
     if not found:
@@ -358,17 +376,29 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     total = sum(length for _, (_, _, length) in found)
     if budget is not None and total > budget:
         raise ModelFileError(f"{path}: the external data adds up to {total} bytes, over {budget}; {MAX_BYTES_HINT}")
-    source = ExternalSource(path)
-    numbers: dict[str, int] = {}
+    by_file: dict[str, list[tuple[TensorProto, int, int]]] = {}
     for t, (real, offset, length) in found:
-        if length < SPILL_BYTES:  # small tensors (norm parameters, shapes) are read as the plain load reads them
-            _inline(t, _read_range(real, offset, length, path))
-            continue
-        k = numbers.setdefault(real, len(numbers))
-        t.ClearField("raw_data")
-        t.data_location = TensorProto.EXTERNAL
-        _set_entries(t, (("location", f"{_TOKEN}{k}"), ("offset", str(offset)), ("length", str(length))))
-    source.files = list(numbers)
+        by_file.setdefault(real, []).append((t, offset, length))
+    source = ExternalSource(path)
+    for real, tensors in by_file.items():
+        fd = open_regular(real, path)
+        try:
+            identity = file_identity(fd)
+            if any(offset + length > identity[2] for _, offset, length in tensors):
+                raise changed(path, real)  # cut short since it was located
+            for t, offset, length in tensors:
+                if length < SPILL_BYTES:  # small tensors (norm parameters, shapes): read as the plain load does
+                    _inline(t, read_exactly(fd, real, offset, length, path))
+                    continue
+                if real not in source.identity:
+                    source.files.append(real)
+                    source.identity[real] = identity
+                t.ClearField("raw_data")
+                t.data_location = TensorProto.EXTERNAL
+                entries = (("location", f"{_TOKEN}{len(source.files) - 1}"), ("offset", str(offset)))
+                _set_entries(t, (*entries, ("length", str(length))))
+        finally:
+            os.close(fd)
     names = frozenset(t.name for t, _ in found)
     smallest = min([DEFAULT_THRESHOLD] + [length for _, (_, _, length) in found])
     return StreamedLayout(names, smallest, source)
