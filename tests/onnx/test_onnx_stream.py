@@ -231,7 +231,7 @@ def test_without_the_kernels_copy_the_save_copies_through_memory(tmp_path, monke
 def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, monkeypatch):
     """A streamed weight the fold leaves as it is (the projection behind a Reshape, which the input rule looks
     at; a layer ``--exclude`` skips) is never read into memory: the rules learn its shape from the file's dims
-    and read a weight only for a chain that folds, and the save copies its bytes file to file in the kernel.
+    and read a weight only once a chain reaches it, and the save copies its bytes file to file in the kernel.
     The folded weights are read once each.  Counted, not timed; the files are the plain fold's."""
     from bnfold.io import onnx_stream
 
@@ -256,6 +256,67 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
     assert outs["stream"] == outs["plain"]
     assert sorted(reads) == ["l0.w", "l2.w"]  # not proj, not the excluded l1.w
     assert copies and all(copies)  # every streamed tensor (proj, l1.w, the products) copied by the kernel
+
+
+def _unread_model(case: str) -> onnx.ModelProto:
+    """Streamed weights (64x32x3x3 float32, 72 KiB) that nothing folds into: two convs fed by a BatchNorm whose
+    variance is a graph input (the fan-out rule looks, its chain has no constant step), or a conv whose output
+    is added to a graph input (the branch-merge rule looks: no sum of its own branches)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    w = [numpy_helper.from_array(rng.standard_normal((64, 32, 3, 3)).astype(np.float32), f"W{i}") for i in (1, 2)]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 32, 8, 8])
+    if case == "fanout":
+        stats = [
+            numpy_helper.from_array(np.full(32, v, np.float32), n) for n, v in (("s", 2.0), ("b", 1.0), ("m", 0.0))
+        ]
+        nodes = [
+            helper.make_node("BatchNormalization", ["x", "s", "b", "m", "v"], ["h"], name="bn"),
+            helper.make_node("Conv", ["h", "W1"], ["y1"], pads=[1, 1, 1, 1], name="c1"),
+            helper.make_node("Conv", ["h", "W2"], ["y2"], pads=[1, 1, 1, 1], name="c2"),
+        ]
+        inputs, outputs, inits = (
+            [x, helper.make_tensor_value_info("v", TensorProto.FLOAT, [32])],
+            ["y1", "y2"],
+            w + stats,
+        )
+    else:
+        nodes = [
+            helper.make_node("Conv", ["x", "W1"], ["c"], pads=[1, 1, 1, 1], name="c1"),
+            helper.make_node("Add", ["c", "r"], ["y1"], name="add"),
+        ]
+        inputs, outputs, inits = (
+            [x, helper.make_tensor_value_info("r", TensorProto.FLOAT, [1, 64, 8, 8])],
+            ["y1"],
+            w[:1],
+        )
+    outs = [helper.make_tensor_value_info(o, TensorProto.FLOAT, None) for o in outputs]
+    graph = helper.make_graph(nodes, "g", inputs, outs, inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("case", ["fanout", "residual"])
+def test_a_weight_the_fan_out_or_merge_rule_only_looks_at_is_not_read(tmp_path, monkeypatch, case):
+    """The fan-out and branch-merge rules check a streamed weight's shape from its dims and read it only once
+    there is a chain to fold or branches to merge: here neither, and nothing is read (before: W1 and W2 read once
+    each by the fan-out check, W1 by the merge rule). The files are the plain fold's."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = str(src / "m.onnx")
+    onnx.save(_unread_model(case), path, save_as_external_data=True, location="m.data", size_threshold=0)
+    reads = []
+    real_read = onnx_stream.ExternalSource.read
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    assert outs["stream"] == outs["plain"]
+    assert reads == []
 
 
 def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from .chain import Stop, chain_up, same_value
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
 from .rule import Rule
-from .rules import check_layer, input_params
+from .rules import check_layer, input_params, read_weights
 
 
 def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
@@ -94,7 +94,7 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     if layers[0].node != layer.node:
         return out  # tried from the first consumer
     try:
-        checked = [check_layer(graph, lay, only, "input") for lay in layers]
+        checked = [check_layer(graph, lay, only, "input", values=False) for lay in layers]
     except Stop as stop:
         note(graph, out, producer, f"it feeds {len(layers)} layers and one cannot take it: {stop.reason}", stop.code)
         return out
@@ -111,7 +111,9 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     steps, stop = chain_up(graph, x, axis, channels.pop(), fanout=True)
     if stop is not None:
         note(graph, out, stop.node, stop.reason, stop.code)
-    targets = [(lay, w) for lay, (w, _) in zip(layers, checked)]
+    if not steps:
+        return out  # a weight the fold does not change is not read
+    targets = [(lay, read_weights(graph, lay, w)) for lay, (w, _) in zip(layers, checked)]
 
     def why(failed: Layer, err) -> str:
         return (

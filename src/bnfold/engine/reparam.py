@@ -198,7 +198,7 @@ def merge_branches(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     users = graph.users(layer.output)
     if len(users) != 1 or users[0] is None or _sum(graph, users[0]) is None:
         return out
-    weights = graph.weights(layer)
+    weights = graph.weights(layer, False)  # its shape: the weights are read only for a merge
     if isinstance(weights, str) or not _WEIGHT_RANKS[layer.kind](weights.weight.dim()):
         return out
     channels = int(weights.weight.shape[0])

@@ -26,14 +26,24 @@ from .edit import compose, fold_chain, note, trim_hops
 from .graph import ChainStep, GraphAdapter, Layer, LayerWeights, Outcome
 from .rule import Rule
 
-__all__ = ["INPUT", "OUTPUT", "check_layer", "compose", "fold_input", "fold_output", "input_params", "output_params"]
+__all__ = [
+    "INPUT",
+    "OUTPUT",
+    "check_layer",
+    "compose",
+    "fold_input",
+    "fold_output",
+    "input_params",
+    "output_params",
+    "read_weights",
+]
 
 
 def check_layer(graph: GraphAdapter, layer: Layer, only, side: str, values: bool = True) -> tuple[LayerWeights, int]:
     """The layer's constants and its channel count on ``side`` (``"output"`` / ``"input"``), or Stop
     with the reason (and code) nothing folds into it.  A fold-math refusal of the weight's shape
     (``groups`` that do not divide it) is a Stop too, never an exception.  ``values=False``: the weight may
-    be its shape only (``GraphAdapter.weights``); :func:`_read` reads it once a chain is there to fold."""
+    be its shape only (``GraphAdapter.weights``); :func:`read_weights` reads it once a chain is there to fold."""
     if only is not None and layer.kind not in only:
         raise Stop(
             layer.node,
@@ -57,7 +67,7 @@ def check_layer(graph: GraphAdapter, layer: Layer, only, side: str, values: bool
     return weights, channels
 
 
-def _read(graph: GraphAdapter, layer: Layer, w: LayerWeights) -> LayerWeights:
+def read_weights(graph: GraphAdapter, layer: Layer, w: LayerWeights) -> LayerWeights:
     """``w`` with the weight's values, read now where :func:`check_layer` gave its shape only."""
     if not w.weight.is_meta:
         return w
@@ -152,7 +162,7 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     if _only_a_bias(layer, steps):
         return out
     if steps:  # a weight the fold does not change is not read
-        fold_chain(graph, [(layer, _read(graph, layer, w))], steps, OUTPUT.name, output_params, out, _why(graph))
+        fold_chain(graph, [(layer, read_weights(graph, layer, w))], steps, OUTPUT.name, output_params, out, _why(graph))
     return out
 
 
@@ -175,7 +185,7 @@ def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     if _only_a_bias(layer, steps):
         return out
     if steps:  # a weight the fold does not change is not read
-        fold_chain(graph, [(layer, _read(graph, layer, w))], steps, INPUT.name, input_params, out, _why(graph))
+        fold_chain(graph, [(layer, read_weights(graph, layer, w))], steps, INPUT.name, input_params, out, _why(graph))
     return out
 
 
