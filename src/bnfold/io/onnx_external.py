@@ -189,11 +189,19 @@ def _read_range(real: str, offset: int, length: int, path: str) -> bytes:
 
 
 def read_exactly(fd: int, real: str, offset: int, length: int, path: str) -> bytes:
-    """``length`` bytes at ``offset`` of the open data file ``real``; a file too short for them has changed."""
+    """``length`` bytes at ``offset`` of the open data file ``real``, read again where a read returns fewer (Linux
+    returns at most 2147479552 bytes a call); a file too short for them (a read that returns nothing) has changed."""
     data = os.pread(fd, length, offset) if length else b""
-    if len(data) != length:
+    if len(data) == length:
+        return data
+    parts, got = [data], len(data)
+    while got < length and data:
+        data = os.pread(fd, length - got, offset + got)
+        parts.append(data)
+        got += len(data)
+    if got != length:
         raise changed(path, real)
-    return data
+    return b"".join(parts)
 
 
 def changed(path: str, real: str, why: str = "") -> ModelFileError:
