@@ -36,8 +36,9 @@ def _zip(path, members: dict, compression=zipfile.ZIP_STORED):
         ((1, 16, 512, 512), b"\0" * 4, "states 4194304 elements of float32 (16777216 bytes), its data holds 4"),
         ((2,), b"\0" * 400, "states 2 elements of float32 (8 bytes), its data holds more"),
         ((1 << 40,), b"\0" * 4, "states 4398046511104 bytes, over the limit of"),
+        ((-2, -3), b"\0" * 24, "states the shape (-2, -3)"),
     ],
-    ids=["header claims more", "header claims fewer", "header claims past the budget"],
+    ids=["header claims more", "header claims fewer", "header claims past the budget", "negative dims"],
 )
 @pytest.mark.parametrize("compression", [zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED], ids=["stored", "deflated"])
 def test_a_header_that_is_not_its_data_grants_nothing_and_is_refused_in_one_line(

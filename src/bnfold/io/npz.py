@@ -7,6 +7,7 @@ ratio), and must be exactly the header's elements times the itemsize."""
 from __future__ import annotations
 
 import io
+import math
 import struct
 import zipfile
 from typing import Any, BinaryIO
@@ -139,9 +140,9 @@ def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, b
         raise ModelFileError(
             f"{path}: array {info.filename[:-4]!r} has dtype {dtype}; inputs must be numeric (bool, integer, float)"
         )
-    count = 1
-    for d in shape:
-        count *= d
+    if any(d < 0 for d in shape):  # numpy's header reader lets negative dims through; a product of two is positive
+        raise ModelFileError(f"{path}: array {info.filename[:-4]!r} states the shape {shape}; refused")
+    count = math.prod(shape)
     need = count * dtype.itemsize
     if need > budget:
         raise ModelFileError(

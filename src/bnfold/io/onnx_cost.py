@@ -133,7 +133,7 @@ def onnx_plan(
     computes) is not counted here but checked when the op runs (:func:`bnfold.io.run_checks.before_op`).
     With ``hold`` (:class:`bnfold.numerics.audit_memory.AuditHold`), values count what the ONNX audit holds of
     them (``batches`` batches).  ``fields``: the nodes' fields as :func:`bnfold.onnx.const_eval.node_fields` reads
-    them, when the caller has them (the audit: its program of the model reads the same)."""
+    them, when the caller has them (the audit's plan reads them once for all its steps)."""
     from ..onnx.shapes import Shapes
 
     input_dims = input_dims or {}

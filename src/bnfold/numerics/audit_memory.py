@@ -163,7 +163,7 @@ def onnx_audit_plan(
     check before it runs: dims the file leaves open are then those of the real inputs), counting what
     the audit holds (``hold``, three runs a batch; default: the most any audit holds); then the run-time checks of the
     op loop are armed (:func:`bnfold.io.run_checks.expect`).  ``fields``: the nodes' fields
-    (:func:`bnfold.onnx.const_eval.node_fields`), read once for the plan and the program."""
+    (:func:`bnfold.onnx.const_eval.node_fields`), read once for the plan (the program reads them again)."""
 
     init = {t.name for t in model.graph.initializer}
     inputs = [v for v in model.graph.input if v.name not in init]

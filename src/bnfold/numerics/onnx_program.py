@@ -193,17 +193,14 @@ def _accumulated(node: onnx.NodeProto, a: dict, run, ins: list, chunk: int) -> t
     return round_fp16(run(ins, torch.float32)[0])
 
 
-def onnx_program(
-    model: onnx.ModelProto, like: Program | None = None, lazy: bool = False, nodes: list[tuple] | None = None
-) -> Program:
+def onnx_program(model: onnx.ModelProto, like: Program | None = None, lazy: bool = False) -> Program:
     """``model`` as the runner's :class:`~.runner.Program` (``stored``: its large initializers' protos and tensors).
     ``like``: the program of the model this one was folded from: an initializer equal to one it stored (protobuf
     fields compared in C, not read into Python) is that tensor, held once and rounded once by runners that share.
     ``lazy``: an initializer a streamed load left on disk (``load_onnx(path, stream=True)``) of at least
     :data:`bnfold.fold_math.LARGE_BYTES` is a :class:`~.lazy.LazyConstant`, read when a step reads it (for
-    :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held).  ``nodes``: the model's node
-    fields (:func:`~bnfold.onnx.const_eval.node_fields`) when the caller read them already (the audit's plan)."""
-    nodes = node_fields(model) if nodes is None else nodes
+    :func:`~.ranges.run_plain`; a value constant ops compute from one is read and held)."""
+    nodes = node_fields(model)
     mine, before = _large_initializers(model, nodes), like.stored if like is not None else {}
     reused = {k: before[k][1] for k, t in mine.items() if k in before and before[k][0] == t}
     read: dict = {k: v.numpy() for k, v in reused.items()}
