@@ -577,6 +577,20 @@ def pow2_exact(span: tuple[float, float], dtype: torch.dtype, stored: torch.dtyp
     return _ldexp(high, exponent) <= info.max and (low == 0.0 or _ldexp(low, exponent) >= info.tiny)
 
 
+def pow2_scalar(x: float, exponent: int, dtype: torch.dtype) -> float | None:
+    """``x * 2 ** exponent`` where it is a normal ``dtype`` number or zero (:func:`pow2_exact`: then exact), else
+    None (a norm's eps, a multiply's factor)."""
+    return _ldexp(x, exponent) if pow2_exact((abs(x), abs(x)), dtype, dtype, exponent) else None
+
+
+def pow2_product(weight: torch.Tensor, exponent: int) -> Product | None:
+    """``weight * 2 ** exponent`` as a deferred :class:`Product` (made block by block where it is written) where
+    ``2 ** exponent`` is a normal number of the weight's dtype, else None.  Each element is then
+    :func:`scale_pow2`'s where the caller showed the weight's span stays normal (:func:`pow2_exact`)."""
+    factor = pow2_scalar(1.0, exponent, weight.dtype)
+    return None if factor is None else Product(weight, torch.tensor(factor, dtype=weight.dtype))
+
+
 def _ldexp(x: float, exponent: int) -> float:
     """``x * 2 ** exponent`` in float64, infinity where it overflows (``math.ldexp`` raises there)."""
     try:

@@ -315,10 +315,9 @@ class FoldReport:
         lines += [f"  unmatched: {u}" for u in self.unmatched]
         width = max([28] + [len(e.norm) for e in (*self.folded, *self.skipped, *self.lowered)])
         into = max([24] + [len(f.into) for f in self.folded])
-        first: dict[int, Folded] = {}  # a chain's pattern once: its other entries name the first
-        for f in self.folded:
+        for f, j in zip(self.folded, chain_heads(self.folded)):  # a chain's pattern once: the others name its first
             extra = f"  (+{f.extra_bytes} bytes for a private weight copy)" if f.extra_bytes else ""
-            head = first.setdefault(id(f.steps), f) if f.steps else f
+            head = self.folded[j]
             pattern = f.pattern if head is f or f.pattern != head.pattern else f"(the chain of {head.norm})"
             lines.append(f"  folded   {f.norm:<{width}} into {f.into:<{into}} {pattern} [{f.side}]{extra}")
         for s in self.skipped:
@@ -356,16 +355,21 @@ def folded_dicts(entries: list[Folded]) -> list[dict[str, Any]]:
     normalizations) has ``chain_of``, that entry's index in ``entries``, in place of its ``steps``, and in place of
     its ``pattern`` where it is that entry's too.  A chain of n normalizations is n entries of constant size plus
     the chain once, not n copies of it."""
-    first: dict[int, int] = {}  # id of a chain's steps -> the index of its first entry
     out = []
-    for i, f in enumerate(entries):
-        j = first.setdefault(id(f.steps), i) if f.steps else i
+    for i, (f, j) in enumerate(zip(entries, chain_heads(entries))):
         if j == i:
             out.append(entry_dict(f))
         else:
             omit = ("steps", "pattern") if f.pattern == entries[j].pattern else ("steps",)
             out.append({**entry_dict(f, omit), "chain_of": j})
     return out
+
+
+def chain_heads(entries: list[Folded]) -> list[int]:
+    """For each entry, the index of the first entry of its chain (the first whose ``steps`` are the same list; its
+    own index for the first, or for an entry without steps)."""
+    first: dict[int, int] = {}  # id of a chain's steps -> the index of its first entry
+    return [first.setdefault(id(f.steps), i) if f.steps else i for i, f in enumerate(entries)]
 
 
 def _bytes(n: int) -> str:

@@ -70,3 +70,26 @@ def test_scale_pow2_past_its_reach_refuses_in_one_error(exponent):
     zeros = fold_math.scale_pow2(torch.tensor([0.0, -0.0]), exponent, torch.float32, "w")
     assert torch.equal(zeros, torch.zeros(2)) and math.copysign(1.0, float(zeros[1])) == -1.0
     assert not fold_math.pow2_exact((1.0, 1.0), torch.float64, torch.float64, exponent)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.floats(allow_nan=True, allow_infinity=True, width=32),
+    st.integers(-1200, 1200),
+    st.sampled_from([torch.float16, torch.bfloat16, torch.float32]),
+)
+def test_pow2_scalar_and_product_are_scale_pow2_where_exact(x, exponent, dtype):
+    """A norm's eps, a multiply's factor (``pow2_scalar``) and a deferred weight product (``pow2_product``) are
+    ``scale_pow2``'s value where :func:`pow2_exact` says the scale is exact, else None (past 2 ** 1023 too, where
+    ``2.0 ** exponent`` itself raises)."""
+    x = float(torch.tensor(x, dtype=dtype))  # a value of the dtype, as an eps or a factor is
+    got = fold_math.pow2_scalar(x, exponent, dtype)
+    if not fold_math.pow2_exact((abs(x), abs(x)), dtype, dtype, exponent):
+        assert got is None
+        return
+    want = fold_math.scale_pow2(torch.tensor([x], dtype=dtype), exponent, dtype, "x")
+    assert torch.equal(torch.tensor([got], dtype=dtype), want)
+    weight = torch.tensor([[x, -x], [0.0, x]], dtype=dtype)
+    product = fold_math.pow2_product(weight, exponent)
+    if product is not None:
+        assert torch.equal(product.materialize(), fold_math.scale_pow2(weight, exponent, dtype, "w"))

@@ -69,9 +69,7 @@ class HotConstants:
         self.read()
 
     def read(self) -> None:
-        self.rank: dict = {}
         self.found: dict = {}
-        self.heap: list = []
         self._rank()
         for node in self.rank:
             self.look(node)
@@ -147,8 +145,9 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     caller measures them.  Every value past the limit is tried once (with it, the other values of its region): at
     most one plan per value, each bounded by ``MAX_REGION``; one ``Planner`` reads the graph once and again only
     what each rewrite edits or touches (a multiply's writer and readers; the multiply takes its place in the graph
-    order from the node before it, no walk, no weight read), so the weights are read once each and again only where
-    a rewrite edits them."""
+    order from the node before it, no weight read, and no walk but where the adapter names a node the order does not
+    hold: then the order is numbered again), so the weights are read once each and again only where a rewrite edits
+    them."""
     from ..report import Rescaled
 
     entries, tried = [], set()

@@ -99,10 +99,9 @@ def _product(w: Any, exponent: int) -> fold_math.Product | None:
     """``w.weight * 2 ** exponent`` (the caller showed it exact: each element is then
     ``fold_math.scale_pow2``'s) as a product the adapter makes as it writes it, where it takes one
     (``LayerWeights.deferred``) and ``2 ** exponent`` is a normal number of the weight's dtype; else None."""
-    dtype = w.weight.dtype
-    if not w.deferred or dtype != w.weight_dtype or not fold_math.pow2_exact((1.0, 1.0), dtype, dtype, exponent):
+    if not w.deferred or w.weight.dtype != w.weight_dtype:
         return None
-    return fold_math.Product(w.weight, torch.tensor(2.0**exponent, dtype=dtype))
+    return fold_math.pow2_product(w.weight, exponent)
 
 
 def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> Any:
@@ -119,9 +118,10 @@ def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> 
 
 def _pow2(x: float, exponent: int, dtype: torch.dtype, refusal: Refused) -> float:
     """``x * 2 ** exponent`` where it is a normal ``dtype`` number (or zero), else ``refusal``."""
-    if not fold_math.pow2_exact((abs(x), abs(x)), dtype, dtype, exponent):
+    scaled = fold_math.pow2_scalar(x, exponent, dtype)
+    if scaled is None:
         raise refusal
-    return x * 2.0**exponent
+    return scaled
 
 
 def _mul(g, value: Any, exponent: int, reader: Refused) -> float:
