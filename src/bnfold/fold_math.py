@@ -479,6 +479,26 @@ def fold_output_affine(
     return new_w, b * aff.scale + aff.shift
 
 
+def check_input_affine(aff: Affine, kind: str, shape, groups: int = 1, shift_exact: bool = True) -> bool:
+    """The refusals of :func:`fold_input_affine` that the weight's ``shape`` and the consumer's attributes decide
+    (no weight value): FoldError, else whether ``aff`` has a nonzero shift."""
+    n_in = in_channels(kind, shape, groups)
+    if aff.channels != n_in:
+        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels", CHANNELS)
+    has_shift = bool((aff.shift != 0).any())
+    if has_shift and kind == "conv_transpose":
+        raise FoldError(
+            "a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)",
+            Code.SHIFT_TRANSPOSED,
+        )
+    if has_shift and not shift_exact:
+        raise FoldError(
+            "a nonzero shift before a padded conv does not fold exactly (padding would see the shift)",
+            Code.SHIFT_PADDING,
+        )
+    return has_shift
+
+
 def fold_input_affine(
     weight,
     bias,
@@ -498,20 +518,7 @@ def fold_input_affine(
     variable number of taps into each output, so their shift must be zero.
     The weight is returned in ``dtype`` as by :func:`scale_weight` (also for ``deferred``), the bias in float64.
     """
-    n_in = in_channels(kind, weight.shape, groups)
-    if aff.channels != n_in:
-        raise FoldError(f"normalization has {aff.channels} channels but the {kind} has {n_in} input channels", CHANNELS)
-    has_shift = bool((aff.shift != 0).any())
-    if has_shift and kind == "conv_transpose":
-        raise FoldError(
-            "a nonzero shift before a transposed conv does not fold exactly (border outputs see fewer taps)",
-            Code.SHIFT_TRANSPOSED,
-        )
-    if has_shift and not shift_exact:
-        raise FoldError(
-            "a nonzero shift before a padded conv does not fold exactly (padding would see the shift)",
-            Code.SHIFT_PADDING,
-        )
+    has_shift = check_input_affine(aff, kind, weight.shape, groups, shift_exact)
     new_w = scale_weight(
         weight, per_slice(aff.scale, kind, "in", weight.shape, groups), dtype, f"{kind} weight", deferred
     )

@@ -260,8 +260,12 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
 
 def _unread_model(case: str) -> onnx.ModelProto:
     """Streamed weights (64x32x3x3 float32, 72 KiB) that nothing folds into: two convs fed by a BatchNorm whose
-    variance is a graph input (the fan-out rule looks, its chain has no constant step), or a conv whose output
-    is added to a graph input (the branch-merge rule looks: no sum of its own branches)."""
+    variance is a graph input (the fan-out rule looks, its chain has no constant step), a conv whose output
+    is added to a graph input (the branch-merge rule looks: no sum of its own branches), a conv whose chain is
+    a max-pool and a negative scale (the retry loop drops the scale: a maximum commutes only with a non-negative
+    one), or a BatchNorm with a shift feeding one or two padded convs (the fold math refuses the shift, from the
+    shift and the padding alone); ``retried``: an Add, then a Mul, into a padded conv (the Add is dropped, the Mul
+    folds: W1 is read, once)."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
@@ -281,6 +285,29 @@ def _unread_model(case: str) -> onnx.ModelProto:
             ["y1", "y2"],
             w + stats,
         )
+    elif case.startswith("padded"):
+        stats = [numpy_helper.from_array(np.full(32, v, np.float32), n) for n, v in zip("sbmv", (2.0, 1.0, 0.0, 1.0))]
+        convs = ("c1", "c2") if case == "padded_fanout" else ("c1",)
+        nodes = [helper.make_node("BatchNormalization", ["x", *"sbmv"], ["h"], name="bn")] + [
+            helper.make_node("Conv", ["h", f"W{c[1]}"], [f"y{c[1]}"], pads=[1, 1, 1, 1], name=c) for c in convs
+        ]
+        inputs, outputs, inits = [x], [f"y{c[1]}" for c in convs], w[: len(convs)] + stats
+    elif case == "retried":
+        k, t = (numpy_helper.from_array(np.full((1, 32, 1, 1), v, np.float32), n) for n, v in (("k", 2.0), ("t", 1.0)))
+        nodes = [
+            helper.make_node("Add", ["x", "t"], ["a"], name="add"),
+            helper.make_node("Mul", ["a", "k"], ["h"], name="mul"),
+            helper.make_node("Conv", ["h", "W1"], ["y1"], pads=[1, 1, 1, 1], name="c1"),
+        ]
+        inputs, outputs, inits = [x], ["y1"], [w[0], k, t]
+    elif case == "maxpool":
+        scale = numpy_helper.from_array(np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64, 1, 1), "k")
+        nodes = [
+            helper.make_node("Conv", ["x", "W1"], ["c"], pads=[1, 1, 1, 1], name="c1"),
+            helper.make_node("MaxPool", ["c"], ["p"], kernel_shape=[2, 2], strides=[2, 2], name="pool"),
+            helper.make_node("Mul", ["p", "k"], ["y1"], name="mul"),
+        ]
+        inputs, outputs, inits = [x], ["y1"], [w[0], scale]
     else:
         nodes = [
             helper.make_node("Conv", ["x", "W1"], ["c"], pads=[1, 1, 1, 1], name="c1"),
@@ -296,11 +323,16 @@ def _unread_model(case: str) -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize("case", ["fanout", "residual"])
-def test_a_weight_the_fan_out_or_merge_rule_only_looks_at_is_not_read(tmp_path, monkeypatch, case):
-    """The fan-out and branch-merge rules check a streamed weight's shape from its dims and read it only once
-    there is a chain to fold or branches to merge: here neither, and nothing is read (before: W1 and W2 read once
-    each by the fan-out check, W1 by the merge rule). The files are the plain fold's."""
+@pytest.mark.parametrize(
+    "case, read",
+    [(c, []) for c in ("fanout", "residual", "maxpool", "padded_input", "padded_fanout")] + [("retried", ["W1"])],
+)
+def test_a_weight_the_rules_only_look_at_is_not_read(tmp_path, monkeypatch, case, read):
+    """The rules check a streamed weight's shape from its dims and read it only once there are branches to merge
+    or a chain the retry loop is about to fold: nothing is read where there is none (before: W1 and W2 read once
+    each by the fan-out check, W1 by the merge rule; W1 for the chain the max-pool crossing leaves, W1 (and W2) for
+    the shift the padding refuses), and a weight the loop folds after a retry is read once. The files are the plain
+    fold's."""
     from bnfold.io import onnx_stream
 
     src = tmp_path / "in"
@@ -316,7 +348,7 @@ def test_a_weight_the_fan_out_or_merge_rule_only_looks_at_is_not_read(tmp_path, 
         assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
         outs[name] = _files(tmp_path / name)
     assert outs["stream"] == outs["plain"]
-    assert reads == []
+    assert reads == read
 
 
 def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):

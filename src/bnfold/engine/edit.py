@@ -109,6 +109,19 @@ def step_entries(graph: GraphAdapter, steps: list[ChainStep]) -> list[FoldStep]:
 
 #: ``params(layer, weights, total)``: the folded ``(weight, bias)`` of one layer, or FoldError.
 Params = Callable[[Layer, LayerWeights, Affine], tuple]
+#: ``check(layer, weights, total)``: FoldError for a refusal of ``params`` that the weight's shape decides.
+Check = Callable[[Layer, LayerWeights, Affine], object]
+
+
+def read_weights(graph: GraphAdapter, layer: Layer, w: LayerWeights) -> LayerWeights:
+    """``w`` with the weight's values, read now where ``GraphAdapter.weights(layer, values=False)`` gave its
+    shape only."""
+    if not w.weight.is_meta:
+        return w
+    read = graph.weights(layer)
+    if isinstance(read, str) or read.weight.shape != w.weight.shape:  # the same checks passed on its shape
+        raise AssertionError(f"internal: {layer.op} weight read as {read!r}, checked as {tuple(w.weight.shape)}")
+    return read
 
 
 def fold_chain(
@@ -119,13 +132,17 @@ def fold_chain(
     params: Params,
     out: Outcome,
     why: Callable[[Layer, FoldError], str],
+    check: Check | None = None,
 ) -> None:
     """Fold ``steps`` into every layer of ``targets`` (all or none), dropping the farthest step
     until the composed affine folds; write the result and record the entries in ``out``.
 
     ``rule`` is ``"output"`` (``steps`` follow the layer), ``"input"`` or ``"fanout"`` (they
-    feed the layer(s)); ``why(layer, err)`` words the reason of a dropped step.
+    feed the layer(s)); ``why(layer, err)`` words the reason of a dropped step.  A target's weight may be
+    its shape only: it is read (:func:`read_weights`, once) when a try has passed the max-pool crossings and
+    every target's ``check``, so a weight whose chain the loop leaves whole is never read.
     """
+    targets = list(targets)  # each weight replaced by its values once read
     side = "output" if rule == "output" else "input"
     far = -1 if side == "output" else 0  # the end of the chain farthest from the layer
     trim_hops(steps, far)
@@ -141,10 +158,11 @@ def fold_chain(
                 _drop(steps, far, dropped, prefixes)
                 continue
             total = prefixes[-1] if prefixes else compose(steps)
-            new, failed = [], None
-            for layer, w in targets:
+            new, failed = [], _refused(targets, total, check)
+            for i, (layer, w) in enumerate(targets if failed is None else ()):
+                targets[i] = (layer, read_weights(graph, layer, w))
                 try:
-                    new.append(params(layer, w, total))
+                    new.append(params(*targets[i], total))
                 except FoldError as err:
                     failed = (layer, err)
                     break
@@ -156,6 +174,16 @@ def fold_chain(
                 continue
             _write(graph, targets, steps, rule, side, new, out)
             return
+
+
+def _refused(targets: list[tuple[Layer, LayerWeights]], total: Affine, check: Check | None):
+    """The first target whose ``check`` refuses ``total``, with the FoldError, or None."""
+    for layer, w in targets if check is not None else ():
+        try:
+            check(layer, w, total)
+        except FoldError as err:
+            return layer, err
+    return None
 
 
 def _prefix_composites(steps: list[ChainStep]) -> list[Affine]:

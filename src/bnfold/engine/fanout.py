@@ -19,7 +19,7 @@ from .chain import Stop, chain_up, same_value
 from .edit import fold_chain, note
 from .graph import GraphAdapter, Layer, Outcome
 from .rule import Rule
-from .rules import check_layer, input_params, read_weights
+from .rules import check_layer, input_check, input_params
 
 
 def _branch(graph: GraphAdapter, layer: Layer) -> tuple[Any, int | None]:
@@ -111,16 +111,14 @@ def fold_fanout(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     steps, stop = chain_up(graph, x, axis, channels.pop(), fanout=True)
     if stop is not None:
         note(graph, out, stop.node, stop.reason, stop.code)
-    if not steps:
-        return out  # a weight the fold does not change is not read
-    targets = [(lay, read_weights(graph, lay, w)) for lay, (w, _) in zip(layers, checked)]
+    targets = [(lay, w) for lay, (w, _) in zip(layers, checked)]  # read by fold_chain once a try gets that far
 
     def why(failed: Layer, err) -> str:
         return (
             f"it feeds {len(layers)} layers and cannot fold into {failed.op} {graph.describe_node(failed.node)}: {err}"
         )
 
-    fold_chain(graph, targets, steps, FANOUT.name, input_params, out, why)
+    fold_chain(graph, targets, steps, FANOUT.name, input_params, out, why, input_check)
     return out
 
 

@@ -34,8 +34,8 @@ __all__ = [
     "fold_input",
     "fold_output",
     "input_params",
+    "input_check",
     "output_params",
-    "read_weights",
 ]
 
 
@@ -43,7 +43,8 @@ def check_layer(graph: GraphAdapter, layer: Layer, only, side: str, values: bool
     """The layer's constants and its channel count on ``side`` (``"output"`` / ``"input"``), or Stop
     with the reason (and code) nothing folds into it.  A fold-math refusal of the weight's shape
     (``groups`` that do not divide it) is a Stop too, never an exception.  ``values=False``: the weight may
-    be its shape only (``GraphAdapter.weights``); :func:`read_weights` reads it once a chain is there to fold."""
+    be its shape only (``GraphAdapter.weights``); ``edit.fold_chain`` reads it once a try of the chain gets to the
+    arithmetic."""
     if only is not None and layer.kind not in only:
         raise Stop(
             layer.node,
@@ -67,16 +68,6 @@ def check_layer(graph: GraphAdapter, layer: Layer, only, side: str, values: bool
     return weights, channels
 
 
-def read_weights(graph: GraphAdapter, layer: Layer, w: LayerWeights) -> LayerWeights:
-    """``w`` with the weight's values, read now where :func:`check_layer` gave its shape only."""
-    if not w.weight.is_meta:
-        return w
-    read = graph.weights(layer)
-    if isinstance(read, str) or read.weight.shape != w.weight.shape:  # the same checks passed on its shape
-        raise AssertionError(f"internal: {layer.op} weight read as {read!r}, checked as {tuple(w.weight.shape)}")
-    return read
-
-
 def _finish(layer: Layer, w: LayerWeights, new_w: torch.Tensor, new_b: torch.Tensor):
     """The folded weight (already in its dtype) and the bias cast back, or None when none is needed."""
     if w.bias is None and w.pre is None and not bool(new_b.any()):  # NaN is nonzero, -0.0 zero
@@ -98,6 +89,12 @@ def output_params(layer: Layer, w: LayerWeights, total: Affine):
         w.weight, w.bias, total, layer.kind, layer.groups, w.weight_dtype, w.deferred
     )
     return _finish(layer, w, new_w, new_b)
+
+
+def input_check(layer: Layer, w: LayerWeights, total: Affine) -> None:
+    """The refusals of :func:`input_params` that ``w``'s shape and the layer's padding decide (a shift into a
+    padded or transposed conv, a channel count): FoldError before the weight is read."""
+    fold_math.check_input_affine(total, layer.kind, tuple(w.weight.shape), layer.groups, layer.zero_padding)
 
 
 def input_params(layer: Layer, w: LayerWeights, total: Affine):
@@ -161,8 +158,7 @@ def fold_output(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, -1)
     if _only_a_bias(layer, steps):
         return out
-    if steps:  # a weight the fold does not change is not read
-        fold_chain(graph, [(layer, read_weights(graph, layer, w))], steps, OUTPUT.name, output_params, out, _why(graph))
+    fold_chain(graph, [(layer, w)], steps, OUTPUT.name, output_params, out, _why(graph))
     return out
 
 
@@ -184,8 +180,7 @@ def fold_input(graph: GraphAdapter, layer: Layer, only) -> Outcome:
     trim_hops(steps, 0)
     if _only_a_bias(layer, steps):
         return out
-    if steps:  # a weight the fold does not change is not read
-        fold_chain(graph, [(layer, read_weights(graph, layer, w))], steps, INPUT.name, input_params, out, _why(graph))
+    fold_chain(graph, [(layer, w)], steps, INPUT.name, input_params, out, _why(graph), input_check)
     return out
 
 
