@@ -56,3 +56,20 @@ def test_the_adapter_keeps_no_large_float64_computed_constant():
     assert a is not b and torch.equal(a, b) and a.dtype == torch.float32
     assert torch.allclose(a, model.linear.weight.detach(), rtol=1e-6, atol=0)
     assert seen["held"] and max(n for _, n in seen["held"]) < fold_math.LARGE_BYTES, seen["held"]
+
+
+def test_a_constant_computed_from_parameters_records_no_autograd_graph():
+    """The evaluator computes from the program's Parameters (``requires_grad``) without autograd: no ``grad_fn``
+    kept on a computed value, nor the graph of its float64 inputs behind it."""
+    ep = torch.export.export(_Operands().eval(), (torch.randn(512, 512),))
+    seen = []
+
+    def edit(g):
+        add = next(n for n in g.ordered_nodes() if n.target == torch.ops.aten.add.Tensor)
+        seen.extend(g.constant(v) for v in (add.args[1], next(iter(add.users)).args[1]))  # big * 2, small * 3
+        seen.append(g.editor.constant_value(next(iter(g.layers())).node.args[1]))  # weight_norm's weight
+        return []
+
+    range_edit_program(ep, edit)
+    assert len(seen) == 3 and all(v is not None and v.dtype == torch.float64 for v in seen)
+    assert [(v.grad_fn, v.requires_grad) for v in seen] == [(None, False)] * 3

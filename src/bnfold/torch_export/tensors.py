@@ -151,6 +151,7 @@ class FxTensors:
             return False  # random or uninitialized: not a constant, whatever its inputs
         return True
 
+    @torch.no_grad()  # the inputs may be Parameters: a computed constant records no autograd graph
     def _evaluate(self, node: Node) -> torch.Tensor | None:
         """``node``'s value from its inputs' (already computed or stored), or None when one is not a constant."""
         if node.target is operator.getitem:
