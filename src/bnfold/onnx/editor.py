@@ -101,13 +101,21 @@ class ModelEditor(ModelIndex):
                     if id(nodes[i]) in self.dead:
                         del gi.graph.node[i]
                 continue
-            kept: list[NodeProto] = list(first)
-            for n in nodes:
-                if id(n) not in self.dead:
-                    kept.append(n)
-                kept.extend(self.inserts.get(id(n), []))
+            kept = self._placed(first + nodes)
             gi.graph.ClearField("node")
             gi.graph.node.extend(kept)
+
+    def _placed(self, nodes: list[NodeProto]) -> list[NodeProto]:
+        """``nodes`` less the removed ones, each followed by the nodes inserted after it, in the order they were
+        inserted, and after each of those the nodes inserted after it in turn (an explicit stack: any depth)."""
+        kept: list[NodeProto] = []
+        todo = nodes[::-1]
+        while todo:
+            n = todo.pop()
+            if id(n) not in self.dead:
+                kept.append(n)
+            todo.extend(self.inserts.get(id(n), [])[::-1])
+        return kept
 
 
 def drop_value_infos(graph: GraphProto, names: set[str]) -> None:
