@@ -95,6 +95,24 @@ def test_a_constant_factor_takes_the_scale_and_the_reading_layer_the_inverse():
     assert torch.equal(before, g.run({"x": xs})[0])
 
 
+def test_applying_a_plan_does_not_read_a_constant_operand_again_for_its_check(monkeypatch):
+    """``choose_k`` refused a NaN or infinity in every constant the plan rescales (its span), so ``apply`` reads a
+    constant operand only where the adapter scales it (``scaled_operand``), not once more to look for them."""
+    g = FakeGraph()
+    x = g.input("x", 2, 4)
+    big = g.node("mul", [x, g.const("c", torch.tensor(4096.0))], name="big")
+    g.outputs = [g.node("linear", [big, g.const("w", torch.randn(3, 4) / 4096)], name="head")]
+    adapter, reads = FakeAdapter(g), []
+    planner = Planner(adapter, _peaks(g, torch.randn(2, 4) * 8), LIMITS)
+    p = planner.plan("big_out")
+    k, met = planner.choose_k(p)
+    assert met and k > 0 and list(p.operands) == [(g.nodes[0], 1)]
+    constant = adapter.constant
+    monkeypatch.setattr(adapter, "constant", lambda value: reads.append(value) or constant(value))
+    assert apply(planner, p, k, "range_big_out") == ["big", "head"]
+    assert "c" not in reads
+
+
 @pytest.mark.parametrize("held", [True, False])
 def test_the_planner_reads_a_layer_it_wrote_again_its_weights_and_spans(held, monkeypatch):
     """One planner serves every rewrite: a layer's weights (held, or read again where large) and their spans are

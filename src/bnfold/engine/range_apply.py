@@ -106,10 +106,8 @@ def _product(w: Any, exponent: int) -> fold_math.Product | None:
 
 def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> Any:
     """The constant operand at ``slot`` of ``node`` times ``2 ** exponent`` as the adapter writes it; Refused where
-    it is not exact (a NaN or infinity in it, or a result outside its dtype)."""
-    value = planner._operand(node, slot)
-    if not bool(planner._const(value).isfinite().all()):
-        raise refused(node, f"its constant {planner.g.describe(value)} holds NaN or inf", Code.NOT_FINITE)
+    the result leaves its dtype.  A NaN or infinity in it never gets here: ``Planner.choose_k`` refused the plan from
+    the constant's span (and ``scale_pow2`` would refuse it too: NaN is not exact, inf leaves the range)."""
     try:
         return planner.g.scaled_operand(node, slot, exponent)
     except FoldError as err:
