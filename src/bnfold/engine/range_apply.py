@@ -63,16 +63,18 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
             op = planner.rop(user) if user is not None else None
             if op is not None and op.fact == "invariant" and planner.op_exp(p, user, op.operands[0][0], value):
                 x = exponent(2 * e)
-                why = refused(user, f"its eps {op.eps:g} times 2^{x} is no normal float32")
-                eps.append((user, _pow2(op.eps, x, torch.float32, why)))
+                scaled_eps = fold_math.pow2_scalar(op.eps, x, torch.float32)  # a normal float32, or None
+                if scaled_eps is None:
+                    raise refused(user, f"its eps {op.eps:g} times 2^{x} is no normal float32")
+                eps.append((user, scaled_eps))
     muls = []  # (value, factor, readers): a multiply after a value, or before a reader, in the value's dtype
     for value, e in p.mul_after.items():  # the readers that undo the scale keep reading the value as it was
         kept = {node for (v, node) in p.mul_before if v == value}
         readers = [u for u in g.users(value) if u not in kept]
-        muls.append((value, _mul(g, value, exponent(e), refused(readers[0] if readers else None, "")), readers))
+        muls.append((value, _mul(g, value, exponent(e), readers[0] if readers else None, refused), readers))
     for (value, node), e in p.mul_before.items():
         if value not in p.mul_after:
-            muls.append((value, _mul(g, value, -exponent(e), refused(node, "")), [node]))
+            muls.append((value, _mul(g, value, -exponent(e), node, refused), [node]))
 
     edited = {}  # node -> its name
     for node, exps, done, exact in writes:
@@ -114,18 +116,12 @@ def _operand(planner: Planner, node: Any, slot: Any, exponent: int, refused) -> 
         raise refused(node, str(err)) from None
 
 
-def _pow2(x: float, exponent: int, dtype: torch.dtype, refusal: Refused) -> float:
-    """``x * 2 ** exponent`` where it is a normal ``dtype`` number (or zero), else ``refusal``."""
-    scaled = fold_math.pow2_scalar(x, exponent, dtype)
-    if scaled is None:
-        raise refusal
-    return scaled
-
-
-def _mul(g, value: Any, exponent: int, reader: Refused) -> float:
+def _mul(g, value: Any, exponent: int, reader: Any, refused) -> float:
     """A multiply's factor ``2 ** exponent``, a normal number in ``value``'s dtype (float32 where unknown); else
-    ``reader`` (its reader's refusal) says so."""
+    Refused, named for ``reader`` (None: the graph output)."""
     dtype = g.shape_info(value).dtype
     dtype = dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
-    why = f"a multiply of {g.describe(value)} by 2^{exponent} before it is not exact in {dtype}"
-    return _pow2(1.0, exponent, dtype, Refused(reader.reason + why, Code.LIMIT_BOUND))
+    factor = fold_math.pow2_scalar(1.0, exponent, dtype)
+    if factor is None:
+        raise refused(reader, f"a multiply of {g.describe(value)} by 2^{exponent} before it is not exact in {dtype}")
+    return factor
