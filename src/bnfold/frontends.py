@@ -63,8 +63,9 @@ class Frontend:
     * ``training_norms(model, report=None)``: the names of its normalizations in training mode (``report``:
       the model's fold report, when the kind reads them from it).
     * ``numerics()``: its audit hooks (:class:`bnfold.numerics.runner.AuditFormat`), imported when called;
-      ``batches(model, npz, n, seed, input_shapes)`` the audit's input batches: the arrays of the ``.npz`` file
-      ``npz``, else ``n`` random ones from ``seed``; ``open_dims``: its inputs may leave dims open, which
+      ``batches(model, npz, n, seed, input_shapes, arrays=None)`` the audit's input batches: the arrays of the
+      ``.npz`` file ``npz`` (``arrays``: the ones :func:`bnfold.io.npz.read_npz` read from it already), else ``n``
+      random ones from ``seed``; ``open_dims``: its inputs may leave dims open, which
       ``input_shapes`` (``--input-shape``) fixes; ``runtimes``: the real runtimes the audit can run it on.
     * ``files``: its :class:`FileFormat` (None for a kind without a file of its own: an ``nn.Module``).
     """
@@ -237,23 +238,27 @@ def _onnx_writes_beside(path: str) -> list[tuple[str, str]]:
     return [("external data", onnx_data_path(path))]
 
 
-def _onnx_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None) -> list[tuple]:
+def _onnx_batches(
+    model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None, arrays: dict | None = None
+) -> list[tuple]:
     if npz:
         from .io.batches import onnx_npz_batches
 
-        return onnx_npz_batches(model, npz, input_shapes)
+        return onnx_npz_batches(model, npz, input_shapes, arrays)
     from .numerics.onnx_program import random_batches
 
     return random_batches(model, input_shapes, n, seed=seed)
 
 
-def _program_batches(model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None) -> list[tuple]:
+def _program_batches(
+    model: Any, npz: str | None, n: int, seed: int, input_shapes: dict | None, arrays: dict | None = None
+) -> list[tuple]:
     from .errors import BnfoldError
     from .io import batches
 
     if npz and input_shapes:
         raise BnfoldError("--input-shape shapes the --random batches of a .pt2 program; an --inputs file has its own")
-    return batches.npz_batches(model, npz) if npz else batches.random_batches(model, n, seed, input_shapes)
+    return batches.npz_batches(model, npz, arrays) if npz else batches.random_batches(model, n, seed, input_shapes)
 
 
 def _onnx_numerics() -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -60,6 +61,24 @@ def test_bad_npz_is_one_line_exit_2(run, models, tmp_path, arrays, problem):
     code, _, err = run("audit", models["conv_bn"], "--inputs", path)
     assert code == 2
     h.one_error_line(err, "inputs.npz", problem)
+
+
+def test_an_npz_of_inputs_is_read_and_inflated_once(run, models, tmp_path, monkeypatch):
+    """The audit reads its ``--inputs`` file once: the elements that grant the model file work at load and the
+    batches come from the same read.  Before: each member was opened and inflated twice (the allowance's count,
+    then the batches)."""
+    rng = np.random.default_rng(0)
+    np.savez_compressed(tmp_path / "in.npz", x=rng.standard_normal((2, *h.EXAMPLE_SHAPE)).astype(np.float32))
+    opened, real = [], zipfile.ZipFile.open
+
+    def counting(self, name, *args, **kwargs):
+        opened.append(getattr(name, "filename", name))
+        return real(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(zipfile.ZipFile, "open", counting)
+    code, _, err = run("audit", models["conv_bn"], "--inputs", tmp_path / "in.npz", "-q")
+    assert code == 0, err
+    assert opened.count("x.npy") == 1, opened
 
 
 def test_random_and_inputs_are_exclusive(run, models, tmp_path):

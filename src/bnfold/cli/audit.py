@@ -20,6 +20,7 @@ from .jsonout import print_json, versioned
 
 def run(args: argparse.Namespace) -> int:
     from ..io.files import ONNX, model_kind
+    from ..io.npz import read_npz
     from ..io.output import check_outputs, check_side_file
     from ..numerics import block_list
     from ..numerics.progress import Progress
@@ -39,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
     frozen = False
     try:
         progress.stage("load")
-        chosen, elements = chosen_inputs(args)
+        arrays = read_npz(args.batches) if args.batches else None  # read once: the allowance and the batches
+        chosen, elements = chosen_inputs(args, arrays)
         with inputs_chosen(chosen, elements=elements):  # the inputs' sizes are the user's: their work is too
             loaded = load(args.input, args)
         model = shapes.apply(loaded, args, batches_only=True)  # --input-shape: an ONNX model's dims fixed
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
         frozen = gc.get_freeze_count() == 0
         if frozen:
             gc.freeze()
-        report = _audit(model, args, progress, debug)
+        report = _audit(model, args, progress, debug, arrays)
         if args.plot:
             progress.stage("plot")
             with quiet(not debug):
@@ -82,24 +84,24 @@ def run(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def chosen_inputs(args: argparse.Namespace) -> tuple[bool, int | None]:
+def chosen_inputs(args: argparse.Namespace, arrays: dict | None) -> tuple[bool, int | None]:
     """:func:`bnfold.io.budget.inputs_chosen`'s arguments for loading the model: whether the user chose the inputs'
     sizes (``--inputs``, ``--input-shape``), and how many elements they hold at most (every array of the ``.npz``
-    file; the shapes given), so that a file's one run at its own example shapes, checked at load, is granted those
-    shapes' work up to what the user chose (a file alone, with ``--random``, gets none)."""
+    file, ``arrays`` as read; the shapes given), so that a file's one run at its own example shapes, checked at
+    load, is granted those shapes' work up to what the user chose (a file alone, with ``--random``, gets none)."""
     from ..io.npz import npz_elements
     from ..io.sizes import elements
 
     given = shapes.input_shapes(getattr(args, "input_shape", None))
-    if not args.batches and not given:
+    if arrays is None and not given:
         return False, None
-    n = npz_elements(args.batches) if args.batches else 0
+    n = npz_elements(arrays) if arrays is not None else 0
     return True, max(n, sum(elements(dims) for dims in given.values()))
 
 
-def _audit(model, args: argparse.Namespace, progress, debug: bool):
-    """The audit of the loaded model on ``--inputs`` or ``--random`` batches, folded once: the fold's report
-    also tells the normalizations in training mode (refused).  The model's frontend
+def _audit(model, args: argparse.Namespace, progress, debug: bool, arrays: dict | None):
+    """The audit of the loaded model on ``--inputs`` (``arrays``, read) or ``--random`` batches, folded once: the
+    fold's report also tells the normalizations in training mode (refused).  The model's frontend
     (:mod:`bnfold.frontends`) makes the batches and says which real runtimes (``--runtime``) it has; an
     ONNX model is audited with the ONNX ``fold`` writes, both emulated (``numerics.audit``)."""
     from .. import fold
@@ -123,7 +125,7 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool):
     refuse_training(model, args.input, folded.report)
     try:
         n = args.random or DEFAULT_RANDOM_BATCHES
-        batches = fe.batches(model, args.batches, n, args.seed, input_shapes)
+        batches = fe.batches(model, args.batches, n, args.seed, input_shapes, arrays)
         with quiet(not debug):
             return audit(
                 model,

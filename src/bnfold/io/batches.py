@@ -127,8 +127,9 @@ def _chosen_dims(ep, specs: list[InputSpec], shapes: dict[str, tuple[int, ...]])
     return dict(shapes)
 
 
-def npz_batches(ep, path: str) -> list[tuple]:
-    """Batches from an ``.npz``: one array per input, named ``arr_0``.. or by input name, batch axis first.
+def npz_batches(ep, path: str, arrays: dict | None = None) -> list[tuple]:
+    """Batches from an ``.npz``: one array per input, named ``arr_0``.. or by input name, batch axis first
+    (``arrays``: the file's, when :func:`read_npz` has read it already; else it is read here).
 
     An array with one axis more than the input is N batches; one of the input's rank holds samples along the batch
     axis, taken the example's batch size at a time.  Each batch's shapes must be the program's example shapes or,
@@ -139,7 +140,7 @@ def npz_batches(ep, path: str) -> list[tuple]:
 
     from .input_dims import dims_text, shape_error, user_placeholders
 
-    arrays = read_npz(path)
+    arrays = read_npz(path) if arrays is None else arrays
     specs = input_specs(ep)
     by_name = [s.name for s in specs]
     by_pos = [f"arr_{i}" for i in range(len(specs))]
@@ -201,17 +202,17 @@ def _samples(t, batch: int | None, path: str, key: str, name: str) -> list:
     return list(t.split(batch, 0))
 
 
-def onnx_npz_batches(model, path: str, input_shapes: dict | None = None) -> list[tuple]:
+def onnx_npz_batches(model, path: str, input_shapes: dict | None = None, arrays: dict | None = None) -> list[tuple]:
     """Batches for an ONNX model from an ``.npz``: one array per graph input (by name, or ``arr_0``..);
     an array with one axis more than the input is that many batches; one of the input's rank holds samples
     along the batch axis, taken the model's batch size at a time (all at once when the batch dim is open),
-    as for a torch program (:func:`npz_batches`)."""
+    as for a torch program (:func:`npz_batches`, and ``arrays`` as there)."""
     import numpy as np
     import torch
 
     from ..onnx.nodes import graph_inputs
 
-    arrays = read_npz(path)
+    arrays = read_npz(path) if arrays is None else arrays
     inputs = graph_inputs(model)
     batch = {  # each input's batch dim: --input-shape's, else the model's fixed one, else None (open)
         i.name: next((d.dim_value for d in i.type.tensor_type.shape.dim[:1] if d.dim_value > 0), None) for i in inputs

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ModelFileError
 from .errors import one_line
-from .limits import RATIO_FREE_BYTES, Limits, open_regular_file, read_regular_file
+from .limits import RATIO_FREE_BYTES, Limits, read_regular_file
 
 #: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
 NUMERIC_KINDS = "biufc"
@@ -36,30 +36,23 @@ def read_npz(path: str, limits: Limits | None = None):
     """
     data = read_regular_file(path, ".npz file")
     limits = limits or Limits()
-    arrays = _scan(path, io.BytesIO(data), limits, limits.byte_budget(len(data)), keep=True)
+    arrays = _scan(path, io.BytesIO(data), limits, limits.byte_budget(len(data)))
     if not arrays:
         raise ModelFileError(f"{path}: the .npz file holds no arrays")
     return arrays
 
 
-def npz_elements(path: str) -> int:
-    """The elements of all the arrays of the ``.npz`` file at ``path`` that its data holds: what the user chose
-    to feed, which bounds the work a model file's own input shapes are granted when it is checked at load
-    (:func:`bnfold.io.budget.inputs_chosen`).  Each member is read through (in bounded chunks, nothing kept) and
-    counts only if its data is exactly what its header states (a header claiming more would buy the model file
-    work).  0 for a file that cannot be read so (the audit's reader, :func:`read_npz`, then says why)."""
-    try:
-        with open_regular_file(path, ".npz file") as f:
-            limits = Limits()
-            budget = limits.byte_budget(f.seek(0, io.SEEK_END))
-            return sum(_scan(path, f, limits, budget, keep=False).values())
-    except Exception:  # noqa: BLE001 - any unreadable file: no allowance here, read_npz's error later
-        return 0
+def npz_elements(arrays: dict) -> int:
+    """The elements of the arrays :func:`read_npz` read: what the user chose to feed, which bounds the work a model
+    file's own input shapes are granted when it is checked at load (:func:`bnfold.io.budget.inputs_chosen`).
+    Counted from the arrays, whose data was read and matched their headers (a header claiming more would buy
+    the model file work)."""
+    return sum(a.size for a in arrays.values())
 
 
-def _scan(path: str, f: BinaryIO, limits: Limits, budget: int, keep: bool) -> dict[str, Any]:
-    """``{name: array}`` (``keep``) or ``{name: elements}`` of the ``.npz`` in ``f``, checked as :func:`read_npz`
-    says; one-line ModelFileError otherwise."""
+def _scan(path: str, f: BinaryIO, limits: Limits, budget: int) -> dict[str, Any]:
+    """``{name: array}`` of the ``.npz`` in ``f``, checked as :func:`read_npz` says; one-line ModelFileError
+    otherwise."""
     try:
         size = f.seek(0, io.SEEK_END)  # the compressed bytes there are, whatever the members state
         f.seek(0)
@@ -74,7 +67,7 @@ def _scan(path: str, f: BinaryIO, limits: Limits, budget: int, keep: bool) -> di
             for info in infos:
                 name = _name(path, info, out)
                 with zf.open(info) as entry:
-                    out[name], used = _member(path, info, entry, limits, (budget, size), keep)
+                    out[name], used = _member(path, info, entry, limits, (budget, size))
                 budget -= used
             return out
     except MemoryError:
@@ -122,8 +115,8 @@ def _name(path: str, info: zipfile.ZipInfo, seen: dict) -> str:
     return name
 
 
-def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, bounds: tuple[int, int], keep: bool):
-    """``(array or elements, bytes)`` of one member: its header read, its data read in chunks and counted.
+def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, bounds: tuple[int, int]):
+    """``(array, bytes)`` of one member: its header read, its data read in chunks and counted.
     ``bounds``: the bytes the arrays may still unpack to, and the file's size (the most compressed bytes a member
     can have, whatever it states: the inflation is counted against the smaller)."""
     import numpy as np
@@ -159,14 +152,11 @@ def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, b
                 f"{path}: entry {info.filename!r} inflates over {got // packed}-fold "
                 f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
             )
-        if keep:
-            buf += chunk
+        buf += chunk
     if got != need:
         raise ModelFileError(
             f"{path}: array {info.filename[:-4]!r} states {count} elements of {dtype} ({need} bytes), "
             f"its data holds {'more' if got > need else got}; refused"
         )
-    if not keep:
-        return count, need
     array = np.frombuffer(buf, dtype=dtype, count=count)
     return (array.reshape(shape[::-1]).transpose() if fortran else array.reshape(shape)), need
