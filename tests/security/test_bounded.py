@@ -52,7 +52,7 @@ def pt2_cases(programs, d) -> dict:
     bomb = dict(entries, **{f"{root}/data/weights/{meta['path_name']}": bytes(64 * MIB)})
     path = c.write_entries(d / "bomb.pt2", bomb, deflate=(f"{root}/data/weights/{meta['path_name']}",))
     assert path.stat().st_size < MIB
-    cases["zip bomb"] = (path, [], "zip bomb")
+    cases["zip bomb"] = (path, [], "-fold (at most 200-fold for entries over 1 MiB); refused as a zip bomb")
     cases["--max-bytes"] = (programs["conv_bn"], ["--max-bytes", "1000"], "--max-bytes")
 
     deep = dict(entries, **{f"{root}/models/model.json": b"[" * 200_000 + b"]" * 200_000})

@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from bnfold.errors import ModelFileError
+from bnfold.io.limits import Limits
 from bnfold.io.npz import npz_elements, read_npz
 
 
@@ -101,10 +102,22 @@ def test_a_deflated_member_is_read_no_further_than_its_header_states(tmp_path):
     assert peak < 16 << 20, peak
 
 
+#: the one wording of the inflation bound, for an .npz as for a .pt2 (tests/security/test_bounded.py's zip bomb)
+RATIO = r"entry 'x.npy' inflates [0-9]+-fold \(at most 200-fold for entries over 1 MiB\); refused as a zip bomb$"
+
+
+def test_the_bound_counted_on_the_inflated_bytes_says_so_in_the_same_words():
+    """zipfile stops a member at its stated size, so the count as the bytes come (``_member``) backs the stated
+    check up; its refusal is the same line, the fold a lower bound ("over")."""
+    with pytest.raises(ModelFileError, match=RATIO.replace("inflates ", "inflates over ")):
+        Limits().check_inflation("in.npz: entry 'x.npy'", (1 << 20) + 1, 1000, counted=True)
+    Limits().check_inflation("in.npz: entry 'x.npy'", 1 << 20, 1, counted=True)  # 1 MiB inflates freely
+
+
 def test_a_zip_bomb_stating_its_ratio_is_refused_before_it_inflates(tmp_path):
     n = 24 << 20
     path = _zip(tmp_path / "bomb.npz", {"x": _npy((n,), bytes(4 * n))}, zipfile.ZIP_DEFLATED)
-    with pytest.raises(ModelFileError, match="entry 'x.npy' inflates [0-9]+-fold"):
+    with pytest.raises(ModelFileError, match=RATIO):
         read_npz(str(path))
 
 
@@ -145,5 +158,5 @@ def test_a_member_stating_more_compressed_bytes_than_the_file_has_is_refused_by_
     at = data.rindex(b"PK\x01\x02")  # the one member's central directory record
     data[at + 20 : at + 24] = struct.pack("<I", 4 << 20)
     path.write_bytes(bytes(data))
-    with pytest.raises(ModelFileError, match="entry 'x.npy' inflates [0-9]+-fold"):
+    with pytest.raises(ModelFileError, match=RATIO):
         read_npz(str(path))

@@ -44,6 +44,17 @@ class Limits:
             return self.max_bytes
         return max(DEFAULT_MIN_BYTES, DEFAULT_FILE_MULTIPLE * file_size)
 
+    def check_inflation(self, entry: str, unpacked: int, packed: int, counted: bool = False) -> None:
+        """Refuse the zip entry ``entry`` (``"<file>: entry 'name'"``) when it is over :data:`RATIO_FREE_BYTES`
+        and ``unpacked`` bytes from ``packed`` inflate more than ``zip_ratio``-fold; ``counted``: ``unpacked`` is
+        what was inflated so far (the entry inflates "over" that), not what it states."""
+        packed = max(packed, 1)
+        if unpacked > RATIO_FREE_BYTES and unpacked > self.zip_ratio * packed:
+            raise ModelFileError(
+                f"{entry} inflates {'over ' if counted else ''}{unpacked // packed}-fold "
+                f"(at most {self.zip_ratio}-fold for entries over {RATIO_FREE_BYTES >> 20} MiB); refused as a zip bomb"
+            )
+
 
 def read_regular_file(path: str, what: str = "model file") -> bytes:
     """The bytes of the regular file at ``path``; a one-line ``ModelFileError`` for anything else.

@@ -14,7 +14,7 @@ from typing import Any, BinaryIO
 
 from ..errors import ModelFileError
 from .errors import one_line
-from .limits import RATIO_FREE_BYTES, Limits, read_regular_file
+from .limits import Limits, read_regular_file
 
 #: numpy dtype kinds an input array may have: bool, signed and unsigned integers, floats, complex
 NUMERIC_KINDS = "biufc"
@@ -62,8 +62,11 @@ def _scan(path: str, f: BinaryIO, limits: Limits, budget: int) -> dict[str, Any]
             if total > budget:
                 raise ModelFileError(f"{path}: the arrays unpack to {total} bytes, over the limit of {budget}; refused")
             out: dict[str, Any] = {}
-            for info in infos:
-                _stated_ratio(path, info, limits, size)
+            for info in infos:  # an entry stating it inflates over the bound is refused before any of it is read;
+                # its compressed bytes are at most the file's size, whatever it states (counted again in _member)
+                limits.check_inflation(
+                    f"{path}: entry {info.filename!r}", info.file_size, min(info.compress_size, size)
+                )
             for info in infos:
                 name = _name(path, info, out)
                 with zf.open(info) as entry:
@@ -76,18 +79,6 @@ def _scan(path: str, f: BinaryIO, limits: Limits, budget: int) -> dict[str, Any]
         raise
     except Exception as e:  # noqa: BLE001 - zipfile, zlib and numpy's header reader raise many kinds
         raise ModelFileError(f"{path}: cannot read the inputs as an .npz file ({one_line(e)})") from None
-
-
-def _stated_ratio(path: str, info: zipfile.ZipInfo, limits: Limits, size: int) -> None:
-    """An entry over 1 MiB that states it inflates over the bound is refused before any of it is read; its
-    compressed bytes are at most the file's ``size``, whatever it states (the bound is counted again on the
-    bytes as they come: :func:`_member`)."""
-    packed = max(min(info.compress_size, size), 1)
-    if info.file_size > RATIO_FREE_BYTES and info.file_size > limits.zip_ratio * packed:
-        raise ModelFileError(
-            f"{path}: entry {info.filename!r} inflates {info.file_size // packed}-fold "
-            f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
-        )
 
 
 def _header(path: str, info: zipfile.ZipInfo, entry: BinaryIO, version: tuple) -> BinaryIO:
@@ -121,7 +112,7 @@ def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, b
     can have, whatever it states: the inflation is counted against the smaller)."""
     import numpy as np
 
-    budget, packed = bounds[0], max(min(info.compress_size, bounds[1]), 1)
+    budget, packed = bounds[0], min(info.compress_size, bounds[1])
 
     fmt = np.lib.format
     version = fmt.read_magic(entry)
@@ -147,11 +138,7 @@ def _member(path: str, info: zipfile.ZipInfo, entry: BinaryIO, limits: Limits, b
         if not chunk:
             break
         got += len(chunk)
-        if got > RATIO_FREE_BYTES and got > limits.zip_ratio * packed:
-            raise ModelFileError(
-                f"{path}: entry {info.filename!r} inflates over {got // packed}-fold "
-                f"(at most {limits.zip_ratio}-fold for entries over 1 MiB); refused"
-            )
+        limits.check_inflation(f"{path}: entry {info.filename!r}", got, packed, counted=True)
         buf += chunk
     if got != need:
         raise ModelFileError(

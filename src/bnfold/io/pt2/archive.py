@@ -9,7 +9,7 @@ from collections import Counter
 
 from ...errors import ModelFileError
 from ..errors import one_line
-from ..limits import MAX_BYTES_HINT, RATIO_FREE_BYTES, Limits
+from ..limits import MAX_BYTES_HINT, Limits
 from .layout import ZIP_MAGIC, layout
 
 
@@ -102,11 +102,7 @@ def _check_sizes(infos: list[zipfile.ZipInfo], file_size: int, source: str, limi
             f"{source}: the archive unpacks to {total} bytes, over the limit of {budget}; {MAX_BYTES_HINT}"
         )
     for i in infos:
-        if i.file_size > RATIO_FREE_BYTES and i.file_size > limits.zip_ratio * max(i.compress_size, 1):
-            raise ModelFileError(
-                f"{source}: entry {i.filename} inflates {i.file_size // max(i.compress_size, 1)}-fold "
-                f"(at most {limits.zip_ratio} is accepted); refused as a zip bomb"
-            )
+        limits.check_inflation(f"{source}: entry {i.filename!r}", i.file_size, i.compress_size)
 
 
 def sniff(data: bytes) -> str:
