@@ -10,7 +10,11 @@ class BnfoldError(Exception):
 
 
 class ModelFileError(BnfoldError):
-    """A model file is missing, unreadable, of the wrong format, or unsafe to load."""
+    """A model file is missing, unreadable, of the wrong format, or unsafe to load.  ``names_file``: the message
+    starts with the file at fault, another than the one being written (the input a streamed save copies from), so
+    :func:`bnfold.io.errors.naming` puts no other in front."""
+
+    names_file: bool = False
 
 
 class UnsafeModelError(ModelFileError):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
 import subprocess
 import sys
 
@@ -463,6 +464,32 @@ def test_a_data_file_written_while_the_save_copies_it_is_refused(tmp_path, monke
     out = tmp_path / "out.onnx"
     with layout.reading(), pytest.raises(ModelFileError, match="'m.data' changed while it was read"):
         save_onnx(bnfold.fold(model, exclude=["l2"]).model, out, layout)
+    assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_the_clis_refusal_at_the_save_names_the_input_once(tmp_path, monkeypatch, capsys):
+    """``bnfold fold --low-memory`` whose input data changes before the save: one line, prefixed once, by the
+    model whose data changed.  Before: the output's path was put in front of it too ("out.onnx: in/m.onnx: ...")."""
+    from bnfold.io import models
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(linear_stack(3, 128), src, "mixed")
+    os.utime(src / "m.data", ns=(0, 0))
+    write = models._write_model
+
+    def change_then_write(*args, **kwargs):
+        _rewrite_in_place(src / "m.data")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(models, "_write_model", change_then_write)
+    out = tmp_path / "out.onnx"
+    assert main(["fold", path, "-o", str(out), "--low-memory", "--exclude", "l2", "-q"]) == 2
+    err = capsys.readouterr().err
+    shape = (
+        rf"bnfold: error: {re.escape(path)}: external data 'm.data' changed while it was read [^\n]*; load it again\n"
+    )
+    assert re.fullmatch(shape, err), err
     assert not out.exists() and not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
 
 

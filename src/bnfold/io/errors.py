@@ -25,8 +25,9 @@ def one_line(what: BaseException | str) -> str:
 
 
 def naming(err: BnfoldError, path: str) -> BnfoldError:
-    """The same error as one line, with ``path`` in front when the message does not name the file."""
+    """The same error as one line, with ``path`` in front when the message does not name the file, nor starts with
+    the file at fault (``ModelFileError.names_file``)."""
     msg = one_line(str(err))
-    if path in msg or os.path.basename(path) in msg:
+    if getattr(err, "names_file", False) or path in msg or os.path.basename(path) in msg:
         return type(err)(msg)
     return type(err)(f"{path}: {msg}")

@@ -124,6 +124,9 @@ def save_onnx(model: onnx.ModelProto, path: str | os.PathLike, layout: ExternalL
                 _write(model_tmp, blob)
     except OSError as e:
         raise ModelFileError(f"{p}: cannot write the model ({e.strerror or e})") from None
+    except ModelFileError as e:
+        e.names_file = e.names_file or streamed  # the streamed source's refusal (its data changed): it names the input
+        raise
 
 
 def _serialized(p: str, serialize: Callable[[], bytes]) -> bytes:
