@@ -109,6 +109,20 @@ def test_the_facts_come_from_the_programs_and_graphs_convolutions(tmp_path):
     assert [onnx_conv(n, n.op_type) for n in nodes if onnx_conv(n, n.op_type)] == [Conv(False, True), Conv(True, False)]
 
 
+def test_a_transposed_convs_flops_are_its_input_positions_whatever_its_spelling():
+    """``convolution(..., transposed=True, ...)`` and ``conv_transpose2d`` are one op to the cost model: one inner
+    product of ``C_out/g x kh x kw`` per input element (the im2col buffer's facts decide it, ``fx_conv``), and a
+    ``convolution`` not transposed one per output element."""
+    aten = torch.ops.aten
+    x, w, out = [1, 8, 16, 16], [8, 4, 3, 3], [1, 4, 33, 33]
+    per_input = 2 * 2048 * 36
+    conv_args = (None, None, None, [2, 2], [0, 0], [1, 1], True, [0, 0], 1)
+    assert op_flops(aten.convolution.default, conv_args, out, [x, w]) == per_input
+    assert op_flops(aten.conv_transpose2d.input, (None, None, None, [2, 2]), out, [x, w]) == per_input
+    forward = (None, None, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1)
+    assert op_flops(aten.convolution.default, forward, [1, 8, 16, 16], [x, [8, 8, 3, 3]]) == 2 * 2048 * 72
+
+
 class _TimeBatchConv(torch.nn.Module):
     def __init__(self, c: int):
         super().__init__()

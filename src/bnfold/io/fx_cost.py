@@ -11,8 +11,8 @@ from typing import Any
 from ..errors import ModelFileError
 from .budget import input_flops
 from .cost import (
-    FX_CONV_OPS,
     Budget,
+    Conv,
     Plan,
     PlanStep,
     check_batches,
@@ -24,19 +24,22 @@ from .sizes import concrete_dim, elements
 
 
 def _fx_flops(
-    name: str, args: Any, out_dims: Sequence[int], in_dims: list[Sequence[int]], out_n: int, in_ns: list[int]
+    name: str,
+    args: Any,
+    conv: Conv | None,
+    out_dims: Sequence[int],
+    in_dims: list[Sequence[int]],
+    out_n: int,
+    in_ns: list[int],
 ) -> int:
     """FLOPs of one op ``name`` (``convolution``, ``mm`` ...) called with ``args``, from its recomputed output and
     input dims and their element counts ``out_n`` and ``in_ns``: matrix and conv ops by their inner products (a
-    transposed ``convolution`` is told by its 7th argument, a ``conv_tbc``'s weight is ``[taps, C_in, C_out]``, an
-    ``einsum`` by its equation), anything else by the elements it touches."""
+    convolution's ``conv``, :func:`bnfold.io.cost.fx_conv`, tells a transposed one; a ``conv_tbc``'s weight is
+    ``[taps, C_in, C_out]``, an ``einsum`` by its equation), anything else by the elements it touches."""
     if name == "einsum" and args and isinstance(args[0], str):
         return einsum_flops(args[0], in_dims, out_dims)
-    if name in FX_CONV_OPS and len(in_dims) > 1:
-        transposed = bool(args[6]) if name in ("convolution", "_convolution") and len(args) > 6 else False
-        return 2 * (in_ns[0] if transposed else out_n) * elements(in_dims[1][1:])
-    if name.startswith("conv_transpose") and len(in_dims) > 1:
-        return 2 * in_ns[0] * elements(in_dims[1][1:])
+    if conv is not None and len(in_dims) > 1:  # each input (transposed) or output element: one inner product
+        return 2 * (in_ns[0] if conv.transposed else out_n) * elements(in_dims[1][1:])
     if name == "conv_tbc" and len(in_dims) > 1:  # weight [taps, C_in, C_out]: taps x C_in products per output
         return 2 * out_n * elements(in_dims[1][:-1])
     if name in ("mm", "bmm", "matmul", "addmm", "linear", "baddbmm", "addbmm") and in_dims:
@@ -51,7 +54,9 @@ def _fx_flops(
 def op_flops(target: Any, args: Any, out_dims: list[int], in_dims: list[list[int]]) -> int:
     """FLOPs of one output (``out_dims``) of the op ``target`` called with ``args`` on inputs of ``in_dims``
     (:func:`_fx_flops`)."""
-    return _fx_flops(_target_name(target), args, out_dims, in_dims, elements(out_dims), [elements(d) for d in in_dims])
+    name = _target_name(target)
+    ns = [elements(d) for d in in_dims]
+    return _fx_flops(name, args, fx_conv(name, args), out_dims, in_dims, elements(out_dims), ns)
 
 
 def _target_name(target: Any) -> str:
@@ -196,11 +201,12 @@ def fx_plan(
                 in_dims.append(dims)
                 in_ns.append(n)
         name = _target_name(target)
+        conv = fx_conv(name, node.args)  # transposed or not: decided once, for the FLOPs and the im2col buffer
         flops = temp = 0
         for n, s in zip(ns, vals):
-            flops += _fx_flops(name, node.args, s.dims, in_dims, n, in_ns)
+            flops += _fx_flops(name, node.args, conv, s.dims, in_dims, n, in_ns)
             if hold and s.is_float:
-                temp = max(temp, hold.temp(fx_conv(name, node.args), s.dims, in_dims))
+                temp = max(temp, hold.temp(conv, s.dims, in_dims))
         if vals:
             firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
