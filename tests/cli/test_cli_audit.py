@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import zipfile
 
 import numpy as np
@@ -11,8 +12,8 @@ import pytest
 import torch
 
 import cli_helpers as h
+from bnfold.cli.progress import Progress
 from bnfold.io import batches as cli_inputs
-from bnfold.numerics.progress import Progress
 
 
 @pytest.fixture(scope="module")
@@ -184,7 +185,8 @@ def test_progress_on_a_terminal_and_in_a_log():
     p(1, 2)
     p(2, 2)
     lines = log.getvalue().splitlines()
-    assert lines[0].startswith("audit: fold") and "2/2" in lines[-1] and "\r" not in log.getvalue()
+    assert lines[0].startswith("bnfold: audit: fold ...") and "2/2" in lines[-1] and "\r" not in log.getvalue()
+    assert all(re.fullmatch(r"bnfold: audit: .+ \[\d+ s\]", line) for line in lines), lines  # the fold's format too
 
     quiet_log = _Stream(False)
     p = Progress(stream=quiet_log, every=3600.0)  # a short run in a log prints nothing

@@ -199,9 +199,9 @@ def assert_case(runs: list, peak_mib: float) -> None:
             raise AssertionError(f"{where}: {e}") from None
 
 
-#: the notes a run past a few seconds (a loaded machine's) prints on a stderr that is no terminal: the fold's
-#: ``bnfold.cli.progress.Heartbeat`` and the audit's ``bnfold.numerics.progress.Progress``; not error lines
-PROGRESS = re.compile(r"bnfold: .+\.\.\. \d+ s|audit: .+ \[\d+s\]")
+#: the notes a run past a few seconds (a loaded machine's) prints on a stderr that is no terminal, in the one format of
+#: ``bnfold.cli.progress`` (the fold's ``Heartbeat``, the audit's ``Progress``); not error lines
+PROGRESS = re.compile(r"bnfold: (?!error: ).+ \[\d+ s\]")
 
 
 def beyond_progress(stderr: str) -> list[str]:

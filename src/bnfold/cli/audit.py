@@ -16,6 +16,7 @@ from .args import opt
 from .constants import DEFAULT_RANDOM_BATCHES, EXIT_OK
 from .fold import load
 from .jsonout import print_json, versioned
+from .progress import Progress
 
 
 def run(args: argparse.Namespace) -> int:
@@ -23,7 +24,6 @@ def run(args: argparse.Namespace) -> int:
     from ..io.npz import read_npz
     from ..io.output import check_outputs, check_side_file
     from ..numerics import block_list
-    from ..numerics.progress import Progress
 
     debug = opt(args, "debug")
     check_outputs({"plot": args.plot, "block list": args.block_list}, inputs=[args.input, args.batches])

@@ -8,7 +8,8 @@ the run, per layer cumulative and local SQNR (NaN/inf as counts and shares),
 and what to do (:mod:`.advice`).  One lockstep runner (:mod:`.runner`) runs every format through a
 thin executor (:mod:`.fx_program` for torch programs, :mod:`.onnx_program` for ONNX); an ONNX model is
 audited with the ONNX that ``bnfold.fold`` writes, in the same pipeline; :mod:`.real_runtimes` runs the real
-fp16 runtimes the profiles stand for; :mod:`.progress` reports long audits on stderr.
+fp16 runtimes the profiles stand for; ``audit``'s ``progress`` callback hears of stages and batches
+(:class:`bnfold.cli.progress.Progress` shows them on stderr).
 """
 
 from .audit import AuditReport, audit
