@@ -20,17 +20,14 @@ A benchmark, not a test: it prints a table and asserts nothing.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-import numpy as np
-
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from onnx_stream import _env, build  # noqa: E402
+from onnx_stream import _env  # noqa: E402
+from range_stages import prepare  # noqa: E402
 
 _CHILD = """
 import collections, functools, json, sys
@@ -116,19 +113,7 @@ def _cell(rows: list, what: str, large: set) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=64.0, help="MB of weights (default 64)")
-    ap.add_argument("--dir", default="/tmp/bnfold_range_reads", help="working folder (emptied)")
-    ap.add_argument("--before", metavar="SRC", help="another bnfold's src folder, run after this one")
-    a = ap.parse_args(argv)
-    shutil.rmtree(a.dir, ignore_errors=True)
-    os.makedirs(a.dir)
-    model = os.path.join(a.dir, "big.onnx")
-    info = build(model, a.mb)
-    inputs = os.path.join(a.dir, "inputs.npz")
-    np.savez(inputs, x=np.random.default_rng(0).standard_normal((2, 1, 3, 16, 16)).astype(np.float32) * 1e4)
-    args = ["fold", model, "-o", os.path.join(a.dir, "out.onnx"), "--force", "-q", "--fp16-range", inputs]
-    codes = [("this", "src")] + ([("before", a.before)] if a.before else [])
+    a, info, args, codes = prepare(argv, __doc__, 64.0, "/tmp/bnfold_range_reads")
     runs = {name: counts([*args, "--low-memory"], src) for name, src in codes}
     large = {"proj"} | {f"l{i}.w" for i in range(info["layers"])}  # the weights of 1 MiB or more
     print(

@@ -86,10 +86,13 @@ def _cell(r: dict) -> str:
     return f"{r['start'] / mb:.1f}, {r['peak'] / mb:.1f} (+{(r['peak'] - r['start']) / mb:.1f}), {r['end'] / mb:.1f}"
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mb", type=float, default=256.0, help="MB of weights (default 256)")
-    ap.add_argument("--dir", default="/tmp/bnfold_range_stages", help="working folder (emptied)")
+def prepare(argv: list[str] | None, doc: str, mb: float, folder: str) -> tuple:
+    """The command line (``--mb``, ``--dir``, ``--before``) parsed, the model built in the emptied folder with its
+    two calibration batches: ``(arguments, the model's sizes, bnfold's arguments without --low-memory, [(name, src
+    folder)])``."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
+    ap.add_argument("--mb", type=float, default=mb, help=f"MB of weights (default {mb:.0f})")
+    ap.add_argument("--dir", default=folder, help="working folder (emptied)")
     ap.add_argument("--before", metavar="SRC", help="another bnfold's src folder, run after this one")
     a = ap.parse_args(argv)
     shutil.rmtree(a.dir, ignore_errors=True)
@@ -99,7 +102,11 @@ def main(argv: list[str] | None = None) -> int:
     inputs = os.path.join(a.dir, "inputs.npz")
     np.savez(inputs, x=np.random.default_rng(0).standard_normal((2, 1, 3, 16, 16)).astype(np.float32) * 1e4)
     args = ["fold", model, "-o", os.path.join(a.dir, "out.onnx"), "--force", "-q", "--fp16-range", inputs]
-    codes = [("this", "src")] + ([("before", a.before)] if a.before else [])
+    return a, info, args, [("this", "src")] + ([("before", a.before)] if a.before else [])
+
+
+def main(argv: list[str] | None = None) -> int:
+    a, info, args, codes = prepare(argv, __doc__, 256.0, "/tmp/bnfold_range_stages")
     runs = {name: stages([*args, "--low-memory"], src) for name, src in codes}
     mb, load = 2**20, os.getloadavg()[0]
     print(f"{a.mb:.0f} MB of weights, largest tensor {info['largest'] / mb:.1f} MB, load {load:.1f}; MB:\n")

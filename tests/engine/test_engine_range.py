@@ -153,7 +153,10 @@ def _mul_chain(blocks: int) -> FakeGraph:
 def test_rewrites_that_insert_multiplies_read_each_weight_once_and_again_where_edited(held, monkeypatch):
     """A rewrite that inserts a multiply adds nodes: the planner reads again the nodes around it, not every layer's
     weights (a disk read each for a streamed model's large ones).  Weight reads stay within a bound linear in the
-    layers and the layers the rewrites edit (on the whole-graph re-read: 3280 held / 3600 not, for 80 layers)."""
+    layers and the layers the rewrites edit (on the whole-graph re-read: 3280 held / 3600 not, for 80 layers).  A
+    large weight is read with its values only for its span, once, and for each write (its span after a write is the
+    old one scaled: 480 reads before, for 80 layers each edited once, 160 now); asking whether a node is a layer,
+    and the check of a scale its span shows exact, ask for its shape only (``values=False``)."""
     if not held:
         monkeypatch.setattr(range_planner, "LARGE_BYTES", 0)  # every weight counts as large: read at use
     g = _mul_chain(40)
@@ -161,14 +164,19 @@ def test_rewrites_that_insert_multiplies_read_each_weight_once_and_again_where_e
     before = g.run({"x": x})[0]
     adapter, reads = FakeAdapter(g), []
     weights = adapter.weights
-    monkeypatch.setattr(adapter, "weights", lambda layer: reads.append(layer.node) or weights(layer))
+
+    def counted(layer, values=True):  # held: every call is a read (this adapter gives values either way)
+        if values or held:
+            reads.append(layer.node)
+        return weights(layer, values)
+
+    monkeypatch.setattr(adapter, "weights", counted)
     entries = rescale_graph(adapter, _peaks(g, x), LIMITS)
     rewritten = [e for e in entries if e.factor != 1.0]
     assert len(rewritten) >= 40 and all(e.muls >= 1 for e in rewritten)
     layers, edited = 80, sum(len(e.nodes) for e in entries)
-    # each layer read once (and its spans once more where large); each layer a rewrite edits read again, held, or
-    # where large: its spans, the check before writing, the write, the spans after it
-    assert len(reads) <= (layers + edited if held else 2 * layers + 4 * edited), (len(reads), layers, edited)
+    # held: each layer read once, and again where a rewrite edits it; large: its span once, and each write
+    assert len(reads) <= layers + edited, (len(reads), layers, edited)
     assert torch.equal(before, g.run({"x": x})[0])  # powers of two: not one bit differs in float64
 
 

@@ -30,8 +30,9 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
 
     def scaled(node: Any, w_e: Fraction, b_e: Fraction, weight: bool = True, exact: bool = False) -> tuple:
         """The layer and its weight (None where ``weight`` is False; a product made as it is written where ``exact``,
-        the span showed the scale exact, and the adapter takes one) and bias scaled; Refused where one fails."""
-        layer, w = planner.layer(node)[0], planner.weights(node)
+        the span showed the scale exact, and the adapter takes one) and bias scaled; Refused where one fails.  Where
+        ``weight`` is False, a weight the adapter can tell by its shape is not read."""
+        layer, w = planner.layer(node)[0], planner.weights(node, weight)
         try:
             what = f"{layer.op} weight"
             out = (_product(w, exponent(w_e)) if exact else None) if weight else None
@@ -80,6 +81,7 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
     for node, exps, done, exact in writes:
         layer, weight, bias = done if done is not None else scaled(node, *exps, exact=exact)
         g.write_layer(layer, weight, bias, label)
+        planner.keep_span(node, exponent(exps[0]))
         edited[node] = g.node_name(node)
         del weight, bias, done
     for node, slot, new in operands:

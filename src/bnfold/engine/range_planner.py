@@ -125,6 +125,7 @@ class Planner:
         self._pushed = itertools.count()  # ties in the queue go in the order pushed (never by object id)
         self._ops: dict = {}
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
+        self._kept: dict = {}  # a layer node -> its written weight's span, kept through forget (:meth:`keep_span`)
         self._is_const: dict = {}  # a value -> whether it is a constant (:meth:`is_const`)
         self._layer_exps: tuple = (None, {})  # the last plan's :meth:`layer_exps`
         self._read_layers()
@@ -209,22 +210,26 @@ class Planner:
 
     def layer(self, node: Any) -> tuple[Layer, Any] | None:
         """``node`` as a layer whose weights are constants (and its weights, None where they are large: read
-        them with :meth:`weights`), or None."""
+        them with :meth:`weights`), or None.  A large weight the adapter can tell by its shape (a streamed model's,
+        left on disk) is not read here: whether the layer is one is answered from its shape and dtype."""
         if node is None:
             return None
         if node not in self._ops:
             layer = self.g.layer(node)
-            w = self._read(layer) if layer is not None else None
+            w = self._read(layer, False) if layer is not None else None
+            if w is not None and w.weight.is_meta and _nbytes(w) < LARGE_BYTES:
+                w = self._read(layer)  # small: held, its values read once
             ok = layer is not None and w is not None
             # large weights are read again where needed (a streamed model's stay on disk: one held at a time)
-            held = ok and w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes) < LARGE_BYTES
+            held = ok and not w.weight.is_meta and _nbytes(w) < LARGE_BYTES
             self._ops[node] = (layer, w if held else None) if ok else None
         return self._ops[node]
 
-    def _read(self, layer: Layer) -> LayerWeights | None:
+    def _read(self, layer: Layer, values: bool = True) -> LayerWeights | None:
         """The weights of ``layer`` as the plan reads them (a Gemm's ``beta * C`` as its bias), or None when they
-        are not constants or the layer applies a scale of its own."""
-        w = self.g.weights(layer)
+        are not constants or the layer applies a scale of its own.  ``values=False``: the weight may be a ``meta``
+        tensor (``GraphAdapter.weights``), the bias is read."""
+        w = self.g.weights(layer, values)
         if isinstance(w, str):
             return None
         if w.pre is not None:  # Gemm: alpha 1 and beta * C, read as a bias
@@ -233,23 +238,38 @@ class Planner:
             w = LayerWeights(w.weight, w.pre.shift, w.weight_dtype, w.bias_dtype)
         return w
 
-    def weights(self, node: Any) -> LayerWeights:
-        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again."""
+    def weights(self, node: Any, values: bool = True) -> LayerWeights:
+        """The weights of the layer ``node`` (:meth:`layer` is not None): those held, else read again (``values=
+        False``: the weight may be a ``meta`` tensor, its shape and dtype only; the bias is read)."""
         layer, w = self.layer(node)
         if w is None:
-            w = self._read(layer)
+            w = self._read(layer, values)
             assert w is not None  # the graph has not changed since :meth:`layer` read them (or ``forget``)
         return w
 
     def spans(self, node: Any) -> tuple[tuple[float, float], tuple[float, float] | None]:
         """The spans (:func:`span`) of the layer ``node``'s weight and bias (None: no bias), read once (again
-        after :meth:`forget`)."""
+        after :meth:`forget`, but for a weight written scaled by a power of two: its span is the old one's
+        scaled, :meth:`keep_span`)."""
         if node not in self._spans:
-            w = self.weights(node)
+            kept = self._kept.pop(node, None)
+            w = self.weights(node, kept is None)
             bias = None if w.bias is None else (span(w.bias), w.bias.dtype, w.bias_dtype)
-            self._spans[node] = ((span(w.weight), w.weight.dtype, w.weight_dtype), bias)
+            self._spans[node] = (kept or (span(w.weight), w.weight.dtype, w.weight_dtype), bias)
         weight, bias = self._spans[node]
         return weight[0], None if bias is None else bias[0]
+
+    def keep_span(self, node: Any, exponent: int) -> None:
+        """The layer ``node``'s weight is about to be written as ``fold_math.scale_pow2`` of it by ``2 ** exponent``
+        (every element exact, or it is not written): where it is held in the dtype it is written in and its span
+        was read, the span of the written weight is that span times ``2 ** exponent``, bit for bit (a power of two
+        moves no bit of a float that stays normal), kept through :meth:`forget` so the weight is not read again
+        for it."""
+        was = self._spans[node][0] if node in self._spans else self._kept.pop(node, None)
+        if was is not None:
+            (low, high), dtype, stored = was
+            if dtype == stored and all(math.isfinite(x) for x in (low, high)):
+                self._kept[node] = ((math.ldexp(low, exponent), math.ldexp(high, exponent)), dtype, stored)
 
     def scales_exactly(self, node: Any, exponent: int) -> bool:
         """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
@@ -614,6 +634,10 @@ class Planner:
             if e_out != 0 or e_in != 0:
                 out[node] = (e_out - e_in, e_out)
         return out
+
+
+def _nbytes(w: LayerWeights) -> int:
+    return w.weight.nbytes + (0 if w.bias is None else w.bias.nbytes)
 
 
 def _degree(op) -> Fraction | None:
