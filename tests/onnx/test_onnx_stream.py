@@ -259,6 +259,27 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
     assert copies and all(copies)  # every streamed tensor (proj, l1.w, the products) copied by the kernel
 
 
+def _streamed_reads(tmp_path, monkeypatch, model: onnx.ModelProto) -> list[str]:
+    """``model`` saved with every tensor in ``m.data`` and folded plain and with ``--low-memory``: the names of the
+    tensors the streamed route read, in order (the plain route reads none); the two routes' files are the same."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = str(src / "m.onnx")
+    onnx.save(model, path, save_as_external_data=True, location="m.data", size_threshold=0)
+    reads = []
+    real_read = onnx_stream.ExternalSource.read
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+    outs = {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        (tmp_path / name).mkdir()
+        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
+        outs[name] = _files(tmp_path / name)
+    assert outs["stream"] == outs["plain"]
+    return reads
+
+
 def _unread_model(case: str) -> onnx.ModelProto:
     """Streamed weights (64x32x3x3 float32, 72 KiB) that nothing folds into: two convs fed by a BatchNorm whose
     variance is a graph input (the fan-out rule looks, its chain has no constant step), a conv whose output
@@ -334,22 +355,33 @@ def test_a_weight_the_rules_only_look_at_is_not_read(tmp_path, monkeypatch, case
     each by the fan-out check, W1 by the merge rule; W1 for the chain the max-pool crossing leaves, W1 (and W2) for
     the shift the padding refuses), and a weight the loop folds after a retry is read once. The files are the plain
     fold's."""
-    from bnfold.io import onnx_stream
-
-    src = tmp_path / "in"
-    src.mkdir()
-    path = str(src / "m.onnx")
-    onnx.save(_unread_model(case), path, save_as_external_data=True, location="m.data", size_threshold=0)
-    reads = []
-    real_read = onnx_stream.ExternalSource.read
-    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
-    outs = {}
-    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
-        (tmp_path / name).mkdir()
-        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
-        outs[name] = _files(tmp_path / name)
-    assert outs["stream"] == outs["plain"]
+    reads = _streamed_reads(tmp_path, monkeypatch, _unread_model(case))
     assert reads == read
+
+
+def test_a_large_constant_added_after_a_matmul_is_told_from_its_shape(tmp_path, monkeypatch):
+    """Whether an ``Add`` after a MatMul is its bias is told from the constant's shape: a streamed constant of 1 MiB
+    that is no per-channel vector ([256, 1024] added to a [1, 256, 1024] product) is not read to tell it.  Before,
+    each parse of the MatMul as a layer read it: 13 reads in one fold, now 1 (the chain rule's refusal reads it).
+    The files are the plain fold's."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [
+        numpy_helper.from_array(rng.standard_normal((16, 1024)).astype(np.float32), "W"),
+        numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32), "C"),
+    ]
+    nodes = [
+        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+        helper.make_node("Add", ["m", "C"], ["y"], name="add"),
+    ]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 16])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 1024])
+    model = helper.make_model(
+        helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)]
+    )
+    reads = _streamed_reads(tmp_path, monkeypatch, model)
+    assert reads.count("C") == 1, reads
 
 
 def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):

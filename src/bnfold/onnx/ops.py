@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
+import torch
 from onnx import NodeProto
 
 from ..engine.chain import per_channel
@@ -320,9 +321,11 @@ def _bias_add(graph: Any, out: Any, weight_dims: list | None) -> Node | None:
     p = add.proto
     if not is_onnx_op(p, "Add") or len(p.input) != 2 or len(p.output) != 1 or p.input[0] == p.input[1]:
         return None
-    const = graph.constant(graph.value(add.gi, p.input[1 - list(p.input).index(out.name)]))
-    if const is None:
+    other = graph.value(add.gi, p.input[1 - list(p.input).index(out.name)])
+    if not graph.is_constant(other):
         return None
+    # its shape alone tells (a streamed constant is not read): as ``constant(other)`` would be, in ``meta``
+    const = torch.empty(graph.const(other).shape, dtype=torch.float64, device="meta")
     rank = graph.shape_info(out).rank
     vec = per_channel(const, rank, -1 if rank is None else rank - 1, int(weight_dims[1]))
     return None if isinstance(vec, str) else add
