@@ -293,18 +293,20 @@ class Product:
         """The product of a 2-D weight, transposed (a MatMul weight back to its stored ``[in, out]``)."""
         return Product(self.weight.T, self.s.expand(self.weight.shape).T, self.spilled)
 
-    def stages(self) -> Iterator[torch.Tensor]:
+    def stages(self, in_place: bool = False) -> Iterator[torch.Tensor]:
         """The product in row-major order of :attr:`shape`, as 1-D pieces of about :data:`STAGE_BYTES`: views
-        of one buffer, each valid until the next is asked for."""
+        of one buffer, each valid until the next is asked for.  ``in_place``: made over the weight's own memory
+        (a contiguous weight its caller owns: a streamed weight read again where its product is saved), the
+        pieces views of it, each made as it is asked for."""
         w, s = self.weight, self.s.expand(self.weight.shape)
         if w.dim() < 2:
-            yield (w * s).reshape(-1)
+            yield (torch.mul(w, s, out=w) if in_place else w * s).reshape(-1)
             return
         per_stage = max(1, STAGE_BYTES // max(1, w[0].numel() * w.element_size()))
-        stage = torch.empty((min(per_stage, w.shape[0]), *w.shape[1:]), dtype=w.dtype)
+        stage = w if in_place else torch.empty((min(per_stage, w.shape[0]), *w.shape[1:]), dtype=w.dtype)
         for i in range(0, w.shape[0], per_stage):
             rows = min(per_stage, w.shape[0] - i)
-            ws, ss, out = w[i : i + rows], s[i : i + rows], stage[:rows]
+            ws, ss, out = w[i : i + rows], s[i : i + rows], stage[i : i + rows] if in_place else stage[:rows]
             for idx in index_blocks(tuple(ws.shape)):
                 torch.mul(ws[idx], ss[idx], out=out[idx])
             yield out.reshape(-1)

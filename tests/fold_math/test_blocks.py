@@ -126,3 +126,27 @@ def test_blocked_reads_are_the_whole_tensors(dims, dtype, block, transposed, sca
 def _bits(t: torch.Tensor) -> torch.Tensor:
     """``t``'s bit patterns in row-major order (signed zeros apart)."""
     return t.contiguous().view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    dims=st.lists(st.integers(1, 9), min_size=1, max_size=4),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    stage=st.integers(1, 600),
+    seed=st.integers(0, 1000),
+)
+def test_a_product_made_in_place_is_the_product(dims, dtype, stage, seed):
+    """``Product.stages(in_place=True)`` (a streamed product made again over its weight read again) yields the
+    bytes ``stages()`` yields, in order, each a view of the weight, which holds the whole product at the end."""
+    g = torch.Generator().manual_seed(seed)
+    w = (torch.randn(*dims, generator=g) * 10.0 ** torch.randint(-6, 6, dims, generator=g)).to(dtype)
+    s = (torch.rand((dims[0],) + (1,) * (len(dims) - 1), generator=g) * 4).to(dtype)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(fold_math, "STAGE_BYTES", stage)
+        want = [_bits(p).clone() for p in fold_math.Product(w, s).stages()]
+        again = w.clone()
+        pieces = list(fold_math.Product(again, s).stages(in_place=True))
+    assert [p.numel() for p in pieces] == [q.numel() for q in want]
+    assert torch.equal(torch.cat([_bits(p) for p in pieces]), torch.cat(want))
+    assert all(p.untyped_storage().data_ptr() == again.untyped_storage().data_ptr() for p in pieces)
+    assert torch.equal(_bits(again), _bits(w * s))

@@ -233,15 +233,22 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
     """A streamed weight the fold leaves as it is (the projection behind a Reshape, which the input rule looks
     at; a layer ``--exclude`` skips) is never read into memory: the rules learn its shape from the file's dims
     and read a weight only once a chain reaches it, and the save copies its bytes file to file in the kernel.
-    The folded weights are read once each.  Counted, not timed; the files are the plain fold's."""
+    The folded weights are read once each by the fold and once more by the save, which makes their products again
+    from them.  Counted, not timed; the files are the plain fold's."""
     from bnfold.io import onnx_stream
 
     src = tmp_path / "in"
     src.mkdir()
     path = _external(linear_stack(3, 128), src, "mixed")  # proj 128 KiB, each layer's weight 64 KiB: streamed
     reads, copies = [], []
-    real_read, real_copy = onnx_stream.ExternalSource.read, onnx_stream._copy_range
-    monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
+    real_read, real_copy = onnx_stream.ExternalSource._read, onnx_stream._copy_range
+
+    def read(self, t):  # a tensor of the data file (a product made again reads its weight there)
+        if self.where(t)[0]:
+            reads.append(t.name)
+        return real_read(self, t)
+
+    monkeypatch.setattr(onnx_stream.ExternalSource, "_read", read)
 
     def copy(*args, kernel=True):
         copies.append(kernel)
@@ -255,8 +262,8 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
         assert main(["fold", path, "-o", out, "-q", "--exclude", "l1", *extra]) == 0
         outs[name] = _files(tmp_path / name)
     assert outs["stream"] == outs["plain"]
-    assert sorted(reads) == ["l0.w", "l2.w"]  # not proj, not the excluded l1.w
-    assert copies and all(copies)  # every streamed tensor (proj, l1.w, the products) copied by the kernel
+    assert sorted(reads) == ["l0.w", "l0.w", "l2.w", "l2.w"]  # not proj, not the excluded l1.w
+    assert copies and all(copies)  # every streamed tensor the fold left (proj, l1.w) copied by the kernel
 
 
 def _streamed_reads(tmp_path, monkeypatch, model: onnx.ModelProto) -> list[str]:
@@ -621,12 +628,20 @@ def _external_lengths(path: str) -> int:
     return sum(length for _, length in spans)
 
 
+def _no_reading_again(monkeypatch) -> None:
+    """The streamed fold as for a weight the source cannot read again (a bfloat16 one, which ``to_numpy`` copies):
+    its product's checked blocks go to the scratch file."""
+    monkeypatch.setattr("bnfold.onnx.tensors._read_again", lambda reader, weight: None)
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["made again", "spilled"])
 @pytest.mark.parametrize("dtype", [np.float32, np.float16])
-def test_every_edge_case_streams_to_the_plain_folds_bytes(tmp_path, dtype, monkeypatch):
+def test_every_edge_case_streams_to_the_plain_folds_bytes(tmp_path, dtype, again, monkeypatch):
     """A refusal mid-chain (the chain retried on the same weight), a shared weight, MatMul weights stored
     [in, out], fp16, products that overflow or underflow (nothing folds, the weight's bytes stay) and a fan-out
     whose second layer refuses (neither is written): the streamed fold writes the plain fold's files, folds each
-    streamed weight as a deferred product (never whole in memory) and leaves no refused fold's bytes behind."""
+    streamed weight as a deferred product (never whole in memory) and leaves no refused fold's bytes behind: made
+    again from the weight read again where it is saved, or (a weight it cannot read again) spilled as checked."""
     from bnfold import fold_math
     from bnfold.io import onnx_stream
     from bnfold.io.onnx import load_onnx
@@ -634,20 +649,33 @@ def test_every_edge_case_streams_to_the_plain_folds_bytes(tmp_path, dtype, monke
     src = tmp_path / "in"
     src.mkdir()
     path = _external(edge_cases(dtype), src, "one")
-    made, spilled = [], []
+    if not again:
+        _no_reading_again(monkeypatch)
+    made, spilled, remade = [], [], []
     real_stages, real_refer = fold_math.Product.stages, onnx_stream.ExternalSource.refer
-    monkeypatch.setattr(fold_math.Product, "stages", lambda self: made.append(self.shape) or real_stages(self))
+    real_again = onnx_stream.ExternalSource.again
+
+    def stages(self, in_place=False):  # a product made in a buffer of its own (in place: over its weight read again)
+        if not in_place:
+            made.append(self.shape)
+        return real_stages(self, in_place)
+
+    monkeypatch.setattr(fold_math.Product, "stages", stages)
     monkeypatch.setattr(fold_math.Product, "materialize", lambda self: pytest.fail("a streamed product made whole"))
     monkeypatch.setattr(
         onnx_stream.ExternalSource,
         "refer",
         lambda self, t, *a: spilled.append(tuple(t.dims)) or real_refer(self, t, *a),
     )
+    monkeypatch.setattr(
+        onnx_stream.ExternalSource, "again", lambda self, t, *a: remade.append(tuple(t.dims)) or real_again(self, t, *a)
+    )
     outs = _plain_and_streamed(tmp_path, path)
     assert outs["stream"] == outs["plain"]
     # chain, shared_a, shared_b (one weight, written twice: a private copy and the original) and the conv: each
-    # product written as its checks made it (the scratch file), none made again
-    assert made == [] and sorted(spilled) == [(128, 32, 3, 3)] + [(512, 512)] * 3
+    # product made again from its weight where it is saved, or written as its checks made it (the scratch file)
+    products = [(128, 32, 3, 3)] + [(512, 512)] * 3
+    assert made == [] and sorted(remade if again else spilled) == products and not (spilled if again else remade)
     out = str(tmp_path / "stream" / "out.onnx")
     assert os.path.getsize(out + ".data") == _external_lengths(out)  # no bytes of a refused fold in the data
     before = {t.name: t for t in load_onnx(path).model.graph.initializer}
@@ -688,14 +716,20 @@ def test_a_product_cut_short_leaves_no_bytes_in_the_scratch_file(tmp_path):
         assert source.read(first).tobytes() == block.tobytes() * 2
 
 
+@pytest.mark.parametrize("made_again", [False, True], ids=["scratch file", "product made again"])
 @pytest.mark.parametrize("code", [errno.EFBIG, errno.ENOSPC])
-def test_a_full_disk_under_the_scratch_file_is_a_one_line_file_error(tmp_path, capsys, monkeypatch, code):
+def test_a_full_disk_under_the_scratch_file_is_a_one_line_file_error(tmp_path, capsys, monkeypatch, code, made_again):
     """A scratch write the disk refuses (EFBIG, ENOSPC) is a one-line file error naming the scratch file's folder,
     exit 2 as the plain fold's full disk, with no output and nothing left beside the model (the scratch file is
-    unnamed and closed). Before: 'internal error: OSError', exit 3."""
+    unnamed and closed). Before: 'internal error: OSError', exit 3.  The save's write of a product made again
+    that the disk refuses is the plain save's one-line error."""
     src = tmp_path / "in"
     src.mkdir()
-    path = _external(_stack(width=256), src, "one")  # 256 KiB weights: their products go to the scratch file
+    if made_again:
+        path = _one_weight(src)
+    else:
+        path = _external(_stack(width=256), src, "one")  # 256 KiB weights: their products go to the scratch file
+        _no_reading_again(monkeypatch)
     before = _files(src)
 
     def full(fd, data, offset):
@@ -705,7 +739,8 @@ def test_a_full_disk_under_the_scratch_file_is_a_one_line_file_error(tmp_path, c
     (tmp_path / "o").mkdir()
     assert main(["fold", path, "-o", str(tmp_path / "o" / "out.onnx"), "-q", "--low-memory"]) == 2
     err = capsys.readouterr().err.strip()
-    assert f"cannot write the streamed fold's scratch file in {src} ({os.strerror(code)})" in err, err
+    says = "cannot write the model" if made_again else f"cannot write the streamed fold's scratch file in {src}"
+    assert f"{says} ({os.strerror(code)})" in err, err
     assert "\n" not in err and "internal error" not in err
     assert os.listdir(tmp_path / "o") == [] and _files(src) == before
 
@@ -722,7 +757,7 @@ def test_the_read_buffers_go_back_when_closing_the_scratch_file_fails(tmp_path):
     with pytest.raises(OSError, match="close failed"), source.reading():
         stored = source.store(TensorProto(name="a", data_type=TensorProto.UINT8), block)
         source.read(stored)  # a buffer nothing references once the line is done
-        pages = [p for _, p in source.lent]
+        pages = [lent.pages for lent in source.lent]
         source.stack.callback(lambda: (_ for _ in ()).throw(OSError("close failed")))
     assert pages and all(p.closed for p in pages)
     assert source.lent == [] and source.scratch is None and source.depth == 0
@@ -787,6 +822,7 @@ def test_a_fold_retried_after_its_bias_refused_gives_the_weights_scratch_room_ba
         [nh.from_array(v, k) for k, v in inits.items()],
     )
     path = _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), tmp_path, "one")
+    _no_reading_again(monkeypatch)
     ends, write = [], onnx_stream.ScratchSpill.write
 
     def recording(self, block):
@@ -833,3 +869,155 @@ def test_a_spilled_product_written_in_another_order_gives_its_spill_back(tmp_pat
         from_torch(again, "w3", TensorProto.FLOAT)  # written again: the referred bytes stay
         assert os.fstat(source.scratch.fileno()).st_size == size + nbytes
         assert source.read(kept).tobytes() == (stored * scales.T.to(torch.float32)).numpy().tobytes()
+
+
+def _one_weight(folder, n: int = 256) -> str:
+    """x @ w * s with ``w`` (n x n float32, 256 KiB) the only tensor the streamed load leaves on disk: the fold
+    folds it, so the save reads the data file only to make its product again."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(3)
+    inits = [
+        numpy_helper.from_array((rng.standard_normal((n, n)) / 16).astype(np.float32), "w"),
+        numpy_helper.from_array(rng.uniform(0.5, 2.0, n).astype(np.float32), "s"),
+    ]
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Mul", ["m", "s"], ["y"])]
+    io = [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, n]) for v in ("x", "y")]
+    graph = helper.make_graph(nodes, "g", io[:1], io[1:], inits)
+    return _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder, "one")
+
+
+def test_a_streamed_fold_writes_each_folded_byte_once_into_the_output(tmp_path, monkeypatch):
+    """The checks of a streamed weight's product write nothing: the save reads the weight again and writes its
+    product straight into the output's data file, so the folded bytes are written once (no scratch file between:
+    before, every product went to the scratch file at the fold and was copied from it at the save).  The files
+    are the plain fold's."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=256), src, "one")  # l0.w, l1.w, l2.w: 256 KiB each, folded; proj left
+    spilled, written = [], []
+    spill, pwrite = onnx_stream.ScratchSpill.write, os.pwrite
+    monkeypatch.setattr(onnx_stream.ScratchSpill, "write", lambda self, b: spilled.append(b.nbytes) or spill(self, b))
+    monkeypatch.setattr(os, "pwrite", lambda fd, data, at: written.append(pwrite(fd, data, at)) or written[-1])
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+    assert spilled == [] and sum(written) == 3 * 256 * 256 * 4  # the three products, once each
+
+
+@pytest.mark.parametrize("when", ["before the save", "while the save reads it"])
+def test_a_data_file_rewritten_before_a_product_is_made_again_is_refused(tmp_path, monkeypatch, when):
+    """The save reads a folded weight again to make its product: a data file rewritten at its size after the load
+    (before the save, or while the save reads it) is refused on that read, as the fold's own read refuses it, in
+    one line, and nothing is written.  Before, the save copied the product the fold had spilled and never
+    looked at the data file again."""
+    from bnfold.io import onnx_stream
+    from bnfold.io.onnx import load_onnx, save_onnx
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _one_weight(src)
+    os.utime(src / "m.data", ns=(0, 0))  # last written long ago: a rewrite now moves its times
+    model, layout = load_onnx(path, stream=True)
+    out = tmp_path / "out.onnx"
+    with layout.reading(), pytest.raises(ModelFileError, match="'m.data' changed while it was read") as err:
+        result = bnfold.fold(model)
+        assert [e.into for e in result.report.folded] == ["mm"]
+        if when == "before the save":
+            _rewrite_in_place(src / "m.data")
+        else:
+            read = onnx_stream._read_into
+
+            def read_then_write(*args):
+                n = read(*args)
+                _rewrite_in_place(src / "m.data")
+                return n
+
+            monkeypatch.setattr(onnx_stream, "_read_into", read_then_write)
+        save_onnx(result.model, out, layout)
+    assert "\n" not in str(err.value)
+    assert not out.exists() and not (tmp_path / "out.onnx.data").exists()
+    assert not [f for f in os.listdir(tmp_path) if f.endswith(".tmp")]
+
+
+def test_a_spill_given_up_after_another_wrote_leaves_the_others_bytes(tmp_path, monkeypatch):
+    """``done(False)`` cuts the scratch file back only where the spill's bytes are its last: a spill given up
+    after another wrote leaves the other's bytes (before, it cut the file to where it began, under the other's);
+    the bytes a failed write left are still cut."""
+    from onnx import TensorProto
+
+    from bnfold.io.onnx_stream import SPILL_BYTES, ExternalSource, ScratchSpill
+
+    source = ExternalSource(str(tmp_path / "m.onnx"))
+    a, b = np.full(SPILL_BYTES, 1, np.uint8), np.full(SPILL_BYTES, 2, np.uint8)
+    with source.reading():
+        first, second = ScratchSpill(source), ScratchSpill(source)
+        first.write(a)
+        second.write(b)
+        assert first.done(False) is None
+        t = source.refer(TensorProto(name="b", data_type=TensorProto.UINT8), second.done(True), SPILL_BYTES)
+        assert source.read(t).tobytes() == b.tobytes()
+        size = os.fstat(source.scratch.fileno()).st_size
+        assert size == 2 * SPILL_BYTES
+
+        pwrite = os.pwrite
+
+        def half_then_full(fd, data, at):  # half the block lands, then the disk is full
+            if len(data) == SPILL_BYTES:
+                return pwrite(fd, data[: SPILL_BYTES // 2], at)
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "pwrite", half_then_full)
+        third = ScratchSpill(source)
+        with pytest.raises(ModelFileError, match="cannot write the streamed fold's scratch file"):
+            third.write(a)
+        assert os.fstat(source.scratch.fileno()).st_size == size + SPILL_BYTES // 2
+        third.done(False)
+        assert os.fstat(source.scratch.fileno()).st_size == size
+
+
+def test_the_source_keeps_its_data_files_once(tmp_path):
+    """A streamed load's source knows its data files by their identity alone (``files`` was a second list of
+    the same paths, kept in step by hand)."""
+    import dataclasses
+
+    from bnfold.io.onnx import load_onnx
+    from bnfold.io.onnx_stream import ExternalSource
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=128), src, "many")
+    _, layout = load_onnx(path, stream=True)
+    assert "files" not in {f.name for f in dataclasses.fields(ExternalSource)}
+    assert layout.source.files == list(layout.source.identity) and len(layout.source.files) > 1
+
+
+def test_a_product_of_products_is_made_again_from_the_stored_weight(tmp_path):
+    """A weight folded again after it was folded (the range rewrite after the fold) is made again from the stored
+    weight, each product in turn in the one buffer, up to ``MADE_DEPTH`` deep; one deeper goes to the scratch file.
+    The values are the products taken one after another."""
+    from onnx import TensorProto
+
+    from bnfold import fold_math
+    from bnfold.io.onnx import load_onnx
+    from bnfold.io.onnx_stream import MADE_DEPTH
+    from bnfold.onnx.tensors import from_torch, to_numpy, to_torch
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _one_weight(src)
+    want = to_torch(to_numpy(next(t for t in load_onnx(path).model.graph.initializer if t.name == "w")))
+    model, layout = load_onnx(path, stream=True)
+    t = next(t for t in model.graph.initializer if t.name == "w")
+    rng = np.random.default_rng(4)
+    with layout.reading():
+        for _ in range(MADE_DEPTH + 1):
+            s = torch.from_numpy(rng.uniform(0.5, 2.0, (1, 256)).astype(np.float32))
+            t = from_torch(fold_math.Product(to_torch(to_numpy(t)), s), "w", TensorProto.FLOAT)
+            want = want * s
+        source = layout.source
+        assert [m.depth for m in source.made] == list(range(1, MADE_DEPTH + 1))
+        assert os.fstat(source.scratch.fileno()).st_size == want.numel() * 4  # the last one
+        assert to_numpy(t).tobytes() == want.numpy().tobytes()
+        assert source.read(source.made[-1].origin).tobytes() != want.numpy().tobytes()  # one product short

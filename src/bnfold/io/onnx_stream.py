@@ -5,11 +5,15 @@ at a time while the fold runs, and copied into the output's data file in order a
 (folder, links, regular file, offsets, lengths, overlaps, the byte budget) and then points each one
 at a token its :class:`ExternalSource` owns, so no reference left in the model names a file.
 Inside ``source.reading()`` the fold reads a tensor's bytes once, with one ``preadv`` into a buffer
-it owns, when it needs its values; its new parameters go from their memory to an unnamed scratch
-file (:func:`bnfold.io.atomic.scratch_file`), so memory holds the graph and the tensor in hand.
+it owns, when it needs its values.  A folded weight made from such a read (``fold_math.Product``) is not
+written at the fold: the source notes where its weight was read and how the product is made
+(:meth:`ExternalSource.again`), and makes it again where it is read or saved, from the weight read again
+with the same checks.  Other new parameters go from their memory to an unnamed scratch file
+(:func:`bnfold.io.atomic.scratch_file`), so memory holds the graph and the tensor in hand.
 :func:`serialize_streamed` writes the same files as ``save_onnx`` with the plain load's layout: the same
-tensors in the same order, copied by the kernel (``copy_file_range``).  ``StreamedLayout.hold``
-instead reads every tensor back into the model (``bnfold.fold`` on a path returns such a model).
+tensors in the same order, copied by the kernel (``copy_file_range``), a product made again written once.
+``StreamedLayout.hold`` instead reads every tensor back into the model (``bnfold.fold`` on a path returns
+such a model).
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import errno
 import mmap
 import os
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -48,37 +52,86 @@ from .onnx_external import (
 
 _TOKEN = "\0bnfold-stream:"  # a location no file can have: nothing but the source reads it
 _CHUNK = 64 << 20  # bytes copied at a time
+# bytes written at a time: a 1 GB model's products written 16 MiB a pwrite took 0.9-2.6 s, 1 MiB 0.4-1.0 s (ext4)
+_WRITE = 1 << 20
 SPILL_BYTES = 64 << 10  # new parameters this big go to the scratch file
+MADE_DEPTH = 4  # products of products made again at most this deep (each a pass over the tensor where it is read)
+
+
+@dataclass(eq=False)
+class _Lent:
+    """A read buffer (``ref``: a weak reference to it), its pages, and the tensor whose bytes it holds (``origin``:
+    its name and reference, without its dims)."""
+
+    ref: weakref.ref
+    pages: mmap.mmap
+    origin: TensorProto | None
+
+
+@dataclass(frozen=True)
+class Made:
+    """A new parameter made again where it is read: the bytes of ``origin`` (a tensor this source holds, read
+    with its checks), changed in place by ``make``, which yields them in order, each piece made as it is asked
+    for; ``depth``: 1, or one more than ``origin``'s."""
+
+    origin: TensorProto
+    make: Callable[[np.ndarray], Iterator[np.ndarray]]
+    depth: int
 
 
 @dataclass(eq=False)
 class ExternalSource:
-    """Where the tensors of a streamed load keep their bytes: ``files[i]`` is a checked data file,
-    ``scratch`` the unnamed file that holds the fold's new parameters."""
+    """Where the tensors of a streamed load keep their bytes: the checked data files (``identity``: each one's
+    :func:`file_identity` at the load), ``scratch`` the unnamed file that holds the fold's new parameters, and
+    ``made`` the products made again where they are read."""
 
     path: str  # the model file, for messages
-    files: list[str] = field(default_factory=list)
     identity: dict[str, tuple[int, ...]] = field(default_factory=dict)  # each file's identity at the load
     scratch: BinaryIO | None = None
     scratch_folder: str = ""  # where the scratch file is, for messages
+    last: ScratchSpill | None = None  # the spill that wrote the scratch file's last bytes
+    made: list[Made] = field(default_factory=list)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     depth: int = 0
-    lent: list[tuple[weakref.ref, mmap.mmap]] = field(default_factory=list)  # read buffers and their pages
+    lent: list[_Lent] = field(default_factory=list)  # read buffers, their pages and what they hold
+
+    @property
+    def files(self) -> list[str]:
+        """The checked data files, in the order the load met them."""
+        return list(self.identity)
 
     def where(self, t: TensorProto) -> tuple[str, int, int]:
-        """``(real path, offset, length)`` of a tensor this source placed; a FoldError for any other."""
+        """``(real path, offset, length)`` of a tensor this source placed (the path "" for a new parameter: in the
+        scratch file, or made again); a FoldError for any other."""
         info = {e.key: e.value for e in t.external_data}
         loc = info.get("location", "")
-        if not loc.startswith(_TOKEN):
+        k = loc[len(_TOKEN) :] if loc.startswith(_TOKEN) else ""
+        real = k[len("file:") :] if k.startswith("file:") else ""
+        if not (real in self.identity if real else k == "scratch" or self._made(t) is not None):
             raise FoldError(f"tensor {t.name!r} refers to external data this streamed load did not check")
-        k = loc[len(_TOKEN) :]
-        real = "" if k == "scratch" else self.files[int(k)]
         return real, int(info["offset"]), int(info["length"])
 
+    def _made(self, t: TensorProto) -> Made | None:
+        """How the new parameter ``t`` is made again, or None where it is no such parameter of this source."""
+        loc = next((e.value for e in t.external_data if e.key == "location"), "")
+        k = loc[len(_TOKEN) + len("made:") :] if loc.startswith(_TOKEN + "made:") else ""
+        return self.made[int(k)] if k.isdigit() and int(k) < len(self.made) else None
+
     def read(self, t: TensorProto) -> np.ndarray:
-        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy)."""
+        """The tensor's bytes, read with one ``preadv`` into a new writable buffer (the fold's own copy); a
+        product made again is made in the buffer its weight is read into."""
+        return self._read(t)
+
+    def _read(self, t: TensorProto) -> np.ndarray:
+        made = self._made(t)
+        if made is not None:
+            buf, pieces = self._making(made)
+            for _ in pieces:
+                pass
+            self._holds(buf, t)
+            return buf
         real, offset, length = self.where(t)
-        buf = self._buffer(length)
+        buf = self._buffer(length, t)
         with self._opened(real) as fd:
             done = 0
             while done < length:  # one call, unless the kernel returns less (over 2 GiB, or a file that shrank)
@@ -111,6 +164,42 @@ class ExternalSource:
         stored = self.refer(t, spill.done(True), nbytes)
         assert stored is not None
         return stored
+
+    def again(
+        self, t: TensorProto, address: int, nbytes: int, make: Callable[[np.ndarray], Iterator[np.ndarray]]
+    ) -> TensorProto | None:
+        """``t`` referring to ``nbytes`` bytes made again where they are read (never written at the fold): those of
+        the tensor this source read into the live buffer at ``address``, changed in place by ``make`` (which must
+        keep nothing as large as the tensor).  None where no such buffer holds a tensor's bytes, for a parameter
+        :meth:`store` keeps in memory, and for a product of products :data:`MADE_DEPTH` deep."""
+        origin = self.origin(address, nbytes) if nbytes >= SPILL_BYTES else None
+        if origin is None:
+            return None
+        made = self._made(origin)
+        depth = 1 if made is None else made.depth + 1
+        if depth > MADE_DEPTH:
+            return None
+        self.made.append(Made(origin, make, depth))
+        t.data_location = TensorProto.EXTERNAL
+        entries = (("location", f"{_TOKEN}made:{len(self.made) - 1}"), ("offset", "0"), ("length", str(nbytes)))
+        _set_entries(t, entries)
+        return t
+
+    def _making(self, made: Made) -> tuple[np.ndarray, Iterator[np.ndarray]]:
+        """The buffer ``made``'s weight is read into (with its checks) and the pieces of its product, each made over
+        it as it is asked for."""
+        buf = self._read(made.origin)
+        self._holds(buf, None)  # it holds no tensor's bytes while they change
+        return buf, made.make(buf)
+
+    def origin(self, address: int, nbytes: int) -> TensorProto | None:
+        """The tensor (a reference to it, no bytes) whose ``nbytes`` bytes the live read buffer at ``address`` holds
+        as they were read, or None."""
+        for lent in self.lent:
+            buf = lent.ref()
+            if buf is not None and lent.origin is not None and buf.ctypes.data == address and buf.nbytes == nbytes:
+                return lent.origin
+        return None
 
     def spill(self, nbytes: int) -> ScratchSpill | None:
         """Somewhere for a new parameter of ``nbytes`` bytes to go as it is made (the scratch file), taken up by
@@ -148,10 +237,21 @@ class ExternalSource:
 
     def copy(self, t: TensorProto, out: BinaryIO) -> int:
         """Copy the tensor's bytes to the end of ``out`` in the kernel (``copy_file_range``; chunks through
-        memory where the kernel cannot); returns their length."""
+        memory where the kernel cannot), or, for a product made again, make it and write it; returns their
+        length."""
         real, offset, length = self.where(t)
         out.flush()
         start, dst = out.tell(), out.fileno()
+        made = self._made(t)
+        if made is not None:  # each piece written as it is made
+            at = start
+            for piece in self._making(made)[1]:
+                _write_at(dst, memoryview(piece), at)
+                at += piece.nbytes
+            if at != start + length:
+                raise AssertionError(f"internal: {t.name} made {at - start} bytes, expected {length}")
+            out.seek(at)
+            return length
         with self._opened(real) as fd:
             done = 0
             while done < length:
@@ -167,29 +267,38 @@ class ExternalSource:
         out.seek(start + length)
         return length
 
-    def _buffer(self, length: int) -> np.ndarray:
+    def _buffer(self, length: int, t: TensorProto) -> np.ndarray:
         """``length`` writable bytes in pages of their own (an anonymous map, not the allocator's heap, which
-        keeps up to twice its largest freed block): those of a buffer read before that nothing references any
-        more (no pages to fault in and zero again) when they are enough, else fresh ones; pages of the others
-        nothing references go back to the system first."""
+        keeps up to twice its largest freed block) for the bytes of ``t``: those of a buffer read before that
+        nothing references any more (no pages to fault in and zero again) when they are enough, else fresh ones;
+        pages of the others nothing references go back to the system first."""
         kept, free = [], None
-        for ref, pages in self.lent:
-            if ref() is None and free is None and len(pages) >= length:
-                free = pages
-            elif ref() is None:
-                pages.close()
+        for lent in self.lent:
+            if lent.ref() is None and free is None and len(lent.pages) >= length:
+                free = lent.pages
+            elif lent.ref() is None:
+                lent.pages.close()
             else:
-                kept.append((ref, pages))
+                kept.append(lent)
         pages = free if free is not None else _pages(max(length, 1))
         buf = np.frombuffer(pages, np.uint8, count=length)
-        self.lent = [*kept, (weakref.ref(buf), pages)]
+        self.lent = [*kept, _Lent(weakref.ref(buf), pages, None)]
+        self._holds(buf, t)
         return buf
+
+    def _holds(self, buf: np.ndarray, t: TensorProto | None) -> None:
+        """Note that the read buffer ``buf`` now holds the bytes of ``t`` (:meth:`origin`; None: of no tensor)."""
+        for lent in self.lent:
+            if lent.ref() is buf:
+                lent.origin = None if t is None else TensorProto(name=t.name, data_location=TensorProto.EXTERNAL)
+                if t is not None:
+                    _set_entries(lent.origin, _entries(t))
 
     def give_back(self) -> None:
         """Close the pages of every buffer nothing references (those still referenced go with their arrays)."""
-        for ref, pages in self.lent:
-            if ref() is None:
-                pages.close()
+        for lent in self.lent:
+            if lent.ref() is None:
+                lent.pages.close()
         self.lent = []
 
     @contextlib.contextmanager
@@ -230,7 +339,7 @@ class ExternalSource:
                 try:
                     self.stack.close()
                 finally:  # the buffers go back and the scratch file is forgotten even when closing raises
-                    self.scratch = None
+                    self.scratch = self.last = None
                     self.give_back()
 
 
@@ -270,20 +379,25 @@ class ScratchSpill:
 
     def write(self, block: np.ndarray) -> None:
         fd = self.source._scratch_fd()
-        if self.start < 0:
+        if self.start < 0 or self.source.last is not self:  # bytes of another spill after ours: not one range
+            if self.start >= 0:
+                raise AssertionError("internal: two scratch spills written in turn")
             self.start = self.end = os.fstat(fd).st_size
+        self.source.last = self
         view = memoryview(block.reshape(-1).view(np.uint8))
-        done = 0
-        try:
-            while done < len(view):  # straight from the block's memory (no buffered file between)
-                done += os.pwrite(fd, view[done:], self.end + done)
+        try:  # straight from the block's memory (no buffered file between)
+            _write_at(fd, view, self.end)
         except OSError as e:  # the bytes written stay past self.end: done(False) or the file's end cuts them
             raise self.source.cannot_spill(e) from None
-        self.end += done
+        self.end += len(view)
 
     def done(self, ok: bool) -> Spilled | None:
-        if not ok and self.start >= 0 and self.source.scratch is not None:
-            os.ftruncate(self.source.scratch.fileno(), self.start)
+        """``done(False)`` cuts the file back to where these bytes began (with those a failed write left after
+        them) where no other spill wrote after them; else they stay until the file goes."""
+        scratch = self.source.scratch
+        if not ok and self.start >= 0 and scratch is not None and self.source.last is self:
+            os.ftruncate(scratch.fileno(), self.start)
+            self.source.last = None
         if not ok:
             self.start = self.end = -1
         return Spilled(self.source, self.start, self.length) if ok and self.start >= 0 else None
@@ -312,10 +426,15 @@ def _copy_range(src: int, offset: int, dst: int, at: int, n: int, kernel: bool =
     if kernel and hasattr(os, "copy_file_range"):
         return os.copy_file_range(src, dst, n, offset, at)
     chunk = os.pread(src, n, offset)
-    done = 0
-    while done < len(chunk):
-        done += os.pwrite(dst, memoryview(chunk)[done:], at + done)
+    _write_at(dst, memoryview(chunk), at)
     return len(chunk)
+
+
+def _write_at(fd: int, view: memoryview, at: int) -> None:
+    """All of ``view`` to ``fd`` at ``at``, :data:`_WRITE` bytes a ``pwrite`` (again where one writes less)."""
+    done = 0
+    while done < len(view):
+        done += os.pwrite(fd, view[done : done + _WRITE], at + done)
 
 
 @dataclass(frozen=True)
@@ -390,12 +509,10 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
                 if length < SPILL_BYTES:  # small tensors (norm parameters, shapes): read as the plain load does
                     _inline(t, read_exactly(fd, real, offset, length, path))
                     continue
-                if real not in source.identity:
-                    source.files.append(real)
-                    source.identity[real] = identity
+                source.identity[real] = identity
                 t.ClearField("raw_data")
                 t.data_location = TensorProto.EXTERNAL
-                entries = (("location", f"{_TOKEN}{len(source.files) - 1}"), ("offset", str(offset)))
+                entries = (("location", f"{_TOKEN}file:{real}"), ("offset", str(offset)))
                 _set_entries(t, (*entries, ("length", str(length))))
         finally:
             os.close(fd)

@@ -290,9 +290,10 @@ class OnnxGraph(OnnxRange):
                 bias = None  # alpha and beta * C act after the product, as ``pre``
         except FoldError as err:
             return str(err)
-        # a weight a streamed load left on disk is folded as a Product, its checked blocks written to the scratch
-        # file as they are made (spill_to_reader; else made again block by block where it is written, from_torch)
-        deferred = (spill_to_reader(streamed.data_type) or True) if streamed is not None else False
+        # a weight a streamed load left on disk is folded as a Product: made again from the weight read again where
+        # it is read or saved (from_torch), else its checked blocks written to the scratch file as they are made
+        # (spill_to_reader), else made again block by block where it is written
+        deferred = (spill_to_reader(streamed.data_type, w) or True) if streamed is not None else False
         return LayerWeights(w, bias, dtype, bias_dtype, pre, deferred=deferred)
 
     def follow_axis(self, hop: Hop, axis: int, forward: bool) -> int | str:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from typing import Protocol
 
@@ -64,6 +65,13 @@ class ExternalReader(Protocol):
     def spill(self, nbytes: int) -> _NumpySpill | None: ...  # where a new parameter's bytes go as they are made
 
     def refer(self, t: TensorProto, spilled: object, nbytes: int) -> TensorProto | None: ...  # ``t`` holding them
+
+    # ``t`` holding bytes made again where they are read: those read into the buffer at ``address``, then ``make``
+    def again(
+        self, t: TensorProto, address: int, nbytes: int, make: Callable[[np.ndarray], Iterator[np.ndarray]]
+    ) -> TensorProto | None: ...
+
+    def origin(self, address: int, nbytes: int) -> TensorProto | None: ...  # the tensor read into that buffer
 
 
 class _NumpySpill(Protocol):
@@ -146,12 +154,13 @@ def to_torch(a: np.ndarray) -> torch.Tensor:
     return torch.from_numpy(a)
 
 
-def spill_to_reader(elem_type: int) -> Callable[[int], Spill | None] | None:
+def spill_to_reader(elem_type: int, weight: torch.Tensor | None = None) -> Callable[[int], Spill | None] | None:
     """For ``fold_math.scale_weight(deferred=)``: where the active reader keeps a new parameter of ``elem_type``
     as its checks make it (the product is then made once, :func:`from_torch` refers to those bytes); None
-    outside :func:`reading_external`."""
+    outside :func:`reading_external`, and for a ``weight`` the reader can read again (:func:`_read_again`: the
+    product is made again where it is read or saved, so its checks write nothing)."""
     reader = _READER.get()
-    if reader is None:
+    if reader is None or (weight is not None and _read_again(reader, weight) is not None):
         return None
 
     def spill(nbytes: int) -> Spill | None:
@@ -185,6 +194,12 @@ def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None)
         t = t.materialize()
     if isinstance(t, Product):
         out = _header(name, elem_type, t.dtype, t.shape)
+        again = t.weight.is_contiguous() and _small(t.s, t.nbytes) and _read_again(reader, t.weight) is not None
+        if again:  # the weight's bytes in its row-major order are those of a tensor the reader holds: no bytes now
+            stored = reader.again(out, t.weight.data_ptr(), t.nbytes, _make_again(t))
+            if stored is not None:
+                discard(t)
+                return stored
         if t.spilled is not None and t.weight.is_contiguous():  # spilled in the weight's memory order: this one
             stored = reader.refer(out, t.spilled, t.nbytes)
             if stored is not None:
@@ -201,6 +216,35 @@ def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None)
         out.raw_data = _little_endian(t, elem_type).tobytes()
         return out
     return numpy_helper.from_array(t.numpy(), name)
+
+
+def _read_again(reader: ExternalReader, weight: torch.Tensor) -> TensorProto | None:
+    """The tensor whose bytes ``weight`` views (all of them, in its memory order: a buffer the reader read them
+    into, the values as :func:`to_numpy` reads them on this little-endian machine), or None."""
+    if sys.byteorder != "little" or weight.is_meta or weight.dtype not in _AGAIN_DTYPES:
+        return None
+    return reader.origin(weight.data_ptr(), weight.numel() * weight.element_size())
+
+
+_AGAIN_DTYPES = {torch.float32, torch.float16, torch.float64}  # to_numpy views their bytes as they are
+
+
+def _small(s: torch.Tensor, nbytes: int) -> bool:
+    """Whether the scales ``s`` keep memory small beside a product of ``nbytes`` (per-slice, broadcast)."""
+    return s.untyped_storage().nbytes() * 8 <= nbytes
+
+
+def _make_again(product: Product) -> Callable[[np.ndarray], Iterator[np.ndarray]]:
+    """What makes ``product`` over a buffer that holds its weight's bytes again (keeping its scales, not the
+    weight): the buffer's bytes in order, as pieces each made as it is asked for (a piece is written while it is
+    in the cache)."""
+    dtype, shape, s = product.dtype, product.shape, product.s
+
+    def make(buf: np.ndarray) -> Iterator[np.ndarray]:
+        for piece in Product(torch.from_numpy(buf).view(dtype).view(shape), s).stages(in_place=True):
+            yield piece.view(torch.uint8).numpy()
+
+    return make
 
 
 def _header(name: str, elem_type: int, dtype: torch.dtype, dims) -> TensorProto:
