@@ -629,8 +629,8 @@ def _external_lengths(path: str) -> int:
 
 
 def _no_reading_again(monkeypatch) -> None:
-    """The streamed fold as for a weight the source cannot read again (a bfloat16 one, which ``to_numpy`` copies):
-    its product's checked blocks go to the scratch file."""
+    """The streamed fold as for a weight the source cannot read again (a product of products five deep, scales as
+    large as the weight): its product's checked blocks go to the scratch file."""
     monkeypatch.setattr("bnfold.onnx.tensors._read_again", lambda reader, weight: None)
 
 
@@ -871,18 +871,19 @@ def test_a_spilled_product_written_in_another_order_gives_its_spill_back(tmp_pat
         assert source.read(kept).tobytes() == (stored * scales.T.to(torch.float32)).numpy().tobytes()
 
 
-def _one_weight(folder, n: int = 256) -> str:
-    """x @ w * s with ``w`` (n x n float32, 256 KiB) the only tensor the streamed load leaves on disk: the fold
-    folds it, so the save reads the data file only to make its product again."""
-    from onnx import TensorProto, helper, numpy_helper
+def _one_weight(folder, n: int = 256, kind: int = onnx.TensorProto.FLOAT) -> str:
+    """x @ w * s with ``w`` (n x n of the element type ``kind``, 128-256 KiB) the only tensor the streamed load
+    leaves on disk: the fold folds it, so the save reads the data file only to make its product again."""
+    from onnx import helper, numpy_helper
 
     rng = np.random.default_rng(3)
+    dtype = helper.tensor_dtype_to_np_dtype(kind)
     inits = [
-        numpy_helper.from_array((rng.standard_normal((n, n)) / 16).astype(np.float32), "w"),
-        numpy_helper.from_array(rng.uniform(0.5, 2.0, n).astype(np.float32), "s"),
+        numpy_helper.from_array((rng.standard_normal((n, n)) / 16).astype(dtype), "w"),
+        numpy_helper.from_array(rng.uniform(0.5, 2.0, n).astype(dtype), "s"),
     ]
     nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Mul", ["m", "s"], ["y"])]
-    io = [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, n]) for v in ("x", "y")]
+    io = [helper.make_tensor_value_info(v, kind, [1, n]) for v in ("x", "y")]
     graph = helper.make_graph(nodes, "g", io[:1], io[1:], inits)
     return _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), folder, "one")
 
@@ -1021,3 +1022,20 @@ def test_a_product_of_products_is_made_again_from_the_stored_weight(tmp_path):
         assert os.fstat(source.scratch.fileno()).st_size == want.numel() * 4  # the last one
         assert to_numpy(t).tobytes() == want.numpy().tobytes()
         assert source.read(source.made[-1].origin).tobytes() != want.numpy().tobytes()  # one product short
+
+
+@pytest.mark.parametrize("kind", ["FLOAT", "FLOAT16", "BFLOAT16"])
+def test_a_folded_weight_of_each_float_type_is_made_again_not_spilled(tmp_path, monkeypatch, kind):
+    """A float32, float16 or bfloat16 weight read by the streamed fold is made again at the save from its
+    bytes read again (no block of it goes to the scratch file; a bfloat16 one did: ``to_numpy`` copied it through
+    onnx's conversion, so its buffer was not the weight's), and the files are the plain fold's."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _one_weight(src, kind=getattr(onnx.TensorProto, kind))
+    spilled, spill = [], onnx_stream.ScratchSpill.write
+    monkeypatch.setattr(onnx_stream.ScratchSpill, "write", lambda self, b: spilled.append(b.nbytes) or spill(self, b))
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"] and spilled == []
+    assert (tmp_path / "stream" / "out.onnx.data").read_bytes() != (src / "m.data").read_bytes()  # it folded

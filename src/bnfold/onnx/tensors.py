@@ -116,6 +116,7 @@ _LITTLE_ENDIAN = {
     TensorProto.FLOAT: np.dtype("<f4"),
     TensorProto.FLOAT16: np.dtype("<f2"),
     TensorProto.DOUBLE: np.dtype("<f8"),
+    TensorProto.BFLOAT16: onnx.helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16),  # onnx's own (ml_dtypes')
     TensorProto.INT32: np.dtype("<i4"),
     TensorProto.INT64: np.dtype("<i8"),
     TensorProto.INT8: np.dtype("i1"),
@@ -226,7 +227,7 @@ def _read_again(reader: ExternalReader, weight: torch.Tensor) -> TensorProto | N
     return reader.origin(weight.data_ptr(), weight.numel() * weight.element_size())
 
 
-_AGAIN_DTYPES = {torch.float32, torch.float16, torch.float64}  # to_numpy views their bytes as they are
+_AGAIN_DTYPES = {torch.float32, torch.float16, torch.float64, torch.bfloat16}  # to_numpy views their bytes as they are
 
 
 def _small(s: torch.Tensor, nbytes: int) -> bool:
