@@ -4,8 +4,9 @@
 Builds ``onnx_stream.py``'s model (``--mb`` MB of 2048x2048 float32 MatMul weights in one external data file) and
 its two calibration batches (the proof runs them and two fresh ones, on the folded and on the rewritten model),
 then runs the command in a fresh interpreter per code version, counting ``ExternalSource.read`` (a read of a
-tensor's bytes from a data file or the scratch file), ``ExternalSource.refer`` (a tensor written to the scratch
-file) and ``ExternalSource.copy`` (the save's copy in the kernel) per tensor and stage:
+tensor's bytes from a data file or the scratch file, the save's read of a folded weight to make its product again
+included), ``ExternalSource.refer`` (a tensor written to the scratch file) and ``ExternalSource.copy`` (the save's
+copy in the kernel, or its write of a product made again) per tensor and stage:
 
 * ``load + fold``  the streamed load and fold, up to ``rescale_result``;
 * ``calibration``  the float32 run on the batches (``run_plain``);
@@ -61,7 +62,12 @@ def count(what, size):
         return counted
     return wrap
 S = onnx_stream.ExternalSource
-S.read = count("read", lambda out, t: out.nbytes)(S.read)
+def _bytes_read(out, t):  # a product made again reads its weight (counted there), not bytes of its own
+    return None if any(e.key == "location" and "made:" in e.value for e in t.external_data) else out.nbytes
+if hasattr(S, "_read"):  # the save reads a folded weight again inside copy: every read goes through _read
+    S._read = count("read", _bytes_read)(S._read)
+else:
+    S.read = count("read", _bytes_read)(S.read)
 S.refer = count("write", lambda out, t, spilled, n: None if out is None else n)(S.refer)
 S.copy = count("copy", lambda out, t, f: out)(S.copy)
 def wrap(mod, attr, names):

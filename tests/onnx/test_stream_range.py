@@ -496,9 +496,10 @@ def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(t
     src.mkdir()
     path, _ = _model(src)
     reads, writes, inside = {}, {}, []
-    real_read, real_refer, real_rewrite = (
+    real_read, real_refer, real_again, real_rewrite = (
         onnx_stream.ExternalSource.read,
         onnx_stream.ExternalSource.refer,
+        onnx_stream.ExternalSource.again,
         rescale.rescale_graph,
     )
 
@@ -507,11 +508,14 @@ def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(t
             reads[t.name] = reads.get(t.name, 0) + 1
         return real_read(self, t)
 
-    def refer(self, t, spilled, nbytes):
-        out = real_refer(self, t, spilled, nbytes)
-        if inside and out is not None:
-            writes[t.name] = writes.get(t.name, 0) + 1
-        return out
+    def written(real):  # a weight written: to the scratch file (refer) or to be made again at the save (again)
+        def write(self, t, *args):
+            out = real(self, t, *args)
+            if inside and out is not None:
+                writes[t.name] = writes.get(t.name, 0) + 1
+            return out
+
+        return write
 
     def rewrite(*args):
         inside.append(True)
@@ -521,7 +525,8 @@ def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(t
             inside.clear()
 
     monkeypatch.setattr(onnx_stream.ExternalSource, "read", read)
-    monkeypatch.setattr(onnx_stream.ExternalSource, "refer", refer)
+    monkeypatch.setattr(onnx_stream.ExternalSource, "refer", written(real_refer))
+    monkeypatch.setattr(onnx_stream.ExternalSource, "again", written(real_again))
     monkeypatch.setattr(rescale, "rescale_graph", rewrite)
     out = tmp_path / "out"
     out.mkdir()
