@@ -141,3 +141,21 @@ def test_bn_output_with_another_user_is_skipped():
     (s,) = r.report.skipped
     # the fan-out rule: one user cannot take the fold
     assert s.code == Code.FANOUT_NOT_ALL_LAYERS, s
+
+
+@pytest.mark.parametrize("padded_first", [False, True])
+def test_a_fanout_refused_by_a_shape_says_so_whatever_the_order(padded_first):
+    """A shifting BatchNorm before two convs, one padded (the shift cannot fold into it) and one whose folded weight
+    would overflow float32: the refusal reported is the padding's, read from shapes before any weight is read, in
+    either order of the consumers (the overflow is only found by reading the weight).  Nothing is folded."""
+    g = G()
+    x = g.input("x", [1, 4, 6, 6])
+    y = g.bn(x, 4, "bn")
+    padded = g.node("Conv", [y, g.randn("WB", 4, 4, 3, 3)], "yb", name="padded", pads=[1, 1, 1, 1])
+    huge = g.node("Conv", [y, g.init("WA", np.full((4, 4, 1, 1), 3e38, np.float32))], "ya", name="huge")
+    g.output(*((padded, huge) if padded_first else (huge, padded)))
+    m = g.model()
+    r = fold_onnx(m)
+    (s,) = r.report.skipped
+    assert s.norm == "bn" and s.code == Code.SHIFT_PADDING, s
+    assert not r.report.folded and r.model.SerializeToString() == m.SerializeToString()

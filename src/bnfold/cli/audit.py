@@ -100,8 +100,9 @@ def chosen_inputs(args: argparse.Namespace, arrays: dict | None) -> tuple[bool, 
 
 
 def _audit(model, args: argparse.Namespace, progress, debug: bool, arrays: dict | None):
-    """The audit of the loaded model on ``--inputs`` (``arrays``, read) or ``--random`` batches, folded once: the
-    fold's report also tells the normalizations in training mode (refused).  The model's frontend
+    """The audit of the loaded model on ``--inputs`` (``arrays``, read; emptied once the batches are made, so the
+    file's arrays are not held beside them) or ``--random`` batches, folded once: the fold's report also tells the
+    normalizations in training mode (refused).  The model's frontend
     (:mod:`bnfold.frontends`) makes the batches and says which real runtimes (``--runtime``) it has; an
     ONNX model is audited with the ONNX ``fold`` writes, both emulated (``numerics.audit``)."""
     from .. import fold
@@ -126,6 +127,8 @@ def _audit(model, args: argparse.Namespace, progress, debug: bool, arrays: dict 
     try:
         n = args.random or DEFAULT_RANDOM_BATCHES
         batches = fe.batches(model, args.batches, n, args.seed, input_shapes, arrays)
+        if arrays is not None:
+            arrays.clear()  # the batches are made (copies, or views that hold their arrays): the file's go
         with quiet(not debug):
             return audit(
                 model,

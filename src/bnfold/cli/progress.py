@@ -35,7 +35,7 @@ class Progress:
         label: str = "audit",
     ):
         self.stream = stream or sys.stderr
-        self.enabled = enabled
+        self.enabled = enabled and self.stream is not None  # None: Python started with stderr closed (2>&-)
         self.tty = isatty(self.stream) if tty is None else tty
         self.every = every
         self.label = label
