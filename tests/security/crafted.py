@@ -97,6 +97,18 @@ def edit_program(src: Path, dst: Path, change: Callable[[dict], None]) -> Path:
     return write_entries(dst, entries)
 
 
+def with_stated_dims(src: Path, dst: Path, dims: int, values: int = 1) -> Path:
+    """``src`` whose graph states ``values`` extra tensor values (no node uses them) of ``dims`` dims each, a size
+    and a stride per dim: what makes a program's JSON long (4 JSON values a dim) in a few bytes of ``.pt2`` each."""
+
+    def change(doc: dict) -> None:
+        stated = doc["graph_module"]["graph"]["tensor_values"]
+        like = dict(next(iter(stated.values())), sizes=[{"as_int": 1}] * dims, strides=[{"as_int": 1}] * dims)
+        stated.update((f"extra_{i}", like) for i in range(values))
+
+    return edit_program(src, dst, change)
+
+
 def signature(doc: dict) -> dict:
     return doc["graph_module"]["module_call_graph"][0]["signature"]
 

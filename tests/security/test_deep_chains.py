@@ -3,9 +3,10 @@
 ``getitem(w, 0)`` of a weight with ``n + 4`` dimensions, ``n`` times, reaches a conv: the constant
 evaluator's ``_evaluable`` and the fp16 range rewrite's ``range_op`` followed each ``getitem`` one call
 deeper (main: ``RecursionError``, exit 3, at about 1000 of them).  Such a file's metadata grows as
-``n ** 2`` (1100 of them: 20 MB, over a minute for torch to load), so the command-line test runs bnfold
-on a 350-frame stack with a chain of 400 instead (main needs some 250 frames to load it, and 400 more for the
-chain); the API test uses a chain of 3000 built in memory.
+``n ** 2`` (1100 of them: 20 MB, over a minute for torch to load; 400: 340,000 JSON values, which take
+``--max-work`` to load), so the command-line test runs bnfold on a 350-frame stack with a chain of 400
+instead (main needs some 250 frames to load it, and 400 more for the chain); the API test uses a chain of
+3000 built in memory.
 """
 
 from __future__ import annotations
@@ -27,12 +28,13 @@ def test_a_long_getitem_chain_is_one_line_or_a_skip_never_exit_3(tmp_path):
     np.savez(tmp_path / "inputs.npz", x=w.X.numpy())
     out = tmp_path / "out"
     out.mkdir()
+    more = ["--max-work", "1GiB"]  # its metadata (340,000 JSON values) is over a small file's JSON budget
     check, audit, fold, fold_range = c.run_bnfold(
         tmp_path,
-        ["check", path],
-        ["audit", path, "--random", "1"],
-        ["fold", path, "-o", out / "folded.pt2"],
-        ["fold", path, "-o", out / "range.pt2", "--fp16-range", tmp_path / "inputs.npz"],
+        ["check", path, *more],
+        ["audit", path, "--random", "1", *more],
+        ["fold", path, "-o", out / "folded.pt2", *more],
+        ["fold", path, "-o", out / "range.pt2", "--fp16-range", tmp_path / "inputs.npz", *more],
         recursion_limit=STACK,
     )
     assert check["code"] == 0 and not c.beyond_progress(check["stderr"]), check  # the norm stays: no constant weight

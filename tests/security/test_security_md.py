@@ -81,3 +81,16 @@ def test_every_bnfold_name_security_md_cites_resolves():
         if not any(_resolves(c, rest) for c in candidates):
             missing.append(name)
     assert checked > 10 and not missing, missing
+
+
+def test_the_json_value_limit_security_md_states_is_the_codes():
+    """The limits table's row for a ``.pt2``'s JSON values states the code's constant and a small file's limit."""
+    from bnfold.io.budget import JSON_VALUE_BYTES, json_values_allowed
+
+    rows = [r for r in (ROOT / "SECURITY.md").read_text().splitlines() if "`budget.JSON_VALUE_BYTES`" in r]
+    assert len(rows) == 1 and rows[0].startswith("|"), rows
+    row = rows[0]
+    assert f"at {JSON_VALUE_BYTES >> 10} KiB a value" in row, row
+    assert f"{json_values_allowed(0):,} values for a file under 16 MiB" in row, row
+    assert json_values_allowed(16 << 20) == json_values_allowed(0) < json_values_allowed((16 << 20) + 1024)
+    assert "`--max-work N`" in row, row

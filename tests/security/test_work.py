@@ -123,6 +123,10 @@ CASES = {
         (["audit", c.export(d / "loop.pt2", w.WhileLoop(), (w.X,)), "--random", "1"], ("while_loop",)),
         (["check", d / "loop.pt2"], 1),
     ],
+    # 9. a .pt2's JSON values are counted before anything parses them (280,000 in 2 MB: 262,144 allowed)
+    "pt2-json-values": lambda d, p: _all3(
+        c.with_stated_dims(p["conv_bn"], d / "dims.pt2", 70_000), "its JSON holds 28", "values", "--max-work"
+    ),
 }
 
 

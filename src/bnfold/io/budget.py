@@ -30,6 +30,11 @@ AUDIT_FLOOR_BYTES = 512 * MIB
 #: 8x: 512 bytes per input byte): a fully convolutional model of 32 channels at the input's resolution plans ~450
 #: (six 3x3 convs, 128x128 and 512x512), PP-OCRv4 det 88-94 (640x640, 960x960).  A file's own shapes get none.
 CHOSEN_INPUT_MULTIPLE = 64
+#: The memory loading a ``.pt2`` takes per value of its JSON entries (bnfold's checks' ``json.loads``, then
+#: ``torch.export.load``'s dataclasses and graph), as :func:`bnfold.io.limits.json_values` counts them: measured
+#: up to 0.7 KiB on exported programs and 0.5-0.8 KiB on crafted ones (BENCHMARKS.md part P); the load then takes
+#: 22-33 us per value.  A file's JSON may hold :func:`json_values_allowed` of them.
+JSON_VALUE_BYTES = 1024
 MAX_WORK_HINT = "pass --max-work N (bytes, e.g. 4GiB) to allow more if the model really is that big"
 #: the units ``--max-work`` / ``--max-bytes`` take (``4GiB``, ``512M``, ``2GB``, ``1e9``); K, M, G, T alone are binary
 BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": MIB, "g": 1 << 30, "t": 1 << 40}
@@ -117,6 +122,13 @@ class Budget:
     def for_inputs(cls, weights: int, override: int | None = None) -> int:
         """The most bytes one batch of inputs may take for a model with ``weights`` bytes of weights."""
         return cls.for_content(weights, 0, override).bytes // INPUT_MULTIPLE
+
+
+def json_values_allowed(file_size: int) -> int:
+    """How many JSON values (:func:`bnfold.io.limits.json_values`) a ``.pt2`` file of ``file_size`` bytes may hold:
+    as many as the load's work budget holds at :data:`JSON_VALUE_BYTES` each, the file's size standing for its
+    weights (``max(256 MiB, 16 x the file)``, or ``--max-work N``): 262,144 values for a file under 16 MiB."""
+    return Budget.for_content(file_size).bytes // JSON_VALUE_BYTES
 
 
 _OVERRIDE: contextvars.ContextVar[int | None] = contextvars.ContextVar("bnfold_max_work", default=None)

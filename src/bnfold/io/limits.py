@@ -7,6 +7,7 @@
 * :func:`loads_json`: ``json.loads`` that refuses documents nested deeper than
   the limit *before* parsing them (a 200k-deep ``[[[[...`` would otherwise
   exhaust the recursion limit inside the parser or in any walk after it).
+* :func:`json_values`: how many values a JSON text can make a parser build, counted on its bytes.
 """
 
 from __future__ import annotations
@@ -129,6 +130,14 @@ def json_depth(raw: bytes) -> int:
         in_string = int((in_string + toggles[-1]) % 2)
         slashes = slashes + a.size if last_plain[-1] < 0 else a.size - 1 - int(last_plain[-1])
     return deepest
+
+
+def json_values(raw: bytes) -> int:
+    """An upper bound on the values a parser makes of the JSON text ``raw``, less one: its ``{``, ``[`` and ``,``
+    bytes (a value is the document, an element after a ``,`` or the first of a container).  Those inside strings
+    count too, so a string that is parsed again as JSON (torch's ``from_node`` metadata) counts with its document.
+    Counted with ``bytes.count``: no copy, no parse, whatever the text holds."""
+    return raw.count(b"{") + raw.count(b"[") + raw.count(b",")
 
 
 def loads_json(raw: bytes | str, where: str, limits: Limits | None = None) -> Any:

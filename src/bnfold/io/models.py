@@ -53,8 +53,10 @@ def load_model(
     :class:`bnfold.io.limits.Limits`); running out of memory is a one-line error.
     Then the cost of running the model once (:mod:`bnfold.io.cost`) must fit the
     budget its weights justify, or ``max_work`` bytes (also ``--trust``: it
-    is about work, not code).  ``stream``: an ONNX file's external data stays on disk; fold and save
-    the model inside :func:`reading` (``--low-memory``).
+    is about work, not code); a ``.pt2``'s JSON must fit that budget before it is
+    parsed (:meth:`bnfold.io.pt2.archive.Archive.check_json_values`; not with
+    ``--trust``).  ``stream``: an ONNX file's external data stays on disk; fold and
+    save the model inside :func:`reading` (``--low-memory``).
     """
     from ..frontends import for_kind
 
@@ -63,9 +65,10 @@ def load_model(
     limits = Limits(max_bytes=max_bytes or None)
     try:
         files = for_kind(kind).files
-        loaded = LoadedModel(path, kind, *files.load(path, trust=trust, debug=debug, limits=limits, stream=stream))
-        with cost.max_work(max_work or cost.current_override()), reading(loaded):
-            check_cost(loaded)
+        with cost.max_work(max_work or cost.current_override()):  # the load's own checks use the budget too
+            loaded = LoadedModel(path, kind, *files.load(path, trust=trust, debug=debug, limits=limits, stream=stream))
+            with reading(loaded):
+                check_cost(loaded)
     except MemoryError:
         raise ModelFileError(f"{path}: out of memory while loading the model; {MAX_BYTES_HINT}") from None
     except RecursionError:

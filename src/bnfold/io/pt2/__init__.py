@@ -49,7 +49,8 @@ is checked here, on the archive's bytes, before any of them is unpickled:
    :mod:`.ops` (``audit`` executes the graph), or be the in-place / ``out=`` form of an allowed
    operator that writes only values its graph computed (:mod:`.mutation`).
 10. **Bounded work.**  Entry sizes within the byte budget and no zip bomb
-    (:mod:`bnfold.io.limits`), JSON depth bounded before parsing, expressions
+    (:mod:`bnfold.io.limits`), JSON depth bounded and its values counted against the
+    work budget before parsing (:meth:`.archive.Archive.check_json_values`), expressions
     with small integers and exponents, tensor records matching their declared
     views, and pickles that ``torch.load(weights_only=True)`` loads as they
     are (:mod:`.payloads`).
@@ -64,7 +65,7 @@ torch may add ways to run code that this package does not know about.
     load.py        load_pt2 / save_pt2: read once, inspect, load the same bytes; save atomically
     inspection.py  check_pt2_bytes / inspect_pt2_bytes: the whole archive, entry by entry (1, 2, 5, 7)
     layout.py      where things live in a pt2 archive (torch's own constants when it has them)
-    archive.py     the zip seen by both of torch's readers; sizes, zip bombs; sniff()
+    archive.py     the zip seen by both of torch's readers; sizes, zip bombs, JSON values; sniff()
     pickles.py     torch.save payloads: a static scan of every pickle's globals (2)
     payloads.py    tensor records vs their declared sizes; weights_only=True must load a payload (10)
     program.py     the program JSON: names pasted into code, constant inputs, node targets (6, 9)

@@ -1,5 +1,6 @@
 """One pt2 zip seen through both zip readers ``torch.export.load`` may use: entry names, sizes
-(the byte budget, zip bombs) and records; ``sniff`` for files that are not zip archives."""
+(the byte budget, zip bombs), the values its JSON entries hold (the work budget) and records; ``sniff`` for files
+that are not zip archives."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ import zipfile
 from collections import Counter
 
 from ...errors import ModelFileError
+from ..budget import JSON_VALUE_BYTES, WorkError, json_values_allowed, max_work_needed, size_text
 from ..errors import one_line
-from ..limits import MAX_BYTES_HINT, Limits
+from ..limits import MAX_BYTES_HINT, MIB, Limits, json_values
 from .layout import ZIP_MAGIC, layout
 
 
@@ -19,7 +21,10 @@ class Archive:
     def __init__(self, data: bytes, source: str, result, limits: Limits | None = None):
         self.source = source
         self.limits = limits or Limits()
+        self.file_size = len(data)
+        self._data = data
         self.sizes: dict[str, int] = {}
+        self._infos: dict[str, zipfile.ZipInfo] = {}
         if len(data) == 0:
             raise ModelFileError(f"{source}: the file is empty")
         if data[:4] != ZIP_MAGIC:
@@ -61,7 +66,8 @@ class Archive:
         if set(torch_names) != ours:
             result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
         self.names = sorted(set(torch_names))
-        self.sizes = {i.filename[len(root) + 1 :]: i.file_size for i in infos}
+        self._infos = {i.filename[len(root) + 1 :]: i for i in infos}
+        self.sizes = {name: i.file_size for name, i in self._infos.items()}
         self._foreign_top = []
 
     def has(self, name: str) -> bool:
@@ -80,6 +86,31 @@ class Archive:
         if data is None:
             raise ModelFileError(f"{self.source}: the archive lacks {name}")
         return data
+
+    def check_json_values(self) -> None:
+        """Refuse an archive whose JSON entries (the programs and payload configs ``torch.export.load`` parses
+        into dataclasses, every ``.json``) hold more values than the load's work budget allows
+        (:func:`bnfold.io.budget.json_values_allowed`), counted on their bytes before anything parses them, as they
+        inflate (a MiB at a time: no entry is whole in memory)."""
+        held = sum(self._json_values(n) for n in self.names if n.endswith(".json"))
+        allowed = json_values_allowed(self.file_size)
+        if held > allowed:
+            raise WorkError(
+                f"{self.source}: its JSON holds {held:,} values, over the {allowed:,} that the work budget of "
+                f"{size_text(allowed * JSON_VALUE_BYTES)} allows loading at {size_text(JSON_VALUE_BYTES)} each; "
+                f"{max_work_needed(held * JSON_VALUE_BYTES)}"
+            )
+
+    def _json_values(self, name: str) -> int:
+        """:func:`bnfold.io.limits.json_values` of entry ``name``, read a MiB at a time."""
+        info = self._infos.get(name)
+        if info is None:  # only torch's reader lists it: the readers disagree, and the archive is refused for it
+            return json_values(self.need(name))
+        try:
+            with zipfile.ZipFile(io.BytesIO(self._data)) as zf, zf.open(info) as f:
+                return sum(json_values(chunk) for chunk in iter(lambda: f.read(MIB), b""))
+        except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError) as e:
+            raise ModelFileError(f"{self.source}: entry {name} is corrupted ({one_line(e)})") from None
 
     def describe_foreign(self) -> str:
         names = set(self.names)

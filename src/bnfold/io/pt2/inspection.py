@@ -59,6 +59,7 @@ def inspect_pt2_bytes(data: bytes, source: str, limits: Limits | None = None) ->
             f"{source}: pt2 archive version {shown} is not supported by this torch "
             f"(expects {L['ARCHIVE_VERSION_VALUE']!r})"
         )
+    records.check_json_values()  # before any JSON entry is parsed, here or by torch.export.load
 
     for name in records.names:
         if name.startswith(L["AOTINDUCTOR_DIR"]):

@@ -1,0 +1,124 @@
+"""A ``.pt2``'s JSON is counted before anything parses it (SECURITY.md, "Bounded work"): loading costs about 25 us and
+up to 1 KiB per JSON value (BENCHMARKS.md part P), and a few bytes of file can state a value, so the values the
+archive's JSON entries hold (``limits.json_values``, on their bytes) must fit the load's work budget
+(``budget.json_values_allowed``) before bnfold's checks or ``torch.export.load`` parse them.  The command line's
+refusal (exit 2, one line, bounded memory) is ``test_work.py``'s case ``pt2-json-values``."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+
+import crafted as c
+import pytest
+import torch
+from hypothesis import given
+from hypothesis import strategies as st
+
+import range_models
+from bnfold.io.budget import JSON_VALUE_BYTES, WorkError, json_values_allowed, max_work, max_work_needed
+from bnfold.io.limits import json_values
+from bnfold.io.pt2 import inspection, load_pt2
+
+#: the dims of the crafted program: 4 JSON values each, past the 262,144 values of a small file's budget
+DIMS = 70_000
+#: how far under its budget a real program's JSON must be
+MARGIN = 8
+
+
+def _held(path) -> int:
+    with zipfile.ZipFile(path) as z:
+        return sum(json_values(z.read(n)) for n in z.namelist() if n.endswith(".json"))
+
+
+def _values(doc) -> int:
+    """The values of a parsed JSON document (itself included)."""
+    count, stack = 0, [doc]
+    while stack:
+        cur = stack.pop()
+        count += 1
+        stack.extend(cur.values() if isinstance(cur, dict) else cur if isinstance(cur, list) else ())
+    return count
+
+
+_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(),
+    lambda inner: st.lists(inner) | st.dictionaries(st.text(), inner),
+    max_leaves=40,
+)
+
+
+@given(_JSON, st.booleans())
+def test_json_values_bounds_the_values_a_parser_makes(doc, compact):
+    raw = json.dumps(doc, separators=(",", ":") if compact else None).encode()
+    assert _values(json.loads(raw)) <= json_values(raw) + 1
+
+
+@pytest.fixture(scope="module")
+def many_dims(programs, tmp_path_factory):
+    path = c.with_stated_dims(programs["conv_bn"], tmp_path_factory.mktemp("json") / "dims.pt2", DIMS)
+    held = _held(path)
+    assert held > json_values_allowed(path.stat().st_size) == 262_144, held
+    return path, held
+
+
+def test_a_program_whose_json_holds_more_values_than_its_budget_is_refused_before_any_parse(many_dims, monkeypatch):
+    path, held = many_dims
+    parsed = []
+
+    def parse(*args, **kwargs):
+        parsed.append(args[:1])
+        raise AssertionError("parsed")
+
+    monkeypatch.setattr(json, "loads", parse)
+    monkeypatch.setattr(inspection, "loads_json", parse)
+    monkeypatch.setattr(torch.export, "load", parse)
+    with pytest.raises(WorkError) as e:
+        load_pt2(path)
+    assert str(e.value) == (
+        f"{path}: its JSON holds {held:,} values, over the 262,144 that the work budget of 256 MiB allows loading at "
+        f"1 KiB each; {max_work_needed(held * JSON_VALUE_BYTES)}"
+    )
+    assert not parsed
+
+
+def test_max_work_allows_more_json_values(many_dims):
+    path, held = many_dims
+    with max_work(held * JSON_VALUE_BYTES):
+        assert json_values_allowed(path.stat().st_size) == held
+        assert inspection.inspect_pt2_bytes(path.read_bytes(), str(path)).safe
+    with max_work(held * JSON_VALUE_BYTES - 1), pytest.raises(WorkError, match="--max-work"):
+        inspection.inspect_pt2_bytes(path.read_bytes(), str(path))
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory):
+    """A deep program with small weights (24 blocks of RMSNorm and a 32x32 linear): many nodes per byte of file, the
+    kind whose JSON comes nearest its budget (the library's programs: BENCHMARKS.md part P)."""
+    model = range_models.ResidualStream(blocks=24).eval()
+    x = torch.randn(*range_models.ResidualStream.shapes[0])
+    return c.export(tmp_path_factory.mktemp("stream") / "stream.pt2", model, (x,))
+
+
+@pytest.mark.parametrize("name", ["conv_bn", "dynamic", "dict_io", "stream"])
+def test_a_real_programs_json_is_well_under_its_budget_and_loads(name, programs, stream):
+    path = stream if name == "stream" else programs[name]
+    held = _held(path)
+    assert MARGIN * held <= json_values_allowed(path.stat().st_size), held
+    assert isinstance(load_pt2(path), torch.export.ExportedProgram)
+
+
+def test_the_count_reads_a_mib_of_json_at_a_time(programs, tmp_path):
+    """An entry's values are counted as it inflates: the count never holds a whole entry (here 9 MB of JSON)."""
+    import tracemalloc
+
+    path = c.with_stated_dims(programs["conv_bn"], tmp_path / "long.pt2", 300_000)
+    data = path.read_bytes()
+    tracemalloc.start()
+    try:
+        with pytest.raises(WorkError):
+            inspection.inspect_pt2_bytes(data, str(path))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(data) > 8 << 20 and peak < 3 << 20, (len(data), peak)
