@@ -211,7 +211,7 @@ class FakeAdapter:
         return next((n for n in self.g.live() if n.output == value), None)
 
     # -- read
-    def constant(self, value):
+    def constant(self, value, values: bool = True):
         t = self.g.consts.get(value) if isinstance(value, str) else None
         return None if t is None else t.to(torch.float64)
 

@@ -266,9 +266,12 @@ def test_a_tensor_the_fold_does_not_change_never_enters_user_space(tmp_path, mon
     assert copies and all(copies)  # every streamed tensor the fold left (proj, l1.w) copied by the kernel
 
 
-def _streamed_reads(tmp_path, monkeypatch, model: onnx.ModelProto) -> list[str]:
+def _streamed_reads(tmp_path, monkeypatch, model: onnx.ModelProto) -> tuple[list[str], dict]:
     """``model`` saved with every tensor in ``m.data`` and folded plain and with ``--low-memory``: the names of the
-    tensors the streamed route read, in order (the plain route reads none); the two routes' files are the same."""
+    tensors the streamed route read, in order (the plain route reads none), and the report; the two routes' files
+    and reports (but the output's path and the seconds) are the same."""
+    import json
+
     from bnfold.io import onnx_stream
 
     src = tmp_path / "in"
@@ -278,13 +281,17 @@ def _streamed_reads(tmp_path, monkeypatch, model: onnx.ModelProto) -> list[str]:
     reads = []
     real_read = onnx_stream.ExternalSource.read
     monkeypatch.setattr(onnx_stream.ExternalSource, "read", lambda self, t: reads.append(t.name) or real_read(self, t))
-    outs = {}
+    outs, reports = {}, {}
     for name, extra in (("plain", []), ("stream", ["--low-memory"])):
         (tmp_path / name).mkdir()
-        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", *extra]) == 0
+        report = tmp_path / f"{name}.json"
+        assert main(["fold", path, "-o", str(tmp_path / name / "out.onnx"), "-q", "--report", str(report), *extra]) == 0
         outs[name] = _files(tmp_path / name)
+        reports[name] = json.loads(report.read_text())
+        del reports[name]["output"], reports[name]["summary"]["seconds"]
     assert outs["stream"] == outs["plain"]
-    return reads
+    assert reports["stream"] == reports["plain"]
+    return reads, reports["stream"]
 
 
 def _unread_model(case: str) -> onnx.ModelProto:
@@ -362,33 +369,54 @@ def test_a_weight_the_rules_only_look_at_is_not_read(tmp_path, monkeypatch, case
     each by the fan-out check, W1 by the merge rule; W1 for the chain the max-pool crossing leaves, W1 (and W2) for
     the shift the padding refuses), and a weight the loop folds after a retry is read once. The files are the plain
     fold's."""
-    reads = _streamed_reads(tmp_path, monkeypatch, _unread_model(case))
+    reads, _ = _streamed_reads(tmp_path, monkeypatch, _unread_model(case))
     assert reads == read
 
 
-def test_a_large_constant_added_after_a_matmul_is_told_from_its_shape(tmp_path, monkeypatch):
-    """Whether an ``Add`` after a MatMul is its bias is told from the constant's shape: a streamed constant of 1 MiB
-    that is no per-channel vector ([256, 1024] added to a [1, 256, 1024] product) is not read to tell it.  Before,
-    each parse of the MatMul as a layer read it: 13 reads in one fold, now 1 (the chain rule's refusal reads it).
-    The files are the plain fold's."""
+def _large_constant_model(op: str) -> onnx.ModelProto:
+    """A streamed 1 MiB constant ``C`` that is no per-channel vector: added to a MatMul's [1, 256, 1024] product
+    ("add", C [256, 1024]), or multiplying a conv's [1, 16, 128, 128] output that a BatchNorm reads ("mul",
+    C [16, 128, 128])."""
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(0)
-    inits = [
-        numpy_helper.from_array(rng.standard_normal((16, 1024)).astype(np.float32), "W"),
-        numpy_helper.from_array(rng.standard_normal((256, 1024)).astype(np.float32), "C"),
-    ]
-    nodes = [
-        helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
-        helper.make_node("Add", ["m", "C"], ["y"], name="add"),
-    ]
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 256, 16])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 256, 1024])
-    model = helper.make_model(
+
+    def init(name, shape):
+        return numpy_helper.from_array((rng.random(shape) + 0.5).astype(np.float32), name)
+
+    if op == "add":
+        inits = [init("W", (16, 1024)), init("C", (256, 1024))]
+        nodes = [
+            helper.make_node("MatMul", ["x", "W"], ["m"], name="mm"),
+            helper.make_node("Add", ["m", "C"], ["y"], name="add"),
+        ]
+        x_dims, y_dims = [1, 256, 16], [1, 256, 1024]
+    else:
+        inits = [init("W", (16, 8, 3, 3)), init("C", (16, 128, 128))] + [init(n, (16,)) for n in ("s", "b", "mu", "v")]
+        nodes = [
+            helper.make_node("Conv", ["x", "W"], ["c"], name="conv", pads=[1, 1, 1, 1]),
+            helper.make_node("Mul", ["c", "C"], ["p"], name="mul"),
+            helper.make_node("BatchNormalization", ["p", "s", "b", "mu", "v"], ["y"], name="bn"),
+        ]
+        x_dims, y_dims = [1, 8, 128, 128], [1, 16, 128, 128]
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, x_dims)
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, y_dims)
+    return helper.make_model(
         helper.make_graph(nodes, "g", [x], [y], inits), opset_imports=[helper.make_opsetid("", 17)]
     )
-    reads = _streamed_reads(tmp_path, monkeypatch, model)
-    assert reads.count("C") == 1, reads
+
+
+@pytest.mark.parametrize("op", ["add", "mul"])
+def test_a_large_constant_that_is_no_per_channel_vector_is_told_from_its_shape(tmp_path, monkeypatch, op):
+    """Whether an ``Add`` after a MatMul is its bias (``onnx/ops._bias_add``) and whether the chain rule refuses an
+    elementwise op by a constant (``engine/chain.binary_step``) are told from the constant's shape: a streamed 1 MiB
+    constant that is no per-channel vector is not read.  Before 1231002 each parse of the MatMul as a layer read it
+    (13 reads in one fold); before the chain rule asked for its shape, its refusal read it once.  The files and the
+    report are the plain fold's; the op's refusal is reported."""
+    reads, report = _streamed_reads(tmp_path, monkeypatch, _large_constant_model(op))
+    assert reads.count("C") == 0, reads
+    kept = [(k["node"], k["code"]) for k in report["kept_ops"]]
+    assert kept == [(op, "not_per_channel")], report
 
 
 def test_without_preadv_the_fold_reads_with_pread(tmp_path, monkeypatch):

@@ -189,16 +189,19 @@ class OnnxGraph(OnnxRange):
         c = self.const_or_reason(value, "value")
         return None if isinstance(c, str) else c
 
-    def constant(self, value: Any) -> torch.Tensor | None:
+    def constant(self, value: Any, values: bool = True) -> torch.Tensor | None:
         """A floating-point constant as a float64 tensor, or None; kept for the next call but where a streamed load
         left it on disk and it is at least :data:`bnfold.fold_math.LARGE_BYTES` (such an initializer, which the range
         planner may ask about, is read again: its float64 copy is not held beside the model).  A chain's walk asks
-        for the same constant at every step: a held one is converted once."""
+        for the same constant at every step: a held one is converted once.  ``values=False``: a streamed initializer
+        not held is a ``meta`` tensor of its shape (the dims the load checked against its data), nothing read."""
         if not isinstance(value, Value):
             return None
         if value in self._tensors:
             return self._tensors[value]
         c = self.const(value)
+        if not values and c is not None and self._streamed(value) is not None:
+            return torch.empty(c.shape, dtype=torch.float64, device="meta") if _floating(c) else None
         t = to_torch(c.value).to(torch.float64) if c is not None and _floating(c) else None
         if t is None or t.nbytes < fold_math.LARGE_BYTES or self._streamed(value) is None:
             self._tensors[value] = t

@@ -172,7 +172,7 @@ class FxGraph(FxRange):
 
     # ------------------------------------------------------------------ read
 
-    def constant(self, value: Any) -> torch.Tensor | None:
+    def constant(self, value: Any, values: bool = True) -> torch.Tensor | None:  # values read always (in memory)
         if isinstance(value, bool):
             return None
         if isinstance(value, Number):
