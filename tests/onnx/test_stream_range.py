@@ -53,6 +53,24 @@ def _untimed(report: dict) -> dict:
     return report
 
 
+def _plain_and_streamed(tmp_path, path: str, npz: str, plain_done=lambda: None) -> dict:
+    """``path`` folded with ``--fp16-range npz``, plain (then ``plain_done()``) and with ``--low-memory``: the plain
+    fold's report; the two folds' files and reports (but paths and seconds) are the same."""
+    outs, reports = {}, {}
+    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
+        out = tmp_path / name
+        out.mkdir()
+        report = out / "report.json"
+        args = ["fold", path, "-o", str(out / "out.onnx"), "-q", "--fp16-range", npz, "--report", str(report)]
+        assert main([*args, *extra]) == 0
+        outs[name], reports[name] = _files(out), json.loads(report.read_text())
+        if name == "plain":
+            plain_done()
+    assert outs["stream"] == outs["plain"]
+    assert _untimed(reports["stream"]) == _untimed(reports["plain"])
+    return reports["plain"]
+
+
 def test_streamed_fp16_range_writes_the_plain_routes_files_and_report(tmp_path, monkeypatch):
     src = tmp_path / "in"
     src.mkdir()
@@ -67,20 +85,13 @@ def test_streamed_fp16_range_writes_the_plain_routes_files_and_report(tmp_path, 
         return real_value(self)
 
     monkeypatch.setattr(lazy.LazyConstant, "value", value)
-    outs, reports = {}, {}
-    for name, extra in (("plain", []), ("stream", ["--low-memory"])):
-        out = tmp_path / name
-        out.mkdir()
-        report = out / "report.json"
-        args = ["fold", path, "-o", str(out / "out.onnx"), "-q", "--fp16-range", npz, "--report", str(report)]
-        assert main([*args, *extra]) == 0
-        outs[name], reports[name] = _files(out), json.loads(report.read_text())
-        if name == "plain":
-            assert runs and not any(n for _, n in runs)  # the plain load holds every weight: nothing is lazy
-            runs.clear()
-    assert outs["stream"] == outs["plain"]
-    assert _untimed(reports["stream"]) == _untimed(reports["plain"])
-    assert any(e["factor"] != 1.0 for e in reports["plain"]["rescaled"])  # the rewrite applied
+
+    def plain_done():
+        assert runs and not any(n for _, n in runs)  # the plain load holds every weight: nothing is lazy
+        runs.clear()
+
+    report = _plain_and_streamed(tmp_path, path, npz, plain_done)
+    assert any(e["factor"] != 1.0 for e in report["rescaled"])  # the rewrite applied
     assert {dtype for dtype, n in runs if n} == {torch.float32, torch.float64}  # calibration and proof read at use
 
 
@@ -485,28 +496,42 @@ def test_overlapping_block_runs_give_torchs_thread_count_back(monkeypatch):
         torch.set_num_threads(before)
 
 
-def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(tmp_path, monkeypatch):
-    """The range rewrite (plan and edits) of a streamed model reads each large weight from the data or scratch file
-    once for its span and once for each time it writes it (its span after a write is the old one scaled by the power
-    of two; asking whether a node is a layer, and the check of a scale its span shows exact, look at its shape).
-    Before: 10 reads of each of the four middle weights (6 of the last) for 2 writes (1), 3 now (2)."""
+def _rewrite_reads(monkeypatch) -> tuple[dict, list]:
+    """Count each tensor's reads from the data or scratch file while the range rewrite (``rescale_graph``) runs:
+    ``(reads by tensor name, inside)``, ``inside`` non-empty while it runs (cleared, nothing is counted)."""
     from bnfold import rescale
 
-    src = tmp_path / "in"
-    src.mkdir()
-    path, _ = _model(src)
-    reads, writes, inside = {}, {}, []
-    real_read, real_refer, real_again, real_rewrite = (
-        onnx_stream.ExternalSource.read,
-        onnx_stream.ExternalSource.refer,
-        onnx_stream.ExternalSource.again,
-        rescale.rescale_graph,
-    )
+    reads, inside = {}, []
+    real_read, real_rewrite = onnx_stream.ExternalSource.read, rescale.rescale_graph
 
     def read(self, t):
         if inside:
             reads[t.name] = reads.get(t.name, 0) + 1
         return real_read(self, t)
+
+    def rewrite(*args):
+        inside.append(True)
+        try:
+            return real_rewrite(*args)
+        finally:
+            inside.clear()
+
+    monkeypatch.setattr(onnx_stream.ExternalSource, "read", read)
+    monkeypatch.setattr(rescale, "rescale_graph", rewrite)
+    return reads, inside
+
+
+def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(tmp_path, monkeypatch):
+    """The range rewrite (plan and edits) of a streamed model reads each large weight from the data or scratch file
+    once for its span and once for each time it writes it (its span after a write is the old one scaled by the power
+    of two; asking whether a node is a layer, and the check of a scale its span shows exact, look at its shape).
+    Before: 10 reads of each of the four middle weights (6 of the last) for 2 writes (1), 3 now (2)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path, _ = _model(src)
+    reads, inside = _rewrite_reads(monkeypatch)
+    writes = {}
+    real_refer, real_again = onnx_stream.ExternalSource.refer, onnx_stream.ExternalSource.again
 
     def written(real):  # a weight written: to the scratch file (refer) or to be made again at the save (again)
         def write(self, t, *args):
@@ -517,17 +542,8 @@ def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(t
 
         return write
 
-    def rewrite(*args):
-        inside.append(True)
-        try:
-            return real_rewrite(*args)
-        finally:
-            inside.clear()
-
-    monkeypatch.setattr(onnx_stream.ExternalSource, "read", read)
     monkeypatch.setattr(onnx_stream.ExternalSource, "refer", written(real_refer))
     monkeypatch.setattr(onnx_stream.ExternalSource, "again", written(real_again))
-    monkeypatch.setattr(rescale, "rescale_graph", rewrite)
     out = tmp_path / "out"
     out.mkdir()
     args = ["fold", path, "-o", str(out / "out.onnx"), "-q", "--fp16-range", _inputs(tmp_path), "--low-memory"]
@@ -535,3 +551,50 @@ def test_the_rewrite_reads_a_large_weight_once_for_its_span_and_once_per_write(t
     large = {"proj", *(f"l{i}.w" for i in range(4))}
     assert set(writes) == large and all(writes.values())  # every large weight rewritten (the count sees writes)
     assert reads == {name: 1 + writes[name] for name in large}, (reads, writes)
+
+
+def _hot_operand_model(folder) -> tuple[str, str]:
+    """``r = relu((x + big) * small)`` with ``big`` a 512x512 float32 operand of magnitudes up to about 1.4e5 (past
+    fp16's range: the rewrite scales it and ``small``, 2^-8, back) saved in ``m.data``, and its inputs: (model,
+    inputs)."""
+    rng = np.random.default_rng(0)
+    nodes = [
+        helper.make_node("Add", ["x", "big"], ["y"], name="add"),
+        helper.make_node("Mul", ["y", "small"], ["z"], name="mul"),
+        helper.make_node("Relu", ["z"], ["r"], name="relu"),
+    ]
+    inits = {"big": (rng.standard_normal((512, 512)) * 3e4).astype(np.float32), "small": np.float32([2.0**-8])}
+    path, npz = os.path.join(folder, "m.onnx"), os.path.join(folder, "in.npz")
+    model = _one_layer(nodes, {"x": (512, 512)}, inits, ("r", (512, 512)))
+    onnx.save(model, path, save_as_external_data=True, location="m.data", size_threshold=1024)
+    np.savez(npz, x=rng.standard_normal((2, 512, 512)).astype(np.float32))
+    return path, npz
+
+
+def test_a_rescaled_constant_operands_span_is_the_old_one_scaled(tmp_path, monkeypatch):
+    """The range rewrite reads a streamed constant operand it rescales once for its span (the plan's) and once to
+    write it; the written constant's span is the old one times the power of two (``Planner.keep_operand_span``: each
+    element exact, or it is not written), equal to the span read from the written constant, so ``HotConstants``
+    does not read it again (before: ``big_range`` read once more, by ``hot``).  The files and report are the plain
+    fold's."""
+    from bnfold.engine.range_planner import Planner, span
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path, npz = _hot_operand_model(src)
+    reads, inside = _rewrite_reads(monkeypatch)
+    kept, real_keep = [], Planner.keep_operand_span
+
+    def keep(self, node, slot, was, exponent):
+        before = dict(self._const_spans)
+        real_keep(self, node, slot, was, exponent)
+        inside.clear()  # the check's reads are not the rewrite's
+        kept.extend((v, s, span(self._const(v))) for v, s in self._const_spans.items() if v not in before)
+        inside.append(True)
+
+    monkeypatch.setattr(Planner, "keep_operand_span", keep)
+    report = _plain_and_streamed(tmp_path, path, npz)
+    assert [(e["value"], e["kind"], e["code"]) for e in report["rescaled"]] == [("y", "constant", "rescaled")]
+    assert reads == {"big": 2}, reads
+    assert sorted(v.name for v, _, _ in kept) == ["big_range"] * 2 + ["small_range"] * 2, kept  # each route's
+    assert all(got == want for _, got, want in kept), kept  # as read from the written constant

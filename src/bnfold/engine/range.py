@@ -19,7 +19,7 @@ from ..report import Code
 from .graph import GraphAdapter
 from .range_apply import apply
 from .range_kind import kind_of
-from .range_planner import MAX_REGION, Limits, Plan, Planner, Refused, span
+from .range_planner import MAX_REGION, Limits, Plan, Planner, Refused
 
 __all__ = ["MAX_REGION", "HotConstants", "Limits", "Plan", "Planner", "Refused", "rescale_graph"]
 
@@ -103,7 +103,7 @@ class HotConstants:
         if op is None or op.fact not in ("sum", "product", "quotient"):
             return None
         for _, v in op.operands:
-            if planner.is_const(v) and (high := span(planner._const(v))[1]) > limit:
+            if planner.is_const(v) and (high := planner.const_span(v)[1]) > limit:
                 return (op.output, f"{planner.g.node_name(node)} constant", high)
         return None
 

@@ -85,7 +85,9 @@ def apply(planner: Planner, p: Plan, k: int, label: str) -> list[str]:
         edited[node] = g.node_name(node)
         del weight, bias, done
     for node, slot, new in operands:
+        was = planner._operand(node, slot)  # the planner's op as it read it: the constant before the write
         g.scale_operand(node, slot, new)
+        planner.keep_operand_span(node, slot, was, exponent(p.operands[(node, slot)]))
         edited[node] = g.node_name(node)
     for node, value in eps:
         g.set_eps(node, value)

@@ -127,6 +127,7 @@ class Planner:
         self._spans: dict = {}  # a layer node -> the spans of its weight and bias (:meth:`spans`)
         self._kept: dict = {}  # a layer node -> its written weight's span, kept through forget (:meth:`keep_span`)
         self._is_const: dict = {}  # a value -> whether it is a constant (:meth:`is_const`)
+        self._const_spans: dict = {}  # a constant value -> its span (:meth:`const_span`)
         self._layer_exps: tuple = (None, {})  # the last plan's :meth:`layer_exps`
         self._read_layers()
         self.edited: set = set()  # nodes edited since the constants were last read (``HotConstants``)
@@ -270,6 +271,27 @@ class Planner:
             (low, high), dtype, stored = was
             if dtype == stored and all(math.isfinite(x) for x in (low, high)):
                 self._kept[node] = ((math.ldexp(low, exponent), math.ldexp(high, exponent)), dtype, stored)
+
+    def const_span(self, value: Any) -> tuple[float, float]:
+        """The span (:func:`span`) of the constant ``value`` (:meth:`is_const`), read once: an edit never changes
+        a value's constant (a rewritten one is a new value, whose span :meth:`keep_operand_span` may know)."""
+        if isinstance(value, (int, float)):
+            return span(self._const(value))
+        if value not in self._const_spans:
+            self._const_spans[value] = span(self._const(value))
+        return self._const_spans[value]
+
+    def keep_operand_span(self, node: Any, slot: Any, was: Any, exponent: int) -> None:
+        """``node``'s constant operand at ``slot``, ``was``, has just been written as ``fold_math.scale_pow2`` of it
+        by ``2 ** exponent`` (``GraphAdapter.scaled_operand``: every element exact, or it is not written): where
+        ``was``'s span was read and is finite, the new constant's span is that span times ``2 ** exponent``, bit for
+        bit (its float64 values are ``was``'s times a power of two, each exact), so it is not read for it."""
+        old = None if isinstance(was, (int, float)) else self._const_spans.get(was)
+        if old is not None and all(math.isfinite(x) for x in old):
+            op = self.g.range_op(node)
+            new = next((v for s, v in op.operands if s == slot), None) if op is not None else None
+            if new is not None and not isinstance(new, (int, float)):
+                self._const_spans[new] = (math.ldexp(old[0], exponent), math.ldexp(old[1], exponent))
 
     def scales_exactly(self, node: Any, exponent: int) -> bool:
         """Whether ``fold_math.scale_pow2`` of the layer ``node``'s weight by ``2 ** exponent`` surely succeeds, read
@@ -596,8 +618,7 @@ class Planner:
         for (node, slot), e in p.operands.items():
             if e == 0:
                 continue
-            value = self._operand(node, slot)
-            out.append((*span(self._const(value)), e))
+            out.append((*self.const_span(self._operand(node, slot)), e))
         for node, (w_e, b_e) in self.layer_exps(p).items():
             weight, bias = self.spans(node)
             out.append((*weight, w_e))
