@@ -51,3 +51,43 @@ def test_an_inserted_node_removed_again_is_dropped_and_its_inserts_stay():
     editor.remove_node(gi, a)
     editor.compact()
     assert _names(model) == ["relu", "b", "neg"]
+
+
+def test_a_second_compact_places_nothing_twice():
+    """What ``compact`` placed and dropped is done: a second ``compact`` (after more edits) neither inserts the
+    first edits' nodes again nor drops by their stale marks (before: a node inserted first in the graph was placed
+    again at each compact)."""
+    editor, model = _editor()
+    gi = editor.graphs[0]
+    editor.insert_after(gi, None, h.make_node("Abs", ["x"], ["h"], name="head"))
+    editor.insert_after(gi, model.graph.node[0], h.make_node("Abs", ["r"], ["a"], name="a"))
+    editor.compact()
+    assert _names(model) == ["head", "relu", "a", "neg"]
+    editor.compact()
+    assert _names(model) == ["head", "relu", "a", "neg"]
+
+
+def test_a_node_removed_through_a_wrapper_nobody_holds_is_the_one_dropped():
+    """protobuf's (upb) Python wrapper of a repeated message's element lives only while something holds it, and the
+    next wrapper made may take its ``id`` (with protobuf's upb here, ``[id(model.graph.node[i]) for i in range(3)]``
+    gave one id three times).  The
+    editor holds what it marks removed or anchors on, so a mark made through a wrapper nothing else holds still
+    names that node: after a ``compact`` that placed an insert (the graph's nodes new elements, no wrapper of them
+    held), a node removed and an anchor given through ``model.graph.node[i]``, every other reference dropped and
+    ``gc.collect()`` run, then new nodes built, the next ``compact`` drops that node and places the inserts after
+    that anchor (before: the wrappers ``compact`` made took the ids, and it dropped or anchored on whichever node
+    that was)."""
+    import gc
+
+    editor, model = _editor()
+    gi = editor.graphs[0]
+    editor.insert_after(gi, model.graph.node[0], h.make_node("Abs", ["r"], ["a"], name="a"))
+    editor.compact()  # the graph's nodes are new elements now: the index holds no wrapper of them
+    assert _names(model) == ["relu", "a", "neg"]
+    editor.remove_node(gi, model.graph.node[2])  # 'neg', through a wrapper nobody holds
+    gc.collect()
+    for i in range(2):
+        editor.insert_after(gi, model.graph.node[1], h.make_node("Abs", ["a"], [f"t{i}"], name=f"t{i}"))  # after 'a'
+        gc.collect()
+    editor.compact()
+    assert _names(model) == ["relu", "a", "t0", "t1"]

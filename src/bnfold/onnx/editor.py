@@ -55,11 +55,13 @@ class ModelEditor(ModelIndex):
                 del gi.producer[name]
                 self.tracker.gone.add(name)
         self.dead.add(id(node))
+        self._marked.append(node)
 
     def insert_after(self, gi: GraphInfo, anchor: NodeProto | None, node: NodeProto) -> None:
         """Add ``node`` right after ``anchor`` (None: first in ``gi``'s graph), placed at :meth:`compact`."""
         self._edited()
         self.inserts.setdefault(id(gi.graph) if anchor is None else id(anchor), []).append(node)
+        self._marked.append(gi.graph if anchor is None else anchor)
         self._index_node(gi, node)
 
     def add_initializer(self, gi: GraphInfo, t: TensorProto) -> None:
@@ -90,7 +92,17 @@ class ModelEditor(ModelIndex):
 
     # --------------------------------------------------------------- finishing
     def compact(self) -> None:
-        """Drop the removed nodes and place the inserted ones; deepest graphs first."""
+        """Drop the removed nodes and place the inserted ones; deepest graphs first.  The marks are done with
+        then: a second ``compact`` places only what was inserted or removed after this one."""
+        try:
+            self._compact()
+        finally:
+            self.dead.clear()
+            self.inserts.clear()
+            self._marked.clear()
+            self._edited()
+
+    def _compact(self) -> None:
         for gi in sorted(self.graphs, key=lambda g: -g.depth):
             nodes = list(gi.graph.node)
             first = self.inserts.get(id(gi.graph), [])

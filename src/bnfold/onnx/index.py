@@ -73,7 +73,11 @@ class ModelIndex:
         self.uses: dict[str, list[Use]] = {}
         self.names: set[str] = set()
         self.node_names: set[str] = set()
+        #: ``id()`` of the nodes removed and of the anchors of ``inserts``, until ``compact`` places them; the objects
+        #: are held in ``_marked`` (a proto's Python wrapper lives only while held, and the next one made may take its
+        #: id), so no other node can take a marked one's id
         self.dead: set[int] = set()
+        self._marked: list = []
         #: the element type ONNX shape inference gives a value (``Shapes.elem_type``), or None
         self.inferred_type: Callable[[str], int | None] = lambda name: None
         #: the dims ONNX shape inference gives a value (``Shapes.dims``: ints, or names / None), or None
