@@ -122,3 +122,19 @@ def test_the_count_reads_a_mib_of_json_at_a_time(programs, tmp_path):
     finally:
         tracemalloc.stop()
     assert len(data) > 8 << 20 and peak < 3 << 20, (len(data), peak)
+
+
+def test_each_json_entry_is_parsed_once(programs, monkeypatch):
+    """The payload configs (weights, constants) are parsed once, not once for their records and once for pickles."""
+    parsed = []
+    real = inspection.loads_json
+
+    def count(raw, where, *args, **kwargs):
+        parsed.append(where)
+        return real(raw, where, *args, **kwargs)
+
+    monkeypatch.setattr(inspection, "loads_json", count)
+    path = programs["conv_bn"]
+    inspection.inspect_pt2_bytes(path.read_bytes(), str(path))
+    assert any("weights_config" in w for w in parsed) and any("constants_config" in w for w in parsed), parsed
+    assert len(parsed) == len(set(parsed)), parsed

@@ -41,6 +41,9 @@ is checked here, on the archive's bytes, before any of them is unpickled:
    same ``weights_only=False`` fallback.  Only a well-formed pt2 archive (one
    root folder, no duplicate names, Python's ``zipfile`` and torch's reader
    agreeing on the entries) is accepted, so that path never finds its files.
+   Its bytes must be exactly the archive ``zipfile`` lists (:mod:`.zipform`),
+   checked before torch's reader opens it, so that the sizes checked with
+   ``zipfile`` are what torch inflates.
 
 8. **Pytree specs.**  ``in_spec`` / ``out_spec`` strings are checked as data
    by :mod:`.treespec` (``treespec_loads`` imports modules named in
@@ -66,6 +69,7 @@ torch may add ways to run code that this package does not know about.
     inspection.py  check_pt2_bytes / inspect_pt2_bytes: the whole archive, entry by entry (1, 2, 5, 7)
     layout.py      where things live in a pt2 archive (torch's own constants when it has them)
     archive.py     the zip seen by both of torch's readers; sizes, zip bombs, JSON values; sniff()
+    zipform.py     the zip's bytes exactly what Python's zipfile lists, before torch's reader opens it (7, 10)
     pickles.py     torch.save payloads: a static scan of every pickle's globals (2)
     payloads.py    tensor records vs their declared sizes; weights_only=True must load a payload (10)
     program.py     the program JSON: names pasted into code, constant inputs, node targets (6, 9)

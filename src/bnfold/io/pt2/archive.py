@@ -1,6 +1,6 @@
-"""One pt2 zip seen through both zip readers ``torch.export.load`` may use: entry names, sizes
-(the byte budget, zip bombs), the values its JSON entries hold (the work budget) and records; ``sniff`` for files
-that are not zip archives."""
+"""One pt2 zip seen through both zip readers ``torch.export.load`` may use: its form (exactly what Python's zipfile
+lists, :mod:`.zipform`) and entry names checked before torch's reader opens it, sizes (the byte budget, zip bombs),
+the values its JSON entries hold (the work budget) and records; ``sniff`` for files that are not zip archives."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from ..budget import JSON_VALUE_BYTES, WorkError, json_values_allowed, max_work_
 from ..errors import one_line
 from ..limits import MAX_BYTES_HINT, MIB, Limits, json_values
 from .layout import ZIP_MAGIC, layout
+from .zipform import check_zip_form
 
 
 class Archive:
@@ -31,24 +32,26 @@ class Archive:
             raise ModelFileError(f"{source}: not a .pt2 archive (not a zip file; {sniff(data)})")
         try:
             with zipfile.ZipFile(io.BytesIO(data)) as zf:
-                infos = zf.infolist()
+                infos, start_dir = zf.infolist(), zf.start_dir
         except (zipfile.BadZipFile, EOFError, ValueError, OSError) as e:
             raise ModelFileError(f"{source}: truncated or corrupted zip archive ({one_line(e)})") from None
         names = [i.filename for i in infos if not i.filename.endswith("/")]
         if not names:
             raise ModelFileError(f"{source}: the zip archive is empty")
+        self.names, self.reader, self._foreign_top = [], None, []
+        counts = Counter(n.lower() for n in names)  # torch's reader finds a name ignoring its case
+        dup = next((n for n in names if counts[n.lower()] > 1), None)
+        if dup is not None:  # nothing is read through torch's reader: it may read the other one
+            spelled = "" if counts[dup] == names.count(dup) else " (in names that differ only in case)"
+            result.unsafe.append(f"entry {dup} appears twice{spelled}, and zip readers disagree about which one counts")
+            return
+        check_zip_form(data, infos, start_dir, source)
         _check_sizes(infos, len(data), source, self.limits)
-        counts = Counter(names)
-        dup = next((n for n, c in counts.items() if c > 1), None)
-        if dup is not None:
-            result.unsafe.append(f"entry {dup} appears twice, and zip readers disagree about which one counts")
         roots = {n.split("/", 1)[0] if "/" in n else None for n in names}
         if None in roots or len(roots) != 1:
             # torch's reader needs one root folder; without it torch.export.load
             # falls back to its legacy zip reader, which unpickles unsafely.
             top = sorted(n for n in names if "/" not in n)[:3]
-            self.names = []
-            self.reader = None
             self._foreign_top = top
             raise ModelFileError(f"{source}: {self.describe_foreign()}")
         root = roots.pop()
@@ -63,12 +66,13 @@ class Archive:
             if layout()["ARCHIVE_FORMAT_PATH"] not in ours:
                 raise ModelFileError(f"{source}: {self.describe_foreign()}") from None
             raise ModelFileError(f"{source}: not a readable torch archive ({one_line(e)})") from None
-        if set(torch_names) != ours:
+        if set(torch_names) != ours or len(torch_names) != len(ours):  # nothing is read through torch's reader
             result.unsafe.append("Python's zip reader and torch's disagree about the entries in the archive")
-        self.names = sorted(set(torch_names))
+            self.reader = None
+            return
+        self.names = sorted(torch_names)
         self._infos = {i.filename[len(root) + 1 :]: i for i in infos}
         self.sizes = {name: i.file_size for name, i in self._infos.items()}
-        self._foreign_top = []
 
     def has(self, name: str) -> bool:
         return name in self.names
@@ -103,11 +107,8 @@ class Archive:
 
     def _json_values(self, name: str) -> int:
         """:func:`bnfold.io.limits.json_values` of entry ``name``, read a MiB at a time."""
-        info = self._infos.get(name)
-        if info is None:  # only torch's reader lists it: the readers disagree, and the archive is refused for it
-            return json_values(self.need(name))
         try:
-            with zipfile.ZipFile(io.BytesIO(self._data)) as zf, zf.open(info) as f:
+            with zipfile.ZipFile(io.BytesIO(self._data)) as zf, zf.open(self._infos[name]) as f:
                 return sum(json_values(chunk) for chunk in iter(lambda: f.read(MIB), b""))
         except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError) as e:
             raise ModelFileError(f"{self.source}: entry {name} is corrupted ({one_line(e)})") from None

@@ -48,6 +48,8 @@ def inspect_pt2_bytes(data: bytes, source: str, limits: Limits | None = None) ->
     L = layout()
     result = Pt2Inspection()
     records = Archive(data, source, result, limits)
+    if result.unsafe:  # the zip readers disagree: nothing more is read (torch's reader may read other bytes)
+        return result
 
     fmt = records.get(L["ARCHIVE_FORMAT_PATH"])
     if fmt is None or fmt.strip() != L["ARCHIVE_FORMAT_VALUE"].encode():
@@ -92,17 +94,18 @@ def _check_model(records: Archive, model: str, entry: str, L: dict[str, str], re
 
     sample = L["SAMPLE_INPUTS_FILENAME_FORMAT"].format(model)
     result.unsafe.extend(check_torch_save_payload(records.need(sample), sample))
+    configs: dict[str, dict[str, Any]] = {}  # each payload config parsed once
     for kind in ("WEIGHTS", "CONSTANTS"):
         cfg_name = L[f"{kind}_CONFIG_FILENAME_FORMAT"].format(model)
         if records.has(cfg_name):
-            check_records(records, _payload_config(records, cfg_name), L[f"{kind}_DIR"], cfg_name)
+            check_records(records, _payload_config(records, cfg_name, configs), L[f"{kind}_DIR"], cfg_name)
 
     legacy_weights = f"{L['WEIGHTS_DIR']}{model}.pt"
     if records.has(legacy_weights):
         result.unsafe.extend(check_torch_save_payload(records.need(legacy_weights), legacy_weights))
     else:
         cfg_name = L["WEIGHTS_CONFIG_FILENAME_FORMAT"].format(model)
-        for fqn, meta in _payload_config(records, cfg_name).items():
+        for fqn, meta in _payload_config(records, cfg_name, configs).items():
             if meta.get("use_pickle", False):
                 path = L["WEIGHTS_DIR"] + str(meta.get("path_name", "?"))
                 result.unsafe.append(f"weight {fqn} ({path}) is pickled and would be loaded with weights_only=False")
@@ -112,7 +115,7 @@ def _check_model(records: Archive, model: str, entry: str, L: dict[str, str], re
         result.unsafe.extend(check_torch_save_payload(records.need(legacy_constants), legacy_constants))
     else:
         cfg_name = L["CONSTANTS_CONFIG_FILENAME_FORMAT"].format(model)
-        for fqn, meta in _payload_config(records, cfg_name).items():
+        for fqn, meta in _payload_config(records, cfg_name, configs).items():
             path_name = meta.get("path_name")
             if not isinstance(path_name, str):
                 raise ModelFileError(f"{src}: {cfg_name}: constant {fqn} has no path_name")
@@ -130,9 +133,13 @@ def _check_model(records: Archive, model: str, entry: str, L: dict[str, str], re
                 raise ModelFileError(f"{src}: {cfg_name}: constant {fqn} has an unknown kind ({path_name})")
 
 
-def _payload_config(records: Archive, name: str) -> dict[str, dict[str, Any]]:
+def _payload_config(records: Archive, name: str, parsed: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """The ``config`` of payload config ``name``, parsed once (kept in ``parsed``)."""
+    if name in parsed:
+        return parsed[name]
     doc = loads_json(records.need(name), f"{records.source}: {name}", records.limits)
     config = doc.get("config") if isinstance(doc, dict) else None
     if not isinstance(config, dict) or not all(isinstance(v, dict) for v in config.values()):
         raise ModelFileError(f"{records.source}: {name} is not a payload config")
+    parsed[name] = config
     return config
