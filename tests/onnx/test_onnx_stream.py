@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnx import TensorProto, helper, numpy_helper
 from stream_models import edge_cases, largest_tensor, linear_stack
 
 import bnfold
@@ -180,7 +181,6 @@ def test_a_refused_streamed_fold_peaks_at_the_tensor_too(tmp_path):
     """A 16 MB MatMul weight whose product overflows: the refusal names the problem from float64 blocks, so the
     peak over the small model's stays under the tensor and 3 MiB (1.09x the tensor measured; 14.7x when the
     float64 product was made whole), and the output keeps the weight's bytes."""
-    from onnx import TensorProto, helper, numpy_helper
 
     small, big = tmp_path / "small", tmp_path / "big"
     small.mkdir(), big.mkdir()
@@ -933,6 +933,38 @@ def test_a_streamed_fold_writes_each_folded_byte_once_into_the_output(tmp_path, 
     outs = _plain_and_streamed(tmp_path, path)
     assert outs["stream"] == outs["plain"]
     assert spilled == [] and sum(written) == 3 * 256 * 256 * 4  # the three products, once each
+
+
+def test_what_products_made_again_hold_to_the_save_stays_within_the_largest(tmp_path, monkeypatch):
+    """Each product made again holds its scales until the save: twelve MatMuls ``[8, 32768]`` (1 MiB) scaled on
+    their 32768 outputs (128 KiB of scales each) would hold 1.5 MiB of scales, more than the largest tensor; the
+    products past that (the ninth on) are spilled at the fold as before, and the files are still the plain fold's.
+    Before, every product held its scales: the peak grew with the number of layers (reviewer: 96 layers of 4 MiB
+    weights and 512 KiB scales held 48 MiB)."""
+    from bnfold.io import onnx_stream
+
+    rng = np.random.default_rng(0)
+    n, inits, nodes, outs = 32768, [], [], []
+    for i in range(12):
+        inits += [
+            numpy_helper.from_array((rng.standard_normal((8, n)) * 0.1).astype(np.float32), f"w{i}"),
+            numpy_helper.from_array(rng.uniform(0.5, 2, n).astype(np.float32), f"s{i}"),
+        ]
+        nodes += [
+            helper.make_node("MatMul", ["x", f"w{i}"], [f"m{i}"], name=f"mm{i}"),
+            helper.make_node("Mul", [f"m{i}", f"s{i}"], [f"y{i}"], name=f"mul{i}"),
+        ]
+        outs.append(helper.make_tensor_value_info(f"y{i}", TensorProto.FLOAT, None))
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])], outs, inits)
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), src, "one")
+    sources, again = [], onnx_stream.ExternalSource.again
+    monkeypatch.setattr(onnx_stream.ExternalSource, "again", lambda self, *a: sources.append(self) or again(self, *a))
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+    (source,) = set(sources)
+    assert len(source.made) == 8 and source.made_keeps == 8 * n * 4 <= source.made_largest == 8 * n * 4
 
 
 @pytest.mark.parametrize("when", ["before the save", "while the save reads it"])

@@ -73,3 +73,37 @@ def test_a_constant_computed_from_parameters_records_no_autograd_graph():
     range_edit_program(ep, edit)
     assert len(seen) == 3 and all(v is not None and v.dtype == torch.float64 for v in seen)
     assert [(v.grad_fn, v.requires_grad) for v in seen] == [(None, False)] * 3
+
+
+class _LargeComputedScale(torch.nn.Module):
+    """``bn(conv(x) * exp(p * 2))``: a computed constant of 1 MiB (16 x 128 x 128 in float32) that is no
+    per-channel vector, so the chain from the BatchNorm stops at the multiply."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(16)
+        self.p = torch.nn.Parameter(torch.rand(16, 128, 128, generator=torch.Generator().manual_seed(0)) + 0.5)
+
+    def forward(self, x):
+        return self.bn(self.conv(x) * (self.p * 2.0).exp())
+
+
+def test_a_large_computed_constant_the_chain_rule_refuses_is_evaluated_once(monkeypatch):
+    """The chain rule asks for an elementwise op's constant once: a large computed one, which the adapter does not
+    keep (:func:`test_the_adapter_keeps_no_large_float64_computed_constant`), is evaluated once, not once to learn
+    that it is a constant and again for its shape (twice after 10a22e0)."""
+    import bnfold
+    from bnfold.torch_export.tensors import FxTensors
+
+    ep = torch.export.export(_LargeComputedScale().eval(), (torch.randn(1, 8, 128, 128),))
+    evaluated, real = [], FxTensors._evaluate
+
+    def counting(self, node):
+        evaluated.append(node.name)
+        return real(self, node)
+
+    monkeypatch.setattr(FxTensors, "_evaluate", counting)
+    result = bnfold.fold(ep)
+    assert [s.code.value for s in result.report.skipped] == ["no_layer"], result.report.skipped
+    assert sum(name.startswith("exp") for name in evaluated) == 1, evaluated

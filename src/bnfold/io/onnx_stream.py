@@ -77,6 +77,7 @@ class Made:
     origin: TensorProto
     make: Callable[[np.ndarray], Iterator[np.ndarray]]
     depth: int
+    keeps: int  # bytes ``make`` holds until the save (the product's scales)
 
 
 @dataclass(eq=False)
@@ -91,6 +92,8 @@ class ExternalSource:
     scratch_folder: str = ""  # where the scratch file is, for messages
     last: ScratchSpill | None = None  # the spill that wrote the scratch file's last bytes
     made: list[Made] = field(default_factory=list)
+    made_largest: int = 0  # the largest product made again: what all of ``made`` may hold until the save
+    made_keeps: int = 0  # what they hold (their ``keeps``)
     stack: contextlib.ExitStack = field(default_factory=contextlib.ExitStack)
     depth: int = 0
     lent: list[_Lent] = field(default_factory=list)  # read buffers, their pages and what they hold
@@ -166,20 +169,29 @@ class ExternalSource:
         return stored
 
     def again(
-        self, t: TensorProto, address: int, nbytes: int, make: Callable[[np.ndarray], Iterator[np.ndarray]]
+        self,
+        t: TensorProto,
+        address: int,
+        nbytes: int,
+        make: Callable[[np.ndarray], Iterator[np.ndarray]],
+        keeps: int,
     ) -> TensorProto | None:
         """``t`` referring to ``nbytes`` bytes made again where they are read (never written at the fold): those of
-        the tensor this source read into the live buffer at ``address``, changed in place by ``make`` (which must
-        keep nothing as large as the tensor).  None where no such buffer holds a tensor's bytes, for a parameter
-        :meth:`store` keeps in memory, and for a product of products :data:`MADE_DEPTH` deep."""
+        the tensor this source read into the live buffer at ``address``, changed in place by ``make`` (which holds
+        ``keeps`` bytes until the save: the product's scales).  None where no such buffer holds a tensor's bytes,
+        for a parameter :meth:`store` keeps in memory, for a product of products :data:`MADE_DEPTH` deep, and where
+        what every product made again holds would pass the largest of them (many layers' scales: the memory stays
+        within one tensor's; the caller spills those bytes instead)."""
         origin = self.origin(address, nbytes) if nbytes >= SPILL_BYTES else None
         if origin is None:
             return None
         made = self._made(origin)
         depth = 1 if made is None else made.depth + 1
-        if depth > MADE_DEPTH:
+        largest = max(self.made_largest, nbytes)
+        if depth > MADE_DEPTH or self.made_keeps + keeps > largest:
             return None
-        self.made.append(Made(origin, make, depth))
+        self.made_largest, self.made_keeps = largest, self.made_keeps + keeps
+        self.made.append(Made(origin, make, depth, keeps))
         t.data_location = TensorProto.EXTERNAL
         entries = (("location", f"{_TOKEN}made:{len(self.made) - 1}"), ("offset", "0"), ("length", str(nbytes)))
         _set_entries(t, entries)

@@ -68,7 +68,7 @@ class ExternalReader(Protocol):
 
     # ``t`` holding bytes made again where they are read: those read into the buffer at ``address``, then ``make``
     def again(
-        self, t: TensorProto, address: int, nbytes: int, make: Callable[[np.ndarray], Iterator[np.ndarray]]
+        self, t: TensorProto, address: int, nbytes: int, make: Callable[[np.ndarray], Iterator[np.ndarray]], keeps: int
     ) -> TensorProto | None: ...
 
     def origin(self, address: int, nbytes: int) -> TensorProto | None: ...  # the tensor read into that buffer
@@ -197,7 +197,8 @@ def from_torch(t: torch.Tensor | Product, name: str, elem_type: int, shape=None)
         out = _header(name, elem_type, t.dtype, t.shape)
         again = t.weight.is_contiguous() and _small(t.s, t.nbytes) and _read_again(reader, t.weight) is not None
         if again:  # the weight's bytes in its row-major order are those of a tensor the reader holds: no bytes now
-            stored = reader.again(out, t.weight.data_ptr(), t.nbytes, _make_again(t))
+            keeps = t.s.untyped_storage().nbytes()  # its scales, held to the save
+            stored = reader.again(out, t.weight.data_ptr(), t.nbytes, _make_again(t), keeps)
             if stored is not None:
                 discard(t)
                 return stored
