@@ -16,7 +16,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import range_models
-from bnfold.io.budget import JSON_VALUE_BYTES, WorkError, json_values_allowed, max_work, max_work_needed
+from bnfold.io.budget import (
+    JSON_TEXT_BYTES,
+    JSON_VALUE_BYTES,
+    WorkError,
+    json_values_allowed,
+    max_work,
+    max_work_needed,
+    size_text,
+)
 from bnfold.io.limits import json_values
 from bnfold.io.pt2 import inspection, load_pt2
 
@@ -138,3 +146,30 @@ def test_each_json_entry_is_parsed_once(programs, monkeypatch):
     inspection.inspect_pt2_bytes(path.read_bytes(), str(path))
     assert any("weights_config" in w for w in parsed) and any("constants_config" in w for w in parsed), parsed
     assert len(parsed) == len(set(parsed)), parsed
+
+
+def test_a_long_json_string_is_counted_by_its_bytes(programs, tmp_path, monkeypatch):
+    """Few values, one long string (a node's ``stack_trace``): its text is charged :data:`JSON_TEXT_BYTES` a byte
+    against the budget, before any parse (a 200 MiB string in a 4.3 MB file held 1.7 GiB at its load, counted as
+    602 values).  Here a 1 MiB budget allows 128 KiB of text, and the string is 256 KiB."""
+    entries = c.read_entries(programs["conv_bn"])
+    name = f"{c.root_of(entries)}/models/model.json"
+    doc = json.loads(entries[name])
+    doc["graph_module"]["graph"]["nodes"][0].setdefault("metadata", {})["stack_trace"] = "a" * (256 << 10)
+    entries[name] = json.dumps(doc).encode()
+    path = c.write_entries(tmp_path / "long_string.pt2", entries)
+    text = sum(len(v) for k, v in entries.items() if k.endswith(".json"))
+    parsed = []
+    monkeypatch.setattr(torch.export, "load", lambda *a, **k: parsed.append(a) or pytest.fail("parsed"))
+    with max_work(1 << 20):
+        assert _held(path) * JSON_VALUE_BYTES < 1 << 20  # its values alone fit
+        with pytest.raises(WorkError) as e:
+            load_pt2(path)
+    assert str(e.value) == (
+        f"{path}: its JSON is {size_text(text)} of text, over the 128 KiB that the work budget of 1 MiB allows "
+        f"loading at 8 bytes a byte; {max_work_needed(text * JSON_TEXT_BYTES)}"
+    )
+    assert not parsed
+    monkeypatch.undo()
+    with max_work(text * JSON_TEXT_BYTES):
+        assert isinstance(load_pt2(path), torch.export.ExportedProgram)

@@ -35,6 +35,12 @@ CHOSEN_INPUT_MULTIPLE = 64
 #: up to 0.7 KiB on exported programs and 0.5-0.8 KiB on crafted ones (BENCHMARKS.md part P); the load then takes
 #: 22-33 us per value.  A file's JSON may hold :func:`json_values_allowed` of them.
 JSON_VALUE_BYTES = 1024
+#: The memory loading a ``.pt2`` takes per byte of its JSON text, whatever the values: a string is held as bytes,
+#: then as ``str`` (4 bytes a character once one of them is past U+FFFF) by bnfold's checks and again by
+#: ``torch.export.load``: a 200 MiB string in one node's metadata measured 3.3x its bytes of peak memory, 7.2x with
+#: one character past U+FFFF (2026-12-06).  A file's JSON text may be ``budget / JSON_TEXT_BYTES`` bytes (32 MiB
+#: for a file under 16 MiB; a real program holds 17-21 bytes a value, so its values bind first).
+JSON_TEXT_BYTES = 8
 MAX_WORK_HINT = "pass --max-work N (bytes, e.g. 4GiB) to allow more if the model really is that big"
 #: the units ``--max-work`` / ``--max-bytes`` take (``4GiB``, ``512M``, ``2GB``, ``1e9``); K, M, G, T alone are binary
 BYTE_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": MIB, "g": 1 << 30, "t": 1 << 40}

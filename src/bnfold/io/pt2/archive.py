@@ -9,7 +9,15 @@ import zipfile
 from collections import Counter
 
 from ...errors import ModelFileError
-from ..budget import JSON_VALUE_BYTES, WorkError, json_values_allowed, max_work_needed, size_text
+from ..budget import (
+    JSON_TEXT_BYTES,
+    JSON_VALUE_BYTES,
+    Budget,
+    WorkError,
+    json_values_allowed,
+    max_work_needed,
+    size_text,
+)
 from ..errors import one_line
 from ..limits import MAX_BYTES_HINT, MIB, Limits, json_values
 from .layout import ZIP_MAGIC, layout
@@ -96,22 +104,36 @@ class Archive:
         into dataclasses, every ``.json``) hold more values than the load's work budget allows
         (:func:`bnfold.io.budget.json_values_allowed`), counted on their bytes before anything parses them, as they
         inflate (a MiB at a time: no entry is whole in memory)."""
-        held = sum(self._json_values(n) for n in self.names if n.endswith(".json"))
-        allowed = json_values_allowed(self.file_size)
+        held = text = 0
+        for name in self.names:
+            if name.endswith(".json"):
+                values, size = self._json_counts(name)
+                held, text = held + values, text + size
+        allowed, budget = json_values_allowed(self.file_size), Budget.for_content(self.file_size).bytes
         if held > allowed:
             raise WorkError(
                 f"{self.source}: its JSON holds {held:,} values, over the {allowed:,} that the work budget of "
                 f"{size_text(allowed * JSON_VALUE_BYTES)} allows loading at {size_text(JSON_VALUE_BYTES)} each; "
                 f"{max_work_needed(held * JSON_VALUE_BYTES)}"
             )
+        if text * JSON_TEXT_BYTES > budget:  # few values, long strings
+            raise WorkError(
+                f"{self.source}: its JSON is {size_text(text)} of text, over the {size_text(budget // JSON_TEXT_BYTES)}"
+                f" that the work budget of {size_text(budget)} allows loading at {JSON_TEXT_BYTES} bytes a byte; "
+                f"{max_work_needed(text * JSON_TEXT_BYTES)}"
+            )
 
-    def _json_values(self, name: str) -> int:
-        """:func:`bnfold.io.limits.json_values` of entry ``name``, read a MiB at a time."""
+    def _json_counts(self, name: str) -> tuple[int, int]:
+        """:func:`bnfold.io.limits.json_values` of entry ``name`` and its bytes as they inflate, read a MiB at a
+        time (what the entry states of its size is not taken)."""
+        values = size = 0
         try:
             with zipfile.ZipFile(io.BytesIO(self._data)) as zf, zf.open(self._infos[name]) as f:
-                return sum(json_values(chunk) for chunk in iter(lambda: f.read(MIB), b""))
+                for chunk in iter(lambda: f.read(MIB), b""):
+                    values, size = values + json_values(chunk), size + len(chunk)
         except (zipfile.BadZipFile, EOFError, ValueError, OSError, NotImplementedError) as e:
             raise ModelFileError(f"{self.source}: entry {name} is corrupted ({one_line(e)})") from None
+        return values, size
 
     def describe_foreign(self) -> str:
         names = set(self.names)
