@@ -70,24 +70,29 @@ def many_dims(programs, tmp_path_factory):
     return path, held
 
 
-def test_a_program_whose_json_holds_more_values_than_its_budget_is_refused_before_any_parse(many_dims, monkeypatch):
-    path, held = many_dims
+def _refusal_before_any_parse(path, monkeypatch) -> str:
+    """``load_pt2(path)``'s ``WorkError``, every JSON parser (bnfold's checks', torch's) patched to fail: none ran."""
     parsed = []
 
     def parse(*args, **kwargs):
         parsed.append(args[:1])
         raise AssertionError("parsed")
 
-    monkeypatch.setattr(json, "loads", parse)
-    monkeypatch.setattr(inspection, "loads_json", parse)
-    monkeypatch.setattr(torch.export, "load", parse)
-    with pytest.raises(WorkError) as e:
-        load_pt2(path)
-    assert str(e.value) == (
+    with monkeypatch.context() as m:
+        for owner, name in ((json, "loads"), (inspection, "loads_json"), (torch.export, "load")):
+            m.setattr(owner, name, parse)
+        with pytest.raises(WorkError) as e:
+            load_pt2(path)
+    assert not parsed
+    return str(e.value)
+
+
+def test_a_program_whose_json_holds_more_values_than_its_budget_is_refused_before_any_parse(many_dims, monkeypatch):
+    path, held = many_dims
+    assert _refusal_before_any_parse(path, monkeypatch) == (
         f"{path}: its JSON holds {held:,} values, over the 262,144 that the work budget of 256 MiB allows loading at "
         f"1 KiB each; {max_work_needed(held * JSON_VALUE_BYTES)}"
     )
-    assert not parsed
 
 
 def test_max_work_allows_more_json_values(many_dims):
@@ -159,17 +164,11 @@ def test_a_long_json_string_is_counted_by_its_bytes(programs, tmp_path, monkeypa
     entries[name] = json.dumps(doc).encode()
     path = c.write_entries(tmp_path / "long_string.pt2", entries)
     text = sum(len(v) for k, v in entries.items() if k.endswith(".json"))
-    parsed = []
-    monkeypatch.setattr(torch.export, "load", lambda *a, **k: parsed.append(a) or pytest.fail("parsed"))
     with max_work(1 << 20):
         assert _held(path) * JSON_VALUE_BYTES < 1 << 20  # its values alone fit
-        with pytest.raises(WorkError) as e:
-            load_pt2(path)
-    assert str(e.value) == (
-        f"{path}: its JSON is {size_text(text)} of text, over the 128 KiB that the work budget of 1 MiB allows "
-        f"loading at 8 bytes a byte; {max_work_needed(text * JSON_TEXT_BYTES)}"
-    )
-    assert not parsed
-    monkeypatch.undo()
+        assert _refusal_before_any_parse(path, monkeypatch) == (
+            f"{path}: its JSON is {size_text(text)} of text, over the 128 KiB that the work budget of 1 MiB allows "
+            f"loading at 8 bytes a byte; {max_work_needed(text * JSON_TEXT_BYTES)}"
+        )
     with max_work(text * JSON_TEXT_BYTES):
         assert isinstance(load_pt2(path), torch.export.ExportedProgram)
