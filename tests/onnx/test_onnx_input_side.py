@@ -159,3 +159,20 @@ def test_a_fanout_refused_by_a_shape_says_so_whatever_the_order(padded_first):
     (s,) = r.report.skipped
     assert s.norm == "bn" and s.code == Code.SHIFT_PADDING, s
     assert not r.report.folded and r.model.SerializeToString() == m.SerializeToString()
+
+
+def test_a_constant_refused_for_its_rank_is_not_converted(monkeypatch):
+    """A Mul whose constant broadcasts ``x`` to another rank stops the chain from its shapes: the constant is never
+    made a float64 tensor (with 4ba0eb9 a 128 MiB one was converted, and kept, before the same refusal)."""
+    import bnfold.onnx.graph as onnx_graph
+
+    g = G()
+    x = g.input("x", [1, 4, 6, 6])
+    y = g.node("Conv", [x, g.randn("W", 4, 4, 1, 1)], "c", name="conv")
+    m = g.node("Mul", [y, g.randn("big", 2, 1, 1, 1, 1)], "m", name="mul")
+    g.output(g.bn(m, 4, "bn"))
+    converted, real = [], onnx_graph.to_torch
+    monkeypatch.setattr(onnx_graph, "to_torch", lambda t, *a, **k: converted.append(t.shape) or real(t, *a, **k))
+    r = fold_onnx(g.model())
+    assert [s.code for s in r.report.skipped] == [Code.NO_LAYER] and not r.report.folded, r.report.skipped
+    assert (2, 1, 1, 1, 1) not in converted, converted

@@ -172,3 +172,29 @@ def test_a_long_json_string_is_counted_by_its_bytes(programs, tmp_path, monkeypa
         )
     with max_work(text * JSON_TEXT_BYTES):
         assert isinstance(load_pt2(path), torch.export.ExportedProgram)
+
+
+def test_the_text_of_extra_files_is_counted_too(programs, tmp_path, monkeypatch):
+    """``torch.export.load`` reads every ``extra/`` entry as a string: its bytes count with the JSON text (a 200 MiB
+    ``extra/notes.txt`` in a 2.26 MB file loaded at 1.3 GB before, reviewer's run)."""
+    entries = c.read_entries(programs["conv_bn"])
+    entries[f"{c.root_of(entries)}/extra/notes.txt"] = b"b" * (256 << 10)
+    path = c.write_entries(tmp_path / "extra.pt2", entries)
+    with max_work(1 << 20):
+        assert _refusal_before_any_parse(path, monkeypatch).startswith(f"{path}: its JSON is ")
+
+
+def test_an_archive_version_entry_of_many_bytes_is_refused_unread(programs, tmp_path, monkeypatch):
+    """``archive_version`` holds "0": one stating 1 MiB is refused from its stated size, never read (a 200 MiB one
+    was read and decoded whole before its refusal: 1.3 GB of peak memory, reviewer's run)."""
+    from bnfold.errors import ModelFileError
+    from bnfold.io.pt2 import archive
+
+    entries = c.read_entries(programs["conv_bn"])
+    entries[f"{c.root_of(entries)}/archive_version"] = b"0" * (1 << 20)
+    path = c.write_entries(tmp_path / "version.pt2", entries)
+    read, real = [], archive.Archive.get
+    monkeypatch.setattr(archive.Archive, "get", lambda self, name: read.append(name) or real(self, name))
+    with pytest.raises(ModelFileError, match=r"pt2 archive version '<1,048,576 bytes>' is not supported"):
+        load_pt2(path)
+    assert "archive_version" not in read, read

@@ -163,14 +163,18 @@ def binary_step(
     x_first = same_value(op.a, x)
     other = op.b if x_first else op.a
     alpha = graph.constant(op.alpha) if op.alpha is not None and not isinstance(op.alpha, (int, float)) else op.alpha
-    # one ask: a computed constant (a torch program's ``p * 2``) is evaluated once here, and a streamed initializer
-    # is its shape, which alone refuses a constant that is no per-channel vector (it is read only to fold)
-    const = graph.constant(other, values=False)
-    if const is None or alpha is None:
+    if alpha is None:
         return None
     out_info, x_info = graph.shape_info(op.output), graph.shape_info(x)
     if out_info.rank != x_info.rank or (out_info.dtype is not None and out_info.dtype != x_info.dtype):
-        raise Stop(node, f"{what} broadcasts its constant to another rank or dtype", Code.BROADCAST)
+        if graph.is_constant(other):  # told without a float64 copy of an ONNX constant
+            raise Stop(node, f"{what} broadcasts its constant to another rank or dtype", Code.BROADCAST)
+        return None
+    # one ask: a computed constant (a torch program's ``p * 2``) is evaluated once here, and a streamed initializer
+    # is its shape, which alone refuses a constant that is no per-channel vector (it is read only to fold)
+    const = graph.constant(other, values=False)
+    if const is None:
+        return None
     vec = per_channel(const, rank, axis, channels)
     if not isinstance(vec, str) and vec.is_meta:
         vec = per_channel(graph.constant(other), rank, axis, channels)

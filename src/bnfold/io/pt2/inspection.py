@@ -51,10 +51,10 @@ def inspect_pt2_bytes(data: bytes, source: str, limits: Limits | None = None) ->
     if result.unsafe:  # the zip readers disagree: nothing more is read (torch's reader may read other bytes)
         return result
 
-    fmt = records.get(L["ARCHIVE_FORMAT_PATH"])
+    fmt = records.get_small(L["ARCHIVE_FORMAT_PATH"])
     if fmt is None or fmt.strip() != L["ARCHIVE_FORMAT_VALUE"].encode():
         raise ModelFileError(f"{source}: {records.describe_foreign()}")
-    version = records.get(L["ARCHIVE_VERSION_PATH"])
+    version = records.get_small(L["ARCHIVE_VERSION_PATH"])
     if version is None or version.decode("utf-8", "replace") != L["ARCHIVE_VERSION_VALUE"]:
         shown = "missing" if version is None else repr(version.decode("utf-8", "replace")[:20])
         raise ModelFileError(

@@ -15,6 +15,7 @@ _LAYOUT_DEFAULTS = {
     "CONSTANTS_CONFIG_FILENAME_FORMAT": "data/constants/{}_constants_config.json",
     "CONSTANTS_DIR": "data/constants/",
     "CUSTOM_OBJ_FILENAME_PREFIX": "custom_obj_",
+    "EXTRA_DIR": "extra/",
     "MODELS_DIR": "models/",
     "MODELS_FILENAME_FORMAT": "models/{}.json",
     "OPAQUE_OBJ_FILENAME_PREFIX": "opaque_obj_",
