@@ -261,11 +261,10 @@ class Planner:
         return weight[0], None if bias is None else bias[0]
 
     def keep_span(self, node: Any, exponent: int) -> None:
-        """The layer ``node``'s weight is about to be written as ``fold_math.scale_pow2`` of it by ``2 ** exponent``
-        (every element exact, or it is not written): where it is held in the dtype it is written in and its span
-        was read, the span of the written weight is that span times ``2 ** exponent``, bit for bit (a power of two
-        moves no bit of a float that stays normal), kept through :meth:`forget` so the weight is not read again
-        for it."""
+        """The layer ``node``'s weight has just been written as ``fold_math.scale_pow2`` of it by ``2 ** exponent``
+        (every element exact, or it is not written), its old span not yet forgotten: where it is held in the dtype it
+        is written in and that span is finite, the written weight's span is that span times ``2 ** exponent``, bit
+        for bit (each element was scaled exactly), kept through :meth:`forget` so the weight is not read for it."""
         was = self._spans[node][0] if node in self._spans else self._kept.pop(node, None)
         if was is not None:
             (low, high), dtype, stored = was

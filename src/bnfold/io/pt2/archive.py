@@ -109,13 +109,15 @@ class Archive:
     def check_json_values(self) -> None:
         """Refuse an archive whose JSON entries (the programs and payload configs ``torch.export.load`` parses
         into dataclasses, every ``.json``) hold more values than the load's work budget allows
-        (:func:`bnfold.io.budget.json_values_allowed`), counted on their bytes before anything parses them, as they
-        inflate (a MiB at a time: no entry is whole in memory)."""
+        (:func:`bnfold.io.budget.json_values_allowed`), or whose text (those entries and the ``extra/`` ones, which
+        it reads as strings) is more than the budget at :data:`bnfold.io.budget.JSON_TEXT_BYTES` a byte; both
+        counted on the bytes before anything parses them, as they inflate (a MiB at a time: no entry is whole in
+        memory)."""
         held = text = 0
         extra = layout()["EXTRA_DIR"]  # torch.export.load reads these as strings too
         for name in self.names:
             if name.endswith(".json") or name.startswith(extra):
-                values, size = self._json_counts(name)
+                values, size = self._text_counts(name)
                 held, text = held + (values if name.endswith(".json") else 0), text + size
         allowed, budget = json_values_allowed(self.file_size), Budget.for_content(self.file_size).bytes
         if held > allowed:
@@ -131,7 +133,7 @@ class Archive:
                 f"{max_work_needed(text * JSON_TEXT_BYTES)}"
             )
 
-    def _json_counts(self, name: str) -> tuple[int, int]:
+    def _text_counts(self, name: str) -> tuple[int, int]:
         """:func:`bnfold.io.limits.json_values` of entry ``name`` and its bytes as they inflate, read a MiB at a
         time (what the entry states of its size is not taken)."""
         values = size = 0
