@@ -131,7 +131,10 @@ def to_numpy(t: TensorProto) -> np.ndarray:
         reader = _READER.get()
         if reader is not None:
             data = reader.read(t)
-            if t.data_type in _LITTLE_ENDIAN:  # the bytes as they are (read-only; to_torch copies)
+            if t.data_type in _LITTLE_ENDIAN:
+                # a view of the bytes as they are: writable where the reader's buffer is (ExternalSource.read's is
+                # a new one, the fold's own copy), and to_torch views it too, so a weight read here is that buffer,
+                # which is how the reader tells it from its address (origin) and makes its product again at the save
                 return np.frombuffer(data, dtype=_LITTLE_ENDIAN[t.data_type]).reshape(tuple(t.dims))
             copy = TensorProto()
             copy.CopyFrom(t)
@@ -144,7 +147,8 @@ def to_numpy(t: TensorProto) -> np.ndarray:
 
 
 def to_torch(a: np.ndarray) -> torch.Tensor:
-    """A torch view of a numpy array (bfloat16 via its bit pattern)."""
+    """A torch view of a numpy array (bfloat16 via its bit pattern); a copy only where the array is read-only
+    (numpy over a ``bytes`` object: torch's tensors are writable) or not contiguous."""
     a = np.ascontiguousarray(a)
     if not a.flags.writeable:
         a = a.copy()
