@@ -73,3 +73,19 @@ def test_an_audit_refused_names_a_max_work_that_runs_it(run, models):
         seen.append(parse_bytes(found.group(1)))
         value = found.group(1)
     assert code == 0 and seen and seen == sorted(set(seen)), (err, seen)
+
+
+def test_a_refusal_says_each_size_once():
+    """A size just over its limit read as the limit at three digits ("would create 1 MiB, over the budget of 1 MiB"):
+    such pairs are said in bytes; one input is not named with the batch's size again."""
+    budget = cost.Budget(1 << 20, cost.FLOPS_PER_BYTE << 20)
+    one = [cost.PlanStep("op", ["v"], [], (1 << 20) + 8, 0)]
+    with pytest.raises(cost.WorkError, match=r"^m.pt2: op would create 1,048,584 bytes, over the budget of 1,048,576 "):
+        cost.check_plan(one, budget, "m.pt2", live={})
+    two = [cost.PlanStep(f"op{i}", [f"v{i}"], [], 600 << 10, 0) for i in range(2)]
+    with pytest.raises(cost.WorkError, match=r"^m.pt2: at op1 the values alive at once would take 1.17 MiB, over the "):
+        cost.check_plan(two, budget, "m.pt2", live={})
+    weights = 1 << 20
+    cap = cost.Budget.for_inputs(weights)
+    with pytest.raises(cost.WorkError, match=r"^m.pt2: one batch of inputs takes \S+ \S+ \(input 'x'\), over the "):
+        cost.check_inputs({"x": cap + 1}, weights, "m.pt2")

@@ -24,6 +24,7 @@ from bnfold.io.budget import (
     max_work,
     max_work_needed,
     size_text,
+    sizes_text,
 )
 from bnfold.io.limits import json_values
 from bnfold.io.pt2 import inspection, load_pt2
@@ -172,6 +173,30 @@ def test_a_long_json_string_is_counted_by_its_bytes(programs, tmp_path, monkeypa
         )
     with max_work(text * JSON_TEXT_BYTES):
         assert isinstance(load_pt2(path), torch.export.ExportedProgram)
+
+
+def test_a_json_text_just_over_its_limit_says_each_number_once(programs, tmp_path, monkeypatch):
+    """One byte over the 128 KiB of text a 1 MiB budget allows: both read "128 KiB" at three digits (the message said
+    "its JSON is 128 KiB of text, over the 128 KiB ..."); where they would read the same they are said in bytes."""
+    entries = c.read_entries(programs["conv_bn"])
+    name = f"{c.root_of(entries)}/models/model.json"
+    doc = json.loads(entries[name])
+    allowed = (1 << 20) // JSON_TEXT_BYTES
+
+    def text(trace: str) -> int:
+        doc["graph_module"]["graph"]["nodes"][0].setdefault("metadata", {})["stack_trace"] = trace
+        entries[name] = json.dumps(doc).encode()
+        return sum(len(v) for k, v in entries.items() if k.endswith(".json"))
+
+    text("a" * (allowed + 1 - text("")))  # one byte over
+    path = c.write_entries(tmp_path / "just_over.pt2", entries)
+    assert sum(len(v) for k, v in entries.items() if k.endswith(".json")) == allowed + 1
+    with max_work(1 << 20):
+        assert _refusal_before_any_parse(path, monkeypatch) == (
+            f"{path}: its JSON is 131,073 bytes of text, over the 131,072 bytes that the work budget of 1 MiB allows "
+            f"loading at 8 bytes a byte; {max_work_needed((allowed + 1) * JSON_TEXT_BYTES)}"
+        )
+    assert sizes_text(200 << 10, 128 << 10) == ("200 KiB", "128 KiB")  # apart at three digits: as before
 
 
 def test_the_text_of_extra_files_is_counted_too(programs, tmp_path, monkeypatch):

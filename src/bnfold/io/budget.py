@@ -194,3 +194,12 @@ def size_text(n: int) -> str:
         if n >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} bytes"
+
+
+def sizes_text(*ns: int) -> tuple[str, ...]:
+    """:func:`size_text` of each of ``ns`` (a size and the limit it passed), or each in bytes where two different
+    ones would read the same (three digits: 131,073 bytes over 131,072 read "128 KiB, over the 128 KiB")."""
+    texts = tuple(size_text(n) for n in ns)
+    if len(set(texts)) < len(set(ns)):
+        return tuple(f"{n:,} bytes" for n in ns)
+    return texts

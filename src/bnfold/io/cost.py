@@ -47,6 +47,7 @@ from .budget import (  # noqa: F401 (re-exported: bnfold.io.cost is where caller
     max_work,
     max_work_needed,
     size_text,
+    sizes_text,
 )
 from .sizes import MAX_ELEMENTS, elements  # noqa: F401 (elements: bnfold.io.cost.elements callers)
 
@@ -137,8 +138,8 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
     refusal = None  # the first step over the budget; the plan is followed to its end for the --max-work it needs
     for i, s in enumerate(steps):
         if s.nbytes > budget.bytes and refusal is None:
-            refusal = (
-                f"{where}: {s.op} would create {size_text(s.nbytes)}, over the budget of {size_text(budget.bytes)}"
+            refusal = "{}: {} would create {}, over the budget of {}".format(
+                where, s.op, *sizes_text(s.nbytes, budget.bytes)
             )
         for name in s.out:
             live[name] = s.nbytes // len(s.out)
@@ -147,9 +148,8 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
         if alive > peak:
             peak = alive
         if alive > budget.bytes and refusal is None:
-            refusal = (
-                f"{where}: at {s.op} the values alive at once would take {size_text(alive)}, over the "
-                f"budget of {size_text(budget.bytes)}"
+            refusal = "{}: at {} the values alive at once would take {}, over the budget of {}".format(
+                where, s.op, *sizes_text(alive, budget.bytes)
             )
         flops += runs * (s.flops + NODE_FLOPS)
         if flops > budget.flops and refusal is None:
@@ -170,9 +170,11 @@ def check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:
     total = sum(inputs.values())
     if total > cap:
         name = max(inputs, key=inputs.__getitem__)
+        size, limit, its = sizes_text(total, cap, inputs[name])
+        largest = f" (input {name!r}: {its})" if inputs[name] < total else f" (input {name!r})"
         raise WorkError(
-            f"{where}: one batch of inputs takes {size_text(total)} (input {name!r}: {size_text(inputs[name])}), over "
-            f"the {size_text(cap)} that weights of {size_text(weights)} justify; "
+            f"{where}: one batch of inputs takes {size}{largest}, over the {limit} that weights of "
+            f"{size_text(weights)} justify; "
             f"{max_work_needed(INPUT_MULTIPLE * total, at_least=True)}"
         )
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .budget import MAX_WORK_HINT, NODE_FLOPS, Budget, WorkError, max_work_needed, size_text
+from .budget import MAX_WORK_HINT, NODE_FLOPS, Budget, WorkError, max_work_needed, sizes_text
 
 #: A constant evaluator drops a computed value this big or bigger once its last reader is computed; a
 #: smaller one stays (counted) so that a long chain of small values is never computed again per node.
@@ -39,9 +39,10 @@ class WorkMeter:
         self.flops += flops + NODE_FLOPS
         prefix = f"{self.where}: " if self.where else ""
         if nbytes > self.budget.bytes or self.bytes > self.budget.bytes:
+            size, alive, limit = sizes_text(nbytes, self.bytes, self.budget.bytes)
             raise WorkError(
-                f"{prefix}computing the constant {op} would create {size_text(nbytes)} (constants alive with it: "
-                f"{size_text(self.bytes)}), over the budget of {size_text(self.budget.bytes)}; {MAX_WORK_HINT}"
+                f"{prefix}computing the constant {op} would create {size} (constants alive with it: {alive}), over "
+                f"the budget of {limit}; {MAX_WORK_HINT}"
             )
         if self.flops > self.budget.flops:
             raise WorkError(

@@ -17,6 +17,7 @@ from ..budget import (
     json_values_allowed,
     max_work_needed,
     size_text,
+    sizes_text,
 )
 from ..errors import one_line
 from ..limits import MAX_BYTES_HINT, MIB, Limits, json_values
@@ -127,9 +128,10 @@ class Archive:
                 f"{max_work_needed(held * JSON_VALUE_BYTES)}"
             )
         if text * JSON_TEXT_BYTES > budget:  # few values, long strings
+            size, limit = sizes_text(text, budget // JSON_TEXT_BYTES)
             raise WorkError(
-                f"{self.source}: its JSON is {size_text(text)} of text, over the {size_text(budget // JSON_TEXT_BYTES)}"
-                f" that the work budget of {size_text(budget)} allows loading at {JSON_TEXT_BYTES} bytes a byte; "
+                f"{self.source}: its JSON is {size} of text, over the {limit} that the work budget of "
+                f"{size_text(budget)} allows loading at {JSON_TEXT_BYTES} bytes a byte; "
                 f"{max_work_needed(text * JSON_TEXT_BYTES)}"
             )
 
