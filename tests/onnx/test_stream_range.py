@@ -17,6 +17,7 @@ from stream_models import largest_tensor, linear_stack
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+import bnfold
 from bnfold.cli.main import main
 from bnfold.io import onnx_stream
 from bnfold.io.onnx import load_onnx
@@ -492,6 +493,31 @@ def test_overlapping_block_runs_give_torchs_thread_count_back(monkeypatch):
         probe.start()
         probe.join()
         assert a_out.is_set() and torch.get_num_threads() == found and seen == [found], (torch.get_num_threads(), seen)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_the_proof_leaves_torchs_thread_count_as_it_found_it(tmp_path, monkeypatch):
+    """A library must not change its caller's global state: the float64 proof runs its blocks on one torch thread
+    (:func:`ranges._one_thread`) and gives the count back, through ``bnfold.fold(..., fp16_range=)`` and the
+    command line (plain and ``--low-memory``)."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path, _ = _model(src, n=2)
+    x = np.load(_inputs(tmp_path))["x"]
+    inside, real = [], ranges._blocks
+    monkeypatch.setattr(ranges, "_blocks", lambda *a: inside.append(torch.get_num_threads()) or real(*a))
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        result = bnfold.fold(path, fp16_range=[(torch.from_numpy(b),) for b in x])
+        assert any(e.factor != 1.0 for e in result.report.rescaled)  # the rewrite applied, after its proof
+        assert inside and set(inside) == {1} and torch.get_num_threads() == 3, (inside, torch.get_num_threads())
+        for extra in ([], ["--low-memory"]):
+            inside.clear()
+            out = tmp_path / f"out{len(extra)}.onnx"
+            assert main(["fold", path, "-o", str(out), "-q", "--fp16-range", _inputs(tmp_path), *extra]) == 0
+            assert inside and set(inside) == {1} and torch.get_num_threads() == 3, (extra, inside)
     finally:
         torch.set_num_threads(before)
 

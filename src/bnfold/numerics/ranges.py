@@ -118,7 +118,10 @@ _within = [0, 0]  # [runs inside _one_thread, the thread count the first of them
 @contextlib.contextmanager
 def _one_thread():
     """torch's intra-op threads set to one while the block runs of any thread are inside, and the count the first
-    of them found given back when the last leaves (overlapping runs cannot leave the process on one thread)."""
+    of them found given back when the last leaves (overlapping runs cannot leave the process on one thread).  What
+    it cannot give back: torch gives a thread its count when it first runs an op, from the last one set, so a
+    caller's thread that first runs torch while blocks run keeps one thread (torch has no count of one thread's
+    own to set instead)."""
     with _THREADS:
         if not _within[0]:
             _within[1] = torch.get_num_threads()
