@@ -91,3 +91,23 @@ def test_a_node_removed_through_a_wrapper_nobody_holds_is_the_one_dropped():
         gc.collect()
     editor.compact()
     assert _names(model) == ["relu", "a", "t0", "t1"]
+
+
+def test_the_index_is_read_again_after_compact():
+    """``compact`` builds a node list again where it places an insert (its elements new protos): before, the index
+    still named the old ones after it, so an edit through it reached no node of the model (here 'neg' rewired
+    through the index's uses of 'r' kept reading 'r'); now the index is read again: its nodes, producers and
+    uses are the model's, and an edit through it lands."""
+    editor, model = _editor()
+    gi = editor.graphs[0]
+    editor.insert_after(gi, model.graph.node[0], h.make_node("Abs", ["r"], ["a"], name="a"))
+    editor.compact()
+    assert _names(model) == ["relu", "a", "neg"]
+    gi = editor.graphs[0]
+    assert [n.name for n in gi.nodes] == _names(model)
+    assert all(any(n is m for m in model.graph.node) for n in gi.nodes)
+    assert gi.producer["a"][0] is model.graph.node[1]
+    neg = next(u.node for u in editor.uses["r"] if u.node.name == "neg")
+    editor.set_input(gi, neg, 0, "a")
+    assert list(model.graph.node[2].input) == ["a"]
+    assert [u.node.name for u in editor.uses["a"]] == ["neg"]

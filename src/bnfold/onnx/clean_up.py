@@ -7,29 +7,30 @@ import onnx
 
 from .consts import CONST_OPS
 from .editor import ModelEditor, drop_named, drop_value_infos
-from .index import GraphInfo, ModelIndex, Tracker
+from .index import GraphInfo, Tracker
 from .nodes import is_onnx_op
 
 
-def clean_up(model: onnx.ModelProto, tracker: Tracker, shapes=None):
+def clean_up(model: onnx.ModelProto, tracker: Tracker, shapes=None, index: ModelEditor | None = None):
     """Remove initializers and Constant nodes the fold left without users (and the
     nodes that computed a constant from them, see ``consts``), and value_info
     entries of values that no longer exist.  ``shapes`` (``onnx.shapes.Shapes``): what shape
-    inference gave, for a ``CastLike`` to a type or a ``Shape`` of dims only inference knows."""
-    while True:
+    inference gave, for a ``CastLike`` to a type or a ``Shape`` of dims only inference knows.  ``index``: the
+    fold's editor of ``model``, compacted (it indexes the model as it is), else one is made."""
+    if index is None:
         index = ModelEditor(model, tracker)
         if shapes is not None:
             index.inferred_type, index.inferred_dims = shapes.elem_type, shapes.dims
+    while True:
         removed = False
         for gi in index.graphs:
             unused = _remove_unused(index, gi, tracker)
             drop_named(gi.graph.initializer, unused)
             drop_value_infos(gi.graph, unused)
             removed = removed or bool(unused) or bool(index.dead)
-        index.compact()
+        index.compact()  # the index reads the model again: the initializers dropped and the nodes gone
         if not removed:
             break
-    index = ModelIndex(model, Tracker())
     for gi in index.graphs:
         defined: set[str] = set()
         for g in gi.chain():

@@ -93,14 +93,16 @@ class ModelEditor(ModelIndex):
     # --------------------------------------------------------------- finishing
     def compact(self) -> None:
         """Drop the removed nodes and place the inserted ones; deepest graphs first.  The marks are done with
-        then: a second ``compact`` places only what was inserted or removed after this one."""
+        then: a second ``compact`` places only what was inserted or removed after this one.  The index is read
+        again from the model as it now is (:meth:`~.index.ModelIndex.read_again`): a node list ``compact`` built
+        again holds new elements, and an edit through a node the index held before would reach none of them."""
         try:
             self._compact()
         finally:
             self.dead.clear()
             self.inserts.clear()
             self._marked.clear()
-            self._edited()
+            self.read_again()
 
     def _compact(self) -> None:
         for gi in sorted(self.graphs, key=lambda g: -g.depth):

@@ -57,7 +57,7 @@ def fold_onnx(model_or_path, only=None, exclude=(), lower_unfoldable: bool = Fal
     report.notes.extend(notes)
     report.skipped.extend(skipped_in_functions(model))
     index.compact()  # only now: node protos are the engine's handles while it runs
-    clean_up(model, tracker, shapes)
+    clean_up(model, tracker, shapes, index)
     return FoldResult(model, report)
 
 
@@ -82,5 +82,5 @@ def range_edit_onnx(original: onnx.ModelProto, edit) -> tuple[onnx.ModelProto, l
     if not any(e.factor != 1.0 for e in entries):
         return original, entries
     index.compact()
-    clean_up(model, tracker, shapes)
+    clean_up(model, tracker, shapes, index)
     return model, entries

@@ -88,8 +88,29 @@ class ModelIndex:
         self._add_graph(model.graph, None, "graph")
 
     # ------------------------------------------------------------------ build
-    def _add_graph(self, graph: GraphProto, parent: GraphInfo | None, path: str) -> None:
-        gi = GraphInfo(graph, parent, path)
+    def read_again(self) -> None:
+        """Index the model as it is now (after ``ModelEditor.compact``, whose node lists may be new elements: the
+        index's nodes, producers and uses would name protos no longer in the graph).  A graph still in the model
+        keeps its :class:`GraphInfo`, read again; one that is not is left empty.  Names only grow (those reserved
+        stay reserved); constants are computed anew, as by a new index."""
+        old = {id(gi.graph): gi for gi in self.graphs}  # each held by its GraphInfo: the ids are distinct
+        self.graphs, self.uses = [], {}
+        self._add_graph(self.model.graph, None, "graph", old)
+        for gi in old.values():  # graphs the model no longer holds: nothing to find through them
+            _empty(gi)
+        self._dead.clear()
+        self.evaluator.forget()
+        self.evaluator = ConstantEvaluator(self)  # metered anew, as in a new index
+
+    def _add_graph(
+        self, graph: GraphProto, parent: GraphInfo | None, path: str, old: dict[int, GraphInfo] | None = None
+    ) -> None:
+        gi = old.pop(id(graph), None) if old else None
+        if gi is None:
+            gi = GraphInfo(graph, parent, path)
+        else:  # the same graph read again
+            _empty(gi)
+            gi.parent, gi.path = parent, path
         self.graphs.append(gi)
         for v in graph.input:
             gi.inputs.add(v.name)
@@ -108,7 +129,7 @@ class ModelIndex:
         for node in gi.nodes:
             self._index_node(gi, node)
             for attr_name, sub in subgraphs(node):
-                self._add_graph(sub, gi, f"{path}/{label(node)}.{attr_name}")
+                self._add_graph(sub, gi, f"{path}/{label(node)}.{attr_name}", old)
 
     def _index_node(self, gi: GraphInfo, node: NodeProto) -> None:
         """Record ``node``'s name, the values it uses and the values it produces."""
@@ -207,6 +228,11 @@ class ModelIndex:
     def unique_node_name(self, base: str) -> str:
         """A node name not used anywhere in the model (and now reserved)."""
         return _reserve(self.node_names, base)
+
+
+def _empty(gi: GraphInfo) -> None:
+    """Forget what ``gi`` indexed of its graph."""
+    gi.nodes, gi.producer, gi.inits, gi.inputs, gi.outputs = [], {}, {}, set(), set()
 
 
 def _computes_constant(node: NodeProto) -> bool:
