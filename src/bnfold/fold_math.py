@@ -412,7 +412,8 @@ def scale_weight(
     dtype is exact in the next wider format, and the CPU rounds it once, so
     this is the exact product of the weight and the rounded scale, rounded
     once (as a runtime BatchNorm with a ``dtype`` scale would compute it).  It
-    reads and writes the weight once, instead of three float64 passes.
+    reads and writes the weight once, instead of three float64 passes.  A float64 weight takes that route only
+    ``deferred`` (its scales are the float64 ones, its product the float64 product: the same bits, not whole).
     Raises FoldError on overflow or underflow to zero.  The checks run block by block over the product in
     memory order (a transposed weight, as MatMul stores it, is read row by row), each block as it is made.
     ``deferred``: that product comes back as a :class:`Product` (checked, made again block by block where it
@@ -426,7 +427,7 @@ def scale_weight(
     if not dtype.is_floating_point:
         raise FoldError(f"{what} has dtype {dtype}; only floating-point parameters fold", Code.DTYPE)
     _screen_overflow(weight, slices, dtype, what)
-    if weight.dtype != dtype or dtype == torch.float64:
+    if weight.dtype != dtype or (dtype == torch.float64 and not deferred):
         return cast_checked(weight.detach().to(torch.float64) * slices, dtype, what)
     s = slices.to(dtype)
     w = weight.detach()

@@ -1,11 +1,12 @@
-"""``fold_math.scale_weight`` in the weight's dtype against the float64 route (hypothesis): a float32, float16 or
-bfloat16 weight times per-channel scales.  The rule: the scales are rounded to the dtype and the product is taken
-in it, which is the float64 product of the weight and the rounded scale rounded once (a product of two values of
-one of these dtypes is exact in float64), so the bits are those whenever that product is finite and loses no
-nonzero weight; otherwise (or for scales the dtype cannot hold, or a zero scale beside scales <= 1/2) the fold is
-the float64 route's: ``cast_checked`` of the float64 product, its bits or its refusal, word for word.  Eager,
-deferred (``Product``) and spilled (``Spill``, the streamed fold's scratch file) alike; subnormals, signed zeros,
-overflow, NaN, transposed weights (MatMul's ``[in, out]``) and several blocks included."""
+"""``fold_math.scale_weight`` in the weight's dtype against the float64 route (hypothesis): a float32, float16,
+bfloat16 or float64 weight times per-channel scales (float64: deferred, its product is the float64 product). The
+rule: the scales are rounded to the dtype and the product is taken in it, which is the float64 product of the weight
+and the rounded scale rounded once (a product of two values of one of these dtypes is exact in float64), so the bits
+are those whenever that product is finite and loses no nonzero weight; otherwise (or for scales the dtype cannot
+hold, or a zero scale beside scales <= 1/2) the fold is the float64 route's: ``cast_checked`` of the float64
+product, its bits or its refusal, word for word. Eager, deferred (``Product``) and spilled (``Spill``, the streamed
+fold's scratch file) alike; subnormals, signed zeros, overflow, NaN, transposed weights (MatMul's ``[in, out]``) and
+several blocks included."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hypothesis import strategies as st
 from bnfold import fold_math
 from bnfold.errors import FoldError
 
-INTS = {torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
+INTS = {torch.float64: torch.int64, torch.float32: torch.int32, torch.float16: torch.int16, torch.bfloat16: torch.int16}
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -83,7 +84,7 @@ def _outcome(call):
 
 @settings(max_examples=120, deadline=None)
 @given(
-    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16, torch.float64]),
     rows=st.integers(1, 300),
     cols=st.integers(1, 240),
     specials=st.integers(0, 6),

@@ -190,17 +190,43 @@ def test_a_refused_streamed_fold_peaks_at_the_tensor_too(tmp_path):
     w[5, 9] = 1e38
     s = np.ones(n, np.float32)
     s[9] = 8.0
-    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Mul", ["m", "s"], ["y"])]
-    io = [helper.make_tensor_value_info(v, TensorProto.FLOAT, [1, n]) for v in ("x", "y")]
-    graph = helper.make_graph(
-        nodes, "g", io[:1], io[1:], [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")]
-    )
-    path = _external(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), big, "one")
+    path = _external(_matmul_mul(w, s), big, "one")
     base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
     out = tmp_path / "out.onnx"
     refused = _peak(["fold", path, "-o", str(out), "-q", "--low-memory"]) - base
     assert refused < w.nbytes + 3 * 2**20, refused / w.nbytes
     assert (tmp_path / "out.onnx.data").read_bytes()[: w.nbytes] == w.tobytes()  # the weight as it was
+
+
+def _matmul_mul(w: np.ndarray, s: np.ndarray) -> onnx.ModelProto:
+    """x @ w * s, of ``w``'s element type."""
+    kind = helper.np_dtype_to_tensor_dtype(w.dtype)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"], name="mm"), helper.make_node("Mul", ["m", "s"], ["y"])]
+    io = [helper.make_tensor_value_info(v, kind, [1, n]) for v, n in (("x", w.shape[0]), ("y", w.shape[1]))]
+    graph = helper.make_graph(
+        nodes, "g", io[:1], io[1:], [numpy_helper.from_array(w, "w"), numpy_helper.from_array(s, "s")]
+    )
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_float64_weight_folds_streamed_within_the_tensor(tmp_path):
+    """A 16 MiB float64 MatMul weight folded with --low-memory: its product is checked and made again a block at a
+    time as the float32 ones are (before, made whole in float64 beside the weight and stored: 3.8x the tensor over
+    the small model's peak, measured with 32 MiB), so the peak over the small model's is under the tensor and
+    3 MiB; the files are the plain fold's."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    tiny = _external(_stack(n=2, width=128), small, "one")
+    rng = np.random.default_rng(0)
+    w, s = rng.standard_normal((2048, 1024)) / 32, rng.uniform(0.5, 2.0, 1024)
+    path = _external(_matmul_mul(w, s), big, "one")
+    base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
+    (tmp_path / "plain").mkdir(), (tmp_path / "stream").mkdir()
+    stream = _peak(["fold", path, "-o", str(tmp_path / "stream" / "out.onnx"), "-q", "--low-memory"]) - base
+    assert stream < w.nbytes + 3 * 2**20, stream / w.nbytes
+    assert main(["fold", path, "-o", str(tmp_path / "plain" / "out.onnx"), "-q"]) == 0
+    assert _files(tmp_path / "stream") == _files(tmp_path / "plain")
 
 
 def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:
@@ -1084,11 +1110,12 @@ def test_a_product_of_products_is_made_again_from_the_stored_weight(tmp_path):
         assert source.read(source.made[-1].origin).tobytes() != want.numpy().tobytes()  # one product short
 
 
-@pytest.mark.parametrize("kind", ["FLOAT", "FLOAT16", "BFLOAT16"])
+@pytest.mark.parametrize("kind", ["FLOAT", "FLOAT16", "BFLOAT16", "DOUBLE"])
 def test_a_folded_weight_of_each_float_type_is_made_again_not_spilled(tmp_path, monkeypatch, kind):
-    """A float32, float16 or bfloat16 weight read by the streamed fold is made again at the save from its
+    """A float32, float16, bfloat16 or float64 weight read by the streamed fold is made again at the save from its
     bytes read again (no block of it goes to the scratch file; a bfloat16 one did: ``to_numpy`` copied it through
-    onnx's conversion, so its buffer was not the weight's), and the files are the plain fold's."""
+    onnx's conversion, so its buffer was not the weight's; a float64 one's product was made whole, beside the
+    weight, and stored), and the files are the plain fold's."""
     from bnfold.io import onnx_stream
 
     src = tmp_path / "in"
