@@ -103,3 +103,40 @@ def test_a_multiply_in_a_program_takes_its_place_in_the_planners_order():
 
     range_edit_program(torch.export.export(_Softmaxed().eval(), (torch.randn(1, 3, 4, 4),)), edit)
     assert checked
+
+
+def test_a_constant_written_in_place_keeps_no_span(monkeypatch):
+    """W is read by a Mul (a constant operand) and by a MatMul (its weight).  The first rewrite scales the Mul's
+    operand (a new value, W_range: the Mul's reader reads it), the second the MatMul's weight, now W's only reader:
+    in place, under W's name.  The span the planner kept for W from the first was W's old one (2^8 times the
+    constant it names now); every span the planner keeps after an edit is its value's constant's now."""
+    rng = np.random.default_rng(0)
+    n = 64
+    inits = {"W": (rng.standard_normal((n, n)) * 3e4).astype(np.float32), "g": np.ones(n, np.float32)}
+    nodes = [
+        helper.make_node("Mul", ["x2", "W"], ["z"], name="N"),
+        helper.make_node("LayerNormalization", ["z", "g"], ["z2"], axis=-1, name="ln2"),
+        helper.make_node("MatMul", ["x", "W"], ["h"], name="L"),
+        helper.make_node("LayerNormalization", ["h", "g"], ["y"], axis=-1, name="ln1"),
+    ]
+    inputs = [helper.make_tensor_value_info(v, TensorProto.FLOAT, s) for v, s in (("x", [1, n]), ("x2", [n, n]))]
+    outputs = [helper.make_tensor_value_info(v, TensorProto.FLOAT, None) for v in ("z2", "y")]
+    graph = helper.make_graph(nodes, "in_place", inputs, outputs, [nh.from_array(v, k) for k, v in inits.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    seen, stale = [], []
+    forget = range_planner.Planner.forget
+
+    def checking(self, nodes, touched=(), added=()):
+        forget(self, nodes, touched, added)
+        for value, kept in self._const_spans.items():
+            seen.append(value.name)
+            if kept != range_planner.span(self._const(value)):
+                stale.append(value.name)
+
+    monkeypatch.setattr(range_planner.Planner, "forget", checking)
+    batches = [(torch.randn(1, n), torch.randn(n, n) * 100) for _ in range(2)]
+    result = bnfold.fold(model, fp16_range=batches)
+    names = {i: list(node.input) for i, node in enumerate(result.model.graph.node) if node.op_type in ("Mul", "MatMul")}
+    assert sorted(names.values()) == [["x", "W"], ["x2", "W_range"]], names  # W written in place for the MatMul
+    assert "W" in seen or "W_range" in seen
+    assert stale == []

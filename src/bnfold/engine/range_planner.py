@@ -184,6 +184,10 @@ class Planner:
         order (:meth:`place`, no walk over the graph)."""
         self._layer_exps = (None, {})
         for node in nodes:  # a written layer's weights (held or not) and spans are read again from the graph
+            written = self._ops.get(node)
+            if written is not None:  # a weight or bias written in place under its name: no span kept for it
+                self._const_spans.pop(written[0].weight, None)
+                self._const_spans.pop(written[0].bias, None)
             self._ops.pop(node, None)
             self._ops.pop(("op", node), None)
             self._spans.pop(node, None)
@@ -273,7 +277,10 @@ class Planner:
 
     def const_span(self, value: Any) -> tuple[float, float]:
         """The span (:func:`span`) of the constant ``value`` (:meth:`is_const`), read once: an edit never changes
-        a value's constant (a rewritten one is a new value, whose span :meth:`keep_operand_span` may know)."""
+        an operand's constant (a rewritten one is a new value, whose span :meth:`keep_operand_span` may know).  A
+        layer's weight or bias is written in place under its name (``GraphAdapter.write_layer``) where that layer is
+        its one reader left: an operand rewritten before took a new value; the span kept from then is dropped
+        (:meth:`forget`)."""
         if isinstance(value, (int, float)):
             return span(self._const(value))
         if value not in self._const_spans:
