@@ -89,3 +89,15 @@ def test_a_refusal_says_each_size_once():
     cap = cost.Budget.for_inputs(weights)
     with pytest.raises(cost.WorkError, match=r"^m.pt2: one batch of inputs takes \S+ \S+ \(input 'x'\), over the "):
         cost.check_inputs({"x": cap + 1}, weights, "m.pt2")
+
+
+def test_the_run_time_check_says_each_size_once():
+    """The run-time check before an op (``run_checks.before_op``): an op just over the budget, alone or with what the
+    run holds, says the sizes that read alike in bytes."""
+    from bnfold.io.run_checks import before_op
+
+    budget = cost.Budget(1 << 20, cost.FLOPS_PER_BYTE << 20)
+    with pytest.raises(cost.WorkError, match=r"^op would create 1,048,584 bytes, over the budget of 1,048,576 bytes"):
+        before_op("op", None, budget=budget, nbytes=(1 << 20) + 8)
+    with pytest.raises(cost.WorkError, match=r"hold 1,048,584 bytes with what it holds already\), over the budget of "):
+        before_op("op", None, budget=budget, nbytes=600 << 10, held=lambda n: (1 << 20) + 8)

@@ -31,7 +31,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .budget import MAX_WORK_HINT, Budget, WorkError, size_text
+from .budget import MAX_WORK_HINT, Budget, WorkError, sizes_text
 from .sizes import elements
 
 CPU_FLOOR_S = 120.0  # seconds of CPU any audit may take, whatever its plan
@@ -185,11 +185,9 @@ def before_op(
     total = nbytes if held is None or nbytes is None else held(nbytes)
     if limit is not None and total is not None and total > limit.bytes:
         where = f"{run.where}: " if run is not None and run.where else ""
-        holds = "" if total == nbytes else f" (the run would hold {size_text(total)} with what it holds already)"
-        raise WorkError(
-            f"{where}{label} would create {size_text(nbytes)}{holds}, over the budget of {size_text(limit.bytes)}; "
-            f"{MAX_WORK_HINT}"
-        )
+        made, whole, budget_text = sizes_text(nbytes, total, limit.bytes)
+        holds = "" if total == nbytes else f" (the run would hold {whole} with what it holds already)"
+        raise WorkError(f"{where}{label} would create {made}{holds}, over the budget of {budget_text}; {MAX_WORK_HINT}")
     return outs
 
 

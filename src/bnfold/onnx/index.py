@@ -90,9 +90,10 @@ class ModelIndex:
     # ------------------------------------------------------------------ build
     def read_again(self) -> None:
         """Index the model as it is now (after ``ModelEditor.compact``, whose node lists may be new elements: the
-        index's nodes, producers and uses would name protos no longer in the graph).  A graph still in the model
-        keeps its :class:`GraphInfo`, read again; one that is not is left empty.  Names only grow (those reserved
-        stay reserved); constants are computed anew, as by a new index."""
+        index's nodes, producers and uses would name protos no longer in the graph).  A graph proto still in the
+        model keeps its :class:`GraphInfo`, read again; one that is not (a subgraph of a node ``compact`` copied is a
+        new proto, with a new :class:`GraphInfo`) is left empty: hold no :class:`GraphInfo` across ``compact``.
+        Names only grow (those reserved stay reserved); constants are computed anew, as by a new index."""
         old = {id(gi.graph): gi for gi in self.graphs}  # each held by its GraphInfo: the ids are distinct
         self.graphs, self.uses = [], {}
         self._add_graph(self.model.graph, None, "graph", old)
