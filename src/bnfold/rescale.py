@@ -69,20 +69,24 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     # the audit's checks and work budget, on the calibration batches and the fresh ones: each runs at most three
     # times (float32 here; float64 in the proof, the model as folded and as rewritten)
     with inputs_chosen(True, outer=False):  # the caller's batches: their sizes buy work (bnfold.io.budget)
-        model, both, _, _ = fmt.prepare(result.model, batches + fresh, fold=True)
+        model, both, _, _, plan = fmt.prepare(result.model, batches + fresh, fold=True)
     batches, check = both[: len(batches)], both
+    # the batches that run together, layer by layer, so that a weight is read once per group: as many as the plan
+    # fits in its budget, each counted as the audit holds one batch (more than a plain run holds of it)
+    group = plan.batches_at_once(len(check))
     program = fmt.program(model, lazy=True)  # a weight left on disk is read when its op runs
     peaks: dict[str, float] = {}
     with torch.no_grad():
-        run_plain(program, batches, torch.float32, peaks)
+        run_plain(program, batches, torch.float32, peaks, group)
         new_model, entries = range_edit(model, lambda graph: rescale_graph(graph, peaks, limits, FP16_MAX))
         applied = [e for e in entries if e.factor != 1.0]
         if not applied:
             result.report.rescaled.extend(entries)
             return FoldResult(model, result.report)
-        reference = run_plain(program, check, torch.float64)
+        reference = run_plain(program, check, torch.float64, None, group)
         after: dict[str, float] = {}
-        error = relative_error(reference, run_plain(fmt.program(new_model, lazy=True), check, torch.float64, after))
+        rewritten = fmt.program(new_model, lazy=True)
+        error = relative_error(reference, run_plain(rewritten, check, torch.float64, after, group))
         if error > TOLERANCE:
             for e in applied:
                 e.reason = (

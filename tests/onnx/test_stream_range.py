@@ -527,23 +527,29 @@ def _rewrite_reads(monkeypatch) -> tuple[dict, list]:
     ``(reads by tensor name, inside)``, ``inside`` non-empty while it runs (cleared, nothing is counted)."""
     from bnfold import rescale
 
+    return _reads_inside(monkeypatch, rescale, "rescale_graph")
+
+
+def _reads_inside(monkeypatch, module, name: str) -> tuple[dict, list]:
+    """Count each tensor's reads from the data or scratch file while ``module.name`` runs: ``(reads by tensor name,
+    inside)``, ``inside`` non-empty while it runs (cleared, nothing is counted)."""
     reads, inside = {}, []
-    real_read, real_rewrite = onnx_stream.ExternalSource.read, rescale.rescale_graph
+    real_read, real = onnx_stream.ExternalSource.read, getattr(module, name)
 
     def read(self, t):
         if inside:
             reads[t.name] = reads.get(t.name, 0) + 1
         return real_read(self, t)
 
-    def rewrite(*args):
+    def counted(*args):
         inside.append(True)
         try:
-            return real_rewrite(*args)
+            return real(*args)
         finally:
             inside.clear()
 
     monkeypatch.setattr(onnx_stream.ExternalSource, "read", read)
-    monkeypatch.setattr(rescale, "rescale_graph", rewrite)
+    monkeypatch.setattr(module, name, counted)
     return reads, inside
 
 

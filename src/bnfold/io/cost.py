@@ -28,7 +28,7 @@ the audit holds of each value is the numerics' memory model (:mod:`bnfold.numeri
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -117,20 +117,37 @@ class PlanStep:
 class Plan:
     """A plan that fits: the most bytes alive at once, its FLOPs in all, and the budget it fits; ``sized``: the
     values whose sizes the plan read from sizes the same meta kernels give (a torch program's load-checked
-    metadata) and their bytes, whose run-time check need not run them again (:func:`bnfold.io.run_checks.before_op`)."""
+    metadata) and their bytes, whose run-time check need not run them again (:func:`bnfold.io.run_checks.before_op`);
+    ``fixed``: the bytes live before the first step that are not a batch's inputs (the weights, what the audit
+    holds of them), the part of ``peak`` that does not grow with the batches run at once."""
 
     peak: int
     flops: int
     budget: Budget
     sized: dict = field(default_factory=dict)
+    fixed: int = 0
+
+    def batches_at_once(self, n: int) -> int:
+        """How many of ``n`` batches a run may hold at once (each its inputs and live values; their steps run one
+        batch at a time, so one op's temporaries at a time) within the budget: one batch's part of the peak is
+        ``peak - fixed``, and each batch more adds at most that.  At least 1, at most ``n``."""
+        one = self.peak - self.fixed
+        if one <= 0:
+            return max(1, n)
+        return max(1, min(n, 1 + (self.budget.bytes - self.peak) // one))
 
 
-def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1) -> Plan:
+def check_plan(
+    steps: list[PlanStep], budget: Budget, where: str, *, live: dict[str, int], runs: int = 1, inputs: Iterable = ()
+) -> Plan:
     """Refuse the plan when one value, the bytes live at once, or the FLOPs of ``runs`` runs exceed ``budget``;
     else return it (:class:`Plan`).
 
-    ``live`` holds the values present before the first step (weights, inputs) and their bytes.
+    ``live`` holds the values present before the first step (weights, inputs) and their bytes; ``inputs``: which
+    of them are a batch's inputs (the rest is the plan's ``fixed`` part).
     """
+    batch = set(inputs)
+    fixed = sum(b for name, b in live.items() if name not in batch)
     last = {r: i for i, s in enumerate(steps) for r in s.reads}  # each value's last reader
     live = dict(live)
     held = peak = sum(live.values())
@@ -162,7 +179,7 @@ def check_plan(steps: list[PlanStep], budget: Budget, where: str, *, live: dict[
                 held -= live.pop(r)
     if refusal is not None:
         raise WorkError(f"{refusal}; {max_work_needed(peak, flops, per_byte=budget.per_byte)}")
-    return Plan(peak, flops, budget)
+    return Plan(peak, flops, budget, fixed=fixed)
 
 
 def check_inputs(inputs: dict[str, int], weights: int, where: str) -> None:

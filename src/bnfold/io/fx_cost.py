@@ -210,7 +210,7 @@ def fx_plan(
         if vals:
             firsts[node.name] = (vals[0].dims, ns[0])
         steps.append(PlanStep(label, [node.name], [a.name for a in node.all_input_nodes], nbytes, flops, temp))
-    plan = check_plan(steps, budget, where, live=live, runs=runs_all)
+    plan = check_plan(steps, budget, where, live=live, runs=runs_all, inputs=inputs)
     sized = {name: sum(elements(s.dims) * s.dtype.itemsize for s in vals) for name, vals in rec.items() if vals}
     return replace(plan, sized=sized)
 

@@ -184,7 +184,7 @@ def onnx_plan(
         live["(held by the audit)"] = hold.constants(weights, float_weights)
     dims = {n: info.dims(n) for n in live}
     steps = _onnx_steps(fields, info, dims, outs, hold)
-    return check_plan(steps, budget, where, live=live, runs=runs)
+    return check_plan(steps, budget, where, live=live, runs=runs, inputs=inputs)
 
 
 def _onnx_steps(fields: list[tuple], info: _OnnxValues, dims: dict, outs: set, hold: Any) -> list[PlanStep]:

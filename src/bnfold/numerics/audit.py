@@ -151,7 +151,7 @@ def audit(
         check_class_axis(spec.class_axis, fmt.output_rank(model))
     prof = get_profile(profile)
     with inputs_chosen(chosen, elements=most):
-        model, batches, name, random_inputs = fmt.prepare(
+        model, batches, name, random_inputs, _ = fmt.prepare(
             model,
             inputs,
             input_shapes=input_shapes,

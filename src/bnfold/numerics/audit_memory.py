@@ -181,11 +181,11 @@ def onnx_audit_plan(
 
 def fx_audit_plan(
     model: Any, batches: list, *, runs: int = 3, name: str | None = None, hold: AuditHold | None = None
-) -> None:
+) -> Plan:
     """The check the audit makes before it runs a torch program (``model``, an ExportedProgram; an ONNX
     model's is :func:`onnx_audit_plan`): no higher-order op (the audit cannot run one), indices inside their
     tables, and the plan of ``runs`` runs per batch within the budget, counting what the audit holds (``hold``;
-    default: the most any audit holds)."""
+    default: the most any audit holds); the plan is returned."""
     where = name or "the model"
     hops = higher_order_ops(model)
     if hops:
@@ -198,3 +198,4 @@ def fx_audit_plan(
     plan = fx_plan(model, batches, where=where, runs=runs, hold=(hold or AuditHold(runs)).with_runs(runs))
 
     expect(plan.budget, plan.flops, where, sized=plan.sized)  # the run-time checks of the op loop (io.run_checks)
+    return plan

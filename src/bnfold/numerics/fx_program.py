@@ -284,8 +284,8 @@ class ProgramAudit:
         training = training_norms(model)
         if training:  # its numbers would change from run to run
             raise TrainingModeError.naming(name or "the program", training)
-        self.plan(model, batches, runs=3 if fold else 2, name=name, hold=hold)
-        return model, batches, name, random_inputs
+        plan = self.plan(model, batches, runs=3 if fold else 2, name=name, hold=hold)
+        return model, batches, name, random_inputs, plan
 
     def _random(self, model, input_shapes: dict | None = None) -> list[tuple]:
         from ..io.batches import random_batches
@@ -296,8 +296,8 @@ class ProgramAudit:
         """The program to audit and its name."""
         return model, name
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> None:
-        fx_audit_plan(model, batches, runs=runs, name=name, hold=hold)
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None):
+        return fx_audit_plan(model, batches, runs=runs, name=name, hold=hold)
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
         return fx_program(model, like)  # a program's constants are in memory: none is lazy

@@ -341,12 +341,12 @@ class OnnxAudit:
         else:
             batches = as_batches(inputs)
             check_batches(model, batches, input_shapes)
-        self.plan(model, batches, runs=3, name=name, hold=hold)
-        return model, batches, name or model.graph.name or "model", random_inputs or inputs is None
+        plan = self.plan(model, batches, runs=3, name=name, hold=hold)
+        return model, batches, name or model.graph.name or "model", random_inputs or inputs is None, plan
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> None:
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None):
         # counts three runs, whatever ``runs`` says
-        onnx_audit_plan(model, batches, name or "the model", hold, node_fields(model))
+        return onnx_audit_plan(model, batches, name or "the model", hold, node_fields(model))
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:
         """The program of ``model`` (see :func:`onnx_program`), its nodes read now."""

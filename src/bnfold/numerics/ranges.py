@@ -21,7 +21,9 @@ from .runner import Program, Step, is_float
 BLOCK_BYTES = fold_math.BLOCK_ELEMENTS * 8
 
 
-def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None) -> list:
+def run_plain(
+    program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None, group: int = 1
+) -> list:
     """The program's outputs on each batch, computed in ``dtype``; ``peaks`` (a dict) gets the largest finite
     magnitude of every float value by name (inputs, every step's outputs), merged over batches.  A large float
     constant (a lazy one, :class:`.lazy.LazyConstant`, or one held of at least :data:`bnfold.fold_math.LARGE_BYTES`
@@ -29,7 +31,14 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
     that step.  In a float64 run (the range rewrite's proof), a layer whose output channels the format places
     (:attr:`.runner.Step.channels`) converts such a weight a block of output channels at a time (:data:`BLOCK_BYTES`
     of float64), so no float64 copy of the whole weight is made; a held weight and a lazy one run the same blocks,
-    so a streamed model's run gives the eager one's outputs bit for bit."""
+    so a streamed model's run gives the eager one's outputs bit for bit.
+
+    ``group``: how many batches run together, layer by layer (at least 1; the caller sizes it from the cost plan,
+    :meth:`bnfold.io.cost.Plan.batches_at_once`): each step runs on every batch of the group before the next step,
+    so a large constant is read, converted (a float64 block of channels included) once per step and group, not once
+    per batch, while the group's live values are held at once.  Each batch's values are computed by the same kernels
+    on the same inputs as one batch alone, and its peaks merged in the batches' order: the outputs and ``peaks`` are
+    those of ``group=1``, bit for bit."""
     held, lazy = split(program.constants)
     # held as the run's own copy: a constant a step writes in place, and one a step's output replaces (a computed
     # weight the program keeps the steps of, or a file's name for two values): deferred, the constant would shadow it
@@ -61,33 +70,58 @@ def run_plain(program: Program, batches: Iterable[tuple], dtype: torch.dtype, pe
     def stored(v: str) -> torch.Tensor:
         return lazy[v].value() if v in lazy else held[v]
 
-    outputs = []
-    for batch in batches:
-        env = dict(consts)
-        for name, x in zip(program.inputs, program.feed(batch)):
-            env[name] = x.detach().to(dtype) if is_float(x) else x
-            _peak(peaks, name, env[name])
+    outputs: list = []
+    batches = list(batches)
+    size = max(1, int(group))
+    for lo in range(0, len(batches), size):
+        envs, tops = [], []  # each batch of the group: its values, its peaks (merged in order at the group's end)
+        for batch in batches[lo : lo + size]:
+            env, top = dict(consts), {} if peaks is not None else None
+            for name, x in zip(program.inputs, program.feed(batch)):
+                env[name] = x.detach().to(dtype) if is_float(x) else x
+                _peak(top, name, env[name])
+            envs.append(env)
+            tops.append(top)
         for i, step in enumerate(program.steps):
             k = blocked.get(i)
             weight = stored(step.ins[k]) if k is not None else None  # as stored: converted a block at a time
             now = {v: _as(stored(v), dtype) for v in reads[i] if k is None or v != step.ins[k]}  # this step only
-            ins = [(now[v] if v in now else env[v]) if v and j != k else None for j, v in enumerate(step.ins)]
+            ins = [
+                [(now[v] if v in now else env[v]) if v and j != k else None for j, v in enumerate(step.ins)]
+                for env in envs
+            ]
             del now
             if weight is not None and weight.dtype != dtype and weight.dim() >= 2:
                 outs = _by_channels(step, ins, k, weight, dtype)
             else:
                 if weight is not None:
-                    ins[k] = _as(weight, dtype)
-                outs = step.run(ins, dtype)
+                    w = _as(weight, dtype)
+                    for one in ins:
+                        one[k] = w
+                    del w
+                outs = []
+                for n in range(len(ins)):
+                    outs.append(step.run(ins[n], dtype))
+                    ins[n] = None  # this batch's inputs to the step go as in a run of one batch
             del ins, weight
-            for name, out in zip(step.outs, outs):
-                if name:
-                    env[name] = out
-                    _peak(peaks, name, out)
+            for env, top, got in zip(envs, tops, outs):
+                for name, out in zip(step.outs, got):
+                    if name:
+                        env[name] = out
+                        _peak(top, name, out)
+                for dead in free.get(i, ()):
+                    env.pop(dead, None)
             del outs
-            for dead in free.get(i, ()):
-                env.pop(dead, None)
-        outputs.append([env[o] if o in env else _as(stored(o), dtype) for o in program.outputs])
+        const_outs: dict = {}  # an output the program holds as a constant: read once for the group
+        for env, top in zip(envs, tops):
+            for o in program.outputs:
+                if o not in env and o not in const_outs:
+                    const_outs[o] = _as(stored(o), dtype)
+            outputs.append([env[o] if o in env else const_outs[o] for o in program.outputs])
+            if peaks is not None:
+                for name, value in top.items():
+                    peaks[name] = max(peaks.get(name, 0.0), value)
+        del envs, const_outs
     return outputs
 
 
@@ -99,12 +133,13 @@ def _as(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return t.to(dtype) if is_float(t) else t
 
 
-def _by_channels(step: Step, ins: list, k: int, weight: torch.Tensor, dtype: torch.dtype) -> list:
-    """``step``'s outputs with ``weight`` (as stored) at ``ins[k]``, computed a block of output channels at a time
-    (:attr:`.runner.Step.channels`): each block's weight converted to ``dtype`` only while it runs, a bias sliced
-    along its last axis where that axis holds the channels (else it broadcasts), the blocks' outputs written into
-    one output.  Where a block's output does not hold its channels as the step says, the step runs whole.  The
-    blocks run on the calling thread (``torch.set_num_threads(1)`` while they run, restored after): a block is
+def _by_channels(step: Step, ins: list[list], k: int, weight: torch.Tensor, dtype: torch.dtype) -> list[list]:
+    """``step``'s outputs on each batch of a group (``ins``: each batch's inputs to the step) with ``weight`` (as
+    stored) at slot ``k``, computed a block of output channels at a time (:attr:`.runner.Step.channels`): each
+    block's weight converted to ``dtype`` once, run on every batch of the group while it is converted, a bias sliced
+    along its last axis where that axis holds the channels (else it broadcasts), each batch's blocks written into its
+    one output.  Where a block's output does not hold its channels as the step says, that batch's step runs whole.
+    The blocks run on the calling thread (``torch.set_num_threads(1)`` while they run, restored after): a block is
     small and in cache, and a hand-off of each to the thread pool costs more than it gains (on a loaded 2-core
     machine, a 2048x2048 layer in blocks of 16 channels: 21 ms on one thread, 130-260 ms on two; whole: 37-68 ms)."""
     with _one_thread():
@@ -136,33 +171,43 @@ def _one_thread():
                 torch.set_num_threads(_within[1])
 
 
-def _blocks(step: Step, ins: list, k: int, weight: torch.Tensor, dtype: torch.dtype) -> list:
+def _blocks(step: Step, group: list[list], k: int, weight: torch.Tensor, dtype: torch.dtype) -> list[list]:
     w_axis, out_axis = step.channels
     n = weight.shape[w_axis]
     per = max(1, BLOCK_BYTES // max(1, weight.numel() // n * torch.empty((), dtype=dtype).element_size()))
     b = 2 if step.bias and len(step.ins) > 2 and step.ins[2] == step.bias else None  # its slot (A may be C's value)
-    bias = ins[b] if b is not None and is_float(ins[b]) and ins[b].dim() and ins[b].shape[-1] == n else None
-    out = None
+    biases = [
+        ins[b] if b is not None and is_float(ins[b]) and ins[b].dim() and ins[b].shape[-1] == n else None
+        for ins in group
+    ]
+    outs: list = [None] * len(group)  # each batch's output; a list: its step's outputs, run whole
     for lo in range(0, n, per):
         m = min(per, n - lo)
-        part = list(ins)
-        part[k] = weight.narrow(w_axis, lo, m).to(dtype)
-        if bias is not None:
-            part[b] = bias.narrow(-1, lo, m)
-        ys = step.run(part, dtype)
-        del part
-        y = ys[0] if len(ys) == 1 else None
-        if out is None:
-            if not isinstance(y, torch.Tensor) or not y.dim() or y.shape[out_axis] != m:
-                ins = list(ins)
-                ins[k] = weight.to(dtype)
-                return step.run(ins, dtype)
-            shape = list(y.shape)
-            shape[out_axis] = n
-            out = y.new_empty(shape)
-        out.narrow(out_axis, lo, m).copy_(y)
-        del y, ys
-    return [out]
+        block = weight.narrow(w_axis, lo, m).to(dtype)
+        for g, ins in enumerate(group):
+            if isinstance(outs[g], list):
+                continue
+            part = list(ins)
+            part[k] = block
+            if biases[g] is not None:
+                part[b] = biases[g].narrow(-1, lo, m)
+            ys = step.run(part, dtype)
+            del part
+            y = ys[0] if len(ys) == 1 else None
+            if outs[g] is None:
+                if not isinstance(y, torch.Tensor) or not y.dim() or y.shape[out_axis] != m:
+                    whole = list(ins)
+                    whole[k] = weight.to(dtype)
+                    outs[g] = step.run(whole, dtype)
+                    del whole
+                    continue
+                shape = list(y.shape)
+                shape[out_axis] = n
+                outs[g] = y.new_empty(shape)
+            outs[g].narrow(out_axis, lo, m).copy_(y)
+            del y, ys
+        del block
+    return [out if isinstance(out, list) else [out] for out in outs]
 
 
 def _peak(peaks: dict | None, name: str, value) -> None:

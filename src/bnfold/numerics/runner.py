@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import torch
 
+from ..io.cost import Plan
 from ..io.run_checks import PLANNED, SMALL_REAL, OpSizes, before_op, budget_bytes, meta_signature, watching
 from .audit_memory import AuditHold
 from .compiled import Compiled, Measures, Mode, ShortOutputs, generate
@@ -140,15 +141,15 @@ class AuditFormat(Protocol):
         runtime: str | None = None,
         fold: bool = True,
         hold: AuditHold | None = None,
-    ) -> tuple[Any, list[tuple], str | None, bool]:
+    ) -> tuple[Any, list[tuple], str | None, bool, Plan]:
         """Check what the audit is given (an nn.Module is exported) and run :meth:`plan`: ``(model, batches,
-        name, random_inputs)``."""
+        name, random_inputs, plan)``."""
         ...
 
-    def plan(self, model: Any, batches: list[tuple], *, runs: int, name: str | None, hold: AuditHold | None) -> None:
+    def plan(self, model: Any, batches: list[tuple], *, runs: int, name: str | None, hold: AuditHold | None) -> Plan:
         """The audit's cost check before anything runs (:mod:`.audit_memory`: ``runs`` runs per batch, each value
         counted as ``hold`` counts it: the audit's profile and options), which arms the run-time checks of the op
-        loop."""
+        loop; the plan (:class:`bnfold.io.cost.Plan`)."""
         ...
 
     def program(self, model: Any, like: Program | None = None, lazy: bool = False) -> Program:
