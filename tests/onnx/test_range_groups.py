@@ -124,3 +124,19 @@ def test_the_plan_fits_its_batches_at_once_in_its_budget(tmp_path):
         assert tight.batches_at_once(16) == k
         assert tight.batches_at_once(2) == min(k, 2)
     assert replace(plan, budget=Budget(plan.peak, plan.budget.flops)).batches_at_once(16) == 1
+
+
+@pytest.mark.parametrize("dtype,grouped", [(torch.float32, False), (torch.float64, True)])
+def test_a_group_runs_layer_by_layer_only_where_a_constant_is_read_at_use(dtype, grouped):
+    """A held 2 MiB MatMul weight is converted at use in a float64 run only: there the steps run on every batch of
+    the group before the next step; in float32 nothing is read at use, so a group would save nothing and hold every
+    batch's values: the batches run one at a time."""
+    model = _cases()[0][1]  # x [2, 5, 512] @ w [512, 600]: the MatMul, then nothing
+    program = onnx_program(model)
+    (step,) = program.steps
+    order, real = [], step.run
+    step.run = lambda ins, dt, *a, **k: order.append(float(ins[0].flatten()[0])) or real(ins, dt, *a, **k)
+    xs = [(torch.full((2, 5, 512), float(i)),) for i in range(3)]
+    run_plain(program, xs, dtype, None, 3)
+    blocks = len(order) // 3  # a float64 run computes the layer by blocks of channels
+    assert order == ([0.0, 1.0, 2.0] * blocks if grouped else [0.0] * blocks + [1.0] * blocks + [2.0] * blocks)

@@ -36,9 +36,9 @@ def run_plain(
     ``group``: how many batches run together, layer by layer (at least 1; the caller sizes it from the cost plan,
     :meth:`bnfold.io.cost.Plan.batches_at_once`): each step runs on every batch of the group before the next step,
     so a large constant is read, converted (a float64 block of channels included) once per step and group, not once
-    per batch, while the group's live values are held at once.  Each batch's values are computed by the same kernels
-    on the same inputs as one batch alone, and its peaks merged in the batches' order: the outputs and ``peaks`` are
-    those of ``group=1``, bit for bit."""
+    per batch, while the group's live values are held at once (a program with no such constant runs one batch at a
+    time).  Each batch's values are computed by the same kernels on the same inputs as one batch alone, and its peaks
+    merged in the batches' order: the outputs and ``peaks`` are those of ``group=1``, bit for bit."""
     held, lazy = split(program.constants)
     # held as the run's own copy: a constant a step writes in place, and one a step's output replaces (a computed
     # weight the program keeps the steps of, or a file's name for two values): deferred, the constant would shadow it
@@ -72,7 +72,7 @@ def run_plain(
 
     outputs: list = []
     batches = list(batches)
-    size = max(1, int(group))
+    size = max(1, int(group)) if deferred else 1  # nothing read at use: a group would save nothing and hold more
     for lo in range(0, len(batches), size):
         envs, tops = [], []  # each batch of the group: its values, its peaks (merged in order at the group's end)
         for batch in batches[lo : lo + size]:
