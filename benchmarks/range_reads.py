@@ -2,8 +2,9 @@
 (issue 43: for a model larger than memory every read is a disk read).
 
 Builds ``onnx_stream.py``'s model (``--mb`` MB of 2048x2048 float32 MatMul weights in one external data file) and
-its two calibration batches (the proof runs them and two fresh ones, on the folded and on the rewritten model),
-then runs the command in a fresh interpreter per code version, counting ``ExternalSource.read`` (a read of a
+its calibration batches (``--batches``, 2 by default; the proof runs them and as many fresh ones, on the folded and
+on the rewritten model), then runs the command in a fresh interpreter per code version, counting
+``ExternalSource.read`` (a read of a
 tensor's bytes from a data file or the scratch file, the save's read of a folded weight to make its product again
 included), ``ExternalSource.refer`` (a tensor written to the scratch file) and ``ExternalSource.copy`` (the save's
 copy in the kernel, or its write of a product made again) per tensor and stage:
@@ -14,7 +15,7 @@ copy in the kernel, or its write of a product made again) per tensor and stage:
 * ``proof, folded`` / ``proof, rewritten``  the two float64 runs;
 * ``save``         the rest.
 
-    python -m benchmarks.range_reads --mb 64 --dir /tmp/range_reads [--before OTHER/src]
+    python -m benchmarks.range_reads --mb 64 --dir /tmp/range_reads [--before OTHER/src] [--batches 2]
 
 A benchmark, not a test: it prints a table and asserts nothing.
 """
@@ -124,7 +125,8 @@ def main(argv: list[str] | None = None) -> int:
     large = {"proj"} | {f"l{i}.w" for i in range(info["layers"])}  # the weights of 1 MiB or more
     print(
         f"{a.mb:.0f} MB of weights, {len(large)} weights of 1 MiB or more (largest {info['largest'] / 2**20:.1f} MB), "
-        f"2 calibration batches (the proof: 4 on each model); per weight of 1 MiB or more, the least-most calls, "
+        f"{a.batches} calibration batches (the proof: {2 * a.batches} on each model); per weight of 1 MiB or more, "
+        f"the least-most calls, "
         f"and MB of every tensor:\n"
     )
     cols = [f"{name}: {what}" for name, _ in codes for what in ("read", "write", "copy")]

@@ -1,9 +1,9 @@
 """Part L: where the peak of ``bnfold fold MODEL --fp16-range INPUTS --low-memory`` goes, stage by stage (issue 43).
 
 Builds ``onnx_stream.py``'s model (``--mb`` MB of 2048x2048 float32 MatMul weights in one external data file) and
-its two calibration batches, then runs the command in a fresh interpreter per code version, its stages wrapped
-where bnfold looks them up: the peak RSS (``VmHWM``, reset through ``/proc/self/clear_refs`` where each stage
-starts) and the RSS where it starts and ends:
+its calibration batches (``--batches``, 2 by default), then runs the command in a fresh interpreter per code
+version, its stages wrapped where bnfold looks them up: the peak RSS (``VmHWM``, reset through
+``/proc/self/clear_refs`` where each stage starts) and the RSS where it starts and ends:
 
 * ``load + fold``  the streamed load and fold, up to ``rescale_result``;
 * ``calibration``  the float32 run on the batches (``run_plain``);
@@ -87,20 +87,21 @@ def _cell(r: dict) -> str:
 
 
 def prepare(argv: list[str] | None, doc: str, mb: float, folder: str) -> tuple:
-    """The command line (``--mb``, ``--dir``, ``--before``) parsed, the model built in the emptied folder with its
-    two calibration batches: ``(arguments, the model's sizes, bnfold's arguments without --low-memory, [(name, src
-    folder)])``."""
+    """The command line (``--mb``, ``--dir``, ``--before``, ``--batches``) parsed, the model built in the emptied
+    folder with its calibration batches (two by default): ``(arguments, the model's sizes, bnfold's arguments without
+    --low-memory, [(name, src folder)])``."""
     ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--mb", type=float, default=mb, help=f"MB of weights (default {mb:.0f})")
     ap.add_argument("--dir", default=folder, help="working folder (emptied)")
     ap.add_argument("--before", metavar="SRC", help="another bnfold's src folder, run after this one")
+    ap.add_argument("--batches", type=int, default=2, help="calibration batches (default 2; the proof runs 2x)")
     a = ap.parse_args(argv)
     shutil.rmtree(a.dir, ignore_errors=True)
     os.makedirs(a.dir)
     model = os.path.join(a.dir, "big.onnx")
     info = build(model, a.mb)
     inputs = os.path.join(a.dir, "inputs.npz")
-    np.savez(inputs, x=np.random.default_rng(0).standard_normal((2, 1, 3, 16, 16)).astype(np.float32) * 1e4)
+    np.savez(inputs, x=np.random.default_rng(0).standard_normal((a.batches, 1, 3, 16, 16)).astype(np.float32) * 1e4)
     args = ["fold", model, "-o", os.path.join(a.dir, "out.onnx"), "--force", "-q", "--fp16-range", inputs]
     return a, info, args, [("this", "src")] + ([("before", a.before)] if a.before else [])
 
