@@ -140,3 +140,38 @@ def test_a_group_runs_layer_by_layer_only_where_a_constant_is_read_at_use(dtype,
     run_plain(program, xs, dtype, None, 3)
     blocks = len(order) // 3  # a float64 run computes the layer by blocks of channels
     assert order == ([0.0, 1.0, 2.0] * blocks if grouped else [0.0] * blocks + [1.0] * blocks + [2.0] * blocks)
+
+
+def _onnx_dynamic():
+    """x [N, 64] @ w [64, 64], then Relu: N is the batch's."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["y"])]
+    graph = helper.make_graph(
+        nodes,
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 64])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 64])],
+        [w],
+    )
+    return OnnxAudit(), helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def _torch_dynamic():
+    from bnfold.numerics.fx_program import PROGRAM_AUDIT
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU()).eval()
+    n = torch.export.Dim("n", min=1, max=4096)
+    return PROGRAM_AUDIT, torch.export.export(model, (torch.randn(2, 64),), dynamic_shapes=({0: n},))
+
+
+@pytest.mark.parametrize("make", [_onnx_dynamic, _torch_dynamic], ids=["onnx", "torch"])
+def test_a_plans_fixed_part_does_not_grow_with_the_batch(make):
+    """The part of a plan that does not grow with the batches (``fixed``: the weights' part) is the same for a batch
+    of 1 row and one of 1024 rows, ONNX and torch programs: the batch's inputs are not in it; one batch's part
+    (``peak - fixed``) grows with the rows."""
+    fmt, model = make()
+    small, large = (fmt.plan(model, [(torch.randn(rows, 64),)], runs=3, name=None) for rows in (1, 1024))
+    assert small.fixed == large.fixed > 0
+    assert large.peak - large.fixed > 100 * (small.peak - small.fixed) > 0
