@@ -175,3 +175,17 @@ def test_a_plans_fixed_part_does_not_grow_with_the_batch(make):
     small, large = (fmt.plan(model, [(torch.randn(rows, 64),)], runs=3, name=None) for rows in (1, 1024))
     assert small.fixed == large.fixed > 0
     assert large.peak - large.fixed > 100 * (small.peak - small.fixed) > 0
+
+
+def test_a_group_whose_blocks_do_not_hold_the_channels_runs_each_batch_whole():
+    """A step that says its channels are on an output axis they are not on (here the rows): the first block's output
+    tells, and each batch of the group runs the step whole, its output the layer's (the whole weight converted)."""
+    from bnfold.numerics.runner import Step
+
+    step = Step("mm", "MatMul", ["x", "w"], ["y"], lambda ins, dt: [ins[0] @ ins[1]], weight="w", channels=(1, 0))
+    w = torch.randn(64, 96)
+    xs = [[torch.randn(5, 64, dtype=torch.float64) * (i + 1), None] for i in range(3)]
+    outs = ranges._by_channels(step, xs, 1, w, torch.float64)
+    assert len(outs) == 3
+    for (x, _), (y,) in zip(xs, outs, strict=True):
+        assert torch.equal(y, x @ w.double())

@@ -180,12 +180,13 @@ def _blocks(step: Step, group: list[list], k: int, weight: torch.Tensor, dtype: 
         ins[b] if b is not None and is_float(ins[b]) and ins[b].dim() and ins[b].shape[-1] == n else None
         for ins in group
     ]
-    outs: list = [None] * len(group)  # each batch's output; a list: its step's outputs, run whole
+    outs: list = [None] * len(group)  # each batch's output, written a block at a time
+    whole: dict[int, list] = {}  # a batch whose block did not hold its channels: its step's outputs, run whole
     for lo in range(0, n, per):
         m = min(per, n - lo)
         block = weight.narrow(w_axis, lo, m).to(dtype)
         for g, ins in enumerate(group):
-            if isinstance(outs[g], list):
+            if g in whole:
                 continue
             part = list(ins)
             part[k] = block
@@ -194,20 +195,22 @@ def _blocks(step: Step, group: list[list], k: int, weight: torch.Tensor, dtype: 
             ys = step.run(part, dtype)
             del part
             y = ys[0] if len(ys) == 1 else None
+            del ys
             if outs[g] is None:
                 if not isinstance(y, torch.Tensor) or not y.dim() or y.shape[out_axis] != m:
-                    whole = list(ins)
-                    whole[k] = weight.to(dtype)
-                    outs[g] = step.run(whole, dtype)
-                    del whole
+                    del y
+                    ins = list(ins)
+                    ins[k] = weight.to(dtype)
+                    whole[g] = step.run(ins, dtype)
+                    del ins
                     continue
                 shape = list(y.shape)
                 shape[out_axis] = n
                 outs[g] = y.new_empty(shape)
             outs[g].narrow(out_axis, lo, m).copy_(y)
-            del y, ys
+            del y
         del block
-    return [out if isinstance(out, list) else [out] for out in outs]
+    return [whole[g] if g in whole else [out] for g, out in enumerate(outs)]
 
 
 def _peak(peaks: dict | None, name: str, value) -> None:
