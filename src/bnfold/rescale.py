@@ -59,6 +59,7 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     """``result`` (a fold's) with its model rewritten for fp16 range and ``report.rescaled`` filled in; the
     model is returned as it is when nothing passes the target.  ``fmt`` (the model's ``AuditFormat``) and
     ``range_edit`` are its frontend's hooks (``bnfold.frontends.Frontend``)."""
+    from .engine.range_planner import span
     from .io.budget import inputs_chosen
     from .numerics.batches import as_batches
     from .numerics.ranges import fresh_batches, relative_error, run_plain
@@ -76,9 +77,15 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     group = plan.batches_at_once(len(check))
     program = fmt.program(model, lazy=True)  # a weight left on disk is read when its op runs
     peaks: dict[str, float] = {}
+    spans: dict = {}  # the span of each constant left on disk, by its stored bytes, measured as the run reads it
+
+    def seen(constant, value: torch.Tensor) -> None:
+        if constant.key is not None and constant.key not in spans:
+            spans[constant.key] = span(value)
+
     with torch.no_grad():
-        run_plain(program, batches, torch.float32, peaks, group)
-        new_model, entries = range_edit(model, lambda graph: rescale_graph(graph, peaks, limits, FP16_MAX))
+        run_plain(program, batches, torch.float32, peaks, group, seen)
+        new_model, entries = range_edit(model, lambda graph: rescale_graph(graph, peaks, limits, FP16_MAX, spans))
         applied = [e for e in entries if e.factor != 1.0]
         if not applied:
             result.report.rescaled.extend(entries)

@@ -218,6 +218,9 @@ class FakeAdapter:
     def is_constant(self, value) -> bool:
         return isinstance(value, str) and value in self.g.consts and self.g.consts[value] is not None
 
+    def stored_key(self, value) -> None:
+        return None  # every constant is in memory
+
     def weights(self, layer: Layer, values: bool = True):
         w = self.g.consts.get(layer.weight)
         if w is None:

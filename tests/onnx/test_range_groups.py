@@ -37,7 +37,7 @@ def _runs_reads(monkeypatch) -> tuple[dict, list]:
     monkeypatch.setattr(
         ranges,
         "run_plain",
-        lambda p, b, dtype, peaks=None, group=1: groups.append(group) or real(p, b, dtype, peaks, group),
+        lambda p, b, dtype, peaks=None, group=1, *rest: groups.append(group) or real(p, b, dtype, peaks, group, *rest),
     )
     reads, _ = _reads_inside(monkeypatch, ranges, "run_plain")
     return reads, groups

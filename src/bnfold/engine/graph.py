@@ -268,6 +268,9 @@ class GraphAdapter(Protocol[N, V]):
     # Whether ``constant(value)`` is not None, answered without making the tensor (a streamed initializer stays on
     # disk: its element type tells)
     def is_constant(self, value: V) -> bool: ...
+    # What names the stored bytes of ``value``'s constant where the format left it on disk (a streamed load), else
+    # None: a key of the spans the range rewrite's calibration measured as it read them (``Planner``'s ``known``)
+    def stored_key(self, value: V) -> Any: ...
     # or why they are not constants; ``values=False``: the weight may be a ``meta`` tensor (its shape and dtype
     # only) where reading it costs (a streamed load): the rules read it only for a chain that folds
     def weights(self, layer: Layer, values: bool = True) -> LayerWeights | str: ...

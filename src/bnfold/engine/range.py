@@ -138,7 +138,9 @@ def _inside_layer(planner: Planner, value: Any) -> bool:
     return value not in planner.written and node is not None and node in planner.layer_nodes
 
 
-def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, fp16_max: float = 65504.0) -> list:
+def rescale_graph(
+    graph: GraphAdapter, peaks: dict[str, float], limits: Limits, fp16_max: float = 65504.0, spans: dict | None = None
+) -> list:
     """Rewrite every value of ``graph`` whose peak (``peaks``: by ``value_name``, float32 magnitudes on the
     calibration batches) passes ``limits.value``, largest first; returns one ``bnfold.report.Rescaled`` per value
     tried (rescaled, or refused with its code).  ``peak_after`` and ``margin`` are the plan's predictions; the
@@ -147,12 +149,13 @@ def rescale_graph(graph: GraphAdapter, peaks: dict[str, float], limits: Limits, 
     what each rewrite edits or touches (a multiply's writer and readers; the multiply takes its place in the graph
     order from the node before it, no weight read, and no walk but where the adapter names a node the order does not
     hold: then the order is numbered again), so the weights are read once each and again only where a rewrite edits
-    them."""
+    them; ``spans``: the spans of constants left on disk, measured as the calibration read them (``Planner``'s
+    ``known``), which are then not read for them."""
     from ..report import Rescaled
 
     entries, tried = [], set()
     by_handle = {v: peaks[graph.value_name(v)] for v in graph.values() if graph.value_name(v) in peaks}
-    planner = Planner(graph, by_handle, limits)
+    planner = Planner(graph, by_handle, limits, spans)
 
     def skip(v: Any) -> bool:  # a weight computed from constants is no value, a layer's product before its bias
         return planner.is_const(v) or _inside_layer(planner, v)  # add is the layer's

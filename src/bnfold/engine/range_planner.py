@@ -109,10 +109,12 @@ def _unrolled(walk, p: Plan) -> Any:
 
 
 class Planner:
-    """Plans rewrites on ``graph`` from ``peaks`` (the largest magnitude of each value by handle, float32)."""
+    """Plans rewrites on ``graph`` from ``peaks`` (the largest magnitude of each value by handle, float32);
+    ``known``: spans (:func:`span`) of constants the caller measured, by what names their stored bytes
+    (``GraphAdapter.stored_key``: a constant written since has another key), so that they are not read for them."""
 
-    def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits):
-        self.g, self.peaks, self.limits = graph, peaks, limits
+    def __init__(self, graph: GraphAdapter, peaks: dict, limits: Limits, known: dict | None = None):
+        self.g, self.peaks, self.limits, self.known = graph, peaks, limits, known or {}
         self.relisted = 0  # how often the graph order was numbered or the layers listed (``HotConstants``)
         self.read_graph()
         self.nodes = len(self.order)
@@ -258,7 +260,10 @@ class Planner:
         scaled, :meth:`keep_span`)."""
         if node not in self._spans:
             kept = self._kept.pop(node, None)
-            w = self.weights(node, kept is None)
+            known = self._known(self.layer(node)[0].weight) if kept is None else None
+            w = self.weights(node, kept is None and known is None)
+            if known is not None:
+                kept = (known, w.weight.dtype, w.weight_dtype)
             bias = None if w.bias is None else (span(w.bias), w.bias.dtype, w.bias_dtype)
             self._spans[node] = (kept or (span(w.weight), w.weight.dtype, w.weight_dtype), bias)
         weight, bias = self._spans[node]
@@ -284,8 +289,15 @@ class Planner:
         if isinstance(value, (int, float)):
             return span(self._const(value))
         if value not in self._const_spans:
-            self._const_spans[value] = span(self._const(value))
+            known = self._known(value)
+            self._const_spans[value] = known if known is not None else span(self._const(value))
         return self._const_spans[value]
+
+    def _known(self, value: Any) -> tuple[float, float] | None:
+        """The span the caller measured of ``value``'s stored constant (``known``), or None."""
+        if not self.known:
+            return None
+        return self.known.get(self.g.stored_key(value))
 
     def keep_operand_span(self, node: Any, slot: Any, was: Any, exponent: int) -> None:
         """``node``'s constant operand at ``slot``, ``was``, has just been written as ``fold_math.scale_pow2`` of it

@@ -17,11 +17,13 @@ import torch
 class LazyConstant:
     """A constant read each time a step needs it: ``array()`` its stored value (a new buffer each call),
     ``tensor(array)`` that value as an eager program holds it; ``nbytes``: the array's size, from the dims the
-    load checked against the stored bytes."""
+    load checked against the stored bytes; ``key``: what names the stored bytes (the format's, e.g.
+    :func:`bnfold.onnx.tensors.stored_key`; None: nothing does)."""
 
     array: Callable[[], np.ndarray]
     tensor: Callable[[np.ndarray], torch.Tensor]
     nbytes: int
+    key: Any = None
 
     def value(self) -> torch.Tensor:
         """The value as stored (as an eager program holds it before a run converts its floats)."""

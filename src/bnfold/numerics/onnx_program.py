@@ -32,7 +32,7 @@ from ..onnx.ops import op_of
 from ..onnx.semantics import IMPLS, attrs, bind, opset_of
 from ..onnx.semantics.reference import REFERENCE_OPS
 from ..onnx.semantics.values import array
-from ..onnx.tensors import streamed
+from ..onnx.tensors import stored_key, streamed
 from . import accumulate
 from .audit_memory import onnx_audit_plan
 from .batches import RANDOM_BATCHES, as_batches
@@ -245,7 +245,7 @@ def _unread(model: onnx.ModelProto, nodes: list[tuple]) -> dict[str, LazyConstan
             continue
         nbytes = math.prod(t.dims) * onnx.helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
         if nbytes >= fold_math.LARGE_BYTES:
-            out[t.name] = LazyConstant(partial(array, t), _owned, nbytes)
+            out[t.name] = LazyConstant(partial(array, t), _owned, nbytes, stored_key(t))
     return out
 
 

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 
 from .. import fold_math
-from .lazy import split
+from .lazy import LazyConstant, split
 from .runner import Program, Step, is_float
 
 #: bytes of a large weight a float64 run converts at a time (:func:`run_plain`): a block of its output channels of
@@ -22,7 +22,12 @@ BLOCK_BYTES = fold_math.BLOCK_ELEMENTS * 8
 
 
 def run_plain(
-    program: Program, batches: Iterable[tuple], dtype: torch.dtype, peaks: dict | None = None, group: int = 1
+    program: Program,
+    batches: Iterable[tuple],
+    dtype: torch.dtype,
+    peaks: dict | None = None,
+    group: int = 1,
+    seen: Callable[[LazyConstant, torch.Tensor], None] | None = None,
 ) -> list:
     """The program's outputs on each batch, computed in ``dtype``; ``peaks`` (a dict) gets the largest finite
     magnitude of every float value by name (inputs, every step's outputs), merged over batches.  A large float
@@ -38,7 +43,9 @@ def run_plain(
     so a large constant is read, converted (a float64 block of channels included) once per step and group, not once
     per batch, while the group's live values are held at once (a program with no such constant runs one batch at a
     time).  Each batch's values are computed by the same kernels on the same inputs as one batch alone, and its peaks
-    merged in the batches' order: the outputs and ``peaks`` are those of ``group=1``, bit for bit."""
+    merged in the batches' order: the outputs and ``peaks`` are those of ``group=1``, bit for bit.
+
+    ``seen(constant, value)``: called with each lazy constant and its value as stored, each time it is read."""
     held, lazy = split(program.constants)
     # held as the run's own copy: a constant a step writes in place, and one a step's output replaces (a computed
     # weight the program keeps the steps of, or a file's name for two values): deferred, the constant would shadow it
@@ -68,7 +75,12 @@ def run_plain(
             free.setdefault(i, []).append(v)
 
     def stored(v: str) -> torch.Tensor:
-        return lazy[v].value() if v in lazy else held[v]
+        if v not in lazy:
+            return held[v]
+        value = lazy[v].value()
+        if seen is not None:
+            seen(lazy[v], value)
+        return value
 
     outputs: list = []
     batches = list(batches)

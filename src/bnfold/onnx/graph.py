@@ -43,7 +43,7 @@ from .ops import (
 from .params import add_initializer, filled_initializer, new_node, safe, set_param
 from .range import OnnxRange
 from .shapes import Shapes
-from .tensors import TORCH_DTYPES, is_external, spill_to_reader, to_torch, torch_dtype
+from .tensors import TORCH_DTYPES, is_external, spill_to_reader, stored_key, to_torch, torch_dtype
 
 #: How far ``shape_info`` follows neighbouring values to complete a shape.
 _MAX_DEPTH = 8
@@ -206,6 +206,12 @@ class OnnxGraph(OnnxRange):
         if t is None or t.nbytes < fold_math.LARGE_BYTES or self._streamed(value) is None:
             self._tensors[value] = t
         return t
+
+    def stored_key(self, value: Any) -> tuple | None:
+        """What names the stored bytes of ``value``'s initializer where a streamed load left it on disk
+        (:func:`.tensors.stored_key`), else None."""
+        t = self._streamed(value) if isinstance(value, Value) else None
+        return None if t is None else stored_key(t)
 
     def is_constant(self, value: Any) -> bool:
         """Whether :meth:`constant` gives a tensor for ``value``, told from the constant's dtype: a streamed

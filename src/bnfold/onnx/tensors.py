@@ -51,6 +51,12 @@ def is_external(t: TensorProto) -> bool:
     return t.data_location == TensorProto.EXTERNAL
 
 
+def stored_key(t: TensorProto) -> tuple:
+    """What names the stored bytes of the external tensor ``t``: its element type, dims and external-data entries
+    (a streamed load's token, offset and length; a weight written since has other entries)."""
+    return (t.data_type, tuple(t.dims), tuple((e.key, e.value) for e in t.external_data))
+
+
 class ExternalReader(Protocol):
     """Reads the external data of tensors a streamed load left in place (``bnfold.io.onnx_stream``)."""
 

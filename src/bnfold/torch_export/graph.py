@@ -181,6 +181,10 @@ class FxGraph(FxRange):
         self.editor.release(value)  # a large computed one is not kept for the next call
         return t
 
+    def stored_key(self, value: Any) -> None:
+        """None: a program's constants are in memory, none is left on disk."""
+        return None
+
     def is_constant(self, value: Any) -> bool:
         """Whether :meth:`constant` gives a tensor for ``value``, no tensor of the program copied."""
         if isinstance(value, bool):
