@@ -62,6 +62,7 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     from .engine.range_planner import span
     from .io.budget import inputs_chosen
     from .numerics.batches import as_batches
+    from .numerics.lazy import split
     from .numerics.ranges import fresh_batches, relative_error, run_plain
 
     limits = request.limits()
@@ -72,10 +73,12 @@ def rescale_result(result: FoldResult, request: RangeRequest, fmt: Any, range_ed
     with inputs_chosen(True, outer=False):  # the caller's batches: their sizes buy work (bnfold.io.budget)
         model, both, _, _, plan = fmt.prepare(result.model, batches + fresh, fold=True)
     batches, check = both[: len(batches)], both
-    # the batches that run together, layer by layer, so that a weight is read once per group: as many as the plan
-    # fits in its budget, each counted as the audit holds one batch (more than a plain run holds of it)
-    group = plan.batches_at_once(len(check))
     program = fmt.program(model, lazy=True)  # a weight left on disk is read when its op runs
+    # the batches that run together, layer by layer, so that a weight is read once per group: as many as the plan
+    # fits in its budget, each counted as the audit holds one batch (more than a plain run holds of it); with weights
+    # left on disk, no more than the largest of them holds (the streamed fold's peak is about that tensor)
+    streamed = [c.nbytes for c in split(program.constants)[1].values()]
+    group = plan.batches_at_once(len(check), max(streamed) if streamed else None)
     peaks: dict[str, float] = {}
     spans: dict = {}  # the span of each constant left on disk, by its stored bytes, measured as the run reads it
 

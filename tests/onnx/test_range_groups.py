@@ -64,7 +64,7 @@ def test_eight_batches_read_each_large_weight_once_per_run(tmp_path, monkeypatch
     assert {n: reads.get(n, 0) for n in _LARGE} == dict.fromkeys(_LARGE, 3), reads
 
     # the same fold, streamed, with the batches run one at a time
-    monkeypatch.setattr(cost.Plan, "batches_at_once", lambda self, n: 1)
+    monkeypatch.setattr(cost.Plan, "batches_at_once", lambda self, n, within=None: 1)
     out = tmp_path / "one"
     out.mkdir()
     args = ["fold", path, "-o", str(out / "out.onnx"), "-q", "--fp16-range", npz, "--low-memory"]
@@ -72,6 +72,35 @@ def test_eight_batches_read_each_large_weight_once_per_run(tmp_path, monkeypatch
     assert _files(out) == _files(tmp_path / "stream")
     one = json.loads((out / "report.json").read_text())
     assert _untimed(one) == _untimed(json.loads((tmp_path / "stream" / "report.json").read_text()))
+
+
+def test_a_streamed_folds_groups_hold_no_more_than_its_largest_tensor(tmp_path, monkeypatch):
+    """Where weights stream (``--low-memory``), the batches held at once are sized within the largest streamed
+    tensor too (``batches_at_once``'s ``within``), not only within the audit's budget (at least 1 GiB); the plain
+    fold, whose weights are in memory, sizes them by the budget alone.  With a batch's part of the plan larger than
+    the largest tensor, the streamed runs take one batch at a time and give the same files and report."""
+    src = tmp_path / "in"
+    src.mkdir()
+    path, largest = _model(src)
+    npz = _batches(tmp_path, 4)
+    asked, groups, real = [], [], cost.Plan.batches_at_once
+
+    def at_once(plan, n, within=None):
+        asked.append(within)
+        groups.append(real(plan, n, within))
+        return groups[-1]
+
+    monkeypatch.setattr(cost.Plan, "batches_at_once", at_once)
+    _plain_and_streamed(tmp_path, path, npz)
+    assert asked == [None, largest] and groups == [8, 8]  # this model's batch is far smaller than its tensors
+
+    # the same streamed fold with its largest tensor taken as 1 byte: each batch's part is over it, one at a time
+    asked.clear()
+    groups.clear()
+    monkeypatch.setattr(cost.Plan, "batches_at_once", lambda plan, n, within=None: at_once(plan, n, within and 1))
+    (tmp_path / "small").mkdir()
+    _plain_and_streamed(tmp_path / "small", path, npz)
+    assert asked == [None, 1] and groups == [8, 1]
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
@@ -124,6 +153,10 @@ def test_the_plan_fits_its_batches_at_once_in_its_budget(tmp_path):
         assert tight.batches_at_once(16) == k
         assert tight.batches_at_once(2) == min(k, 2)
     assert replace(plan, budget=Budget(plan.peak, plan.budget.flops)).batches_at_once(16) == 1
+    # within a streamed model's largest tensor: the batches held at once are no larger, unless one alone is
+    for k in (1, 2, 3):
+        assert plan.batches_at_once(16, within=k * one + one // 2) == k
+    assert plan.batches_at_once(16, within=one // 2) == 1
 
 
 @pytest.mark.parametrize("dtype,grouped", [(torch.float32, False), (torch.float64, True)])

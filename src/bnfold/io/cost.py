@@ -127,14 +127,19 @@ class Plan:
     sized: dict = field(default_factory=dict)
     fixed: int = 0
 
-    def batches_at_once(self, n: int) -> int:
+    def batches_at_once(self, n: int, within: int | None = None) -> int:
         """How many of ``n`` batches a run may hold at once (each its inputs and live values; their steps run one
         batch at a time, so one op's temporaries at a time) within the budget: one batch's part of the peak is
-        ``peak - fixed``, and each batch more adds at most that.  At least 1, at most ``n``."""
+        ``peak - fixed``, and each batch more adds at most that.  ``within``: bytes the batches' parts together may
+        also not pass, unless one alone does (a streamed model's largest tensor: ``--low-memory`` keeps its promise
+        of a peak near that tensor, the batches held at once no larger than it).  At least 1, at most ``n``."""
         one = self.peak - self.fixed
         if one <= 0:
             return max(1, n)
-        return max(1, min(n, 1 + (self.budget.bytes - self.peak) // one))
+        k = min(n, 1 + (self.budget.bytes - self.peak) // one)
+        if within is not None:
+            k = min(k, within // one)
+        return max(1, k)
 
 
 def check_plan(
