@@ -364,14 +364,17 @@ def _checked_blocks(
         b = torch.mul(wb, sb, out=ob)
         if not b.numel():
             continue
-        lo, hi = torch.aminmax(b)  # NaN propagates; read at once (no small tensor per block kept to the end)
-        if not (math.isfinite(lo.item()) and math.isfinite(hi.item())):
-            return False
-        if small:
+        if small:  # the magnitudes' least and largest: all finite (NaN propagates) and whether one is zero
             mag = torch.empty(b.shape, dtype=b.dtype) if mag is None else mag
-            if not bool(torch.abs(b, out=_part(mag, b)).amin() > 0):
-                if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
-                    return False
+            lo, hi = torch.aminmax(torch.abs(b, out=_part(mag, b)))
+        else:
+            lo, hi = torch.aminmax(b)  # NaN propagates; read at once (no small tensor per block kept to the end)
+        lo, hi = lo.item(), hi.item()
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return False
+        if small and not lo > 0:
+            if zero_scale or int(torch.count_nonzero(b)) != int(torch.count_nonzero(wb)):
+                return False
         if spill is not None:
             spill.write(b.view(-1) if b.is_contiguous() else _memory_view(b))  # the weight's memory order
     return True
@@ -640,15 +643,25 @@ def screened() -> Iterator[None]:
         _SCREENS.reset(token)
 
 
-def _slice_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """The least and largest ``|weight|`` over each slice of a scale of ``shape`` (float64), or None."""
+def _first_product(weight: torch.Tensor) -> bool:
+    """Whether ``weight``'s product is made as ever, with no summary: :func:`screened` is off, or this is its first
+    product in it (``weight`` noted now; most folds make only one)."""
     screens = _SCREENS.get()
     if screens is None:
-        return None
+        return True
     entry = screens.get(id(weight))
     if entry is None or entry[0] is not weight:
         screens[id(weight)] = [weight, 1, {}]
-        return None  # the first product of a weight is made as ever: most folds make only one
+        return True
+    return False
+
+
+def _slice_extremes(weight: torch.Tensor, shape: tuple) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """The least and largest ``|weight|`` over each slice of a scale of ``shape`` (float64), or None
+    (:func:`_first_product`)."""
+    if _first_product(weight):
+        return None
+    entry = _SCREENS.get()[id(weight)]
     if shape not in entry[2]:
         entry[2][shape] = _magnitude_extremes(weight.detach(), shape)
     return entry[2][shape]
@@ -704,7 +717,9 @@ def _screen_overflow(weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dt
     That is the float64 route's verdict and its "max |value|" (NaN where a NaN is made).  The in-dtype route
     (weight and scale of one dtype, product exact in float64 before its one rounding) must fail too: its
     scale is not finite in ``dtype``, or ``max|w| * |s|`` rounded to ``dtype`` overflows."""
-    if dtype not in _MINMAX_DTYPES or not weight.numel() or weight.dim() != slices.dim() or slices.isnan().any():
+    if dtype not in _MINMAX_DTYPES or not weight.numel() or weight.dim() != slices.dim() or _first_product(weight):
+        return  # a first product is not screened: its scales are not looked at here (NaN or not)
+    if slices.isnan().any():
         return
     extremes = _slice_extremes(weight, tuple(slices.shape))
     if extremes is None or not bool(torch.isfinite(extremes[1]).all()):

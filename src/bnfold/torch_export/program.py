@@ -90,7 +90,8 @@ class ProgramEditor(FxTensors):
             # create_node with an explicit name: fx makes it unique (without the slow name
             # derivation graph.placeholder does), and a placeholder's target is its name.
             node = self.graph.create_node("placeholder", name, name=name)
-        node.target = node.name
+        if node.target != node.name:  # each set is a Node.__setattr__: the node out of the lookup table and back
+            node.target = node.name
         new_spec = InputSpec(
             spec.kind, TensorArgument(node.name), target, spec.persistent if spec.kind == InputKind.BUFFER else None
         )
@@ -242,8 +243,11 @@ def _copy_nodes(source: torch.fx.Graph) -> torch.fx.Graph:
         new = Node(
             graph, node.name, node.op, node.target, map_arg(node.args, get), map_arg(node.kwargs, get), node.type
         )
-        meta = node.meta  # copied before the node is in the lookup table: no update there
-        new.meta = meta.copy() if type(meta) is dict else copy.copy(meta)
+        meta, fresh = node.meta, new.meta
+        if type(meta) is dict and type(fresh) is dict and not fresh:
+            fresh.update(meta)  # the new node's own empty dict filled: no Node.__setattr__ (a lookup-table probe)
+        else:  # copied before the node is in the lookup table: no update there
+            new.meta = copy.copy(meta)
         names.associate_name_with_obj(names.create_name(node.name, None), new)
         graph._insert(new)
         table.insert(new)

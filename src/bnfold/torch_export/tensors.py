@@ -17,6 +17,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import GraphModule, Node
 
+from ..fold_math import LARGE_BYTES
 from ..io import cost, fx_cost, meter, run_checks
 
 
@@ -125,8 +126,6 @@ class FxTensors:
         """The caller took ``node``'s computed value: it is dropped where it holds at least
         :data:`bnfold.fold_math.LARGE_BYTES` (a float64 copy, not held beside the program until the fold ends;
         asked for again, it is computed again and metered again, as a value :meth:`_free_read` dropped)."""
-        from ..fold_math import LARGE_BYTES
-
         value = self._computed.get(node) if isinstance(node, Node) else None
         if value is not None and value.numel() * value.element_size() >= LARGE_BYTES:
             self._computed.pop(node)
