@@ -208,8 +208,6 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
     for node in nodes:
         if node.op not in ("placeholder", "call_function", "output"):
             raise NotImplementedError(f"node {node.name} ({node.op}) is not supported by the emulator")
-    # floats as stored (the runner casts them once); a parameter detached, so that no op records its gradient
-    consts = {k: v.detach() if v.requires_grad else v for k, v in lifted.items()}
     kinds = [spec.kind for spec in ep.graph_signature.output_specs]
     out_node = next(n for n in nodes if n.op == "output")
     outs = [o for o, k in zip(out_node.args[0], kinds) if k == OutputKind.USER_OUTPUT]
@@ -229,6 +227,11 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
             val = node.meta.get("val")
             if node.name in user and isinstance(val, torch.Tensor):
                 shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
+    # floats as stored (the runner casts them once); a parameter detached, so that no op records its gradient; a
+    # program with an in-place op holds copies (it may write a constant through a view, ``B.t().mul_(x)``, which no
+    # graph signature lists as a mutation): the caller's program keeps its tensors
+    mutates = any(step.mutates for step in steps)
+    consts = {k: v.detach().clone() if mutates else v.detach() if v.requires_grad else v for k, v in lifted.items()}
 
     def feed(xs: tuple) -> list:
         flat = tree_flatten(xs)[0]

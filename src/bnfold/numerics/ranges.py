@@ -55,7 +55,15 @@ def run_plain(
         for k, v in held.items()
         if is_float(v) and v.dtype != dtype and _nbytes(v) >= fold_math.LARGE_BYTES and k not in written
     }
-    consts = {k: v.to(dtype) if is_float(v) else v for k, v in held.items() if k not in at_use}
+    # a program that writes a value in place may write a constant through a view of it (``B.t().mul_(x)``, with no
+    # name of the constant's among the step's inputs): the run's constants are its own copies, and its batches run
+    # one at a time, each after the one before, as the program runs them (a group would share what a batch writes)
+    mutates = any(step.mutates for step in program.steps)
+    consts = {
+        k: v.to(dtype, copy=mutates) if is_float(v) else (v.clone() if mutates and isinstance(v, torch.Tensor) else v)
+        for k, v in held.items()
+        if k not in at_use
+    }
     deferred = at_use | set(lazy)
     last_use: dict[str, int] = {}
     reads: dict[int, list[str]] = {}
@@ -84,7 +92,8 @@ def run_plain(
 
     outputs: list = []
     batches = list(batches)
-    size = max(1, int(group)) if deferred else 1  # nothing read at use: a group would save nothing and hold more
+    # nothing read at use: a group would save nothing and hold more
+    size = max(1, int(group)) if deferred and not mutates else 1
     for lo in range(0, len(batches), size):
         envs, tops = [], []  # each batch of the group: its values, its peaks (merged in order at the group's end)
         for batch in batches[lo : lo + size]:

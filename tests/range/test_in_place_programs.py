@@ -1,0 +1,61 @@
+"""A torch program that writes a constant in place through a view of it (``self.B.t().mul_(x)``: torch.export keeps
+``aten.t`` then ``aten.mul_``, and its graph signature lists no mutation): the audit and the fp16 range rewrite run
+it on their own copies, so the caller's program keeps its tensors, and the rewrite's runs take its batches one at a
+time, each after the one before, as the program runs them (a group would share what one batch writes)."""
+
+from __future__ import annotations
+
+import torch
+
+import bnfold
+from bnfold.numerics.fx_program import fx_program
+from bnfold.numerics.ranges import run_plain
+
+
+class WritesAView(torch.nn.Module):
+    def __init__(self, n: int = 512):
+        super().__init__()
+        self.l = torch.nn.Linear(n, n)
+        self.register_buffer("B", torch.rand(n, n) + 0.5)  # 1 MiB: a float64 run converts it at use
+
+    def forward(self, x):
+        v = self.B.t()
+        v.mul_(torch.sigmoid(x))
+        return self.l(x) * 300.0 + v.sum(0)
+
+
+def _program(n: int = 512):
+    torch.manual_seed(0)
+    ep = torch.export.export(WritesAView(n).eval(), (torch.randn(n, n),))
+    assert any(node.target == torch.ops.aten.mul_.Tensor for node in ep.graph.nodes)
+    assert not ep.graph_signature.buffers_to_mutate  # no mutation the signature would name
+    return ep
+
+
+def _batches(n: int, k: int) -> list[tuple]:
+    g = torch.Generator().manual_seed(1)
+    return [(torch.randn(n, n, generator=g) * 100,) for _ in range(k)]
+
+
+def test_the_audit_and_the_range_rewrite_leave_the_callers_program_as_it_was():
+    ep = _program(64)
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    bnfold.audit(ep, _batches(64, 2), profile="fp16")
+    bnfold.fold(ep, fp16_range=_batches(64, 2))
+    for k, v in before.items():
+        assert torch.equal(ep.state_dict[k], v), k
+
+
+def test_a_run_in_groups_of_a_program_that_writes_a_constant_is_the_run_one_batch_at_a_time():
+    ep = _program()
+    program = fx_program(ep)
+    kept = {k: v.clone() for k, v in program.constants.items()}
+    batches = _batches(512, 3)
+    for dtype in (torch.float32, torch.float64):
+        one = run_plain(program, batches, dtype, None, 1)
+        grouped = run_plain(program, batches, dtype, None, 3)
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(one, grouped))
+        # each run starts from the program's constants: a second run gives the same outputs
+        assert all(torch.equal(a[0], b[0]) for a, b in zip(one, run_plain(program, batches, dtype, None, 1)))
+    for k, v in kept.items():
+        assert torch.equal(program.constants[k], v), k
