@@ -99,7 +99,8 @@ def test_exclude_is_generic_in_the_engine():
 
 def test_import_bnfold_does_not_import_torch():
     code = "import sys, bnfold; print('torch' in sys.modules, bnfold.__version__)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=600)
+    out = run.stdout.split()
     from importlib.metadata import version
 
     assert out == ["False", version("bnfold")]

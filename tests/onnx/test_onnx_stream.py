@@ -150,7 +150,9 @@ sys.exit(rc)
 
 
 def _peak(args: list[str]) -> int:
-    run = subprocess.run([sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, env=dict(os.environ))
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK, *args], capture_output=True, text=True, env=dict(os.environ), timeout=600
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     return int(run.stdout.split()[-1])
 

@@ -31,8 +31,16 @@ MARKER = "PWNED"
 RUNNER = Path(__file__).with_name("runner.py")
 MEMORY_LIMIT = 2560 << 20  # resident memory of the bnfold process (its RSS: a CUDA build of torch maps more
 # address space than this before it runs anything, so an address-space cap would stop torch's import there)
-CPU_LIMIT = 90  # seconds
+#: what bounds the work: seconds of CPU time (RLIMIT_CPU, all threads of the process; SIGXCPU kills it past them).
+#: A loaded machine stretches the wall clock, not the CPU time, so no test limit is a wall-clock one but the two below.
+CPU_LIMIT = 90
+#: a child whose CPU time has not moved for this long waits on something that will not come: killed as hung
+STALL_S = 120.0
+#: the last resort, for a hang that keeps using a little CPU (a polling loop): ten times the CPU limit, so a child
+#: that gets a tenth of a core (load 20 on two cores) still reaches its CPU limit first
+WALL_LIMIT_S = 10 * CPU_LIMIT
 RSS_POLL_S = 0.002  # how often the parent reads the child's resident memory
+CPU_POLL_S = 1.0  # how often it reads the child's CPU time
 
 
 # ----------------------------------------------------------------------------- models
@@ -116,9 +124,11 @@ def signature(doc: dict) -> dict:
 # ----------------------------------------------------------------------------- running bnfold
 
 
-def _limits(fsize: int | None) -> Callable[[], None]:
+def _limits(fsize: int | None, cpu: int = CPU_LIMIT) -> Callable[[], None]:
     def apply() -> None:
-        resource.setrlimit(resource.RLIMIT_CPU, (CPU_LIMIT, CPU_LIMIT))
+        # past ``cpu`` seconds SIGXCPU ends it (its own exit status; no core: RLIMIT_CORE 0), SIGKILL a second later
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
         if fsize is not None:
             signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG
             resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
@@ -140,23 +150,31 @@ def run_bnfold(
     payload = json.dumps({**job, "recursion_limit": recursion_limit})
     env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
     proc = run_resident_bounded(
-        [sys.executable, str(RUNNER), payload], MEMORY_LIMIT, cwd=cwd, timeout=150, preexec_fn=_limits(fsize), env=env
+        [sys.executable, str(RUNNER), payload], MEMORY_LIMIT, cwd=cwd, preexec_fn=_limits(fsize), env=env
     )
     assert not proc.over_rss, f"the runner passed {MEMORY_LIMIT >> 20} MiB resident: {proc.stderr[-3000:]}"
-    assert proc.returncode == 0, f"the runner died ({proc.returncode}): {proc.stderr[-3000:]}"
+    assert not proc.hung, f"the runner hung ({proc.hung}): {proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"the runner died ({died(proc.returncode)}): {proc.stderr[-3000:]}"
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+def died(returncode: int) -> str:
+    """A child's exit status, with the signal's name where a signal ended it (SIGXCPU: past its CPU time)."""
+    return f"{returncode} ({signal.Signals(-returncode).name})" if returncode < 0 else str(returncode)
+
+
 @dataclass
 class Bounded:
-    """A finished :func:`run_resident_bounded`: ``over_rss`` when it was killed for its resident memory."""
+    """A finished :func:`run_resident_bounded`: ``over_rss`` when it was killed for its resident memory, ``hung``
+    (what it was killed for) when for a hang."""
 
     returncode: int
     stdout: str
     stderr: str
     over_rss: bool
     peak_rss: int
+    hung: str | None = None
 
 
 def resident_bytes(pid: int) -> int:
@@ -168,14 +186,32 @@ def resident_bytes(pid: int) -> int:
         return 0
 
 
-def run_resident_bounded(cmd: list, limit: int, *, timeout: float, **popen) -> Bounded:
+def cpu_ticks(pid: int) -> int | None:
+    """The CPU time process ``pid`` has used, all its threads (user + system, ``/proc/PID/stat``), in clock ticks;
+    None once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()  # after the command name, which may hold spaces
+        return int(fields[11]) + int(fields[12])  # utime, stime: fields 14 and 15 of proc(5)
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run_resident_bounded(
+    cmd: list, limit: int, *, timeout: float = WALL_LIMIT_S, stall: float = STALL_S, **popen
+) -> Bounded:
     """Run ``cmd`` and kill it as soon as its resident memory passes ``limit`` bytes (read every
     :data:`RSS_POLL_S` by a thread of this process, so the child's own GIL or a long C call cannot delay it).
-    What is resident, not the address space: a CUDA build of torch maps gigabytes it never touches."""
+    What is resident, not the address space: a CUDA build of torch maps gigabytes it never touches.
+
+    Its time is bounded by its CPU time (``preexec_fn``, e.g. :func:`_limits`), which a loaded machine does not
+    stretch; here only hangs are caught: no CPU time used for ``stall`` seconds, or ``timeout`` seconds in all."""
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen)
-    state = {"over": False, "peak": 0}
+    state: dict = {"over": False, "peak": 0, "hung": None}
 
     def watch() -> None:
+        ticks, moved = None, time.monotonic()
+        checked = moved
         while proc.poll() is None:
             rss = resident_bytes(proc.pid)
             state["peak"] = max(state["peak"], rss)
@@ -183,16 +219,29 @@ def run_resident_bounded(cmd: list, limit: int, *, timeout: float, **popen) -> B
                 state["over"] = True
                 proc.kill()
                 return
+            now = time.monotonic()
+            if now - checked >= CPU_POLL_S:
+                checked, used = now, cpu_ticks(proc.pid)
+                if used != ticks:
+                    ticks, moved = used, now
+                elif now - moved > stall:
+                    state["hung"] = f"no CPU time used for {stall:g} s"
+                    proc.kill()
+                    return
             time.sleep(RSS_POLL_S)
 
     watcher = threading.Thread(target=watch, daemon=True)
     watcher.start()
     try:
         out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        state["hung"] = f"still running after {timeout:g} s"
+        proc.kill()
+        out, err = proc.communicate()
     finally:
         proc.kill()
         watcher.join()
-    return Bounded(proc.returncode, out, err, state["over"], state["peak"])
+    return Bounded(proc.returncode, out, err, state["over"], state["peak"], state["hung"])
 
 
 def assert_case(runs: list, peak_mib: float) -> None:

@@ -19,7 +19,7 @@ onnx = pytest.importorskip("onnx")
 
 _PEAK = """
 import json, resource, subprocess, sys
-p = subprocess.run([sys.executable, "-m", "bnfold", *sys.argv[1:]], capture_output=True, text=True)
+p = subprocess.run([sys.executable, "-m", "bnfold", *sys.argv[1:]], capture_output=True, text=True, timeout=570)
 peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
 print(json.dumps({"rc": p.returncode, "peak": peak, "err": p.stderr.strip().splitlines()[-1:]}))
 """
@@ -27,7 +27,10 @@ print(json.dumps({"rc": p.returncode, "peak": peak, "err": p.stderr.strip().spli
 
 def _audit_peak(path) -> dict:
     assert path.stat().st_size < 100_000
-    run = subprocess.run([sys.executable, "-c", _PEAK, "audit", str(path), "-q"], capture_output=True, text=True)
+    # the wall clock only ends a hang (the audit takes 10-50 s at load 6 on two cores)
+    run = subprocess.run(
+        [sys.executable, "-c", _PEAK, "audit", str(path), "-q"], capture_output=True, text=True, timeout=600
+    )
     return json.loads(run.stdout)
 
 

@@ -95,7 +95,11 @@ def test_residual_model_without_normalization_skips_nothing_and_passes_strict(tm
     torch.export.save(ep, str(path))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     proc = subprocess.run(
-        [sys.executable, "-m", "bnfold", "check", "--strict", str(path)], capture_output=True, text=True, env=env
+        [sys.executable, "-m", "bnfold", "check", "--strict", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
