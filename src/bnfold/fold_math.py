@@ -380,6 +380,33 @@ def _checked_blocks(
     return True
 
 
+def _bounded(weight: torch.Tensor, s: torch.Tensor, small: bool, zero_scale: bool) -> bool:
+    """Whether :func:`_checked_blocks` of ``weight * s`` passes, told without making the product (True) or not told
+    (False: make it).  Rounding is monotone and each product is exact before its one rounding to the dtype, so
+    ``|fl(w * s)| <= fl(max|w| * max|s|)``, finite when that is; and where some scale is small (no scale zero),
+    ``|fl(w * s)| >= fl(min|w| * min|s|)``, nonzero when that is (no weight zero).  The weight's extremes are read
+    a block at a time (one reduction, nothing written; ``|w|`` too where a scale is small)."""
+    if zero_scale or weight.dtype not in _MINMAX_DTYPES or not weight.numel():
+        return False
+    top, least, mag = 0.0, math.inf, None
+    for wb, _, _ in _blocks(weight, s, None):
+        if small:
+            mag = torch.empty(wb.shape, dtype=wb.dtype) if mag is None else mag
+            wb = torch.abs(wb, out=_part(mag, wb))
+        lo, hi = (v.item() for v in torch.aminmax(wb))
+        if not (math.isfinite(lo) and math.isfinite(hi)):  # an infinite or NaN weight (NaN propagates)
+            return False
+        top, least = max(top, -lo, hi), min(least, lo)
+    s_lo, s_hi = (v.item() for v in torch.aminmax(s.abs()))
+    fits = math.isfinite(_rounded(top * s_hi, weight.dtype))
+    return fits and (not small or _rounded(least * s_lo, weight.dtype) > 0)
+
+
+def _rounded(value: float, dtype: torch.dtype) -> float:
+    """``value`` (an exact product of two values of ``dtype``, in float64) rounded once to ``dtype``."""
+    return float(torch.tensor(value, dtype=torch.float64).to(dtype))
+
+
 def _blocks(weight: torch.Tensor, s: torch.Tensor, out: torch.Tensor | None):
     """``(weight block, its scales, out block or None)`` in memory order, each block fewer than
     :data:`BLOCK_ELEMENTS` elements (:func:`index_blocks`; the first is the largest); a weight that small is one
@@ -438,6 +465,8 @@ def scale_weight(
     facts = _scale_facts(s, slices)
     dense = callable(deferred) and facts is not None and _memory_order(w) is not None
     spill = deferred(w.numel() * w.element_size()) if dense else None
+    if deferred and spill is None and facts is not None and _bounded(w, s, *facts):
+        return Product(w, s)  # what the checks would pass, told from the extremes: the product is made where written
     try:
         ok = facts is not None and _checked_blocks(w, s, out, *facts, spill)
     except BaseException:

@@ -157,3 +157,65 @@ def _check_product(dtype, rows, cols, specials, transposed, seed):
             _bits(torch.cat([b.clone() for b in (spilled.T if transposed else spilled).stages()])),
             _bits(stored).reshape(-1),
         )
+
+
+def _edge_case(dtype: torch.dtype, edge: str, step: int, same_row: bool, seed: int):
+    """A weight and scales whose extreme pair sits ``step`` units in the last place from a rounding edge of
+    ``dtype``: ``overflow``, a weight of max/4 times a scale of 4(1 + step eps) (fits up to step 0); ``underflow``,
+    the smallest subnormal times 1/2 (1 + step eps) beside no zero weight (nonzero from step 1).  ``same_row``:
+    the two meet in the product; else they are in different rows (the bound cannot tell, the product is made)."""
+    g = torch.Generator().manual_seed(seed)
+    fi = torch.finfo(dtype)
+    rows, cols = 8, 40
+    w = (torch.rand(rows, cols, generator=g, dtype=torch.float64) + 0.5).to(dtype)  # no zero weight
+    s = torch.rand(rows, 1, generator=g, dtype=torch.float64) * 0.3 + (0.6 if edge == "overflow" else 0.1)
+    tiny = fi.smallest_normal * fi.eps
+    top, scale = (fi.max / 4, 4.0) if edge == "overflow" else (tiny, 0.5)
+    w[0, 3] = top
+    s[0 if same_row else 1, 0] = scale * (1 + step * fi.eps)
+    return w, s.to(dtype).to(torch.float64)
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    dtype=st.sampled_from([torch.float32, torch.float16, torch.bfloat16]),
+    edge=st.sampled_from(["overflow", "underflow"]),
+    step=st.integers(-2, 2),
+    same_row=st.booleans(),
+    seed=st.integers(0, 1000),
+)
+def test_a_deferred_products_checks_told_from_the_extremes_agree_at_the_rounding_edges(
+    dtype, edge, step, same_row, seed
+):
+    """A deferred product's checks tell a pass from the weight's and the scales' extremes (``fold_math._bounded``),
+    making no product; at the edges of the dtype's range that tells exactly what the eager product's checks tell:
+    the same bits, or the same refusal word for word."""
+    w, s = _edge_case(dtype, edge, step, same_row, seed)
+    eager = _outcome(lambda: fold_math.scale_weight(w, s, dtype, "linear weight"))
+    deferred = _outcome(lambda: fold_math.scale_weight(w, s, dtype, "linear weight", deferred=True))
+    if isinstance(eager, str):
+        assert deferred == eager
+        return
+    assert isinstance(deferred, fold_math.Product)
+    assert torch.equal(_bits(deferred.materialize()), _bits(eager))
+
+
+@pytest.mark.parametrize("small", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_a_deferred_product_whose_extremes_fit_is_not_made_by_its_checks(monkeypatch, dtype, small):
+    """Where the extremes' product fits (the largest weight times the largest scale at the dtype's max; with
+    ``small`` scales <= 1/2, whose least times the least weight is nonzero), the checks of a deferred product
+    make none of it (a streamed weight is read and reduced once, its product made where it is written): the
+    product's block checks are never called, and the product is the eager one's bits."""
+    w, s = _edge_case(dtype, "overflow", 0, True, 0)
+    if small:
+        s = (s / 8).to(dtype).to(torch.float64)  # every scale <= 1/2, weights >= 1/2 (none subnormal)
+    eager = fold_math.scale_weight(w, s, dtype, "linear weight")
+
+    def made(*args, **kwargs):
+        raise AssertionError("the product was made to check it")
+
+    monkeypatch.setattr(fold_math, "_checked_blocks", made)
+    deferred = fold_math.scale_weight(w, s, dtype, "linear weight", deferred=True)
+    assert isinstance(deferred, fold_math.Product)
+    assert torch.equal(_bits(deferred.materialize()), _bits(eager))
