@@ -497,7 +497,8 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     a new :class:`ExternalSource`; None when nothing is external. Each data file is opened once here: its
     small tensors are read from it, and its :func:`file_identity` is what later reads and copies check."""
     base = os.path.dirname(os.path.abspath(path))
-    found = [(t, _locate(t, base, path)) for t in all_tensors(model) if is_external(t)]
+    files: dict[str, tuple[str, int]] = {}
+    found = [(t, _locate(t, base, path, files)) for t in all_tensors(model) if is_external(t)]
     if not found:
         return None
     ranges: dict[str, list[tuple[int, int, str]]] = {}
