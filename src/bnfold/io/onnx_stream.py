@@ -34,7 +34,7 @@ from onnx import TensorProto
 from ..errors import ModelFileError
 from ..fold_math import FoldError
 from ..onnx.tensors import reading_external
-from .atomic import scratch_file
+from .atomic import scratch_file, start_writeback
 from .limits import MAX_BYTES_HINT
 from .onnx_external import (
     DEFAULT_THRESHOLD,
@@ -575,6 +575,7 @@ def serialize_streamed(model: onnx.ModelProto, data: BinaryIO, location: str, la
             if is_external(t):
                 moved.append((t, _entries(t), None))
                 length = source.copy(t, data)
+                start_writeback(data.fileno(), offset, length)  # on its way to disk while the next ones are made
             else:
                 raw = t.raw_data
                 moved.append((t, [], raw))
