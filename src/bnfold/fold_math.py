@@ -382,7 +382,7 @@ def _checked_blocks(
 
 def _bounded(weight: torch.Tensor, s: torch.Tensor, small: bool, zero_scale: bool) -> bool:
     """Whether :func:`_checked_blocks` of ``weight * s`` passes, told without making the product (True) or not told
-    (False: make it).  Rounding is monotone and each product is exact before its one rounding to the dtype, so
+    (False: make it).  Rounding is monotone and each product is the exact one rounded once to the dtype, so
     ``|fl(w * s)| <= fl(max|w| * max|s|)``, finite when that is; and where some scale is small (no scale zero),
     ``|fl(w * s)| >= fl(min|w| * min|s|)``, nonzero when that is (no weight zero).  The weight's extremes are read
     a block at a time (one reduction, nothing written; ``|w|`` too where a scale is small)."""
@@ -403,7 +403,8 @@ def _bounded(weight: torch.Tensor, s: torch.Tensor, small: bool, zero_scale: boo
 
 
 def _rounded(value: float, dtype: torch.dtype) -> float:
-    """``value`` (an exact product of two values of ``dtype``, in float64) rounded once to ``dtype``."""
+    """``value``, the float64 product of two values of ``dtype``, rounded to ``dtype``: the exact product rounded once
+    (exact in float64 for the narrower dtypes; for float64 itself the multiply rounded it once)."""
     return float(torch.tensor(value, dtype=torch.float64).to(dtype))
 
 
