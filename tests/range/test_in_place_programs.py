@@ -5,6 +5,8 @@ time, each after the one before, as the program runs them (a group would share w
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import bnfold
@@ -59,3 +61,32 @@ def test_a_run_in_groups_of_a_program_that_writes_a_constant_is_the_run_one_batc
         assert all(torch.equal(a[0], b[0]) for a, b in zip(one, run_plain(program, batches, dtype, None, 1)))
     for k, v in kept.items():
         assert torch.equal(program.constants[k], v), k
+
+
+def test_the_runs_give_what_the_module_gives_on_the_batches_in_order():
+    """The write through the view carries from each batch to the next, as in the module run eagerly: in float32 and
+    in float64, where the 1 MiB buffer would otherwise be converted afresh at each step that reads it."""
+    for dtype in (torch.float32, torch.float64):
+        torch.manual_seed(0)
+        module = WritesAView().eval()
+        ep = torch.export.export(copy.deepcopy(module), (torch.randn(512, 512),))
+        batches = _batches(512, 3)
+        eager = copy.deepcopy(module).to(dtype)
+        with torch.no_grad():
+            want = [eager(x.to(dtype)) for (x,) in batches]
+        got = run_plain(fx_program(ep), batches, dtype, None, 3)
+        for (g,), w in zip(got, want):
+            assert torch.allclose(g, w, rtol=1e-5 if dtype == torch.float32 else 1e-12, atol=0), dtype
+
+
+def test_an_in_place_op_on_a_computed_value_copies_no_constant():
+    """``nn.ReLU(inplace=True)`` after a conv exports as ``aten.relu_`` on the conv's output: it writes no constant,
+    so the program holds the caller's tensors (no copy of the weights) and a run may group its batches."""
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.ReLU(inplace=True)).eval()
+    ep = torch.export.export(model, (torch.randn(1, 3, 8, 8),))
+    assert any(node.target == torch.ops.aten.relu_.default for node in ep.graph.nodes)
+    program = fx_program(ep)
+    assert not program.writes
+    stored = {v.data_ptr() for v in ep.state_dict.values()}
+    assert all(v.data_ptr() in stored for v in program.constants.values() if v.numel())
+    assert fx_program(_program(64)).writes == {"b_b"}

@@ -228,10 +228,10 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
             if node.name in user and isinstance(val, torch.Tensor):
                 shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
     # floats as stored (the runner casts them once); a parameter detached, so that no op records its gradient; a
-    # program with an in-place op holds copies (it may write a constant through a view, ``B.t().mul_(x)``, which no
-    # graph signature lists as a mutation): the caller's program keeps its tensors
-    mutates = any(step.mutates for step in steps)
-    consts = {k: v.detach().clone() if mutates else v.detach() if v.requires_grad else v for k, v in lifted.items()}
+    # constant an op may write in place (through a view of it too, ``B.t().mul_(x)``, which no graph signature lists
+    # as a mutation) held as the program's own copy: the caller's program keeps its tensors
+    writes = _writes_constants(nodes, lifted)
+    consts = {k: v.detach().clone() if k in writes else v.detach() if v.requires_grad else v for k, v in lifted.items()}
 
     def feed(xs: tuple) -> list:
         flat = tree_flatten(xs)[0]
@@ -250,7 +250,43 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
                 )
         return flat
 
-    return Program(steps, consts, user, [o.name for o in outs], feed)
+    return Program(steps, consts, user, [o.name for o in outs], feed, writes=writes)
+
+
+def _writes_constants(nodes: Any, constants: Any) -> frozenset[str]:
+    """The constants (``constants``: their placeholders' names) that an op of the program may write in place: an
+    argument its schema marks written (``Tensor(a!)``) that is a constant or may alias one.  An op's output may
+    alias the arguments its schema gives an alias set (a view: ``t(Tensor(a) self) -> Tensor(a)``); an op with no
+    schema (``getitem``) may alias all its inputs.  An in-place op on a value the graph computed (``relu_`` after a
+    conv) writes no constant."""
+    may: dict[str, frozenset] = {c: frozenset([c]) for c in constants}
+    written: set[str] = set()
+
+    def roots(value: Any) -> frozenset:
+        found: list = []
+        map_arg(value, lambda n: found.append(may.get(n.name, frozenset())))
+        return frozenset().union(*found)
+
+    for node in nodes:
+        if node.op != "call_function" or not any(i.name in may for i in node.all_input_nodes):
+            continue
+        schema = getattr(node.target, "_schema", None)
+        if schema is None:
+            may[node.name] = roots((node.args, node.kwargs))
+            continue
+        aliased: set[str] = set()
+        for i, arg in enumerate(schema.arguments):
+            info = arg.alias_info
+            if info is None:
+                continue
+            value = node.args[i] if i < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name)
+            found = roots(value)
+            aliased |= found
+            if info.is_write:
+                written |= found
+        if aliased and any(r.alias_info is not None for r in schema.returns):
+            may[node.name] = frozenset(aliased)
+    return frozenset(written)
 
 
 def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.ExportedProgram:

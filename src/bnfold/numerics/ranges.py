@@ -47,20 +47,19 @@ def run_plain(
 
     ``seen(constant, value)``: called with each lazy constant and its value as stored, each time it is read."""
     held, lazy = split(program.constants)
-    # held as the run's own copy: a constant a step writes in place, and one a step's output replaces (a computed
-    # weight the program keeps the steps of, or a file's name for two values): deferred, the constant would shadow it
-    written = {v for step in program.steps for v in (*(step.ins if step.mutates else ()), *step.outs) if v}
+    # held whole: a constant a step writes in place, and one a step's output replaces (a computed weight the program
+    # keeps the steps of, or a file's name for two values): deferred, the constant would shadow it.  One a step may
+    # write (through a view of it too: the program's ``writes``) is the run's own copy, and the batches then run one
+    # at a time, each after the one before, as the program runs them (a group would share what one batch writes)
+    writes = program.writes
+    written = writes | {v for step in program.steps for v in (*(step.ins if step.mutates else ()), *step.outs) if v}
     at_use = {
         k
         for k, v in held.items()
         if is_float(v) and v.dtype != dtype and _nbytes(v) >= fold_math.LARGE_BYTES and k not in written
     }
-    # a program that writes a value in place may write a constant through a view of it (``B.t().mul_(x)``, with no
-    # name of the constant's among the step's inputs): the run's constants are its own copies, and its batches run
-    # one at a time, each after the one before, as the program runs them (a group would share what a batch writes)
-    mutates = any(step.mutates for step in program.steps)
     consts = {
-        k: v.to(dtype, copy=mutates) if is_float(v) else (v.clone() if mutates and isinstance(v, torch.Tensor) else v)
+        k: v.to(dtype, copy=k in writes) if is_float(v) else (v.clone() if k in writes else v)
         for k, v in held.items()
         if k not in at_use
     }
@@ -93,7 +92,7 @@ def run_plain(
     outputs: list = []
     batches = list(batches)
     # nothing read at use: a group would save nothing and hold more
-    size = max(1, int(group)) if deferred and not mutates else 1
+    size = max(1, int(group)) if deferred and not writes else 1
     for lo in range(0, len(batches), size):
         envs, tops = [], []  # each batch of the group: its values, its peaks (merged in order at the group's end)
         for batch in batches[lo : lo + size]:

@@ -121,6 +121,9 @@ class Program:
     outputs: list[str]
     feed: Callable[[tuple], list]
     stored: dict[str, Any] = field(default_factory=dict)
+    #: the constants a step may write in place, through a view of them too (the format's alias analysis: a torch
+    #: program's ``B.t().mul_(x)``); the program holds its own copies of them
+    writes: frozenset = frozenset()
 
 
 class AuditFormat(Protocol):
