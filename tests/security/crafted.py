@@ -32,7 +32,8 @@ RUNNER = Path(__file__).with_name("runner.py")
 MEMORY_LIMIT = 2560 << 20  # resident memory of the bnfold process (its RSS: a CUDA build of torch maps more
 # address space than this before it runs anything, so an address-space cap would stop torch's import there)
 #: what bounds the work: seconds of CPU time (RLIMIT_CPU, all threads of the process; SIGXCPU kills it past them).
-#: A loaded machine stretches the wall clock, not the CPU time, so no test limit is a wall-clock one but the two below.
+#: A loaded machine stretches the wall clock, not the CPU time (of a child on one thread: ``run_bnfold``'s), so no
+#: test limit is a wall-clock one but the two below.
 CPU_LIMIT = 90
 #: a child whose CPU time has not moved for this long waits on something that will not come: killed as hung
 STALL_S = 120.0
@@ -148,7 +149,9 @@ def run_bnfold(
     """
     job = {"argvs": [[str(a) for a in argv] for argv in argvs], "control": control or []}
     payload = json.dumps({**job, "recursion_limit": recursion_limit})
-    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1")
+    # one intra-op thread: RLIMIT_CPU counts every thread's time, and threads that wait for a core on a loaded
+    # machine spin and count (the same 20k small matmuls: 0.25 s of CPU on one thread, 1.39 s on two, at load 2.3)
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS="1")
     proc = run_resident_bounded(
         [sys.executable, str(RUNNER), payload], MEMORY_LIMIT, cwd=cwd, preexec_fn=_limits(fsize), env=env
     )
