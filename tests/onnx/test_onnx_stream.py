@@ -1172,3 +1172,38 @@ def test_a_data_files_path_is_resolved_once_a_pass_not_once_a_tensor(tmp_path, m
             load_onnx(path, stream=stream)
             counts[n, stream] = len(calls)
     assert counts[2, False] == counts[8, False] and counts[2, True] == counts[8, True]
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_data_file_swapped_for_a_link_out_of_the_folder_after_its_location_was_checked_is_refused(
+    tmp_path, monkeypatch, stream
+):
+    """The location is checked once a pass; whoever opens the file then checks it is the file checked (its device
+    and inode): ``data.bin`` replaced by a link to a file outside the model's folder right after it was located is
+    refused, plain (between two tensors' reads) and streamed (before the file is opened), never read."""
+    from bnfold.io import onnx_external
+    from bnfold.onnx import load_onnx
+
+    folder = tmp_path / "model"
+    folder.mkdir()
+    path = _external(_stack(3, width=256), folder, "one")
+    data = next(f for f in os.listdir(folder) if not f.endswith(".onnx"))
+    outside = tmp_path / "secret.bin"
+    outside.write_bytes(b"\x42" * os.path.getsize(folder / data))
+    real_locate, calls, swap_at = onnx_external._data_file, [], []
+
+    def located_then_swapped(*args):
+        found = real_locate(*args)
+        calls.append(args)
+        if len(calls) == (swap_at or [0])[0]:  # the pass that reads: its one location check done, the swap
+            os.rename(folder / data, folder / "old.bin")
+            os.symlink(outside, folder / data)
+        return found
+
+    monkeypatch.setattr(onnx_external, "_data_file", located_then_swapped)
+    load_onnx(path, stream=stream)  # each pass checks the location once: the last is the reading pass's
+    swap_at.append(len(calls))
+    calls.clear()
+    with pytest.raises(ModelFileError, match="changed while it was read .not the file its location was checked to be"):
+        load_onnx(path, stream=stream)
+    assert os.path.islink(folder / data)

@@ -136,10 +136,10 @@ def read_external(model: onnx.ModelProto, path: str, budget: int | None = None) 
     _check_overlaps(ranges, path)
     if budget is not None and total > budget:
         raise ModelFileError(f"{path}: the external data adds up to {total} bytes, over {budget}; {MAX_BYTES_HINT}")
-    read: dict[str, tuple[str, int]] = {}  # checked again as they are read
+    read: dict[str, tuple[str, int, tuple[int, int]]] = {}  # checked again as they are read
     for t in all_tensors(model):
         if is_external(t):
-            t.raw_data = _read_range(*_locate(t, base, path, read), path)
+            t.raw_data = _read_range(*_locate(t, base, path, read), path, file_ids(read))
             t.data_location = TensorProto.DEFAULT
             del t.external_data[:]
             names.add(t.name)
@@ -155,7 +155,7 @@ def external_file_bytes(model: onnx.ModelProto, path: str) -> int:
     """
     base = os.path.dirname(os.path.abspath(path))
     seen: dict[str, int] = {}
-    files: dict[str, tuple[str, int]] = {}
+    files: dict[str, tuple[str, int, tuple[int, int]]] = {}
     for t in all_tensors(model):
         if is_external(t):
             try:
@@ -182,9 +182,10 @@ def _check_overlaps(ranges: dict[str, list[tuple[int, int, str]]], path: str) ->
             end, owner = offset + length, name
 
 
-def _read_range(real: str, offset: int, length: int, path: str) -> bytes:
-    """``length`` bytes at ``offset`` of the regular file ``real`` (checked on the open descriptor)."""
-    fd = open_regular(real, path)
+def _read_range(real: str, offset: int, length: int, path: str, ids: dict[str, tuple[int, int]]) -> bytes:
+    """``length`` bytes at ``offset`` of the regular file ``real``, checked on the open descriptor to be the file
+    located (``ids``: :func:`file_ids`)."""
+    fd = open_regular(real, path, ids[real])
     try:
         return read_exactly(fd, real, offset, length, path)
     finally:
@@ -212,25 +213,38 @@ def changed(path: str, real: str, why: str = "") -> ModelFileError:
     return ModelFileError(f"{path}: external data {os.path.basename(real)!r} changed while it was read{why}")
 
 
-def open_regular(real: str, path: str) -> int:
+def open_regular(real: str, path: str, located: tuple[int, int] | None = None) -> int:
     """A read-only descriptor of ``real``, checked to be a regular file on the descriptor (never waits on a
-    FIFO); a one-line ModelFileError naming the model ``path`` otherwise."""
+    FIFO) and, given ``located`` (the ``(st_dev, st_ino)`` :func:`_locate` found at ``real``), to be that file: a
+    path replaced since (by a link out of the model's folder, say) is refused; a one-line ModelFileError naming the
+    model ``path`` otherwise."""
     try:
         fd = os.open(real, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
     except OSError as e:
         raise ModelFileError(f"{path}: cannot read external data {real} ({e.strerror or e})") from None
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} is not a regular file; refused")
+    if located is not None and (st.st_dev, st.st_ino) != located:
+        os.close(fd)
+        raise changed(path, real, " (not the file its location was checked to be)")
     return fd
 
 
+def file_ids(files: dict[str, tuple[str, int, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
+    """The ``(st_dev, st_ino)`` of each data file :func:`_locate` checked (``files``: its memo), by real path."""
+    return {real: ident for real, _, ident in files.values()}
+
+
 def _locate(
-    t: TensorProto, base: str, path: str, files: dict[str, tuple[str, int]] | None = None
+    t: TensorProto, base: str, path: str, files: dict[str, tuple[str, int, tuple[int, int]]] | None = None
 ) -> tuple[str, int, int]:
     """``(real path, offset, length)`` of a tensor's external data, checked against the data file.  ``files``: the
-    data files already checked in this pass, by location (``(real path, size)``): a model's many tensors in one
-    file resolve it once (each resolution walks the path's links: 0.1 s for a 1 GB model's 193 tensors, twice)."""
+    data files already checked in this pass, by location (``(real path, size, (st_dev, st_ino))``): a model's many
+    tensors in one file resolve it once (each resolution walks the path's links: 0.1 s for a 1 GB model's 193
+    tensors, twice); whoever opens the file then checks it is the one checked (:func:`open_regular`'s
+    ``located``)."""
     info = {e.key: e.value for e in t.external_data}
     loc = info.get("location", "")
     where = f"{path}: external data of tensor {t.name!r}"
@@ -239,7 +253,7 @@ def _locate(
         found = _data_file(loc, base, where)
         if files is not None:
             files[loc] = found
-    real, size = found
+    real, size, _ = found
     try:
         offset = int(info.get("offset", 0))
         length = int(info["length"]) if "length" in info else None
@@ -259,8 +273,9 @@ def _locate(
     return real, offset, length
 
 
-def _data_file(loc: str, base: str, where: str) -> tuple[str, int]:
-    """``(real path, size)`` of the data file at ``loc``: a regular file in the model's folder ``base``."""
+def _data_file(loc: str, base: str, where: str) -> tuple[str, int, tuple[int, int]]:
+    """``(real path, size, (st_dev, st_ino))`` of the data file at ``loc``: a regular file in the model's folder
+    ``base``."""
     if not loc:
         raise ModelFileError(f"{where} has no location")
     if "\0" in loc:  # no file has one (and the streamed load's own tokens start with one)
@@ -275,9 +290,13 @@ def _data_file(loc: str, base: str, where: str) -> tuple[str, int]:
         raise ModelFileError(f"{where} at {loc!r} resolves outside the model's folder (a symlink?); refused")
     if not os.path.lexists(real):
         raise ModelFileError(f"{where}: the data file {loc!r} is missing next to the model")
-    if not os.path.isfile(real):
+    try:
+        st = os.stat(real)
+    except OSError:
+        st = None
+    if st is None or not stat.S_ISREG(st.st_mode):
         raise ModelFileError(f"{where}: the data file {loc!r} is not a regular file; refused")
-    return real, os.path.getsize(real)
+    return real, st.st_size, (st.st_dev, st.st_ino)
 
 
 def _expected_bytes(t: TensorProto, where: str) -> int | None:

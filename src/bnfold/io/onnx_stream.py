@@ -44,6 +44,7 @@ from .onnx_external import (
     _set_entries,
     all_tensors,
     changed,
+    file_ids,
     initializers,
     is_external,
     open_regular,
@@ -497,8 +498,9 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
     a new :class:`ExternalSource`; None when nothing is external. Each data file is opened once here: its
     small tensors are read from it, and its :func:`file_identity` is what later reads and copies check."""
     base = os.path.dirname(os.path.abspath(path))
-    files: dict[str, tuple[str, int]] = {}
+    files: dict[str, tuple[str, int, tuple[int, int]]] = {}
     found = [(t, _locate(t, base, path, files)) for t in all_tensors(model) if is_external(t)]
+    located = file_ids(files)
     if not found:
         return None
     ranges: dict[str, list[tuple[int, int, str]]] = {}
@@ -513,7 +515,7 @@ def place_external(model: onnx.ModelProto, path: str, budget: int | None) -> Str
         by_file.setdefault(real, []).append((t, offset, length))
     source = ExternalSource(path)
     for real, tensors in by_file.items():
-        fd = open_regular(real, path)
+        fd = open_regular(real, path, located[real])
         try:
             identity = file_identity(fd)
             if any(offset + length > identity[2] for _, offset, length in tensors):
