@@ -270,6 +270,8 @@ class Product:
     """``weight * s`` in the weight's dtype (``s``: the per-slice scales already rounded to it, broadcasting
     against it), checked by :func:`scale_weight` and not materialized: :meth:`stages` makes it a few blocks at
     a time, each element rounded as in the whole product (an elementwise product of two values of one dtype).
+    ``s`` in float64 beside a weight of a narrower dtype: the float64 route (:attr:`wide`), each element the float64
+    product rounded once to the weight's dtype, as :func:`cast_checked` of the whole float64 product rounds it.
     ``spilled``: the token of a :class:`Spill` that holds the product's bytes in the weight's memory order."""
 
     weight: torch.Tensor
@@ -293,6 +295,11 @@ class Product:
         """The product of a 2-D weight, transposed (a MatMul weight back to its stored ``[in, out]``)."""
         return Product(self.weight.T, self.s.expand(self.weight.shape).T, self.spilled)
 
+    @property
+    def wide(self) -> bool:
+        """Whether each element is the float64 product rounded once (``s`` float64, the weight narrower)."""
+        return self.s.dtype != self.weight.dtype
+
     def stages(self, in_place: bool = False) -> Iterator[torch.Tensor]:
         """The product in row-major order of :attr:`shape`, as 1-D pieces of about :data:`STAGE_BYTES`: views
         of one buffer, each valid until the next is asked for.  ``in_place``: made over the weight's own memory
@@ -300,19 +307,39 @@ class Product:
         pieces views of it, each made as it is asked for."""
         w, s = self.weight, self.s.expand(self.weight.shape)
         if w.dim() < 2:
-            yield (torch.mul(w, s, out=w) if in_place else w * s).reshape(-1)
+            yield (_mul_into(w, s, w) if in_place else self.materialize()).reshape(-1)
             return
         per_stage = max(1, STAGE_BYTES // max(1, w[0].numel() * w.element_size()))
         stage = w if in_place else torch.empty((min(per_stage, w.shape[0]), *w.shape[1:]), dtype=w.dtype)
+        wide = torch.empty(BLOCK_ELEMENTS, dtype=torch.float64) if self.wide else None  # a block's float64 product
         for i in range(0, w.shape[0], per_stage):
             rows = min(per_stage, w.shape[0] - i)
             ws, ss, out = w[i : i + rows], s[i : i + rows], stage[i : i + rows] if in_place else stage[:rows]
             for idx in index_blocks(tuple(ws.shape)):
-                torch.mul(ws[idx], ss[idx], out=out[idx])
+                _mul_into(ws[idx], ss[idx], out[idx], wide)
             yield out.reshape(-1)
 
     def materialize(self) -> torch.Tensor:
-        return self.weight * self.s
+        if not self.wide:
+            return self.weight * self.s
+        out = torch.empty_like(self.weight)  # the weight's layout, made a block at a time
+        wide = torch.empty(BLOCK_ELEMENTS, dtype=torch.float64)
+        for wb, sb, ob in _blocks(self.weight, self.s, out):
+            _mul_into(wb, sb, ob, wide)
+        return out
+
+
+def _mul_into(w: torch.Tensor, s: torch.Tensor, out: torch.Tensor, wide: torch.Tensor | None = None) -> torch.Tensor:
+    """``out`` = ``w * s`` in ``out``'s dtype: ``s`` of ``w``'s dtype, the product rounded once as it is made; ``s``
+    float64 (a :attr:`Product.wide` product), the float64 product made first (in ``wide``, a 1-D float64 buffer of at
+    least ``w``'s elements, else a new one) and rounded once, as :func:`_check_cast_blocks` rounds it."""
+    if s.dtype == w.dtype:
+        return torch.mul(w, s, out=out)
+    if wide is None or wide.numel() < w.numel():
+        wide = torch.empty(w.numel(), dtype=torch.float64)
+    value = wide[: w.numel()].view(w.shape)
+    torch.mul(w, s, out=value)  # in float64: the weight's values are exact there
+    return out.copy_(value)
 
 
 def _memory_order(t: torch.Tensor) -> tuple[int, ...] | None:
@@ -448,7 +475,8 @@ def scale_weight(
     Raises FoldError on overflow or underflow to zero.  The checks run block by block over the product in
     memory order (a transposed weight, as MatMul stores it, is read row by row), each block as it is made.
     ``deferred``: that product comes back as a :class:`Product` (checked, made again block by block where it
-    is written), so the weight and a block are held, not the weight twice; other cases return a tensor.
+    is written), so the weight and a block are held, not the weight twice; so does the float64 route's where the
+    checks in ``dtype`` fail and it folds (:attr:`Product.wide`); other cases return a tensor.
     ``deferred`` may be a function of the product's bytes giving a :class:`Spill` (or None): the checks' blocks go
     there as they are made (a dense weight's, in its memory order), and the product names them
     (:attr:`Product.spilled`).
@@ -464,28 +492,39 @@ def scale_weight(
     w = weight.detach()
     out = None if deferred else torch.empty_like(w)  # the weight's layout
     facts = _scale_facts(s, slices)
-    dense = callable(deferred) and facts is not None and _memory_order(w) is not None
-    spill = deferred(w.numel() * w.element_size()) if dense else None
+    spill = _spill(deferred, w) if facts is not None else None
     if deferred and spill is None and facts is not None and _bounded(w, s, *facts):
         return Product(w, s)  # what the checks would pass, told from the extremes: the product is made where written
+    ok, spilled = _spilling(spill, lambda into: facts is not None and _checked_blocks(w, s, out, *facts, into))
+    if ok:
+        return Product(w, s, spilled) if deferred else out
+    # the float64 route (e.g. a zero scale beside small ones): the float64 product rounded once, a block at a time
+    # (never whole); raises what cast_checked raises, else it folds: into ``out``, or deferred as a Product made
+    # again block by block by the same route where it is written (wide: its scales the float64 ones), its checked
+    # blocks spilled as the in-dtype route's are
+    if not deferred:
+        _check_cast_blocks(w, slices, dtype, what, out)
+        return out
+    spill = _spill(deferred, w)
+    _, spilled = _spilling(spill, lambda into: _check_cast_blocks(w, slices, dtype, what, spill=into) or True)
+    return Product(w, slices.to(torch.float64), spilled)
+
+
+def _spill(deferred: bool | Callable[[int], Spill | None], w: torch.Tensor) -> Spill | None:
+    """Where ``deferred`` (:func:`scale_weight`) puts the checked blocks of ``w``'s product: a dense weight's only."""
+    return deferred(w.numel() * w.element_size()) if callable(deferred) and _memory_order(w) is not None else None
+
+
+def _spilling(spill: Spill | None, check: Callable[[Spill | None], bool]) -> tuple[bool, Spilled | None]:
+    """``check(spill)`` (whether the product passed, its blocks handed to ``spill``) and what ``spill`` kept of them:
+    ended with the verdict, or dropped where the check raised."""
     try:
-        ok = facts is not None and _checked_blocks(w, s, out, *facts, spill)
+        ok = check(spill)
     except BaseException:
         if spill is not None:
             spill.done(False)
         raise
-    if spill is not None:
-        spilled = spill.done(ok)
-    if not ok:
-        # the float64 product rounded once, a block at a time (never whole): raises what cast_checked raises, else
-        # it folds (e.g. a zero scale), in a tensor of the weight's dtype, deferred or not (deferred: made only
-        # once the checks passed, so a refused weight costs no copy of it)
-        if out is None:
-            _check_cast_blocks(w, slices, dtype, what)
-            out = torch.empty_like(w)
-        _check_cast_blocks(w, slices, dtype, what, out)
-        return out
-    return Product(w, s, spilled if spill is not None else None) if deferred else out
+    return ok, (spill.done(ok) if spill is not None else None)
 
 
 def fold_output_affine(
@@ -793,12 +832,18 @@ def _underflow(what: str, dtype: torch.dtype, lost: int) -> FoldError:
 
 
 def _check_cast_blocks(
-    weight: torch.Tensor, slices: torch.Tensor, dtype: torch.dtype, what: str, into: torch.Tensor | None = None
+    weight: torch.Tensor,
+    slices: torch.Tensor,
+    dtype: torch.dtype,
+    what: str,
+    into: torch.Tensor | None = None,
+    spill: Spill | None = None,
 ) -> None:
     """Raise what ``cast_checked(weight.to(float64) * slices, dtype, what)`` raises, if anything, making the
     float64 product a block at a time in buffers made once (a refused weight costs a few blocks, not the
     weight four times over).  ``into`` (the weight's shape, ``dtype``): where the rounded product goes, that cast's
-    values (bit for bit: each element is the float64 product rounded once)."""
+    values (bit for bit: each element is the float64 product rounded once).  ``spill`` (a dense weight's, no
+    ``into``): gets each rounded block as it is made, in the weight's memory order."""
     finite, biggest, lost = True, -math.inf, 0
     bufs: tuple[torch.Tensor, ...] = ()
     for wb, sb, ob in _blocks(weight, slices, into):
@@ -814,6 +859,9 @@ def _check_cast_blocks(
         top = float(torch.abs(value, out=mag).max())
         biggest = math.nan if math.isnan(top) or math.isnan(biggest) else max(biggest, top)
         lost += int(((out == 0) & (value != 0)).sum())
+        if spill is not None and finite and not lost:  # until it is refused (then dropped); a weight in one
+            # block is as it is (its memory order may be another)
+            spill.write(out.view(-1) if wb is not weight else out.permute(_memory_order(weight)).reshape(-1))
     if not finite:
         raise _overflow(what, dtype, biggest)
     if lost:

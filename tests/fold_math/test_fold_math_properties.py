@@ -175,15 +175,25 @@ def test_a_transposed_weight_scales_to_the_same_bits_and_errors(dtype, case, siz
 @pytest.mark.parametrize("deferred", [False, True])
 def test_a_zero_scale_beside_small_ones_folds_to_the_float64_products_bits(deferred):
     """A pruned channel (scale 0) beside scales <= 1/2: the checked product in the weight's dtype cannot tell a lost
-    weight from a zeroed one, so the fold takes the float64 product, rounded once.  It is now made a block at a time
-    (the streamed fold held it whole in float64); the bits are cast_checked's of the whole product."""
-    from bnfold.fold_math import cast_checked, scale_weight
+    weight from a zeroed one, so the fold takes the float64 product, rounded once.  It is made a block at a time
+    (the streamed fold held it whole in float64); the bits are cast_checked's of the whole product.  Deferred, it
+    is a Product made again by that route where it is written (before, made whole beside the weight): its stages,
+    made over a copy of the weight in place or in a stage of their own, and the whole are those bits."""
+    from bnfold.fold_math import Product, cast_checked, scale_weight
 
     gen = torch.Generator().manual_seed(0)
     w = torch.randn(300, 256, generator=gen)  # several blocks
     s = torch.rand(300, 1, generator=gen, dtype=torch.float64) + 0.1
     s[3] = 0.0
+    whole = cast_checked(w.to(torch.float64) * s, torch.float32, "linear weight")
     got = scale_weight(w, s, torch.float32, "linear weight", deferred=deferred)
+    if deferred:
+        assert isinstance(got, Product) and got.wide
+        assert torch.equal(torch.cat([p.clone() for p in got.stages()]), whole.reshape(-1))  # views of one stage
+        own = Product(w.clone(), got.s)
+        assert torch.equal(torch.cat([p.clone() for p in own.stages(in_place=True)]), whole.reshape(-1))
+        assert torch.equal(own.weight, whole)  # made over the weight's own memory
+        got = got.materialize()
     assert isinstance(got, torch.Tensor) and got.dtype == torch.float32
-    assert torch.equal(got, cast_checked(w.to(torch.float64) * s, torch.float32, "linear weight"))
+    assert torch.equal(got, whole)
     assert not got[3].any()

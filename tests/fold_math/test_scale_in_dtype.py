@@ -146,12 +146,20 @@ def _check_product(dtype, rows, cols, specials, transposed, seed):
         return
     assert isinstance(eager, torch.Tensor) and _layout(eager) == _layout(w)
     assert torch.equal(_bits(eager), _bits(expected))  # signed zeros and subnormals bit for bit
-    for got in (deferred, spilled):
-        made = got.materialize() if isinstance(got, fold_math.Product) else got
-        assert torch.equal(_bits(made), _bits(expected))
-    if isinstance(spilled, fold_math.Product) and spilled.spilled is not None:
-        stored = expected.T if transposed else expected  # the weight's memory order: as stored
-        assert spills[0].ended is True
+    stored = expected.T if transposed else expected  # the weight's memory order: as stored
+    for got in (deferred, spilled):  # deferred by either route (the float64 one too: made whole before)
+        assert isinstance(got, fold_math.Product) and got.wide == (not in_dtype and dtype != torch.float64)
+        assert torch.equal(_bits(got.materialize()), _bits(expected))
+        if not got.wide:
+            continue  # the in-dtype route's stages: one mul a block, as materialize (the spilled one's below)
+        made = torch.cat([p.clone() for p in got.stages()])  # each piece a view of one stage
+        assert torch.equal(_bits(made), _bits(expected).reshape(-1))
+        kept = got.T if transposed else got  # as the streamed save makes it: over the stored weight read again
+        own = fold_math.Product(kept.weight.clone(), kept.s)
+        list(own.stages(in_place=True))  # made over its own memory
+        assert torch.equal(_bits(own.weight), _bits(stored))
+    if spilled.spilled is not None:
+        assert spills[-1].ended is True and all(sp.ended is False for sp in spills[:-1])  # the route's own
         assert torch.equal(_bits(spilled.spilled), _bits(stored).reshape(-1))
         assert torch.equal(
             _bits(torch.cat([b.clone() for b in (spilled.T if transposed else spilled).stages()])),

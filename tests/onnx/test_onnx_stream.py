@@ -231,6 +231,73 @@ def test_a_float64_weight_folds_streamed_within_the_tensor(tmp_path):
     assert _files(tmp_path / "stream") == _files(tmp_path / "plain")
 
 
+def _pruned(n: int, dtype, seed: int = 0) -> onnx.ModelProto:
+    """x @ w * s with w ``[n, n]`` of ``dtype`` and a pruned channel: s[5] is 0 beside scales <= 1/2, so the
+    product's checks in the weight's dtype cannot tell a zeroed weight from a lost one and the fold takes the
+    float64 route (the float64 product rounded once)."""
+    rng = np.random.default_rng(seed)
+    w, s = rng.standard_normal((n, n)) / 32, rng.uniform(0.25, 2.0, n)
+    s[5] = 0.0
+    return _matmul_mul(w.astype(dtype), s.astype(dtype))
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/status"), reason="reads VmHWM from /proc")
+def test_a_weight_with_a_zero_scale_folds_streamed_within_the_tensor(tmp_path):
+    """A 16 MiB float32 MatMul weight times scales with a zero channel (a pruned BatchNorm's gamma 0), folded with
+    --low-memory: the float64 route's product is checked a block at a time and made again by that route at the
+    save (before, made whole beside the weight: 2.0x the tensor over the small model's peak), so the peak over
+    the small model's is under the tensor and 3 MiB; the files are the plain fold's."""
+    small, big = tmp_path / "small", tmp_path / "big"
+    small.mkdir(), big.mkdir()
+    tiny = _external(_stack(n=2, width=128), small, "one")
+    path = _external(_pruned(2048, np.float32), big, "one")
+    nbytes = 2048 * 2048 * 4
+    base = _peak(["fold", tiny, "-o", str(tmp_path / "t.onnx"), "-q", "--low-memory"])
+    (tmp_path / "plain").mkdir(), (tmp_path / "stream").mkdir()
+    stream = _peak(["fold", path, "-o", str(tmp_path / "stream" / "out.onnx"), "-q", "--low-memory"]) - base
+    assert stream < nbytes + 3 * 2**20, stream / nbytes
+    assert main(["fold", path, "-o", str(tmp_path / "plain" / "out.onnx"), "-q"]) == 0
+    assert _files(tmp_path / "stream") == _files(tmp_path / "plain")
+
+
+@pytest.mark.parametrize("again", [True, False], ids=["made again", "spilled"])
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_a_zero_scale_streams_by_the_float64_route_never_whole(tmp_path, dtype, again, monkeypatch):
+    """The float64 route's product (a zero channel beside small scales) is deferred too: made again from the
+    weight read again where it is saved, or (a weight the source cannot read again) spilled as its checks made it;
+    never made whole (before: a tensor made whole beside the weight); the files are the plain fold's, the pruned
+    channel's column zero."""
+    from bnfold import fold_math
+    from bnfold.io import onnx_stream
+    from bnfold.onnx import tensors
+
+    src = tmp_path / "in"
+    src.mkdir()
+    path = _external(_pruned(512, dtype), src, "one")
+    if not again:
+        _no_reading_again(monkeypatch)
+    used, ended = [], []
+    real_refer, real_again = onnx_stream.ExternalSource.refer, onnx_stream.ExternalSource.again
+    real_done = tensors._TorchSpill.done
+    monkeypatch.setattr(tensors._TorchSpill, "done", lambda self, ok: ended.append(ok) or real_done(self, ok))
+    monkeypatch.setattr(fold_math.Product, "materialize", lambda self: pytest.fail("a streamed product made whole"))
+    monkeypatch.setattr(
+        onnx_stream.ExternalSource, "refer", lambda self, t, *a: used.append("refer") or real_refer(self, t, *a)
+    )
+    monkeypatch.setattr(
+        onnx_stream.ExternalSource, "again", lambda self, t, *a: used.append("again") or real_again(self, t, *a)
+    )
+    outs = _plain_and_streamed(tmp_path, path)
+    assert outs["stream"] == outs["plain"]
+    assert used == ["again" if again else "refer"]
+    # spilled: the in-dtype checks' blocks dropped, the float64 route's kept and referred to (before: [False])
+    assert ended == ([] if again else [False, True])
+    out = onnx.load(str(tmp_path / "stream" / "out.onnx"))
+    assert not any(n.op_type == "Mul" for n in out.graph.node)  # folded
+    w = numpy_helper.to_array(next(t for t in out.graph.initializer if t.name == "w"))
+    assert not w[:, 5].any() and w[:, 4].any()
+
+
 def _plain_and_streamed(tmp_path, path: str) -> dict[str, dict[str, str]]:
     outs = {}
     for name, extra in (("plain", []), ("stream", ["--low-memory"])):
