@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 
+import pytest
 import torch
 
 import bnfold
@@ -90,3 +91,39 @@ def test_an_in_place_op_on_a_computed_value_copies_no_constant():
     stored = {v.data_ptr() for v in ep.state_dict.values()}
     assert all(v.data_ptr() in stored for v in program.constants.values() if v.numel())
     assert fx_program(_program(64)).writes == {"b_b"}
+
+
+_WRITES = {  # a buffer written through memory its schema does not say it shares, or one it makes share
+    "unsafe_view": lambda b: torch.ops.aten._unsafe_view(b, [b.numel()]).mul_(3.0),
+    "unsafe_split": lambda b: b.unsafe_split(8)[0].mul_(2.0),
+    "set_": lambda b: torch.empty(0).set_(b).mul_(2.0),
+    "split": lambda b: b.split(8)[1].add_(1.0),
+    "copy_into_a_view": lambda b: b.t().copy_(torch.ones_like(b)),
+}
+
+
+@pytest.mark.parametrize("name", list(_WRITES))
+def test_a_write_through_memory_no_schema_states_is_found(name):
+    """An op whose output shares its input's memory without its schema saying so (``_unsafe_view``,
+    ``unsafe_split``), one that makes its ``self`` share its source (``set_``), and the views a schema states: the
+    program copies the buffer, and the audit and the range rewrite leave the caller's program as it was."""
+
+    class Writes(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(16, 16)
+            self.register_buffer("B", torch.rand(16, 16) + 0.5)
+
+        def forward(self, x):
+            _WRITES[name](self.B)
+            return self.l(x) + self.B.sum()
+
+    torch.manual_seed(0)
+    ep = torch.export.export(Writes().eval(), (torch.randn(16, 16),))
+    assert fx_program(ep).writes == {"b_b"}
+    before = {k: v.clone() for k, v in ep.state_dict.items()}
+    batches = [(torch.randn(16, 16),) for _ in range(2)]
+    bnfold.audit(ep, batches, profile="fp16")
+    bnfold.fold(ep, fp16_range=batches)
+    for k, v in before.items():
+        assert torch.equal(ep.state_dict[k], v), k

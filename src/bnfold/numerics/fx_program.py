@@ -255,10 +255,14 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
 
 def _writes_constants(nodes: Any, constants: Any) -> frozenset[str]:
     """The constants (``constants``: their placeholders' names) that an op of the program may write in place: an
-    argument its schema marks written (``Tensor(a!)``) that is a constant or may alias one.  An op's output may
-    alias the arguments its schema gives an alias set (a view: ``t(Tensor(a) self) -> Tensor(a)``); an op with no
-    schema (``getitem``) may alias all its inputs.  An in-place op on a value the graph computed (``relu_`` after a
-    conv) writes no constant."""
+    argument its schema marks written (``Tensor(a!)``) that is a constant or may alias one.  What may alias one: an
+    op's output that its schema gives an alias set (a view, ``t(Tensor(a) self) -> Tensor(a)``) aliases the
+    arguments of that set; an output with none is new memory only where the op is of the core ATen opset
+    (``torch.Tag.core``) or a layer or normalization of the op table (``aten.linear``, ``aten.batch_norm``), else
+    it may alias every tensor the op reads (views no schema states: ``_unsafe_view``, ``unsafe_split``; ``getitem``,
+    no schema); what an op writes may share every tensor it reads unless the op is pointwise (``set_`` makes
+    ``self`` share its source; ``mul_`` writes values).  An in-place op on a value the graph computed (``relu_``
+    after a conv) writes no constant."""
     may: dict[str, frozenset] = {c: frozenset([c]) for c in constants}
     written: set[str] = set()
 
@@ -270,23 +274,38 @@ def _writes_constants(nodes: Any, constants: Any) -> frozenset[str]:
     for node in nodes:
         if node.op != "call_function" or not any(i.name in may for i in node.all_input_nodes):
             continue
+        reads = roots((node.args, node.kwargs))
         schema = getattr(node.target, "_schema", None)
         if schema is None:
-            may[node.name] = roots((node.args, node.kwargs))
+            may[node.name] = reads
             continue
-        aliased: set[str] = set()
-        for i, arg in enumerate(schema.arguments):
-            info = arg.alias_info
-            if info is None:
+        args = [
+            (arg, node.args[i] if i < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name))
+            for i, arg in enumerate(schema.arguments)
+        ]
+        if any(r.alias_info is not None for r in schema.returns):
+            may[node.name] = frozenset().union(*(roots(v) for a, v in args if a.alias_info is not None))
+        elif not _new_memory(node):
+            may[node.name] = reads
+        shares = torch.Tag.pointwise not in getattr(node.target, "tags", ())
+        for arg, value in args:
+            if arg.alias_info is None or not arg.alias_info.is_write:
                 continue
-            value = node.args[i] if i < len(node.args) and not arg.kwarg_only else node.kwargs.get(arg.name)
-            found = roots(value)
-            aliased |= found
-            if info.is_write:
-                written |= found
-        if aliased and any(r.alias_info is not None for r in schema.returns):
-            may[node.name] = frozenset(aliased)
+            written |= roots(value)
+            if shares:  # what it writes (and returns: itself) may now share what it read
+                found: list = [node]
+                map_arg(value, found.append)
+                for n in found:
+                    may[n.name] = may.get(n.name, frozenset()) | reads
     return frozenset(written)
+
+
+def _new_memory(node: torch.fx.Node) -> bool:
+    """Whether the outputs of ``node`` (whose schema gives them no alias set) are known to be new memory."""
+    if torch.Tag.core in getattr(node.target, "tags", ()):
+        return True
+    row = op_of(node)
+    return row is not None and row.role in ("layer", "norm")
 
 
 def _export(module: torch.nn.Module, batches: list[tuple]) -> torch.export.ExportedProgram:
