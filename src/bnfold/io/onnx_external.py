@@ -127,7 +127,7 @@ def read_external(model: onnx.ModelProto, path: str, budget: int | None = None) 
     smallest = DEFAULT_THRESHOLD
     ranges: dict[str, list[tuple[int, int, str]]] = {}
     total = 0
-    files: dict[str, tuple[str, int]] = {}
+    files: dict[str, tuple[str, int, tuple[int, int]]] = {}
     for t in all_tensors(model):
         if is_external(t):
             real, offset, length = _locate(t, base, path, files)
@@ -291,7 +291,7 @@ def _data_file(loc: str, base: str, where: str) -> tuple[str, int, tuple[int, in
     if not os.path.lexists(real):
         raise ModelFileError(f"{where}: the data file {loc!r} is missing next to the model")
     try:
-        st = os.stat(real)
+        st = os.lstat(real)  # the path resolved: a link made there since is no regular file
     except OSError:
         st = None
     if st is None or not stat.S_ISREG(st.st_mode):
