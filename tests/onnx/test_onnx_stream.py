@@ -1274,3 +1274,38 @@ def test_a_data_file_swapped_for_a_link_out_of_the_folder_after_its_location_was
     with pytest.raises(ModelFileError, match="changed while it was read .not the file its location was checked to be"):
         load_onnx(path, stream=stream)
     assert os.path.islink(folder / data)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_folder_of_the_location_made_a_link_out_while_it_is_checked_is_refused(tmp_path, monkeypatch, stream):
+    """The location ``sub/m.data``: its folder ``sub`` replaced by a link to a folder outside the model's after the
+    location was resolved, before the file's identity is taken (``lstat`` follows the folders of a path): the file
+    opened is then the outside one under the identity recorded, and is refused by the path the kernel opened."""
+    from bnfold.io import onnx_external
+    from bnfold.onnx import load_onnx
+
+    folder = tmp_path / "model"
+    (folder / "sub").mkdir(parents=True)
+    model = _stack(2, width=64)
+    path = str(folder / "m.onnx")
+    onnx.save(model, path, save_as_external_data=True, location="sub/m.data", size_threshold=0)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "m.data").write_bytes(b"\x42" * os.path.getsize(folder / "sub" / "m.data"))
+    real_lstat, calls, swap_at = os.lstat, [], []
+
+    def lstat(p, *args, **kwargs):
+        if str(p).endswith(os.path.join("sub", "m.data")):
+            calls.append(p)
+            if len(calls) == (swap_at or [0])[0]:  # the reading pass's check: resolved, not yet taken
+                os.rename(folder / "sub", folder / "sub_old")
+                os.symlink(outside, folder / "sub")
+        return real_lstat(p, *args, **kwargs)
+
+    monkeypatch.setattr(onnx_external.os, "lstat", lstat)
+    load_onnx(path, stream=stream)
+    swap_at.append(len(calls))
+    calls.clear()
+    with pytest.raises(ModelFileError, match="changed while it was read .not the file its location was checked to be"):
+        load_onnx(path, stream=stream)
+    assert os.path.islink(folder / "sub")

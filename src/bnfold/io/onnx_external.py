@@ -226,10 +226,19 @@ def open_regular(real: str, path: str, located: tuple[int, int] | None = None) -
     if not stat.S_ISREG(st.st_mode):
         os.close(fd)
         raise ModelFileError(f"{path}: external data {os.path.basename(real)!r} is not a regular file; refused")
-    if located is not None and (st.st_dev, st.st_ino) != located:
-        os.close(fd)
+    if located is not None and ((st.st_dev, st.st_ino) != located or _opened_path(fd) not in (None, real)):
+        os.close(fd)  # another file, or this one reached through a folder made a link since the check
         raise changed(path, real, " (not the file its location was checked to be)")
     return fd
+
+
+def _opened_path(fd: int) -> str | None:
+    """The path the kernel opened ``fd`` by, every link resolved (Linux's ``/proc/self/fd``), or None where the
+    system does not say."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
 
 
 def file_ids(files: dict[str, tuple[str, int, tuple[int, int]]]) -> dict[str, tuple[int, int]]:
