@@ -127,3 +127,28 @@ def test_a_write_through_memory_no_schema_states_is_found(name):
     bnfold.fold(ep, fp16_range=batches)
     for k, v in before.items():
         assert torch.equal(ep.state_dict[k], v), k
+
+
+def test_an_input_the_program_writes_is_fed_as_a_copy():
+    """``x.mul_(2.0)`` on the program's input (torch.export keeps it, no input mutation in the signature): the audit
+    and the range rewrite feed the program copies of the caller's batches, which stay as they were, and the audit
+    measures the model it was given (before, the folded run saw the batches doubled: its SQNR read 0.05 dB)."""
+
+    class WritesItsInput(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(16, 16)
+
+        def forward(self, x):
+            x.mul_(2.0)
+            return self.l(x)
+
+    torch.manual_seed(0)
+    ep = torch.export.export(WritesItsInput().eval(), (torch.randn(4, 16),))
+    batches = [(torch.randn(4, 16),) for _ in range(2)]
+    kept = [x.clone() for (x,) in batches]
+    report = bnfold.audit(ep, batches, profile="fp16").to_dict()
+    bnfold.fold(ep, fp16_range=batches)
+    assert all(torch.equal(x, k) for (x,), k in zip(batches, kept))
+    ends = report["end_to_end"]
+    assert abs(ends["folded"]["output_sqnr_db"] - ends["unfolded"]["output_sqnr_db"]) < 10, ends

@@ -21,6 +21,7 @@ from torch.fx.node import map_arg
 from torch.utils._pytree import tree_flatten, tree_map
 
 from ..errors import TrainingModeError
+from ..io.cost import Plan
 from ..torch_export.fold import training_norms
 from ..torch_export.ops import module_path, op_name, op_of
 from . import accumulate
@@ -229,8 +230,10 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
                 shapes[node.name] = [d if isinstance(d, int) else None for d in val.shape]
     # floats as stored (the runner casts them once); a parameter detached, so that no op records its gradient; a
     # constant an op may write in place (through a view of it too, ``B.t().mul_(x)``, which no graph signature lists
-    # as a mutation) held as the program's own copy: the caller's program keeps its tensors
-    writes = _writes_constants(nodes, lifted)
+    # as a mutation) held as the program's own copy: the caller's program keeps its tensors; so are its batches
+    written = _writes_constants(nodes, [*lifted, *user])
+    writes = frozenset(written & lifted.keys())
+    own = {i for i, name in enumerate(user) if name in written}  # inputs a step may write: fed as copies
     consts = {k: v.detach().clone() if k in writes else v.detach() if v.requires_grad else v for k, v in lifted.items()}
 
     def feed(xs: tuple) -> list:
@@ -248,14 +251,15 @@ def fx_program(ep: torch.export.ExportedProgram, like: Program | None = None) ->
                     f"input {name!r} has shape {got} but the program was exported for {shown}; "
                     "export with a dynamic batch dimension (torch.export.Dim) to run other batch sizes"
                 )
-        return flat
+        return [x.clone() if i in own and isinstance(x, torch.Tensor) else x for i, x in enumerate(flat)]
 
     return Program(steps, consts, user, [o.name for o in outs], feed, writes=writes)
 
 
 def _writes_constants(nodes: Any, constants: Any) -> frozenset[str]:
-    """The constants (``constants``: their placeholders' names) that an op of the program may write in place: an
-    argument its schema marks written (``Tensor(a!)``) that is a constant or may alias one.  What may alias one: an
+    """The placeholders (``constants``: their names; a program's lifted tensors, and its inputs, which the caller's
+    batches fill) that an op of the program may write in place: an argument its schema marks written
+    (``Tensor(a!)``) that is one of them or may alias one.  What may alias one: an
     op's output that its schema gives an alias set (a view, ``t(Tensor(a) self) -> Tensor(a)``) aliases the
     arguments of that set; an output with none is new memory only where the op is of the core ATen opset
     (``torch.Tag.core``) or a layer or normalization of the op table (``aten.linear``, ``aten.batch_norm``), else
@@ -354,7 +358,7 @@ class ProgramAudit:
         """The program to audit and its name."""
         return model, name
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None):
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> Plan:
         return fx_audit_plan(model, batches, runs=runs, name=name, hold=hold)
 
     def program(self, model, like: Program | None = None, lazy: bool = False) -> Program:

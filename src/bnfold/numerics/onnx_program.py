@@ -25,6 +25,7 @@ import onnx
 import torch
 
 from .. import fold_math
+from ..io.cost import Plan
 from ..io.run_checks import allocator_failure
 from ..onnx.const_eval import graph_constants, node_fields
 from ..onnx.nodes import graph_inputs
@@ -344,7 +345,7 @@ class OnnxAudit:
         plan = self.plan(model, batches, runs=3, name=name, hold=hold)
         return model, batches, name or model.graph.name or "model", random_inputs or inputs is None, plan
 
-    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None):
+    def plan(self, model, batches: list[tuple], *, runs: int, name: str | None, hold=None) -> Plan:
         # counts three runs, whatever ``runs`` says
         return onnx_audit_plan(model, batches, name or "the model", hold, node_fields(model))
 
